@@ -1,0 +1,32 @@
+"""ZeRO to FSDP: the one shared package the course's notebooks import.
+
+Modules (each names the notebook that teaches it):
+``env`` (where am I running), ``launch`` (run a function on N ranks), ``magics``
+(``%%ranks N``), ``quiz`` (self-graded questions), ``exercises`` (auto-graders),
+``memory`` (bytes per GPU), ``figures`` (the figures in ``vis/``).
+
+Importing the package inside IPython registers the ``%%ranks`` cell magic.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext course_utils``: register the ``%%ranks`` magic."""
+    from .magics import register
+
+    register(ipython)
+
+
+def _autoregister() -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None:
+        load_ipython_extension(ip)
+
+
+_autoregister()

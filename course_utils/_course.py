@@ -1,0 +1,42 @@
+"""Course-wide settings: the one place the GitHub ``owner/repo`` is written.
+
+Change ``GITHUB_REPO`` (or ``BRANCH``) here, then run ``make badges``: every
+Open-in-Colab badge and every notebook's Colab install cell is rewritten from it,
+and ``tests/test_badges.py`` checks they all agree.
+"""
+GITHUB_REPO = "zero-to-fsdp/zero-to-fsdp"
+BRANCH = "main"
+
+# The notebook sequence: file name, title, one line for the README table.
+# ``ready`` notebooks exist in notebooks/; the others are planned.
+NOTEBOOKS = [
+    ("00_orientation.ipynb", "Orientation",
+     "Your environment, how a demo cell runs N real processes, quizzes and exercises."),
+    ("01_collectives.ipynb", "Collectives",
+     "Broadcast, all-reduce, reduce-scatter, all-gather on live ranks; the ring cost model measured."),
+    ("02_data_parallelism.ipynb", "Data parallelism",
+     "DDP from scratch and torch DDP give the single-process losses; accumulation, bucketing, overlap."),
+    ("03_memory.ipynb", "Where the memory goes",
+     "Params, grads, optimizer states and activations, predicted and measured; the calculator widget."),
+    ("04_zero1.ipynb", "ZeRO-1",
+     "Optimizer-state sharding from scratch: flat buffer, reduce-scatter, sharded Adam, all-gather."),
+    ("05_zero2.ipynb", "ZeRO-2",
+     "Gradient sharding during backward; peak gradient memory measured; batch scaling."),
+    ("06_zero3.ipynb", "ZeRO-3",
+     "Parameter sharding: gather, compute, free; 1.5x DDP traffic measured; prefetching."),
+    ("07_fsdp.ipynb", "FSDP in PyTorch",
+     "fully_shard on the course model: wrapping, mixed precision, offload, checkpoints."),
+    ("08_beyond_one_box.ipynb", "Beyond one box",
+     "Hybrid sharding, DeepSpeed configs, choosing a strategy, torchrun on several nodes."),
+]
+
+
+def colab_url(notebook: str) -> str:
+    """The Open-in-Colab address of ``notebooks/<notebook>``."""
+    return f"https://colab.research.google.com/github/{GITHUB_REPO}/blob/{BRANCH}/notebooks/{notebook}"
+
+
+def colab_badge(notebook: str) -> str:
+    """Markdown for the Open-in-Colab badge of ``notebooks/<notebook>``."""
+    return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+            f"({colab_url(notebook)})")

@@ -1,0 +1,110 @@
+"""Where am I running, and where will the course's demos run?
+
+Taught in ``notebooks/00_orientation.ipynb``. Nothing here initialises CUDA in the
+calling process (GPU names come from ``nvidia-smi``), so the launcher can still fork.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from .launch import backend_label, resolve_backend, choose_start_method
+
+__all__ = ["Environment", "detect", "in_colab", "gpu_names", "plan", "table"]
+
+
+def in_colab() -> bool:
+    """True inside a Google Colab runtime."""
+    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+
+
+def gpu_names() -> list[str]:
+    """Names of the visible NVIDIA GPUs, read with nvidia-smi (no CUDA init here)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    smi = shutil.which("nvidia-smi")
+    names: list[str] = []
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            names = [line.strip() for line in out.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError):
+            names = []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if names and visible not in (None, ""):
+        idx = [int(i) for i in visible.split(",") if i.strip().isdigit()]
+        names = [names[i] for i in idx if i < len(names)] or names
+    count = torch.cuda.device_count()
+    return (names + ["unknown GPU"] * count)[:count]
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    where: str
+    python: str
+    torch: str
+    os: str
+    cpu_count: int
+    gpu_count: int
+    gpus: tuple[str, ...]
+    start_method: str
+
+    def rows(self) -> list[tuple[str, str]]:
+        gpus = ", ".join(self.gpus) if self.gpus else "none"
+        return [
+            ("running in", self.where),
+            ("python", self.python),
+            ("torch", self.torch),
+            ("os", self.os),
+            ("CPU cores", str(self.cpu_count)),
+            ("GPUs", f"{self.gpu_count} ({gpus})" if self.gpu_count else "0"),
+            ("ranks start by", self.start_method),
+        ]
+
+
+def detect() -> Environment:
+    """Read the environment: Colab or not, versions, CPU cores, GPUs."""
+    import torch
+
+    names = gpu_names()
+    return Environment(
+        where="Google Colab" if in_colab() else "a local Python (not Colab)",
+        python=platform.python_version(),
+        torch=torch.__version__,
+        os=f"{platform.system()} {platform.machine()}",
+        cpu_count=os.cpu_count() or 1,
+        gpu_count=len(names),
+        gpus=tuple(names),
+        start_method=choose_start_method(),
+    )
+
+
+def plan(world_sizes=(1, 2, 4, 8)) -> list[tuple[int, str]]:
+    """For each world size, the backend ``launch(..., backend="auto")`` will use."""
+    if isinstance(world_sizes, int) and not isinstance(world_sizes, bool):
+        world_sizes = (world_sizes,)
+    try:
+        sizes = list(world_sizes)
+    except TypeError:
+        raise TypeError("world_sizes must be an int or a sequence of ints, e.g. (1, 2, 4)") from None
+    return [(n, resolve_backend(n, "auto")) for n in sizes]
+
+
+def _format(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def table(world_sizes=(1, 2, 4, 8), env: Environment | None = None) -> str:
+    """One short table: this machine, then the backend each demo size will use."""
+    env = env or detect()
+    rows = env.rows() + [(f"demo, {n} rank{'s' if n > 1 else ''}", backend_label(b))
+                         for n, b in plan(world_sizes)]
+    return _format(rows)

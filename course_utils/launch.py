@@ -1,0 +1,514 @@
+"""Run a function on N real processes, one per rank: the course's launcher.
+
+Taught in ``notebooks/00_orientation.ipynb``.  Every multi-process demo in the course
+goes through :func:`launch` (or the ``%%ranks`` cell magic built on it), so a demo
+cell behaves like the body of a ``torchrun`` script:
+
+* each rank is a separate OS process with ``torch.distributed`` already
+  initialised (``dist.get_rank()``, ``dist.get_world_size()`` work);
+* ``backend="auto"`` picks NCCL with one GPU per rank when the machine has at least
+  ``world_size`` GPUs, and gloo on CPU otherwise (laptops, CI, one-GPU Colab);
+* on Linux, when CUDA is not initialised in the caller, ranks are *forked* from the
+  caller (about 0.1 s for 4 ranks, and functions defined in a notebook work);
+  otherwise they are *spawned* (a few seconds, and ``fn`` must live in a module);
+* what each rank prints is captured and shown afterwards in rank order, prefixed with
+  the rank, so the output of a cell is the same on every run;
+* a rank that raises fails the launch within a fraction of a second with a
+  :class:`LaunchError` naming that rank, even while the other ranks wait in a
+  collective; a rank that hangs is killed at ``timeout_s``; no child process outlives
+  the call (nor the caller: each rank dies with its parent on Linux).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import faulthandler
+import inspect
+import io
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+__all__ = [
+    "launch",
+    "LaunchError",
+    "LaunchTimeout",
+    "RankResults",
+    "resolve_backend",
+    "choose_start_method",
+    "rank_device",
+    "describe_plan",
+    "backend_label",
+]
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEFAULT_TIMEOUT_S = 60.0
+_KILL_GRACE_S = 1.0
+
+
+class LaunchError(RuntimeError):
+    """A rank failed (raised, crashed or hung). ``rank`` is the rank that failed first."""
+
+    def __init__(self, message: str, *, rank: int | None, exc_type: str | None = None,
+                 rank_traceback: str = "", outputs: dict[int, str] | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.exc_type = exc_type
+        self.rank_traceback = rank_traceback
+        self.outputs = outputs or {}
+        self.failed_ranks: list[int] = [] if rank is None else [rank]
+
+
+class LaunchTimeout(LaunchError):
+    """Some ranks were still running at ``timeout_s`` and were killed."""
+
+
+class RankResults(list):
+    """The list of return values, by rank, plus how the ranks were run."""
+
+    backend: str
+    start_method: str
+    world_size: int
+    outputs: dict[int, str]
+
+    def describe(self) -> str:
+        return describe_plan(self.world_size, self.backend, self.start_method)
+
+
+# --------------------------------------------------------------------------- planning
+
+def _gpu_count() -> int:
+    """GPUs visible to torch, without initialising CUDA in this process (NVML-based)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    return torch.cuda.device_count()
+
+
+def resolve_backend(world_size: int, backend: str = "auto") -> str:
+    """The process-group backend ``launch`` will use for ``world_size`` ranks.
+
+    ``"auto"``: ``"nccl"`` when there is one GPU per rank, else ``"gloo"`` (CPU).
+    """
+    _check_world_size(world_size)
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    gpus = _gpu_count()
+    if backend == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(
+            f"backend='nccl' needs one GPU per rank: {world_size} ranks but {gpus} GPU(s) "
+            "visible. Use backend='gloo' (CPU) or fewer ranks."
+        )
+    return backend
+
+
+def choose_start_method() -> str:
+    """``"fork"`` on Linux while CUDA is not initialised in this process, else ``"spawn"``.
+
+    Forking is fast and lets notebook-defined functions run on the ranks; CUDA does
+    not survive a fork, so once this process has touched the GPU we must spawn.
+    """
+    import torch
+
+    if sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
+def backend_label(backend: str) -> str:
+    """Where ranks of this backend compute, in words."""
+    return "NCCL, one GPU per rank" if backend == "nccl" else "gloo on CPU"
+
+
+def _why_spawn() -> str:
+    if not sys.platform.startswith("linux"):
+        return f"{sys.platform} cannot fork safely"
+    import torch
+
+    return "CUDA is initialised in this process" if torch.cuda.is_initialized() else "asked for"
+
+
+def describe_plan(world_size: int, backend: str, method: str) -> str:
+    """The one line ``launch`` prints: how many ranks, which backend, fork or spawn."""
+    where = backend_label(backend)
+    how = "forked from this process" if method == "fork" else "spawned as new interpreters"
+    plural = "rank" if world_size == 1 else "ranks"
+    return f"launch: {world_size} {plural}, {where}, {how}"
+
+
+def rank_device():
+    """The ``torch.device`` this rank should compute on (inside a launched rank)."""
+    import torch
+
+    if os.environ.get("COURSE_BACKEND") == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _check_world_size(world_size: int) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------- the rank side
+
+@dataclasses.dataclass
+class _Config:
+    world_size: int
+    backend: str
+    port: int
+    timeout_s: float
+    workdir: str
+    env: dict
+
+
+def _die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this rank if the launching process dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:  # pragma: no cover - best effort only
+        pass
+
+
+def _redirect_output(path_out: str, path_err: str):
+    """Point fds 1/2 and sys.stdout/sys.stderr at per-rank files."""
+    for fd, path in ((1, path_out), (2, path_err)):
+        with open(path, "wb", buffering=0) as f:
+            os.dup2(f.fileno(), fd)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0, closefd=False),
+                                  encoding="utf-8", line_buffering=True, write_through=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", buffering=0, closefd=False),
+                                  encoding="utf-8", line_buffering=True, write_through=True)
+
+
+def _to_portable(value):
+    """Tensors to detached CPU tensors (recursively), so any process can unpickle them."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return type(value)((k, _to_portable(v)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_to_portable(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_portable(v) for v in value)
+    return value
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict) -> None:
+    _die_with_parent()
+    base = os.path.join(cfg.workdir, f"rank{rank}")
+    _redirect_output(base + ".out", base + ".err")
+    if hasattr(signal, "SIGUSR1"):  # the launcher asks a hung rank for its stack
+        stack_file = open(base + ".stack", "wb", buffering=0)
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
+    code = 0
+    try:
+        os.environ.update({
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.world_size),
+            "LOCAL_WORLD_SIZE": str(cfg.world_size), "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cfg.port),
+            "OMP_NUM_THREADS": "1", "COURSE_BACKEND": cfg.backend,
+        })
+        os.environ.update(cfg.env)
+        import torch
+        import torch.distributed as dist
+
+        # One intra-op thread per rank: N ranks share the cores (4 ranks on 2 cores ran
+        # ~30x faster this way), and CPU results do not depend on the core count.
+        torch.set_num_threads(1)
+        if cfg.backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(cfg.backend, init_method="env://", rank=rank,
+                                world_size=cfg.world_size,
+                                timeout=timedelta(seconds=cfg.timeout_s))
+        result = fn(*args, **kwargs)
+        try:
+            payload = pickle.dumps(_to_portable(result))
+        except Exception as exc:
+            raise TypeError(
+                f"rank {rank} returned a {type(result).__name__} that cannot be pickled "
+                f"({exc}); return plain Python values or tensors"
+            ) from exc
+        _write_atomic(base + ".result", payload)
+        if dist.is_initialized():  # fn may have torn the group down itself
+            dist.barrier()
+            dist.destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - report everything to the parent
+        code = 1
+        info = {
+            "time": time.time(), "type": type(exc).__name__, "message": str(exc),
+            "traceback": traceback.format_exc(),
+        }
+        with contextlib.suppress(Exception):
+            _write_atomic(base + ".error", pickle.dumps(info))
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+    os._exit(code)
+
+
+# ----------------------------------------------------------------------- the parent side
+
+def _wants(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    p = params.get(name)
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+_COMM_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
+_COMM_WORDS = ("Connection closed by peer", "Connection reset", "gloo/transport", "Broken pipe")
+
+
+def _root_cause(failures: dict[int, dict]) -> int:
+    """The rank whose error caused the others: not a peer-disconnected error, earliest
+    first, and among errors raised within 1 s of it, the lowest rank (deterministic
+    when every rank raises the same exception)."""
+    def secondary(info):
+        return info["type"] in _COMM_ERRORS or any(w in info["message"] for w in _COMM_WORDS)
+
+    primary = {r: f for r, f in failures.items() if not secondary(f)} or failures
+    t0 = min(f["time"] for f in primary.values())
+    return min(r for r, f in primary.items() if f["time"] - t0 < 1.0)
+
+
+def _user_stack(dump: str) -> str:
+    """A faulthandler dump, innermost first, cut where the launcher's own frames begin."""
+    kept = []
+    for line in dump.splitlines():
+        if " in _rank_main" in line:
+            break
+        kept.append(line)
+    return "\n".join(kept).strip()
+
+
+def _stop(procs: list) -> None:
+    """Terminate every live rank, SIGKILL stragglers, and reap them all."""
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    deadline = time.monotonic() + _KILL_GRACE_S
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(Exception):
+                p.kill()
+    for p in procs:
+        p.join()
+        with contextlib.suppress(Exception):
+            p.close()
+
+
+def _print_outputs(outputs: dict[int, str], errors: dict[int, str]) -> None:
+    for rank in sorted(outputs):
+        for line in outputs[rank].splitlines():
+            print(f"[rank {rank}] {line}", file=sys.stdout)
+    sys.stdout.flush()
+    for rank in sorted(errors):
+        for line in errors[rank].splitlines():
+            print(f"[rank {rank}] {line}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
+           timeout_s: float = DEFAULT_TIMEOUT_S, env: dict | None = None,
+           quiet: bool = False, start_method: str = "auto", **kwargs) -> RankResults:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return its values by rank.
+
+    Inside ``fn`` the default process group is initialised, so ``dist.get_rank()``
+    and every collective work. If ``fn`` has a parameter called ``rank`` or
+    ``world_size`` (and you did not pass it), it is filled in for you.
+
+    Args:
+        fn: the function each rank runs. Any function when ranks are forked (Linux,
+            CUDA not initialised here); an importable module-level function otherwise.
+        world_size: number of ranks (processes), >= 1.
+        backend: ``"auto"``, ``"gloo"`` or ``"nccl"``; see :func:`resolve_backend`.
+        timeout_s: ranks still running after this many seconds are killed and
+            :class:`LaunchTimeout` is raised; also the process-group timeout.
+        env: extra environment variables for the ranks
+            (e.g. ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}``).
+        quiet: do not print the one-line plan before the ranks' output.
+        start_method: ``"auto"`` (see :func:`choose_start_method`), ``"fork"`` or ``"spawn"``.
+
+    Returns:
+        A :class:`RankResults` list (``results[r]`` is rank r's return value, tensors
+        moved to CPU) with ``.backend``, ``.start_method`` and ``.outputs``.
+
+    Raises:
+        LaunchError: a rank raised or crashed (``.rank`` names it, the message carries
+            its traceback). LaunchTimeout: ranks were still running at ``timeout_s``.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable (a function each rank runs), got {type(fn).__name__}")
+    _check_world_size(world_size)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    if env is not None and not (isinstance(env, dict)
+                                and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise TypeError("env must be a dict of str -> str environment variables")
+    chosen = resolve_backend(world_size, backend)
+    if start_method not in ("auto", "fork", "spawn"):
+        raise ValueError(f"start_method must be 'auto', 'fork' or 'spawn', got {start_method!r}")
+    if start_method == "fork" and "fork" not in mp.get_all_start_methods():
+        raise ValueError(f"this platform ({sys.platform}) cannot fork; use start_method='spawn'")
+    method = choose_start_method() if start_method == "auto" else start_method
+    if method == "spawn":
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:
+            raise LaunchError(
+                f"ranks are spawned here ({_why_spawn()}), "
+                f"so fn must be importable, but {getattr(fn, '__qualname__', fn)!r} cannot be pickled ({exc}). "
+                "Move it into a .py module and import it, or restart the kernel before touching CUDA.",
+                rank=None,
+            ) from None
+
+    if not quiet:
+        print(describe_plan(world_size, chosen, method), flush=True)
+
+    rank_kwargs = []
+    for r in range(world_size):
+        kw = dict(kwargs)
+        if "rank" not in kw and _wants(fn, "rank"):
+            kw["rank"] = r
+        if "world_size" not in kw and _wants(fn, "world_size"):
+            kw["world_size"] = world_size
+        rank_kwargs.append(kw)
+
+    workdir = tempfile.mkdtemp(prefix="course-launch-")
+    cfg = _Config(world_size, chosen, _free_port(), float(timeout_s), workdir, dict(env or {}))
+    ctx = mp.get_context(method)
+    procs = []
+    timed_out = False
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for r in range(world_size):
+            p = ctx.Process(target=_rank_main, args=(r, cfg, fn, args, rank_kwargs[r]),
+                            name=f"course-rank-{r}", daemon=False)
+            p.start()
+            procs.append(p)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.exitcode for p in procs]
+            if any(c not in (None, 0) for c in codes) or all(c == 0 for c in codes):
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            mp.connection.wait([p.sentinel for p in procs if p.exitcode is None],
+                               timeout=min(0.2, remaining))
+        hung = [r for r, p in enumerate(procs) if p.exitcode is None]
+        if timed_out and hasattr(signal, "SIGUSR1"):
+            for r in hung:  # dump each hung rank's Python stack into its stderr file
+                with contextlib.suppress(Exception):
+                    os.kill(procs[r].pid, signal.SIGUSR1)
+            time.sleep(0.3)
+    finally:
+        _stop(procs)  # also on KeyboardInterrupt (the kernel's Stop button)
+        if sys.exc_info()[0] is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    try:
+        base = [os.path.join(workdir, f"rank{r}") for r in range(world_size)]
+        outputs = {r: _read(base[r] + ".out") for r in range(world_size)}
+        errors = {r: _read(base[r] + ".err") for r in range(world_size)}
+        stacks_seen = {r: _user_stack(_read(base[r] + ".stack")) for r in range(world_size)}
+        _print_outputs(outputs, {r: e for r, e in errors.items() if e})
+        failures = {}
+        for r in range(world_size):
+            with contextlib.suppress(FileNotFoundError):
+                with open(base[r] + ".error", "rb") as f:
+                    failures[r] = pickle.loads(f.read())
+        results = []
+        missing = []
+        for r in range(world_size):
+            try:
+                with open(base[r] + ".result", "rb") as f:
+                    results.append(pickle.loads(f.read()))
+            except FileNotFoundError:
+                missing.append(r)
+                results.append(None)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    if timed_out:
+        stacks = "\n".join(f"--- rank {r} ---\n{stacks_seen[r]}" for r in hung if stacks_seen.get(r))
+        raise LaunchTimeout(
+            f"rank(s) {hung} still running after timeout_s={timeout_s:g} s and were killed "
+            f"(a hang: e.g. a rank waiting in a collective the others never call)."
+            + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""),
+            rank=hung[0], outputs=outputs,
+        )
+    if failures:
+        first = _root_cause(failures)
+        info = failures[first]
+        err = LaunchError(
+            f"rank {first} raised {info['type']}: {info['message']}\n"
+            f"--- traceback of rank {first} ---\n{info['traceback']}",
+            rank=first, exc_type=info["type"], rank_traceback=info["traceback"], outputs=outputs,
+        )
+        err.failed_ranks = sorted(failures)
+        raise err
+    if missing:
+        r = missing[0]
+        code = [c for c in codes][r]
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        raise LaunchError(
+            f"rank {r} {how} without reporting a result (crashed, or called sys.exit/os._exit)",
+            rank=r, outputs=outputs,
+        )
+    out = RankResults(results)
+    out.backend, out.start_method, out.world_size, out.outputs = chosen, method, world_size, outputs
+    return out
