@@ -348,6 +348,17 @@ def _stop(procs: list) -> None:
             p.close()
 
 
+def _stop_resource_tracker() -> None:
+    """Spawning starts multiprocessing's resource-tracker helper, which would outlive the
+    launch; nothing of ours is registered with it, so stop it (it restarts on demand)."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    if tracker is not None and hasattr(tracker, "_stop"):
+        with contextlib.suppress(Exception):
+            tracker._stop()
+
+
 def _print_outputs(outputs: dict[int, str], errors: dict[int, str]) -> None:
     for rank in sorted(outputs):
         for line in outputs[rank].splitlines():
@@ -457,6 +468,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
             time.sleep(0.3)
     finally:
         _stop(procs)  # also on KeyboardInterrupt (the kernel's Stop button)
+        if method == "spawn":
+            _stop_resource_tracker()
         if sys.exc_info()[0] is not None:
             shutil.rmtree(workdir, ignore_errors=True)
 

@@ -317,7 +317,8 @@ class _QuizForm:
             field = w.VBox(boxes)
             get = lambda: [c for c, b in zip(q.letters, boxes) if b.value]  # noqa: E731
         else:
-            field = w.Text(placeholder=f"a number{' in ' + q.unit if q.unit else ''}")
+            field = w.Text(placeholder=f"a number{' in ' + q.unit if q.unit else ''}",
+                           continuous_update=False)
             get = lambda: field.value  # noqa: E731
         button = w.Button(description="Check", button_style="primary")
 
@@ -330,8 +331,8 @@ class _QuizForm:
             self._update_score()
 
         button.on_click(on_click)
-        if isinstance(field, w.Text):
-            field.on_submit(on_click)
+        if isinstance(field, w.Text):  # Enter (or leaving the box) checks too
+            field.observe(on_click, names="value")
         return w.VBox([label, field, w.HBox([button]), feedback],
                       layout=w.Layout(margin="6px 0 6px 0"))
 

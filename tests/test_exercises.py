@@ -1,0 +1,62 @@
+"""Exercise graders: right, wrong, raising and hanging learner functions."""
+import time
+
+import torch
+import torch.distributed as dist
+
+from course_utils import exercises
+from course_utils.exercises import check_gather_squares, check_rank_sum, compare, grade_on_ranks
+
+
+def test_right_answers_pass(capsys):
+    def rank_sum():
+        t = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(t)
+        return t
+
+    def gather_squares():
+        parts = [torch.empty(1) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, torch.tensor([(dist.get_rank() + 1.0) ** 2]))
+        return torch.cat(parts)
+
+    v = check_rank_sum(rank_sum)
+    assert v and repr(v) == "rank_sum: PASSED"
+    assert check_gather_squares(gather_squares)
+    assert "rank 3: right" in capsys.readouterr().out
+
+
+def test_hard_coded_answer_fails_on_another_world_size(capsys):
+    v = check_rank_sum(lambda: 10.0)
+    assert not v and "not yet" in repr(v)
+    out = capsys.readouterr().out
+    assert "2 ranks: 2 of 2 ranks differ" in out and "4 ranks: all right" in out
+    assert "rank 0: differs: got 10, expected 3" in out
+
+
+def test_raising_and_hanging_functions_are_reported_not_raised(capsys):
+    def raises():
+        raise NotImplementedError("todo")
+
+    def hangs():
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.ones(1))
+        return 0.0
+
+    assert not grade_on_ranks(raises, lambda r, n: 0, world_sizes=(2,))
+    assert "rank 0 raised NotImplementedError: todo" in capsys.readouterr().out
+    t0 = time.perf_counter()
+    assert not grade_on_ranks(hangs, lambda r, n: 0.0, world_sizes=(2,), timeout_s=3)
+    assert time.perf_counter() - t0 < 15
+    assert "never finished" in capsys.readouterr().out
+    assert not grade_on_ranks("nope", lambda r, n: 0)
+    assert "should be a function" in capsys.readouterr().out
+
+
+def test_compare():
+    assert compare(torch.ones(2), torch.ones(2)) == ""
+    assert "shape" in compare(torch.ones(3), torch.ones(2))
+    assert "expected a tensor" in compare(None, torch.ones(2))
+    assert compare(torch.tensor(3.0), 3.0) == "" and compare(3, 3.0) == ""
+    assert "expected 3" in compare("3", 3.0)
+    assert compare("a", "a") == "" and compare("a", "b")
+    assert exercises.Verdict("x", True)

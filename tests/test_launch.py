@@ -1,0 +1,244 @@
+"""The launcher: results by rank, errors, hangs, interrupts, no process left behind."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+import rank_fns
+from course_utils.launch import (LaunchError, LaunchTimeout, RankResults, choose_start_method,
+                                 describe_plan, launch, resolve_backend)
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_results_in_rank_order(world_size):
+    out = launch(rank_fns.rank_and_sum, world_size, quiet=True)
+    total = world_size * (world_size + 1) / 2
+    assert out == [(r, total) for r in range(world_size)]
+    assert isinstance(out, RankResults)
+    assert out.backend == "gloo" and out.world_size == world_size
+
+
+def test_notebook_defined_function_runs_when_forked():
+    offset = 100  # a closure over a local: not picklable, so only fork can run it
+
+    def local_fn():
+        return dist.get_rank() + offset
+
+    assert choose_start_method() == "fork"
+    out = launch(local_fn, 3, quiet=True)
+    assert out == [100, 101, 102] and out.start_method == "fork"
+
+
+def test_tensors_and_nested_values_come_back():
+    def fn():
+        r = dist.get_rank()
+        x = torch.arange(5.0, requires_grad=True) * (r + 1)  # non-leaf, needs grad
+        return {"rank": r, "x": x, "pair": (torch.ones(2, dtype=torch.int64) * r, "s")}
+
+    out = launch(fn, 2, quiet=True)
+    assert torch.equal(out[1]["x"], torch.arange(5.0) * 2)
+    assert not out[1]["x"].requires_grad
+    assert out[0]["pair"][0].dtype == torch.int64 and out[0]["pair"][1] == "s"
+
+
+def test_rank_and_world_size_parameters_are_filled_in():
+    def fn(rank, world_size, scale=1):
+        return rank * scale + world_size * 1000
+
+    assert launch(fn, 3, quiet=True, scale=10) == [3000, 3010, 3020]
+
+
+def test_args_and_kwargs_reach_every_rank():
+    def fn(a, b=0):
+        return a + b + dist.get_rank()
+
+    assert launch(fn, 2, 5, b=7, quiet=True) == [12, 13]
+
+
+def test_spawn_runs_an_importable_function():
+    out = launch(rank_fns.rank_and_sum, 2, quiet=True, start_method="spawn")
+    assert out == [(0, 3.0), (1, 3.0)] and out.start_method == "spawn"
+
+
+def test_spawn_refuses_a_local_function_with_a_clear_message():
+    def local_fn():
+        return 1
+
+    with pytest.raises(LaunchError, match="importable"):
+        launch(local_fn, 2, quiet=True, start_method="spawn")
+
+
+def test_output_is_printed_in_rank_order_with_prefix(capsys):
+    def fn():
+        time.sleep(0.05 * (3 - dist.get_rank()))  # finish in reverse order
+        print(f"hello from {dist.get_rank()}")
+        print("warned", file=sys.stderr)
+
+    launch(fn, 4)
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [describe_plan(4, "gloo", "fork")] + [
+        f"[rank {r}] hello from {r}" for r in range(4)]
+    assert [line for line in err.splitlines() if "warned" in line] == [
+        f"[rank {r}] warned" for r in range(4)]
+
+
+def test_rank_that_raises_is_reported_within_seconds():
+    def fn():
+        if dist.get_rank() == 1:
+            raise ValueError("bad batch on rank 1")
+        dist.all_reduce(torch.ones(1))  # the others wait here forever
+
+    t0 = time.perf_counter()
+    with pytest.raises(LaunchError) as info:
+        launch(fn, 4, quiet=True, timeout_s=60)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 10
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert "rank 1" in str(err) and "ValueError" in str(err) and "bad batch on rank 1" in str(err)
+    assert "Traceback" in err.rank_traceback
+
+
+def test_every_rank_raising_reports_the_lowest_rank():
+    def fn():
+        raise RuntimeError("same everywhere")
+
+    for _ in range(3):
+        with pytest.raises(LaunchError) as info:
+            launch(fn, 4, quiet=True)
+        assert info.value.rank == 0
+
+
+def test_hanging_rank_is_killed_at_the_timeout():
+    def fn():
+        if dist.get_rank() == 2:
+            time.sleep(600)
+        dist.barrier()
+
+    t0 = time.perf_counter()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(fn, 4, quiet=True, timeout_s=2)
+    assert 2 <= time.perf_counter() - t0 < 10
+    assert info.value.rank is not None
+    assert "timeout_s=2" in str(info.value)
+    assert "in fn" in str(info.value)  # where each rank was stuck
+
+
+def test_crashing_rank_without_python_error_is_reported():
+    def fn():
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return 1
+
+    with pytest.raises(LaunchError) as info:
+        launch(fn, 2, quiet=True, timeout_s=20)
+    assert info.value.rank == 1 and "signal 9" in str(info.value)
+
+
+def test_unpicklable_return_value_is_a_clear_error():
+    def fn():
+        return lambda: 0
+
+    with pytest.raises(LaunchError, match="cannot be pickled"):
+        launch(fn, 2, quiet=True)
+
+
+def test_ten_launches_in_a_row():
+    for i in range(10):
+        assert launch(rank_fns.rank_and_sum, 2, quiet=True) == [(0, 3.0), (1, 3.0)]
+
+
+def test_env_reaches_the_ranks():
+    def fn():
+        return os.environ["COURSE_TEST_VAR"], os.environ["WORLD_SIZE"], torch.get_num_threads()
+
+    assert launch(fn, 2, quiet=True, env={"COURSE_TEST_VAR": "x"}) == [("x", "2", 1)] * 2
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(world_size=0), ValueError, "world_size must be >= 1"),
+    (dict(world_size="4"), TypeError, "world_size must be an int"),
+    (dict(world_size=2, backend="mpi"), ValueError, "backend must be one of"),
+    (dict(world_size=2, backend="nccl"), ValueError, "one GPU per rank"),
+    (dict(world_size=2, timeout_s=0), ValueError, "timeout_s must be a positive"),
+    (dict(world_size=2, start_method="forkserver"), ValueError, "start_method must be"),
+    (dict(world_size=2, env={"A": 1}), TypeError, "env must be a dict"),
+])
+def test_bad_arguments_get_clear_errors(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        launch(rank_fns.rank_and_sum, quiet=True, **kwargs)
+
+
+def test_fn_must_be_callable():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        launch("not a function", 2)
+
+
+def test_auto_backend_uses_nccl_only_with_a_gpu_per_rank(monkeypatch):
+    import course_utils.launch as L
+
+    monkeypatch.setattr(L, "_gpu_count", lambda: 0)
+    assert resolve_backend(4) == "gloo"
+    monkeypatch.setattr(L, "_gpu_count", lambda: 2)
+    assert resolve_backend(2) == "nccl" and resolve_backend(4) == "gloo"
+    assert resolve_backend(4, "gloo") == "gloo"
+
+
+def _script(body: str, tmp_path) -> subprocess.Popen:
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import rank_fns
+        from course_utils.launch import launch
+        {body}
+    """)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_pids(pid_dir, n, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        files = list(pid_dir.glob("*.pid"))
+        if len(files) == n and all(f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.05)
+    raise AssertionError("ranks did not start")
+
+
+def _all_gone(pids, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_interrupt_kills_the_ranks(tmp_path):
+    """The kernel's Stop button sends SIGINT: the launch stops and no rank survives."""
+    proc = _script(f"launch(rank_fns.write_pid_then_sleep, 3, {str(tmp_path)!r}, timeout_s=300)", tmp_path)
+    pids = _wait_for_pids(tmp_path, 3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err
+    assert _all_gone(pids), "a rank survived the interrupt"
+
+
+def test_ranks_die_with_a_killed_parent(tmp_path):
+    proc = _script(f"launch(rank_fns.write_pid_then_sleep, 2, {str(tmp_path)!r}, timeout_s=300)", tmp_path)
+    pids = _wait_for_pids(tmp_path, 2)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _all_gone(pids), "a rank outlived its killed parent"

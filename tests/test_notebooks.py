@@ -1,0 +1,50 @@
+"""Notebook hygiene: skeleton, executed in order, no errors (nbval compares outputs)."""
+import json
+
+import pytest
+
+from course_utils.badges import notebook_paths
+
+NOTEBOOKS = notebook_paths()
+SKELETON = ["You will learn", "Prerequisites", "Runs in", "## Summary", "## Quiz",
+            "## Exercises", "## Further reading"]
+
+
+def _load(path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_skeleton(path):
+    nb = _load(path)
+    markdown = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    for heading in SKELETON:
+        assert heading in markdown, f"{path.name}: missing '{heading}'"
+    first_code = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    assert '"google.colab" in sys.modules' in "".join(first_code["source"])
+    assert "quiz.show(" in "".join("".join(c["source"]) for c in nb["cells"])
+    assert "check_" in "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_saved_fully_executed_in_order_without_errors(path):
+    cells = [c for c in _load(path)["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    counts = [c.get("execution_count") for c in cells]
+    assert None not in counts, f"{path.name}: code cells never executed"
+    assert counts == list(range(1, len(cells) + 1)), f"{path.name}: not run top to bottom in one kernel"
+    errors = [o for c in cells for o in c["outputs"] if o["output_type"] == "error"]
+    assert not errors, f"{path.name}: saved with errors"
+    with_output = sum(1 for c in cells if c["outputs"])
+    assert with_output >= 0.8 * len(cells), f"{path.name}: most code cells should show something"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_ignored_outputs_are_rare(path):
+    cells = [c for c in _load(path)["cells"] if c["cell_type"] == "code"]
+    ignored = [c for c in cells if "nbval-ignore-output" in c["metadata"].get("tags", [])
+               or "nbval-skip" in c["metadata"].get("tags", [])]
+    assert len(ignored) <= max(3, len(cells) // 8), f"{path.name}: too many cells escape nbval"

@@ -1,0 +1,51 @@
+"""Packaging: pyproject vs environment.yml, the two make commands, CI entry point."""
+import re
+import tomllib
+
+import yaml
+from packaging.requirements import Requirement
+
+from course_utils.badges import ROOT
+
+CONDA_TO_PIP = {"pytorch": "torch"}
+
+
+def _pip_requirements():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = project["dependencies"] + project["optional-dependencies"]["test"]
+    return {Requirement(r).name.lower(): str(Requirement(r).specifier) for r in reqs}
+
+
+def _conda_requirements():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    out = {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):  # the pip: section installs the package itself
+            assert dep == {"pip": ["-e ."]}
+            continue
+        name, spec = re.match(r"^([A-Za-z0-9_.-]+)(.*)$", dep).groups()
+        if name in ("python", "pip"):
+            continue
+        out[CONDA_TO_PIP.get(name, name).lower()] = spec
+    return out, env
+
+
+def test_environment_yml_lists_the_same_packages_as_pyproject():
+    conda, env = _conda_requirements()
+    assert conda == _pip_requirements()
+    assert "python=3.11" in env["dependencies"]
+
+
+def test_torch_is_a_range_in_the_package_and_pinned_in_make():
+    assert _pip_requirements()["torch"] == ">=2.6"
+    makefile = (ROOT / "Makefile").read_text()
+    assert '"torch==2.13.0"' in makefile
+    installs = [line for line in makefile.splitlines() if "pip install" in line]
+    assert all("torch" not in line or "torch==2.13.0" in line for line in installs)
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for cmd in ("make lab", "make test", "make test-nb", "make figures", "make badges", "torchrun"):
+        assert cmd in readme, cmd

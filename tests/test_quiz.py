@@ -1,0 +1,169 @@
+"""Quizzes: right, wrong and malformed answers for every question type; the widget."""
+import math
+
+import pytest
+
+from course_utils import quiz
+from course_utils.quiz import Feedback, MultiChoice, Numeric, Quiz, SingleChoice
+from course_utils.quizbank import QUIZZES
+
+single = SingleChoice("Which backend runs on CPU?", ["nccl", "gloo", "mpi-gpu"], "b", "gloo.")
+multi = MultiChoice("Which does ZeRO-3 shard?", ["params", "grads", "activations"], "a,b")
+number = Numeric("Bytes per param, mixed Adam?", 16, unit="B", tol=0, minimum=0, maximum=100)
+
+
+@pytest.mark.parametrize("answer", ["b", "B", " b ", "(b)", 1, "gloo", ["b"]])
+def test_single_right(answer):
+    fb = quiz.check(single, answer)
+    assert fb.correct is True and "gloo." in fb.message and bool(fb)
+
+
+@pytest.mark.parametrize("answer", ["a", "c", 0, "nccl"])
+def test_single_wrong(answer):
+    fb = quiz.check(single, answer)
+    assert fb.correct is False and not fb
+
+
+@pytest.mark.parametrize("answer", ["", None, "   ", "z", "a,b", 7, -1, 3.5, True, {"x": 1}])
+def test_single_malformed_is_friendly(answer):
+    fb = quiz.check(single, answer)
+    assert fb.malformed and "pick one of a, b, c" in fb.message
+
+
+@pytest.mark.parametrize("answer", ["a,b", "b, a", "a b", "ab", "a and b", ["a", "b"], [0, 1], {"b", "a"}])
+def test_multi_right(answer):
+    assert quiz.check(multi, answer).correct is True
+
+
+@pytest.mark.parametrize("answer, words", [
+    ("a", "1 right option is missing"),
+    ("a,b,c", "1 of your picks is wrong"),
+    ("c", "1 of your picks is wrong; 2 right options are missing"),
+])
+def test_multi_wrong_says_how(answer, words):
+    fb = quiz.check(multi, answer)
+    assert fb.correct is False and words.lower() in fb.message.lower()
+
+
+@pytest.mark.parametrize("answer", ["", [], "x", "a,q", [5], None, 2.5])
+def test_multi_malformed_is_friendly(answer):
+    fb = quiz.check(multi, answer)
+    assert fb.malformed and "pick one or more of a, b, c" in fb.message
+
+
+@pytest.mark.parametrize("answer", [16, 16.0, "16", " 16 B", "1.6e1", "16,0"])
+def test_numeric_right(answer):
+    assert quiz.check(number, answer).correct is True
+
+
+@pytest.mark.parametrize("answer, direction", [(12, "low"), ("18", "high"), ("1,000", "high")])
+def test_numeric_wrong_says_direction(answer, direction):
+    fb = quiz.check(Numeric("Bytes per param?", 16, unit="B"), answer)
+    assert fb.correct is False and f"too {direction}" in fb.message
+
+
+@pytest.mark.parametrize("answer, words", [
+    ("", "no answer"), ("sixteen", "not a number"), ("16 GB", "not a number"),
+    (float("nan"), "finite"), (math.inf, "finite"), (-1, "below"), (1e6, "above"),
+    (True, "not a number"), ("1.2.3", "not a number"),
+])
+def test_numeric_malformed_is_friendly(answer, words):
+    fb = quiz.check(number, answer)
+    assert fb.malformed and words in fb.message and "enter a number" in fb.message
+
+
+def test_numeric_tolerances():
+    rel = Numeric("x?", 100.0, rel_tol=0.05)
+    assert quiz.check(rel, 104).correct and not quiz.check(rel, 106).correct
+    ab = Numeric("x?", 28, tol=0.5)
+    assert quiz.check(ab, "28.4").correct and not quiz.check(ab, "28.6").correct
+
+
+@pytest.mark.parametrize("build", [
+    lambda: SingleChoice("", ["a", "b"], "a"),
+    lambda: SingleChoice("q", ["only one"], "a"),
+    lambda: SingleChoice("q", ["a", "b"], "c"),
+    lambda: SingleChoice("q", ["a", "b"], "a,b"),
+    lambda: MultiChoice("q", ["a", "b"], ""),
+    lambda: Numeric("q", float("nan")),
+    lambda: Numeric("q", 1, tol=-1),
+    lambda: Quiz("t", []),
+])
+def test_bad_question_definitions_are_rejected(build):
+    with pytest.raises(ValueError):
+        build()
+
+
+def test_feedback_str():
+    assert str(Feedback(True, "x")) == "Correct. x"
+    assert str(Feedback(False, "x")) == "Not quite. x"
+    assert str(Feedback(None, "x")) == "Try again: x"
+
+
+def test_quiz_numbering_and_errors():
+    q = Quiz("t", [single, multi, number])
+    assert q.check(3, 16).correct
+    with pytest.raises(ValueError, match="run from 1 to 3"):
+        q.check(4, "a")
+    with pytest.raises(ValueError, match="no quiz"):
+        quiz.get("99")
+    with pytest.raises(TypeError, match="answer is missing"):
+        quiz.check("00", 1)
+
+
+def test_text_form_is_deterministic_and_complete():
+    q = Quiz("demo", [single, multi, number])
+    text = q.text()
+    assert text == Quiz("demo", [single, multi, number]).text()
+    assert "1. Which backend runs on CPU?" in text and "(b) gloo" in text
+    assert "(select all that apply)" in text and "(answer in B)" in text
+
+
+def test_widget_bundle_has_the_text_form_and_a_widget_view():
+    q = Quiz("demo", [single, multi, number])
+    bundle = q.widget()._repr_mimebundle_()
+    assert bundle["text/plain"] == q.text()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_widget_gives_instant_feedback_and_a_running_score():
+    form = Quiz("demo", [single, multi, number]).widget()
+    rows = form.box.children[2:]
+    radio, button, feedback = rows[0].children[1], rows[0].children[2].children[0], rows[0].children[3]
+    button.click()  # nothing picked: a friendly nudge, not a traceback, no score change
+    assert "Try again" in feedback.value and "0 / 3 correct (0 answered)" in form.score.value
+    radio.value = "b"
+    button.click()
+    assert "Correct" in feedback.value and "1 / 3 correct (1 answered)" in form.score.value
+    text, nbutton, nfeedback = rows[2].children[1], rows[2].children[2].children[0], rows[2].children[3]
+    text.value = "banana"
+    nbutton.click()
+    assert "not a number" in nfeedback.value
+    text.value = "12"
+    nbutton.click()
+    assert "too low" in nfeedback.value and "1 / 3 correct (2 answered)" in form.score.value
+    boxes = rows[1].children[1].children
+    boxes[0].value = boxes[1].value = True
+    rows[1].children[2].children[0].click()
+    assert "2 / 3 correct (3 answered)" in form.score.value
+
+
+@pytest.mark.parametrize("key", sorted(QUIZZES))
+def test_every_course_quiz_accepts_its_own_answer_key(key):
+    q = quiz.get(key)
+    for i, question in enumerate(q.questions, 1):
+        if isinstance(question, Numeric):
+            right, wrong = question.answer, question.answer * 2 + 10
+        else:
+            right = sorted(question.answer)
+            wrong = [c for c in question.letters if c not in question.answer][:1]
+        assert quiz.check(key, i, right).correct is True, (key, i)
+        assert quiz.check(key, i, wrong).correct is False, (key, i)
+        assert quiz.check(key, i, "").malformed, (key, i)
+
+
+def test_quiz_00_numbers_come_from_the_calculator():
+    from course_utils.memory import GB, model_states
+
+    q4 = quiz.get("00").question(4)
+    assert q4.answer == model_states(7e9, world_size=4, stage=3).total / GB == 28
