@@ -1,6 +1,6 @@
 """The %%ranks cell magic."""
 import pytest
-from IPython.testing.globalipapp import get_ipython, start_ipython
+from IPython.core.interactiveshell import InteractiveShell
 
 from course_utils.magics import ranks
 
@@ -31,8 +31,7 @@ def test_bad_usage_is_a_clear_error(line):
 def test_magic_is_registered_on_import_and_sets_result():
     import course_utils
 
-    start_ipython()
-    ip = get_ipython()
+    ip = InteractiveShell.instance()
     ip.magics_manager.magics["cell"].pop("ranks", None)
     course_utils._autoregister()  # what `import course_utils` runs in a fresh kernel
     ip.user_ns["scale"] = 3
@@ -41,8 +40,7 @@ def test_magic_is_registered_on_import_and_sets_result():
 
 
 def test_load_ext_registers_the_magic():
-    start_ipython()
-    ip = get_ipython()
+    ip = InteractiveShell.instance()
     ip.magics_manager.magics["cell"].pop("ranks", None)
     ip.run_line_magic("load_ext", "course_utils")
     assert "ranks" in ip.magics_manager.magics["cell"]
