@@ -307,16 +307,16 @@ _COMM_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
 _COMM_WORDS = ("Connection closed by peer", "Connection reset", "gloo/transport", "Broken pipe")
 
 
-def _root_cause(failures: dict[int, dict]) -> int:
-    """The rank whose error caused the others: not a peer-disconnected error, earliest
-    first, and among errors raised within 1 s of it, the lowest rank (deterministic
-    when every rank raises the same exception)."""
-    def secondary(info):
-        return info["type"] in _COMM_ERRORS or any(w in info["message"] for w in _COMM_WORDS)
+def _secondary(info: dict) -> bool:
+    """An error a rank got because a peer died (connection closed), not a cause."""
+    return info["type"] in _COMM_ERRORS or any(w in info["message"] for w in _COMM_WORDS)
 
-    primary = {r: f for r, f in failures.items() if not secondary(f)} or failures
-    t0 = min(f["time"] for f in primary.values())
-    return min(r for r, f in primary.items() if f["time"] - t0 < 1.0)
+
+def _root_cause(failures: dict[int, dict]) -> int:
+    """Among Python errors, the earliest; among those raised within 1 s of it, the
+    lowest rank (deterministic when every rank raises the same exception)."""
+    t0 = min(f["time"] for f in failures.values())
+    return min(r for r, f in failures.items() if f["time"] - t0 < 1.0)
 
 
 def _user_stack(dump: str) -> str:
@@ -440,6 +440,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
     cfg = _Config(world_size, chosen, _free_port(), float(timeout_s), workdir, dict(env or {}))
     ctx = mp.get_context(method)
     procs = []
+    codes: list = [None] * world_size
     timed_out = False
     try:
         sys.stdout.flush()
@@ -504,24 +505,30 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
             + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""),
             rank=hung[0], outputs=outputs,
         )
-    if failures:
-        first = _root_cause(failures)
+    # Ranks that died without a Python error (a signal, os._exit) before we stopped them.
+    crashed = [r for r in range(world_size) if codes[r] not in (None, 0) and r not in failures]
+    primary = {r: f for r, f in failures.items() if not _secondary(f)}
+    if primary or (failures and not crashed):
+        first = _root_cause(primary or failures)
         info = failures[first]
         err = LaunchError(
             f"rank {first} raised {info['type']}: {info['message']}\n"
             f"--- traceback of rank {first} ---\n{info['traceback']}",
             rank=first, exc_type=info["type"], rank_traceback=info["traceback"], outputs=outputs,
         )
-        err.failed_ranks = sorted(failures)
+        err.failed_ranks = sorted(set(failures) | set(crashed))
         raise err
-    if missing:
-        r = missing[0]
-        code = [c for c in codes][r]
+    if crashed or missing:
+        r = min(crashed or missing)
+        code = codes[r]
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        raise LaunchError(
-            f"rank {r} {how} without reporting a result (crashed, or called sys.exit/os._exit)",
+        err = LaunchError(
+            f"rank {r} {how} without reporting a result (it crashed, was killed, e.g. out of "
+            "memory, or called sys.exit/os._exit)",
             rank=r, outputs=outputs,
         )
+        err.failed_ranks = sorted(set(failures) | set(crashed)) or [r]
+        raise err
     out = RankResults(results)
     out.backend, out.start_method, out.world_size, out.outputs = chosen, method, world_size, outputs
     return out
