@@ -441,7 +441,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
     ctx = mp.get_context(method)
     procs = []
     codes: list = [None] * world_size
-    timed_out = False
+    timed_out = interrupted = False
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -467,12 +467,16 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
                 with contextlib.suppress(Exception):
                     os.kill(procs[r].pid, signal.SIGUSR1)
             time.sleep(0.3)
+    except KeyboardInterrupt:  # the kernel's Stop button
+        interrupted = True
     finally:
-        _stop(procs)  # also on KeyboardInterrupt (the kernel's Stop button)
+        _stop(procs)
         if method == "spawn":
             _stop_resource_tracker()
-        if sys.exc_info()[0] is not None:
+        if interrupted or sys.exc_info()[0] is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+    if interrupted:
+        raise KeyboardInterrupt(f"launch interrupted: all {world_size} ranks were stopped") from None
 
     try:
         base = [os.path.join(workdir, f"rank{r}") for r in range(world_size)]
