@@ -16,7 +16,7 @@ NOTEBOOKS = [
      "Broadcast, all-reduce, reduce-scatter, all-gather on live ranks; the ring cost model measured."),
     ("02_data_parallelism.ipynb", "Data parallelism",
      "DDP from scratch and torch DDP give the single-process losses; accumulation, bucketing, overlap."),
-    ("03_memory.ipynb", "Where the memory goes",
+    ("03_memory_anatomy.ipynb", "Where the memory goes",
      "Params, grads, optimizer states and activations, predicted and measured; the calculator widget."),
     ("04_zero1.ipynb", "ZeRO-1",
      "Optimizer-state sharding from scratch: flat buffer, reduce-scatter, sharded Adam, all-gather."),
