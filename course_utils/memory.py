@@ -24,7 +24,9 @@ import dataclasses
 import math
 from numbers import Real
 
-__all__ = ["RECIPES", "ModelStates", "model_states", "GB", "GiB", "fmt_bytes", "to_unit"]
+__all__ = ["RECIPES", "ModelStates", "model_states", "GB", "GiB", "fmt_bytes", "to_unit",
+           "Placement", "placement", "Activations", "activation_bytes", "GpuMemory", "per_gpu",
+           "STAGE_NAMES"]
 
 #: bytes per parameter for (params, grads, optimizer states)
 RECIPES: dict[str, tuple[int, int, int]] = {
@@ -129,3 +131,196 @@ def model_states(num_params, *, world_size: int = 1, stage: int = 0,
     optimizer = num_params * bo / (n if stage >= 1 else 1)
     return ModelStates(_exact(params), _exact(grads), _exact(optimizer),
                        _exact(num_params), n, stage, recipe)
+
+
+# ---------------------------------------------------------------------- offload
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one rank's model states live: bytes on the accelerator and in host memory."""
+
+    gpu: float
+    cpu: float
+    on_gpu: tuple[str, ...]
+    on_cpu: tuple[str, ...]
+
+    @property
+    def total(self):
+        return _exact(self.gpu + self.cpu)
+
+
+def placement(states: ModelStates, *, offload_optimizer: bool = False,
+              offload_params: bool = False) -> Placement:
+    """Split ``states`` between GPU and host memory under CPU offload.
+
+    * ``offload_optimizer`` (ZeRO-Offload, DeepSpeed ``offload_optimizer``): the optimizer
+      states (fp32 master weights and Adam moments) live on the host, where the optimizer
+      step runs; from ZeRO-2 on, the gradient shards are copied there too. Needs stage >= 1.
+    * ``offload_params`` (ZeRO-Infinity / FSDP ``CPUOffloadPolicy``): the parameter shards
+      and their gradients live on the host and are gathered to the GPU layer by layer.
+      Needs stage 3 (parameters must be sharded) and implies ``offload_optimizer``.
+
+    Transient GPU buffers (the layer being gathered, communication buckets) are not
+    model states and are not counted here.
+    """
+    if not isinstance(states, ModelStates):
+        raise TypeError("placement() takes the ModelStates returned by model_states(...)")
+    if offload_params and states.stage != 3:
+        raise ValueError("offload_params needs stage=3: only ZeRO-3 shards the parameters "
+                         f"that would live on the host (got stage={states.stage})")
+    if offload_optimizer and states.stage == 0:
+        raise ValueError("offload_optimizer needs a ZeRO stage >= 1 (DeepSpeed offloads the "
+                         "partitioned optimizer states); use stage=1, 2 or 3")
+    if offload_params:
+        offload_optimizer = True
+    where = {"params": "gpu", "grads": "gpu", "optimizer": "gpu"}
+    if offload_optimizer:
+        where["optimizer"] = "cpu"
+        if states.stage >= 2:
+            where["grads"] = "cpu"
+    if offload_params:
+        where["params"] = "cpu"
+    gpu = sum(getattr(states, k) for k, v in where.items() if v == "gpu")
+    cpu = sum(getattr(states, k) for k, v in where.items() if v == "cpu")
+    return Placement(_exact(gpu), _exact(cpu),
+                     tuple(k for k, v in where.items() if v == "gpu"),
+                     tuple(k for k, v in where.items() if v == "cpu"))
+
+
+# ------------------------------------------------------------------ activations
+
+ATTENTION = ("standard", "flash")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Activations:
+    """Activation bytes kept for backward on one rank (16-bit activations)."""
+
+    per_layer: float
+    layers: float           # per_layer x L
+    outside_layers: float   # embedding dropout mask, final norm, output layer input, fp32 logits
+    logits: float           # part of outside_layers: the fp32 logits the loss keeps
+    micro_batch: int
+    seq: int
+    attention: str
+    recompute: str
+
+    @property
+    def total(self):
+        return _exact(self.layers + self.outside_layers)
+
+
+def _config_of(model):
+    from .config import Preset, TransformerConfig
+
+    if isinstance(model, Preset):
+        if model.config is None:
+            raise ValueError(f"preset {model.name!r} gives only a parameter count ({model.source}); "
+                             "activations need an architecture: pass a TransformerConfig")
+        return model.config
+    if isinstance(model, str):
+        from .config import preset
+
+        return _config_of(preset(model))
+    if isinstance(model, TransformerConfig):
+        return model
+    raise TypeError("pass a TransformerConfig, a Preset or a preset name such as 'gpt2-xl'")
+
+
+def activation_bytes(model, *, micro_batch: int, seq: int | None = None,
+                     attention: str = "standard", recompute: str = "none") -> Activations:
+    """Activation memory of a transformer (Korthikanti et al. 2022, no tensor parallelism).
+
+    Per layer, 16-bit activations with 1-byte dropout masks keep
+    ``s·b·h·(34 + 5·a·s/h)`` bytes: 34·s·b·h for the linear layers, norms, GELU and
+    dropouts, and 5·a·s²·b for the attention scores, softmax and its dropout mask.
+
+    * ``attention="flash"``: a fused attention kernel never stores the s x s scores:
+      the 5·a·s²·b term disappears (its few softmax statistics are ignored).
+    * ``recompute="selective"``: recompute only the attention core in backward; same
+      effect on memory as flash (34·s·b·h per layer).
+    * ``recompute="full"``: keep only each layer's 16-bit input (2·s·b·h) and recompute
+      the rest during backward.
+
+    Outside the layers: the embedding dropout mask (s·b·h), the final norm's and the
+    output layer's inputs (2·s·b·h each) and the fp32 logits the loss keeps (4·s·b·V).
+    The formula was derived for GPT-style blocks (4h GELU MLP); for SwiGLU models it is
+    an approximation.
+    """
+    cfg = _config_of(model)
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ValueError(f"micro_batch must be an int >= 1 (sequences per GPU per step), got {micro_batch!r}")
+    seq = cfg.seq if seq is None else seq
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        raise ValueError(f"seq must be an int >= 1 (tokens per sequence), got {seq!r}")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    s, b, h, a, v = seq, micro_batch, cfg.hidden, cfg.heads, cfg.vocab
+    sbh = s * b * h
+    if recompute == "full":
+        per_layer = 2 * sbh
+    elif recompute == "selective" or attention == "flash":
+        per_layer = 34 * sbh
+    else:
+        per_layer = 34 * sbh + 5 * a * s * s * b
+    logits = 4 * s * b * v
+    outside = sbh + 2 * sbh + 2 * sbh + logits
+    return Activations(per_layer, per_layer * cfg.layers, outside, logits, b, s, attention, recompute)
+
+
+# ------------------------------------------------------------------- per GPU
+
+@dataclasses.dataclass(frozen=True)
+class GpuMemory:
+    """Everything the calculator counts on one GPU, in bytes."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    cpu: float                 # model states moved to host memory by offload
+    states: ModelStates
+    activation_detail: Activations | None
+
+    @property
+    def total(self):
+        return _exact(self.params + self.grads + self.optimizer + self.activations)
+
+    def fits(self, gpu_bytes: float) -> bool:
+        return self.total <= gpu_bytes
+
+
+def per_gpu(model, *, world_size: int = 1, stage: int = 0, recipe: str = "mixed",
+            offload_optimizer: bool = False, offload_params: bool = False,
+            micro_batch: int | None = 1, seq: int | None = None,
+            attention: str = "standard", recompute: str = "none") -> GpuMemory:
+    """Model states on this GPU (after offload) plus activations.
+
+    ``model``: a parameter count, a TransformerConfig, a Preset or a preset name.
+    ``micro_batch=None`` leaves activations out (e.g. for a preset with no architecture).
+    """
+    from .config import Preset, TransformerConfig, preset
+
+    if isinstance(model, str):
+        model = preset(model)
+    if isinstance(model, Preset):
+        num_params = model.num_params
+    elif isinstance(model, TransformerConfig):
+        num_params = model.num_params()
+    else:
+        num_params = model
+    states = model_states(num_params, world_size=world_size, stage=stage, recipe=recipe)
+    where = placement(states, offload_optimizer=offload_optimizer, offload_params=offload_params)
+    acts = None
+    if micro_batch is not None:
+        if isinstance(model, Real) and not isinstance(model, bool):
+            raise ValueError("activations need an architecture: pass a TransformerConfig or a "
+                             "preset name, or micro_batch=None for model states only")
+        acts = activation_bytes(model, micro_batch=micro_batch, seq=seq,
+                                attention=attention, recompute=recompute)
+    part = {k: (getattr(states, k) if k in where.on_gpu else 0) for k in ("params", "grads", "optimizer")}
+    return GpuMemory(part["params"], part["grads"], part["optimizer"],
+                     acts.total if acts else 0, where.cpu, states, acts)

@@ -1,0 +1,52 @@
+"""The memory calculator widget and its headless form."""
+import pytest
+
+from course_utils import calculator
+from course_utils.calculator import CUSTOM, Calculator, Setting, rows, table
+from course_utils.memory import GB
+
+
+def test_default_table_is_deterministic_and_says_what_fits():
+    text = table(Setting())
+    assert text == table(Setting())
+    assert "fits in 80 GB: ZeRO-1, ZeRO-2, ZeRO-3" in text
+    assert text.splitlines()[3].split()[0] == "DDP"
+
+
+def test_zero_paper_setting_reproduces_figure_1():
+    r = rows(Setting(model="zero-paper-7.5b", gpus=64))
+    assert [round(m.total / GB, 1) for _, m in r] == [120.0, 31.4, 16.6, 1.9]
+    assert "n/a: no architecture" in table(Setting(model="zero-paper-7.5b", gpus=64))
+
+
+def test_offload_moves_states_to_host():
+    r = dict(rows(Setting(model="llama-2-70b", gpus=8, offload_params=True)))
+    assert r[3].params == r[3].grads == r[3].optimizer == 0 and r[3].cpu > 0
+    assert r[0].cpu == 0  # DDP cannot offload: shown without it
+    assert r[1].optimizer == 0 and r[1].grads > 0
+
+
+def test_custom_size_and_bad_settings():
+    r = rows(Setting(model=CUSTOM, custom_billions=13, gpus=8, stage=1))
+    assert r[0][1].total == 13e9 * 16
+    with pytest.raises(ValueError, match="model must be one of"):
+        Setting(model="gpt-5")
+    with pytest.raises(ValueError, match="gpu_memory"):
+        Setting(gpu_memory="24 GB")
+
+
+def test_widget_bundle_and_interaction():
+    c = Calculator()
+    bundle = c._repr_mimebundle_()
+    assert bundle["text/plain"] == table(Setting())
+    assert {"image/png", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
+    c.controls["gpus"].value = 64
+    assert c.setting.gpus == 64
+    c.controls["model"].value = "gpt2-xl"
+    assert c.setting.model == "gpt2-xl" and "gpt2-xl, 64 GPUs" in c._repr_mimebundle_()["text/plain"]
+
+
+def test_plot_has_four_stages():
+    fig = calculator.plot(Setting())
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
