@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 
 from .launch import LaunchError, LaunchTimeout, launch
 
-__all__ = ["Verdict", "grade_on_ranks", "compare", "check_rank_sum", "check_gather_squares"]
+__all__ = ["Verdict", "grade_on_ranks", "grade_cases", "compare", "check_rank_sum", "check_gather_squares",
+           "check_bytes_per_gpu", "check_smallest_fitting_stage", "smallest_fitting_stage"]
 
 
 def _show(value) -> str:
@@ -22,8 +23,8 @@ def _show(value) -> str:
         if value.numel() == 1 and value.dim() <= 1:
             return f"tensor({value.reshape(-1)[0].item():g})" if value.dim() else f"tensor({value.item():g})"
         return f"tensor({[round(x, 6) for x in value.reshape(-1).tolist()]}, shape={tuple(value.shape)})"
-    if isinstance(value, float):
-        return f"{value:g}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.6g}"
     return repr(value)
 
 
@@ -114,3 +115,81 @@ def check_gather_squares(fn: Callable) -> Verdict:
     return grade_on_ranks(
         fn, lambda r, n: torch.tensor([float((i + 1) ** 2) for i in range(n)]),
         world_sizes=(3, 4), name="gather_squares")
+
+
+def grade_cases(fn: Callable, cases: Sequence[dict], expected: Callable[..., object], *,
+                name: str = "your function", rel: float = 1e-9) -> Verdict:
+    """Call ``fn(**case)`` for each case; compare with ``expected(**case)``; print per case.
+
+    For exercises that are plain functions (no ranks), e.g. memory arithmetic.
+    """
+    if not callable(fn):
+        print(f"{name} should be a function, got {type(fn).__name__}: define it with def, then check it.")
+        return Verdict(name, False)
+    wrong = 0
+    for case in cases:
+        args = ", ".join(f"{k}={v!r}" for k, v in case.items())
+        want = expected(**case)
+        try:
+            got = fn(**case)
+        except Exception as exc:  # noqa: BLE001 - report, never raise, on a learner's bug
+            wrong += 1
+            print(f"  {name}({args}): raised {type(exc).__name__}: {exc}")
+            continue
+        tol = rel * abs(want) if isinstance(want, (int, float)) and not isinstance(want, bool) else 0
+        why = compare(got, want, atol=tol)
+        if why:
+            wrong += 1
+            print(f"  {name}({args}): differs: {why}")
+        else:
+            print(f"  {name}({args}): right ({_show(got)})")
+    print(f"{len(cases) - wrong} of {len(cases)} cases right")
+    return Verdict(name, wrong == 0)
+
+
+# ------------------------------------------------------------------ notebook 03
+
+_BYTES_CASES = [
+    dict(num_params=7e9, world_size=4, stage=0), dict(num_params=7e9, world_size=4, stage=1),
+    dict(num_params=13e9, world_size=8, stage=2), dict(num_params=7.5e9, world_size=64, stage=3),
+    dict(num_params=1.5e9, world_size=3, stage=3), dict(num_params=70e9, world_size=1, stage=2),
+]
+
+
+def check_bytes_per_gpu(fn: Callable) -> Verdict:
+    """Exercise 03.1: ``fn(num_params, world_size, stage)`` -> model-state bytes per GPU
+    for mixed-precision Adam (2 + 2 + 12 bytes per parameter)."""
+    from .memory import model_states
+
+    return grade_cases(fn, _BYTES_CASES,
+                       lambda num_params, world_size, stage: model_states(
+                           num_params, world_size=world_size, stage=stage).total,
+                       name="bytes_per_gpu")
+
+
+_FIT_CASES = [
+    dict(model="llama-2-7b", gpus=4, gpu_gb=80, micro_batch=1, seq=2048),
+    dict(model="llama-2-7b", gpus=8, gpu_gb=40, micro_batch=2, seq=2048),
+    dict(model="llama-2-13b", gpus=8, gpu_gb=80, micro_batch=1, seq=4096),
+    dict(model="llama-2-70b", gpus=8, gpu_gb=80, micro_batch=1, seq=4096),
+    dict(model="llama-2-70b", gpus=64, gpu_gb=80, micro_batch=1, seq=1024),
+    dict(model="gpt2-xl", gpus=1, gpu_gb=40, micro_batch=4, seq=1024),
+]
+
+
+def smallest_fitting_stage(model: str, gpus: int, gpu_gb: float, micro_batch: int, seq: int):
+    """Reference for exercise 03.2: the lowest stage whose per-GPU total (mixed recipe,
+    flash attention, no recomputation, no offload) fits in ``gpu_gb`` GB; None if none."""
+    from .memory import GB, per_gpu
+
+    for stage in (0, 1, 2, 3):
+        m = per_gpu(model, world_size=gpus, stage=stage, micro_batch=micro_batch, seq=seq,
+                    attention="flash")
+        if m.total <= gpu_gb * GB:
+            return stage
+    return None
+
+
+def check_smallest_fitting_stage(fn: Callable) -> Verdict:
+    """Exercise 03.2: ``fn(model, gpus, gpu_gb, micro_batch, seq)`` -> 0-3 or None."""
+    return grade_cases(fn, _FIT_CASES, smallest_fitting_stage, name="smallest_stage")

@@ -77,8 +77,49 @@ def _zero_stages_draw(d: dict):
     return fig
 
 
+# ------------------------------------------------------------------ ddp_redundancy
+
+def _ddp_redundancy_data() -> dict:
+    """DDP on 4 GPUs, 7B params, mixed-precision Adam: every GPU holds the same 112 GB."""
+    num_params, gpus = 7_000_000_000, 4
+    ms = model_states(num_params, world_size=gpus, stage=0, recipe="mixed")
+    z3 = model_states(num_params, world_size=gpus, stage=3, recipe="mixed")
+    return {"num_params": num_params, "gpus": gpus,
+            "parts_GB": {"params": ms.params / GB, "grads": ms.grads / GB, "optimizer": ms.optimizer / GB},
+            "per_gpu_GB": ms.total / GB, "cluster_GB": gpus * ms.total / GB,
+            "unique_GB": ms.total / GB, "zero3_per_gpu_GB": z3.total / GB}
+
+
+def _ddp_redundancy_draw(d: dict):
+    import matplotlib.pyplot as plt
+
+    colors = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+    fig, ax = plt.subplots(figsize=(8.0, 3.4))
+    for g in range(d["gpus"]):
+        bottom = 0.0
+        for part, value in d["parts_GB"].items():
+            ax.bar(g, value, bottom=bottom, color=colors[part], edgecolor="black", linewidth=0.6,
+                   alpha=1.0 if g == 0 else 0.45, label=part if g == 0 else None)
+            ax.text(g, bottom + value / 2, f"{value:g}", ha="center", va="center", fontsize=8, color="white")
+            bottom += value
+        ax.text(g, bottom + 2, "unique" if g == 0 else "copy", ha="center", fontsize=8)
+    ax.axhline(d["zero3_per_gpu_GB"], color="black", linestyle=":", linewidth=1)
+    ax.text(d["gpus"] - 0.5, d["zero3_per_gpu_GB"] + 2, f"ZeRO-3: {d['zero3_per_gpu_GB']:g} GB per GPU",
+            ha="right", fontsize=8)
+    ax.set_xticks(range(d["gpus"]), [f"GPU {g}" for g in range(d["gpus"])])
+    ax.set_ylabel("GB per GPU")
+    ax.set_title(f"DDP keeps {d['gpus']} identical copies: {d['cluster_GB']:g} GB in the cluster, "
+                 f"{d['unique_GB']:g} GB of it unique ({d['num_params'] / 1e9:g}B params)", fontsize=9)
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
 FIGURES: dict[str, tuple[Callable[[], dict], Callable[[dict], object]]] = {
     "zero_stages": (_zero_stages_data, _zero_stages_draw),
+    "ddp_redundancy": (_ddp_redundancy_data, _ddp_redundancy_draw),
 }
 
 

@@ -1,6 +1,6 @@
 """Where the memory goes: bytes of model states per GPU, for DDP and ZeRO stages 1-3.
 
-Taught in ``notebooks/03_memory.ipynb`` (first used for the course map in
+Taught in ``notebooks/03_memory_anatomy.ipynb`` (first used for the course map in
 ``notebooks/00_orientation.ipynb``).
 
 Model states per parameter, for the recipes the ZeRO paper and the seeds use:

@@ -55,3 +55,54 @@ def quiz_00() -> Quiz:
 
 
 QUIZZES = {"00": quiz_00}
+
+
+def quiz_03() -> Quiz:
+    from .comm import comm_volume
+    from .config import PRESETS
+
+    z2_13b = model_states(13e9, world_size=8, stage=2)
+    ratio = comm_volume(1e9, world_size=8, stage=3)["total"] / comm_volume(1e9, world_size=8, stage=0)["total"]
+    gpt2 = PRESETS["gpt2-xl"].num_params
+    return Quiz("03 where the memory goes", [
+        Numeric("Mixed-precision training with Adam, no sharding: how many bytes of model states "
+                "per parameter (the ZeRO paper's 2 + 2 + K)?",
+                model_states(1, recipe="mixed").total, unit="bytes", tol=0, minimum=0,
+                explanation="2 (bf16/fp16 weights) + 2 (their gradients) + 12 (fp32 master copy, "
+                            "Adam's momentum and variance) = 16."),
+        Numeric("The seeds' exercise: a 13B model on 8 GPUs with ZeRO-2 (mixed precision, K = 12). "
+                "Model states per GPU?",
+                z2_13b.total / GB, unit="GB", tol=0.05, minimum=0,
+                explanation=f"Params stay whole: 2 x 13 = 26 GB; gradients and optimizer states are "
+                            f"sharded: (2 + 12) x 13 / 8 = 22.75 GB; total {z2_13b.total / GB:g} GB."),
+        SingleChoice("A tutorial draws DDP for 7B parameters as 14 + 14 + 56 = 84 GB per GPU, then "
+                     "tabulates 112 GB. What does the 84 GB drawing leave out?",
+                     ["The activations", "The fp32 master copy of the weights (4 bytes/param)",
+                      "The CUDA context", "Nothing: both are right for different GPUs"],
+                     "b",
+                     "Adam's m and v are 8 bytes per parameter (56 GB); mixed precision also keeps "
+                     "an fp32 copy of the weights, 4 more bytes (28 GB): 14 + 14 + 84 = 112 GB."),
+        MultiChoice("Which of these reduce activation memory per GPU?",
+                    ["ZeRO-3", "Activation recomputation", "A fused (flash) attention kernel",
+                     "A smaller micro-batch"],
+                    "b,c,d",
+                    "ZeRO shards model states, not activations: each rank's activations come from its "
+                    "own data and are not redundant. Recomputation, flash attention and smaller "
+                    "micro-batches all shrink them."),
+        SingleChoice("DeepSpeed's estimator prints '... GB' per GPU. What unit is that?",
+                     ["10^9 bytes", "2^30 bytes (GiB)", "10^6 bytes"],
+                     "b",
+                     "It divides by 2**30, like nvidia-smi's MiB/GiB; the ZeRO paper's GB are 10^9 "
+                     "bytes, 7% smaller."),
+        Numeric("With ring collectives on 8 ranks, ZeRO-3 sends how many times the bytes DDP "
+                "sends per step?", ratio, tol=0.01, minimum=0,
+                explanation="DDP: all-reduce = 2(N-1)/N·M. ZeRO-3: all-gather in forward and in "
+                            "backward plus a reduce-scatter = 3(N-1)/N·M: 1.5x."),
+        Numeric("gpt2-xl has how many billion parameters (to two decimals)?", round(gpt2 / 1e9, 2),
+                unit="billion", tol=0.005, minimum=0,
+                explanation=f"Exactly {gpt2:,}: 48 blocks of h = 1600, a 50257-token vocabulary "
+                            "and 1024 learned positions."),
+    ])
+
+
+QUIZZES["03"] = quiz_03
