@@ -2,8 +2,13 @@
 
 Modules (each names the notebook that teaches it):
 ``env`` (where am I running), ``launch`` (run a function on N ranks), ``magics``
-(``%%ranks N``), ``quiz`` (self-graded questions), ``exercises`` (auto-graders),
-``memory`` (bytes per GPU), ``figures`` (the figures in ``vis/``).
+(``%%ranks N``), ``quiz`` + ``quizbank`` (self-graded questions), ``exercises``
+(auto-graders), ``figures`` (the figures in ``vis/``), ``badges`` (Colab links);
+``config`` (transformer configs and presets), ``memory`` (bytes per GPU: model states,
+offload, activations), ``comm`` (bytes each collective sends), ``estimators``
+(DeepSpeed's, accelerate's and the paper's estimates side by side), ``calculator``
+(the memory widget), ``model`` (the course GPT and its data), ``precision`` (training
+recipes measured to the byte).
 
 Importing the package inside IPython registers the ``%%ranks`` cell magic.
 """

@@ -17,7 +17,8 @@ def test_every_figure_is_shown_by_some_notebook():
 
 
 def test_saving_is_deterministic_and_detects_stale_data(tmp_path, monkeypatch):
-    a = figures.save("zero_stages", tmp_path).read_bytes()
+    figures.make_all(tmp_path)
+    a = figures.path("zero_stages", tmp_path).read_bytes()
     b = figures.save("zero_stages", tmp_path).read_bytes()
     assert a == b
     assert figures.stale(tmp_path) == {}
