@@ -133,6 +133,10 @@ def plot(setting: Setting):
     return fig
 
 
+def _stream(text: str) -> dict:
+    return {"output_type": "stream", "name": "stdout", "text": text}
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
@@ -181,20 +185,21 @@ class Calculator:
         try:
             self.setting = Setting(**{k: c.value for k, c in self.controls.items()})
         except ValueError as exc:
-            with self.out:
-                self.out.clear_output(wait=True)
-                print(f"Change the inputs: {exc}")
+            self.out.outputs = (_stream(f"Change the inputs: {exc}\n"),)
             return
         self._render()
 
     def _render(self):
-        from IPython.display import Image, display
+        # Set the Output widget's content directly (synced through the widget, not printed
+        # into the cell), so no frontend or test runner sees stray cell output.
+        import base64
 
-        fig = plot(self.setting)
-        with self.out:
-            self.out.clear_output(wait=True)
-            display(Image(_png(fig)))
-            print(table(self.setting))
+        png = base64.b64encode(_png(plot(self.setting))).decode()
+        self.out.outputs = (
+            {"output_type": "display_data", "metadata": {},
+             "data": {"image/png": png, "text/plain": "<calculator figure>"}},
+            _stream(table(self.setting) + "\n"),
+        )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         got = self.box._repr_mimebundle_(include=include, exclude=exclude)

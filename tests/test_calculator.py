@@ -44,6 +44,11 @@ def test_widget_bundle_and_interaction():
     assert c.setting.gpus == 64
     c.controls["model"].value = "gpt2-xl"
     assert c.setting.model == "gpt2-xl" and "gpt2-xl, 64 GPUs" in c._repr_mimebundle_()["text/plain"]
+    shown = c.out.outputs
+    assert shown[0]["data"]["image/png"] and "gpt2-xl, 64 GPUs" in shown[1]["text"]
+    c.controls["custom_billions"].value = 13
+    c.controls["model"].value = "custom size"
+    assert "13B custom" in c.out.outputs[1]["text"]
 
 
 def test_plot_has_four_stages():
