@@ -121,7 +121,7 @@ def plot(setting: Setting):
             bottom += value
         ax.text(i, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=8)
     ax.axhline(cap / GB, color="black", linestyle="--", linewidth=1)
-    ax.text(3.45, cap / GB, f"{setting.gpu_memory} GPU", ha="right", va="bottom", fontsize=8)
+    ax.text(-0.45, cap / GB, f"{setting.gpu_memory} GPU", ha="left", va="bottom", fontsize=8)
     ax.set_xticks(range(4), [STAGE_NAMES[s] for s, _ in data])
     ax.set_ylabel("GB per GPU")
     ax.set_title(setting.label() + f", micro-batch {setting.micro_batch}, seq {setting.seq}", fontsize=9)
@@ -159,11 +159,13 @@ class Calculator:
             "gpus": w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=s.gpus,
                                description="GPUs", style=style),
             "stage": w.ToggleButtons(options=[(STAGE_NAMES[i], i) for i in range(4)], value=s.stage,
-                                     description="stage", style=style),
+                                     description="stage", style={**style, "button_width": "80px"}),
             "recipe": w.Dropdown(options=["mixed", "mixed-fp32-grads", "fp32"], value=s.recipe,
                                  description="recipe", style=style),
-            "offload_optimizer": w.Checkbox(value=s.offload_optimizer, description="offload optimizer to CPU"),
-            "offload_params": w.Checkbox(value=s.offload_params, description="offload params to CPU (ZeRO-3)"),
+            "offload_optimizer": w.Checkbox(value=s.offload_optimizer, description="offload optimizer to CPU",
+                                            indent=False, layout=w.Layout(width="auto")),
+            "offload_params": w.Checkbox(value=s.offload_params, description="offload params to CPU (ZeRO-3)",
+                                         indent=False, layout=w.Layout(width="auto")),
             "micro_batch": w.IntSlider(value=s.micro_batch, min=1, max=64, description="micro-batch", style=style),
             "seq": w.Dropdown(options=[512, 1024, 2048, 4096, 8192, 16384], value=s.seq,
                               description="sequence length", style=style),
@@ -172,7 +174,7 @@ class Calculator:
             "recompute": w.Dropdown(options=["none", "selective", "full"], value=s.recompute,
                                     description="recomputation", style=style),
             "gpu_memory": w.ToggleButtons(options=list(GPU_MEMORY), value=s.gpu_memory,
-                                          description="GPU memory", style=style),
+                                          description="GPU memory", style={**style, "button_width": "80px"}),
         }
         self.out = w.Output()
         for c in self.controls.values():
