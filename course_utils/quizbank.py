@@ -106,3 +106,77 @@ def quiz_03() -> Quiz:
 
 
 QUIZZES["03"] = quiz_03
+
+
+def quiz_01() -> Quiz:
+    from .comm import collective_bytes
+
+    m = 1e9  # a 1 GB message
+    return Quiz("01 collectives", [
+        SingleChoice("After dist.all_reduce(t) with the default op on 4 ranks, what does each rank hold?",
+                     ["Its own tensor, unchanged", "The sum of the 4 tensors",
+                      "A quarter of the sum", "The tensor of rank 0"],
+                     "b", "all_reduce replaces every rank's tensor with the elementwise sum (op=SUM)."),
+        SingleChoice("Which pair of collectives, run one after the other, equals an all-reduce?",
+                     ["broadcast then reduce", "reduce-scatter then all-gather",
+                      "scatter then gather", "all-gather then reduce-scatter"],
+                     "b", "Reduce-scatter leaves each rank with the sum of one shard; all-gather then gives "
+                          "every rank every summed shard. That is exactly how the ring all-reduce works."),
+        Numeric("Ring all-reduce of a 1 GB message on 4 ranks: how many GB does each rank send?",
+                collective_bytes("all_reduce", m, 4) / 1e9, unit="GB", tol=0.01, minimum=0,
+                explanation="2(N-1)/N x M = 2 x 3/4 x 1 GB = 1.5 GB: N-1 steps of reduce-scatter and "
+                            "N-1 of all-gather, each sending M/N."),
+        Numeric("And for a reduce-scatter of the same 1 GB message on 8 ranks?",
+                collective_bytes("reduce_scatter", m, 8) / 1e9, unit="GB", tol=0.01, minimum=0,
+                explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N."),
+        MultiChoice("In the alpha-beta model t = alpha x steps + bytes / bandwidth, which are true?",
+                    ["Small messages are dominated by the latency term alpha",
+                     "Large messages are dominated by the bandwidth term",
+                     "Bucketing many small tensors into one message reduces the number of alpha terms paid",
+                     "The ring all-reduce sends fewer bytes per rank as N grows"],
+                    "a,b,c",
+                    "The ring sends 2(N-1)/N x M per rank: that grows towards 2M with N, it does not shrink. "
+                    "Latency dominates small messages, which is why DDP buckets gradients."),
+    ])
+
+
+def quiz_02() -> Quiz:
+    from .comm import comm_volume
+
+    gpt2 = 1.56e9
+    vol = comm_volume(gpt2, world_size=4, stage=0, bytes_per_elem=4)["all_reduce"]
+    return Quiz("02 data parallelism", [
+        SingleChoice("Four ranks each compute the mean loss on their 2 samples of an 8-sample global "
+                     "batch. To match one process on all 8 samples, the gradients are...",
+                     ["summed across ranks", "averaged across ranks", "taken from rank 0",
+                      "averaged, then multiplied by 8"],
+                     "b", "The mean over 8 samples is the average of the 4 per-rank means (equal "
+                          "shares), so the gradient of the global loss is the average of the gradients."),
+        SingleChoice("Why does DDP broadcast rank 0's parameters when it wraps the model?",
+                     ["To save memory", "So every rank starts from the same weights; otherwise the "
+                      "replicas drift apart even with averaged gradients", "To warm up the network",
+                      "It does not"],
+                     "b", "Averaged gradients keep equal replicas equal; they cannot make unequal ones equal."),
+        Numeric("gpt2-xl (1.56B params) with fp32 gradients on 4 GPUs: GB each GPU sends in the "
+                "gradient all-reduce per step (ring)?", vol / 1e9, unit="GB", tol=0.05, minimum=0,
+                explanation="2(N-1)/N x 4 bytes x 1.56e9 = 1.5 x 6.24 GB = 9.36 GB, whatever the batch "
+                            "size: that is why the overhead shrinks as the batch grows."),
+        MultiChoice("What do DDP's gradient buckets buy?",
+                    ["Fewer, larger messages: less latency overhead",
+                     "Communication that starts while backward is still running (overlap)",
+                     "Less communication volume",
+                     "Less gradient memory"],
+                    "a,b", "The bytes are the same; buckets trade many small all-reduces for a few large "
+                           "ones and let them overlap with the rest of backward."),
+        SingleChoice("Gradient accumulation over 4 micro-batches of 15 on one GPU took 3.7x the step "
+                     "time of one micro-batch of 15, not 4x. Why?",
+                     ["The GPU warmed up", "The optimizer step (and other per-step work) runs once, "
+                      "not 4 times", "Accumulation skips the backward pass",
+                      "Communication was overlapped"],
+                     "b", "4 x (forward + backward) + 1 x optimizer step: with the seed's numbers, about "
+                          "359 ms per forward+backward and 34 ms for the step."),
+    ])
+
+
+QUIZZES["01"] = quiz_01
+QUIZZES["02"] = quiz_02
