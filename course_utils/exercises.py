@@ -12,8 +12,9 @@ from typing import Callable, Sequence
 
 from .launch import LaunchError, LaunchTimeout, launch
 
-__all__ = ["Verdict", "grade_on_ranks", "grade_cases", "compare", "check_rank_sum", "check_gather_squares",
-           "check_bytes_per_gpu", "check_smallest_fitting_stage", "smallest_fitting_stage"]
+__all__ = ["check_grad_average_hook", "Verdict", "grade_on_ranks", "grade_cases", "compare", "check_rank_sum", "check_gather_squares",
+           "check_bytes_per_gpu", "check_smallest_fitting_stage", "smallest_fitting_stage",
+           "NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce"]
 
 
 def _show(value) -> str:
@@ -193,3 +194,155 @@ def smallest_fitting_stage(model: str, gpus: int, gpu_gb: float, micro_batch: in
 def check_smallest_fitting_stage(fn: Callable) -> Verdict:
     """Exercise 03.2: ``fn(model, gpus, gpu_gb, micro_batch, seq)`` -> 0-3 or None."""
     return grade_cases(fn, _FIT_CASES, smallest_fitting_stage, name="smallest_stage")
+
+
+# ------------------------------------------------------------------ notebook 01
+
+class NotAllowed(RuntimeError):
+    """Raised on a rank when an exercise's function calls a collective it must build itself."""
+
+
+# Collectives the learner may not call (looked up on ``torch.distributed`` at call time).
+_REDUCTIONS = ("all_reduce", "all_reduce_coalesced", "reduce")
+_NOT_IN_RS_AG = _REDUCTIONS + ("broadcast", "scatter", "gather", "all_to_all", "all_to_all_single",
+                               "send", "recv", "isend", "irecv", "batch_isend_irecv")
+_NOT_IN_RING = _REDUCTIONS + ("broadcast", "scatter", "gather", "all_to_all", "all_to_all_single",
+                              "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
+                              "_reduce_scatter_base", "all_gather", "all_gather_single",
+                              "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced")
+
+
+def _exercise_input(rank: int, numel: int, device=None):
+    """Rank r's input: ``100*(r+1) + i`` at position i, float32 (sums are exact)."""
+    import torch
+
+    return torch.arange(numel, dtype=torch.float32, device=device) + 100.0 * (rank + 1)
+
+
+def _exercise_sum(world_size: int, numel: int):
+    """The all-reduce (sum over ranks) of :func:`_exercise_input`."""
+    return sum(_exercise_input(r, numel) for r in range(world_size))
+
+
+def _run_without(fn: Callable, numel: int, forbidden: tuple, rule: str):
+    """Rank side: call ``fn`` on this rank's input while the ``forbidden`` collectives raise.
+
+    Returns what ``fn`` returned, or its (in-place modified) input when it returned None.
+    """
+    import torch.distributed as dist
+
+    from .launch import rank_device
+
+    def refuse(name):
+        def blocked(*args, **kwargs):
+            raise NotAllowed(f"dist.{name} is not allowed in this exercise: {rule}")
+        return blocked
+
+    saved = {name: getattr(dist, name) for name in forbidden if hasattr(dist, name)}
+    tensor = _exercise_input(dist.get_rank(), numel, rank_device())  # a GPU under NCCL
+    for name in saved:
+        setattr(dist, name, refuse(name))
+    try:
+        result = fn(tensor)
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
+    return tensor if result is None else result
+
+
+def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: str, name: str) -> Verdict:
+    """Grade ``fn(tensor) -> all-reduced tensor`` on 2, 3 and 4 ranks for each size in ``numels``."""
+    if not callable(fn):
+        print(f"{name} should be a function, got {type(fn).__name__}: define it with def, then check it.")
+        return Verdict(name, False)
+    passed = True
+    for numel in numels:
+        print(f"tensors of {numel} elements (rank r holds 100*(r+1) + i at position i):")
+        verdict = grade_on_ranks(_run_without, lambda r, n, numel=numel: _exercise_sum(n, numel),
+                                 world_sizes=(2, 3, 4), name=name, args=(fn, numel, forbidden, rule),
+                                 atol=0, timeout_s=20)
+        passed &= bool(verdict)
+    return Verdict(name, passed)
+
+
+def check_all_reduce_from_rs_ag(fn: Callable) -> Verdict:
+    """Exercise 01.1: ``fn(tensor)`` returns the all-reduce (sum over ranks) of ``tensor``,
+    built from a reduce-scatter and an all-gather only.
+
+    Checked on 2, 3 and 4 ranks with 10 elements (not a multiple of 3 or 4: pad, then
+    strip). The results are compared exactly: the inputs are small integers in float32.
+    ``dist.all_reduce`` and the other collectives raise :class:`NotAllowed` meanwhile.
+    """
+    return _grade_sums(fn, numels=(10,), forbidden=_NOT_IN_RS_AG, name="all_reduce_from_rs_ag",
+                       rule="use only reduce-scatter and all-gather")
+
+
+def check_ring_all_reduce(fn: Callable) -> Verdict:
+    """Exercise 01.2: ``fn(tensor)`` sums ``tensor`` over ranks with a ring of
+    ``dist.send``/``dist.recv`` (or ``isend``/``irecv``); return the tensor (in place is fine).
+
+    Checked on 2, 3 and 4 ranks with 5, 7 and 13 elements (not multiples of the world
+    size; 5 on 4 ranks also catches ``tensor.chunk(n)`` without padding, which then
+    returns fewer than n chunks), exactly. Every collective raises :class:`NotAllowed`
+    meanwhile.
+    """
+    return _grade_sums(fn, numels=(5, 7, 13), forbidden=_NOT_IN_RING, name="ring_all_reduce",
+                       rule="use only send/recv (or isend/irecv) between neighbours")
+
+
+# ------------------------------------------------------------------ notebook 02
+
+def _grads_with_hook(hook) -> dict:
+    """Rank side of :func:`check_grad_average_hook`: this rank's gradients with ``hook`` on
+    every parameter, against one process's gradients on the whole batch (course GPT)."""
+    import torch.distributed as dist
+
+    from .model import SyntheticData, build_model
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = SyntheticData(global_batch=12, seed=0)
+    reference = build_model(seed=0)
+    reference(*data.batch(0)).backward()
+    model = build_model(seed=0)
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    model(*data.shard(0, rank, world)).backward()
+    got = dict(model.named_parameters())
+    missing = [n for n, p in got.items() if p.grad is None]
+    worst = max(((got[n].grad - p.grad).abs().max().item() for n, p in reference.named_parameters()
+                 if got[n].grad is not None), default=0.0)
+    return {"max_abs_diff": worst, "missing": missing}
+
+
+def check_grad_average_hook(hook: Callable) -> Verdict:
+    """Exercise 02.1: ``hook(param)``, registered with ``register_post_accumulate_grad_hook``
+    on every parameter, must leave ``param.grad`` equal to the gradient of the global batch
+    (the average over ranks). Checked on 2, 3 and 4 ranks against one process, to 1e-6."""
+    name = "grad_average_hook"
+    if not callable(hook):
+        print(f"hook should be a function of one parameter, got {type(hook).__name__}")
+        return Verdict(name, False)
+    from .model import build_model
+
+    build_model(device="meta")  # pay torch's one-time imports here, not once per forked rank
+    all_right = True
+    for n in (2, 3, 4):
+        try:
+            values = launch(_grads_with_hook, n, hook, timeout_s=30)
+        except LaunchTimeout as exc:
+            print(f"{n} ranks: rank {exc.rank} and maybe others never finished. Do all ranks call "
+                  "the same collectives in the same order?")
+            all_right = False
+            continue
+        except LaunchError as exc:
+            print(f"{n} ranks: rank {exc.rank} raised {exc.exc_type}: "
+                  f"{str(exc).splitlines()[0].split(': ', 1)[-1]}")
+            all_right = False
+            continue
+        for rank, v in enumerate(values):
+            ok = not v["missing"] and v["max_abs_diff"] <= 1e-6
+            all_right &= ok
+            why = (f"no gradient for {v['missing'][:2]}" if v["missing"] else
+                   f"max |grad - full-batch grad| = {v['max_abs_diff']:.1e}")
+            print(f"  rank {rank}: {'right' if ok else 'differs'} ({why})")
+    return Verdict(name, all_right)

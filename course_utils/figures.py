@@ -117,9 +117,22 @@ def _ddp_redundancy_draw(d: dict):
     return fig
 
 
+def _ring_data() -> dict:
+    from .ring import ring_figure_data
+
+    return ring_figure_data(4)
+
+
+def _ring_draw(d: dict):
+    from .ring import ring_figure_draw
+
+    return ring_figure_draw(d)
+
+
 FIGURES: dict[str, tuple[Callable[[], dict], Callable[[dict], object]]] = {
     "zero_stages": (_zero_stages_data, _zero_stages_draw),
     "ddp_redundancy": (_ddp_redundancy_data, _ddp_redundancy_draw),
+    "ring_all_reduce": (_ring_data, _ring_draw),   # notebook 01: the ring all-reduce, step by step
 }
 
 

@@ -60,3 +60,18 @@ def test_compare():
     assert "expected 3" in compare("3", 3.0)
     assert compare("a", "a") == "" and compare("a", "b")
     assert exercises.Verdict("x", True)
+
+
+def test_grad_average_hook_checker(capsys):
+    def right(param):
+        dist.all_reduce(param.grad)
+        param.grad /= dist.get_world_size()
+
+    def summed(param):                       # forgets to divide by the world size
+        dist.all_reduce(param.grad)
+
+    assert exercises.check_grad_average_hook(right)
+    assert not exercises.check_grad_average_hook(summed)
+    assert not exercises.check_grad_average_hook(lambda p: None)
+    out = capsys.readouterr().out
+    assert "rank 0: right" in out and "rank 1: differs (max |grad - full-batch grad|" in out

@@ -1,0 +1,299 @@
+"""course_utils.experiments: "ddp" (from scratch) and "torch-ddp" give the losses of
+"single", hold identical parameters on every rank, and send exactly the ring volume.
+
+Tolerance for losses: 1e-6 relative. Not bitwise, because the sum that forms a gradient
+is done in a different order: each rank sums over its own rows, then the all-reduce
+sums the ranks (and "single"'s matmuls block differently with another thread count);
+fp32 rounding differs at ~1e-7 relative, measured up to 2e-7 here. Parameters are compared
+bitwise *across ranks*: every rank gets the same all-reduced gradient and does the same
+AdamW step, so they must stay bit-identical.
+"""
+import pickle
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from course_utils.comm import CommLedger, comm_volume
+from course_utils.experiments import (DEFAULT_BUCKET_BYTES, GLOBAL_BATCH, STRATEGIES, DataParallel,
+                                      RunResult, full_parameters, make_adamw, register_strategy,
+                                      run, strategies, unwrap, wrap)
+from course_utils.launch import launch
+from course_utils.model import build_model, num_params
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+REL = 1e-6          # loss tolerance vs "single", relative (see the module docstring)
+STEPS = 3
+
+
+def _expected_all_reduce(num_params_, world_size, steps):
+    """comm_volume(...) x steps, and the exact value as a fraction."""
+    float_value = comm_volume(num_params_, world_size=world_size, stage=0, bytes_per_elem=4)["all_reduce"] * steps
+    return float_value, Fraction(2 * (world_size - 1) * 4 * num_params_ * steps, world_size)
+
+
+def _assert_bytes(measured, num_params_, world_size, steps):
+    approx_value, exact = _expected_all_reduce(num_params_, world_size, steps)
+    if exact.denominator == 1:
+        assert measured == approx_value == exact            # an int, exactly
+    else:   # N=3: (N-1)/N is not a binary fraction; the ledger sums exactly, then rounds once
+        assert measured == float(exact) and measured == pytest.approx(approx_value, rel=1e-15)
+
+
+# ------------------------------------------------------------------------ the course model
+
+@pytest.fixture(scope="module")
+def single():
+    return run("single", 1, steps=STEPS)[0]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("strategy", ["ddp", "torch-ddp"])
+def test_course_model_matches_single(strategy, world_size, single):
+    out = run(strategy, world_size, steps=STEPS, quiet=True)
+    psi = num_params(build_model())
+    assert len(out) == world_size and [r.rank for r in out] == list(range(world_size))
+    for r in out:
+        assert r.losses == out[0].losses                    # the global loss, same on every rank
+        assert r.losses == pytest.approx(single.losses, rel=REL)
+        assert r.param_digest == out[0].param_digest       # bit-identical parameters
+        _assert_bytes(r.comm_bytes["all_reduce"], psi, world_size, STEPS)
+        assert r.comm_bytes["reduce_scatter"] == r.comm_bytes["all_gather"] == 0
+        # the course model (517 KB of gradients) fits one 25 MiB bucket; torch DDP also
+        # uses one bucket in its first iteration
+        assert r.comm_calls["all_reduce"] == STEPS
+        assert r.state_bytes == single.state_bytes == {
+            "params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi + 4 * 68}  # + 68 step counters
+        assert r["losses"] is r.losses and 0 < r.step_time_s < 5
+    assert out[0].param_digest != single.param_digest      # close, not bitwise: see docstring
+    assert single.comm_bytes == {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
+
+
+def test_tiny_buckets_issue_more_calls_for_the_same_bytes():
+    n_tensors = len(list(build_model().parameters()))
+    default = run("ddp", 2, steps=2, quiet=True)[0]
+    per_param = run("ddp", 2, steps=2, quiet=True, bucket_bytes=0)[0]
+    small = run("ddp", 2, steps=2, quiet=True, bucket_bytes=64 * 1024)[0]
+    late = run("ddp", 2, steps=2, quiet=True, bucket_bytes=0, overlap=False)[0]
+    torch_small = run("torch-ddp", 2, steps=2, quiet=True, bucket_bytes=64 * 1024)[0]
+    assert default.comm_calls["all_reduce"] == 2
+    assert per_param.comm_calls["all_reduce"] == late.comm_calls["all_reduce"] == 2 * n_tensors
+    assert 2 < small.comm_calls["all_reduce"] < 2 * n_tensors
+    # torch DDP: one bucket in iteration 1, then buckets of the requested size
+    assert torch_small.comm_calls["all_reduce"] == 1 + small.comm_calls["all_reduce"] // 2
+    for r in (per_param, small, late, torch_small):
+        assert r.comm_bytes == default.comm_bytes
+        assert r.losses == default.losses                   # 2 ranks: a + b, same in any bucket
+
+
+# --------------------------------------------------------- a toy with frozen and tied weights
+
+VOCAB, DIM, SEQ, TOY_STEPS = 11, 6, 5, 4
+
+
+class Toy(nn.Module):
+    """Embedding tied to the output layer, a frozen layer, a buffer; odd numels."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.hidden = nn.Linear(DIM, DIM)
+        self.frozen = nn.Linear(DIM, DIM)
+        self.frozen.requires_grad_(False)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.emb.weight                 # one Parameter, used twice
+        self.register_buffer("shift", torch.zeros(DIM))
+        self.extra = nn.Parameter(torch.ones(3))            # used only when asked
+
+    def forward(self, idx, targets, use_extra=False):
+        h = self.emb(idx) + self.shift
+        h = torch.tanh(self.hidden(h))
+        h = h + self.frozen(h)
+        if use_extra:
+            h = h * self.extra.sum()
+        return F.cross_entropy(self.head(h).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+TOY_TRAINABLE = VOCAB * DIM + DIM * DIM + DIM + 3            # tied once, frozen excluded: 111
+
+
+def _toy(seed):
+    torch.manual_seed(seed)
+    model = Toy()
+    with torch.no_grad():
+        model.shift.normal_()
+    return model
+
+
+def _toy_batch(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g), \
+        torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
+
+
+def _toy_optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
+
+
+def _toy_train(strategy, rank=0, world_size=1):
+    model = _toy(seed=rank)                 # ranks start different: wrap must broadcast rank 0's
+    model, opt = wrap(strategy, model, _toy_optimizer)
+    snapshots = [full_parameters(model)]
+    buffers = dict(unwrap(model).named_buffers())
+    b = GLOBAL_BATCH // world_size
+    losses = []
+    with CommLedger() as ledger:
+        for step in range(TOY_STEPS):
+            x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(step))
+            loss = model(x, y, use_extra=True)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            with ledger.pause():
+                total = loss.detach().double()
+                if world_size > 1:
+                    dist.all_reduce(total)
+                losses.append(total.item() / world_size)
+            snapshots.append(full_parameters(model))
+    tied = unwrap(model).head.weight is unwrap(model).emb.weight
+    return losses, snapshots, buffers, ledger.totals(), ledger.counts(), tied
+
+
+@pytest.fixture(scope="module")
+def toy_single():
+    return _toy_train("single")
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("strategy", ["ddp", "torch-ddp"])
+def test_toy_with_frozen_and_tied_weights(strategy, world_size, toy_single):
+    ref_losses, ref_snaps, ref_buffers, *_ = toy_single
+    out = launch(_toy_train, world_size, strategy, quiet=True)
+    for rank, (losses, snaps, buffers, totals, counts, tied) in enumerate(out):
+        assert tied
+        assert list(snaps[0]) == ["extra", "emb.weight", "hidden.weight", "hidden.bias",
+                                  "frozen.weight", "frozen.bias"]  # head.weight is emb.weight
+        for name in snaps[0]:                                      # rank 0's start everywhere
+            assert torch.equal(snaps[0][name], ref_snaps[0][name])
+        assert torch.equal(buffers["shift"], ref_buffers["shift"])
+        for step in range(TOY_STEPS + 1):                          # bit-identical across ranks
+            for name, t in out[0][1][step].items():
+                assert torch.equal(snaps[step][name], t), (step, name)
+            assert torch.equal(snaps[step]["frozen.weight"], ref_snaps[0]["frozen.weight"])
+        assert losses == pytest.approx(ref_losses, rel=REL)
+        for name, t in snaps[-1].items():
+            torch.testing.assert_close(t, ref_snaps[-1][name], rtol=1e-5, atol=1e-6)
+        _assert_bytes(totals["all_reduce"], TOY_TRAINABLE, world_size, TOY_STEPS)
+        assert counts["all_reduce"] == TOY_STEPS
+        # torch DDP also broadcasts the buffers from rank 0 before every forward
+        # (broadcast_buffers=True, for e.g. BatchNorm statistics); "ddp" only at wrap time
+        if strategy == "torch-ddp":
+            assert counts["broadcast"] == TOY_STEPS
+            last_in_ring = rank == world_size - 1            # forwards nothing (see CommLedger)
+            assert totals["broadcast"] == (0 if last_in_ring else DIM * 4 * TOY_STEPS)
+        else:
+            assert "broadcast" not in counts
+
+
+# ----------------------------------------------------- accumulation, unused params, errors
+
+def _accumulate_and_unused(rank, world_size):
+    model, opt = wrap("ddp", _toy(0), lambda ps: torch.optim.SGD(ps, lr=0.1))
+    x, y = (t[rank * 6:(rank + 1) * 6] for t in _toy_batch(0))
+    # this rank's gradient on its whole shard, for comparison (no communication, no step)
+    with model.no_sync():
+        model(x, y).backward()
+    whole = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    # gradient accumulation: two micro-batches of 3 rows, communication only in step()
+    with CommLedger() as ledger:
+        with model.no_sync():
+            (model(x[:3], y[:3]) / 2).backward()
+        (model(x[3:], y[3:]) / 2).backward()
+        calls_before_step = ledger.counts()["all_reduce"]
+        accumulated = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
+        opt.step()
+    averaged = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
+    opt.zero_grad()
+    # "extra" used on rank 0 only: the bucket is still sent by every rank (zeros on rank 1)
+    model(x, y, use_extra=(rank == 0)).backward()
+    extra_local = None if model.module.extra.grad is None else model.module.extra.grad.clone()
+    opt.step()
+    extra_after = model.module.extra.grad.clone()
+    opt.zero_grad()
+    # a second backward before step() without no_sync is an error
+    model(x, y).backward()
+    try:
+        model(x, y).backward()
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    return (calls_before_step, accumulated, averaged, whole, extra_local, extra_after,
+            full_parameters(model), error)
+
+
+def test_gradient_accumulation_unused_parameters_and_double_backward():
+    out = launch(_accumulate_and_unused, 2, quiet=True)
+    for r, (calls, accumulated, averaged, whole, extra_local, extra_after, params, error) in enumerate(out):
+        assert calls == 0                                   # no_sync + last backward: all in step()
+        for name in whole:
+            torch.testing.assert_close(accumulated[name], whole[name], rtol=1e-5, atol=1e-7)
+        assert averaged["hidden.weight"].equal(out[0][2]["hidden.weight"])
+        assert (extra_local is None) == (r == 1)
+        assert torch.equal(extra_after, out[0][4] / 2)       # (g + 0) / 2 on both ranks
+        for name, t in params.items():
+            assert torch.equal(t, out[0][6][name])
+        assert "no_sync" in error
+
+
+# ------------------------------------------------------------------------------ validation
+
+def test_validation_messages():
+    with pytest.raises(ValueError, match="known strategies: single, ddp, torch-ddp"):
+        run("zero9", 2)
+    with pytest.raises(ValueError, match="world_size=1"):
+        run("single", 2)
+    with pytest.raises(ValueError, match=r"cannot be split evenly over 5 ranks.*\[1, 2, 3, 4, 6, 12\]"):
+        run("ddp", 5)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        run("ddp", 2, steps=0)
+    with pytest.raises(TypeError, match="strategy must be a str"):
+        run(3, 2)
+    with pytest.raises(TypeError, match="world_size must be an int"):
+        run("ddp", 2.0)
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        run("ddp", 2, bucket_bytes=-1)
+    with pytest.raises(RuntimeError, match="launch"):
+        wrap("ddp", nn.Linear(2, 2), make_adamw)           # no process group in this process
+    with pytest.raises(TypeError, match="nn.Module"):
+        wrap("single", "model", make_adamw)
+    with pytest.raises(TypeError, match="make_optimizer"):
+        wrap("single", nn.Linear(2, 2), None)
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        wrap("single", frozen, make_adamw)
+    with pytest.raises(ValueError, match="already registered"):
+        register_strategy("ddp", lambda m, mk, **o: (m, mk(m.parameters())))
+    with pytest.raises(TypeError, match="nn.Module"):
+        full_parameters(42)
+
+
+def test_single_wrap_registry_and_results_pickle(single):
+    model = _toy(0)
+    wrapped, opt = wrap("single", model, make_adamw)
+    assert wrapped is model and isinstance(opt, torch.optim.AdamW)
+    held = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert held == {id(p) for p in model.parameters() if p.requires_grad}   # frozen left out
+    assert {"single", "ddp", "torch-ddp"} <= set(strategies()) and "zero1" not in STRATEGIES
+    assert STRATEGIES["ddp"].notebook == "02_data_parallelism"
+    assert DEFAULT_BUCKET_BYTES == 25 * 2**20
+    copy = pickle.loads(pickle.dumps(single))
+    assert isinstance(copy, RunResult) and copy == single and copy["comm_bytes"] == single.comm_bytes
+    with pytest.raises(KeyError):
+        single["nope"]
+    assert "losses" in single and single.get("nope", 1) == 1
+    assert issubclass(DataParallel, nn.Module)
