@@ -63,6 +63,20 @@ class Verdict:
         return f"{self.name}: {'PASSED' if self.passed else 'not yet, see the lines above'}"
 
 
+def _launch_or_report(fn: Callable, world_size: int, *args, timeout_s: float):
+    """``launch(fn, world_size, *args)``; on a failed or hung rank, print one friendly line
+    and return None (a learner's bug is reported, never raised)."""
+    try:
+        return launch(fn, world_size, *args, timeout_s=timeout_s)
+    except LaunchTimeout as exc:
+        print(f"{world_size} ranks: ranks {exc.rank} and maybe others never finished within "
+              f"{timeout_s:g} s. Do all ranks call the same collectives in the same order?")
+    except LaunchError as exc:
+        print(f"{world_size} ranks: rank {exc.rank} raised {exc.exc_type}: "
+              f"{str(exc).splitlines()[0].split(': ', 1)[-1]}")
+    return None
+
+
 def grade_on_ranks(fn: Callable, expected: Callable[[int, int], object], *,
                    world_sizes: Sequence[int] = (2, 4), name: str = "your function",
                    args: tuple = (), atol: float = 1e-6, timeout_s: float = 30) -> Verdict:
@@ -76,16 +90,8 @@ def grade_on_ranks(fn: Callable, expected: Callable[[int, int], object], *,
         return Verdict(name, False)
     all_right = True
     for n in world_sizes:
-        try:
-            values = launch(fn, n, *args, timeout_s=timeout_s)
-        except LaunchTimeout as exc:
-            print(f"{n} ranks: ranks {exc.rank} and maybe others never finished within {timeout_s:g} s."
-                  " Do all ranks call the same collectives in the same order?")
-            all_right = False
-            continue
-        except LaunchError as exc:
-            print(f"{n} ranks: rank {exc.rank} raised {exc.exc_type}: "
-                  f"{str(exc).splitlines()[0].split(': ', 1)[-1]}")
+        values = _launch_or_report(fn, n, *args, timeout_s=timeout_s)
+        if values is None:
             all_right = False
             continue
         wrong = 0
@@ -327,16 +333,8 @@ def check_grad_average_hook(hook: Callable) -> Verdict:
     build_model(device="meta")  # pay torch's one-time imports here, not once per forked rank
     all_right = True
     for n in (2, 3, 4):
-        try:
-            values = launch(_grads_with_hook, n, hook, timeout_s=30)
-        except LaunchTimeout as exc:
-            print(f"{n} ranks: rank {exc.rank} and maybe others never finished. Do all ranks call "
-                  "the same collectives in the same order?")
-            all_right = False
-            continue
-        except LaunchError as exc:
-            print(f"{n} ranks: rank {exc.rank} raised {exc.exc_type}: "
-                  f"{str(exc).splitlines()[0].split(': ', 1)[-1]}")
+        values = _launch_or_report(_grads_with_hook, n, hook, timeout_s=30)
+        if values is None:
             all_right = False
             continue
         for rank, v in enumerate(values):
