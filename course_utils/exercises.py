@@ -344,3 +344,269 @@ def check_grad_average_hook(hook: Callable) -> Verdict:
                    f"max |grad - full-batch grad| = {v['max_abs_diff']:.1e}")
             print(f"  rank {rank}: {'right' if ok else 'differs'} ({why})")
     return Verdict(name, all_right)
+
+
+# ------------------------------------------------------------------ notebooks 04 and 05
+
+_SHARD_CASES = [dict(numel=12, world_size=4, rank=0), dict(numel=10, world_size=4, rank=3),
+                dict(numel=10, world_size=4, rank=1), dict(numel=7, world_size=3, rank=2),
+                dict(numel=129350, world_size=3, rank=1), dict(numel=5, world_size=8, rank=7),
+                dict(numel=1, world_size=1, rank=0)]
+
+
+def check_shard_bounds(fn: Callable) -> Verdict:
+    """Exercise 04.1: ``fn(numel, world_size, rank)`` -> ``(start, stop)`` of rank's shard
+    of a flat buffer of ``numel`` elements padded to a multiple of ``world_size``
+    (all shards equal, :func:`course_utils.zero.shard_bounds`)."""
+    from .zero import shard_bounds
+
+    def as_tuple(numel, world_size, rank):
+        return tuple(fn(numel=numel, world_size=world_size, rank=rank))
+
+    return grade_cases(as_tuple, _SHARD_CASES, shard_bounds, name="shard_bounds")
+
+
+def _exercise_flat(rank: int, numel: int, salt: float):
+    """Rank r's flat gradient: small integers + salt, exact in float32 sums."""
+    import torch
+
+    return (torch.arange(numel, dtype=torch.float32) % 7 + (rank + 1) * salt)
+
+
+def _first_difference(got, want, shard: int) -> str:
+    """Where two flat tensors first differ, and whose shard that position is in."""
+    import torch
+
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return f"expected a tensor of shape {tuple(want.shape)}, got {_show(got)[:80]}"
+    bad = (got - want).abs() > 1e-6
+    if not bool(bad.any()):
+        return ""
+    i = int(bad.nonzero()[0])
+    return (f"first difference at element {i} (in rank {i // shard}'s shard): got "
+            f"{got[i].item():g}, expected {want[i].item():g}; {int(bad.sum())} elements differ")
+
+
+def _zero1_sgd_rank(fn, numel: int, lr: float):
+    """Rank side of :func:`check_zero1_step`."""
+    import torch.distributed as dist
+
+    from .zero import padded_numel
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    padded = padded_numel(numel, n)
+    flat_param = _exercise_flat(0, padded, 0.5)
+    flat_param[numel:] = 0
+    flat_grad = _exercise_flat(rank, padded, 1.0)
+    flat_grad[numel:] = 0
+    out = fn(flat_param, flat_grad, lr)
+    return flat_param if out is None else out
+
+
+def check_zero1_step(fn: Callable) -> Verdict:
+    """Exercise 04.2: ``fn(flat_param, flat_grad, lr)``: one ZeRO-1 step with plain SGD.
+    Both tensors are padded to a multiple of the world size; reduce-scatter the gradient,
+    average it, update only this rank's shard (``p -= lr * g``), all-gather the shards
+    into ``flat_param`` (return it, or update it in place). Checked on 2, 3 and 4 ranks
+    against ``p - lr * mean over ranks of g``; the first differing element is named."""
+    import torch
+
+    from .zero import padded_numel
+
+    name = "zero1_step"
+    if not callable(fn):
+        print(f"{name} should be a function, got {type(fn).__name__}")
+        return Verdict(name, False)
+    numel, lr = 10, 0.25
+    all_right = True
+    for n in (2, 3, 4):
+        padded = padded_numel(numel, n)
+        want = _exercise_flat(0, padded, 0.5)
+        want[numel:] = 0
+        mean = sum(_exercise_flat(r, padded, 1.0) for r in range(n)) / n
+        mean[numel:] = 0
+        want = want - lr * mean
+        values = _launch_or_report(_zero1_sgd_rank, n, fn, numel, lr, timeout_s=20)
+        if values is None:
+            all_right = False
+            continue
+        wrong = 0
+        for rank, got in enumerate(values):
+            why = _first_difference(got, want, padded // n)
+            wrong += bool(why)
+            print(f"  rank {rank}: {'differs: ' + why if why else 'right'}")
+        all_right &= wrong == 0
+        print(f"{n} ranks ({numel} elements padded to {padded}): "
+              f"{'all right' if not wrong else f'{wrong} of {n} ranks differ'}")
+    return Verdict(name, all_right)
+
+
+def _bucket_rank(fn, sizes):
+    """Rank side of :func:`check_reduce_scatter_bucket`."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    params = []
+    for i, k in enumerate(sizes):
+        p = torch.nn.Parameter(torch.zeros(k))
+        p.grad = torch.arange(k, dtype=torch.float32) + 10.0 * (rank + 1) + i
+        params.append(p)
+    shard = fn(params)
+    return shard, [p.grad is None for p in params]
+
+
+def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
+    """Exercise 05.1: ``fn(params)`` -> this rank's shard of the *averaged* gradient of
+    the bucket (the ``.grad`` of ``params`` flattened in order, padded with zeros to a
+    multiple of the world size), using a reduce-scatter; it must also free every full
+    gradient (``p.grad = None``), as ZeRO-2 does. Checked on 2, 3 and 4 ranks with
+    buckets of 3 + 4 elements (7: odd) and 5 elements."""
+    import torch
+
+    from .zero import padded_numel, shard_bounds
+
+    name = "reduce_scatter_bucket"
+    if not callable(fn):
+        print(f"{name} should be a function, got {type(fn).__name__}")
+        return Verdict(name, False)
+    all_right = True
+    for sizes in ((3, 4), (5,)):
+        numel = sum(sizes)
+        for n in (2, 3, 4):
+            flat = torch.zeros(padded_numel(numel, n))
+            for r in range(n):
+                flat[:numel] += torch.cat([torch.arange(k, dtype=torch.float32) + 10.0 * (r + 1) + i
+                                           for i, k in enumerate(sizes)])
+            flat /= n
+            values = _launch_or_report(_bucket_rank, n, fn, sizes, timeout_s=20)
+            if values is None:
+                all_right = False
+                continue
+            wrong = 0
+            for rank, (shard, freed) in enumerate(values):
+                lo, hi = shard_bounds(numel, n, rank)
+                why = compare(shard, flat[lo:hi])
+                if not why and not all(freed):
+                    why = "the full gradients were not freed (set p.grad = None)"
+                wrong += bool(why)
+                print(f"  rank {rank}: {'differs: ' + why if why else 'right'}")
+            all_right &= wrong == 0
+            print(f"bucket {list(sizes)} on {n} ranks: "
+                  f"{'all right' if not wrong else f'{wrong} of {n} ranks differ'}")
+    return Verdict(name, all_right)
+
+
+__all__ += ["check_shard_bounds", "check_zero1_step", "check_reduce_scatter_bucket"]
+
+
+# ------------------------------------------------------------------ notebook 06
+
+def _zero3_weight(numel: int):
+    """The full weight of exercise 06.1 (flat, unpadded): the same on every rank."""
+    import torch
+
+    return (torch.arange(numel, dtype=torch.float32) % 7 - 3) / 4
+
+
+def _zero3_forward_on_rank(fn: Callable) -> list:
+    """Rank side of :func:`check_zero3_forward`: run ``fn`` on this rank's shard of a few
+    odd-sized Linear weights; report the output's first wrong element, how many
+    all-gathers it issued and whether the gathered buffer outlived the call."""
+    import gc
+    import weakref
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered: list = []
+
+    def spy(original):
+        def wrapper(output, *args, **kwargs):
+            outs = output if isinstance(output, (list, tuple)) else [output]
+            gathered.extend(weakref.ref(t) for t in outs)
+            return original(output, *args, **kwargs)
+        return wrapper
+
+    names = [n for n in ("all_gather_single", "all_gather_into_tensor", "all_gather") if hasattr(dist, n)]
+    saved = {n: getattr(dist, n) for n in names}
+    report = []
+    try:
+        for n in names:
+            setattr(dist, n, spy(saved[n]))
+        for shape in ((3, 5), (4, 7), (2, 9)):
+            numel = shape[0] * shape[1]
+            padded = -(-numel // world) * world
+            flat = torch.zeros(padded)
+            flat[:numel] = _zero3_weight(numel)
+            size = padded // world
+            shard = flat[rank * size:(rank + 1) * size].clone()
+            x = torch.linspace(-1, 1, 2 * shape[1]).reshape(2, shape[1]) + rank
+            expected = x @ flat[:numel].view(shape).T
+            gathered.clear()
+            with torch.no_grad():
+                got = fn(shard, numel, shape, x)
+            gc.collect()
+            alive = sum(1 for ref in gathered
+                        if ref() is not None and ref().untyped_storage().nbytes() > 0)
+            first = ""
+            if not isinstance(got, torch.Tensor):
+                first = f"returned {type(got).__name__}, expected a tensor of shape {tuple(expected.shape)}"
+            elif got.shape != expected.shape:
+                first = f"output shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+            else:
+                bad = ((got - expected).abs() > 1e-5).nonzero()
+                if len(bad):
+                    i, j = bad[0].tolist()
+                    first = (f"first difference at out[{i}, {j}]: got {got[i, j].item():.6g}, "
+                             f"expected {expected[i, j].item():.6g}")
+            report.append({"shape": shape, "first_diff": first, "gathers": len(gathered),
+                           "alive": alive})
+    finally:
+        for n, f in saved.items():
+            setattr(dist, n, f)
+    return report
+
+
+def check_zero3_forward(fn: Callable) -> Verdict:
+    """Exercise 06.1: ``fn(shard, numel, shape, x)`` is a ZeRO-3 Linear forward (no bias).
+
+    ``shard`` is this rank's chunk of the weight flattened and zero-padded to a multiple
+    of the world size; ``fn`` must all-gather the full flat weight (one collective),
+    drop the padding, view it as ``shape``, return ``x @ W.T`` and free the gathered
+    buffer (nothing of it may stay alive after the call). Checked on 2, 3 and 4 ranks
+    with 15-, 28- and 18-element weights (padding needed), exactly (1e-5)."""
+    name = "zero3_forward"
+    if not callable(fn):
+        print(f"zero3_forward should be a function (shard, numel, shape, x), got {type(fn).__name__}")
+        return Verdict(name, False)
+    all_right = True
+    for n in (2, 3, 4):
+        values = _launch_or_report(_zero3_forward_on_rank, n, fn, timeout_s=30)
+        if values is None:
+            all_right = False
+            continue
+        wrong = 0
+        for rank, cases in enumerate(values):
+            problems = []
+            for c in cases:
+                if c["first_diff"]:
+                    problems.append(f"weight {c['shape']}: {c['first_diff']}")
+                elif c["gathers"] != 1:
+                    problems.append(f"weight {c['shape']}: {c['gathers']} all-gathers, expected exactly 1 "
+                                    "(gather the whole flat weight at once)")
+                elif c["alive"]:
+                    problems.append(f"weight {c['shape']}: the gathered weight is still alive after "
+                                    "forward; ZeRO-3 frees it (do not keep it in a global or attribute)")
+            if problems:
+                wrong += 1
+                print(f"  rank {rank}: differs: {problems[0]}")
+            else:
+                print(f"  rank {rank}: right (gathered, computed, freed for {len(cases)} weights)")
+        all_right &= wrong == 0
+        print(f"{n} ranks: {'all right' if not wrong else f'{wrong} of {n} ranks differ'}")
+    return Verdict(name, all_right)
+
+
+__all__ += ["check_zero3_forward"]

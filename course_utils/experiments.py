@@ -411,6 +411,8 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if callable(getattr(model, "full_parameters", None)):   # e.g. zero3.Zero3 gathers its shards
+        return model.full_parameters()
     # No DTensor can exist unless torch.distributed.tensor was imported (importing it
     # here would cost every rank about a second).
     dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
@@ -590,3 +592,9 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
     build_model(config, seed=seed, device="meta")
     return launch(_train, world_size, strategy, steps, seed, config, global_batch, options,
                   backend=backend, quiet=quiet, timeout_s=timeout_s)
+
+
+# The ZeRO strategies of notebooks 04-06 live in their own modules and register themselves
+# when imported; importing them here (after the registry exists) makes run("zero1") work.
+from . import zero as _zero  # noqa: E402,F401
+from . import zero3 as _zero3  # noqa: E402,F401

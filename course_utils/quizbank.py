@@ -180,3 +180,177 @@ def quiz_02() -> Quiz:
 
 QUIZZES["01"] = quiz_01
 QUIZZES["02"] = quiz_02
+
+
+def quiz_04() -> Quiz:
+    from .comm import collective_bytes
+    from .zero import padded_numel
+
+    psi = 129_350                                       # the course GPT
+    n = 3
+    pad = padded_numel(psi, n)
+    opt = model_states(pad, world_size=n, stage=1, recipe="fp32").optimizer + 4
+    seven = [model_states(7e9, world_size=3, stage=s).total / model_states(7e9, world_size=3).total
+             for s in (1, 2, 3)]
+    rs = collective_bytes("reduce_scatter", 4 * psi, 4)
+    ar = collective_bytes("all_reduce", 4 * psi, 4)
+    return Quiz("04 ZeRO-1", [
+        MultiChoice(
+            "Which states does each rank keep for its own 1/N shard only, in ZeRO-1 (mixed "
+            "precision, as in the ZeRO paper)?",
+            ["Adam's m and v", "the fp32 master weights", "the bf16 parameters", "the gradients"],
+            "a,b",
+            "ZeRO-1 shards all K = 12 bytes of optimizer state: m, v and the fp32 master copy. "
+            "Seed 000's calculator shards only m and v (8 bytes); that under-counts the saving.",
+        ),
+        Numeric(
+            f"The course GPT (Ψ = {psi:,}) on {n} ranks with fp32 AdamW and ZeRO-1 (one bucket): "
+            "optimizer bytes one rank holds, including AdamW's step counter?",
+            opt, unit="bytes", tol=0.5, minimum=0,
+            explanation=f"Ψ is padded to {pad:,} (a multiple of 3); 8 bytes x {pad:,} / 3 = "
+                        f"{opt - 4:,} bytes of m and v, plus one 4-byte float32 step counter.",
+        ),
+        SingleChoice(
+            "Compared with DDP's all-reduce of the gradients, what does ZeRO-1 send per step "
+            "(ring algorithms, Ψ divisible by N)?",
+            ["half as much", "the same bytes: a reduce-scatter and an all-gather",
+             "1.5 times as much", "N times less"],
+            "b",
+            "An all-reduce is a reduce-scatter followed by an all-gather. ZeRO-1 does the same two "
+            "halves, with the optimizer step in between. With padding it sends slightly more.",
+        ),
+        Numeric(
+            "All-reduce then keep your slice, instead of a reduce-scatter: on 4 ranks with the "
+            "course GPT in fp32, how many times the bytes of the gradient part does one rank send?",
+            ar / rs, tol=0.01, minimum=0,
+            explanation=f"all-reduce 2(N-1)/N·M = {ar:,.0f} bytes against reduce-scatter "
+                        f"(N-1)/N·M = {rs:,.0f}: the all-gather half of the all-reduce gives every "
+                        "rank gradients it throws away.",
+        ),
+        SingleChoice(
+            "Seed 004 says ZeRO-1/2/3 use about 75% / 50% / 33% of DDP's memory. For a 7B model on "
+            "3 GPUs with mixed-precision Adam (16 bytes per parameter), what are the real shares?",
+            [f"{100 * seven[0]:.0f}% / {100 * seven[1]:.0f}% / {100 * seven[2]:.0f}%",
+             "75% / 50% / 33%", "33% / 33% / 33%", "50% / 25% / 12%"],
+            "a",
+            "Model states per GPU: ZeRO-1 2 + 2 + 12/3 = 8 bytes, ZeRO-2 2 + 14/3 = 6.7, ZeRO-3 16/3 "
+            "= 5.3, against 16 for DDP. The seed's numbers fit no single setting.",
+        ),
+        SingleChoice(
+            "Why must the flat buffer be padded to a multiple of the world size?",
+            ["For speed only", "Reduce-scatter and all-gather on one flat tensor need equal "
+             "chunks on every rank (gloo refuses uneven sizes)", "Adam needs even sizes",
+             "To align to 128 bytes"],
+            "b", "Each rank owns exactly P/N elements; the last shard ends in padding zeros, which "
+                 "get zero gradients and stay zero.",
+        ),
+    ])
+
+
+def quiz_05() -> Quiz:
+    from .memory import per_gpu
+
+    psi = 129_350
+    n = 4
+    ddp = per_gpu("gpt2-xl", world_size=4, stage=0, recipe="mixed-fp32-grads", micro_batch=15,
+                  seq=1024, attention="flash")
+    z1 = per_gpu("gpt2-xl", world_size=4, stage=1, recipe="mixed-fp32-grads", micro_batch=15,
+                 seq=1024, attention="flash")
+    return Quiz("05 ZeRO-2", [
+        SingleChoice(
+            "What does ZeRO-2 shard that ZeRO-1 keeps whole on every rank?",
+            ["the parameters", "the gradients", "the activations", "the input batch"],
+            "b", "ZeRO-1 shards the optimizer states; ZeRO-2 also the gradients. Parameters wait for "
+                 "ZeRO-3; activations are never sharded by ZeRO.",
+        ),
+        SingleChoice(
+            "Which collective does ZeRO-2 use on the gradients during backward?",
+            ["an all-reduce of every gradient", "a reduce-scatter of each bucket",
+             "a broadcast from rank 0", "none, gradients stay local"],
+            "b", "Seed 002 says an all-reduce; that would hand every rank the full gradient, the "
+                 "very thing ZeRO-2 avoids. The ledger of notebook 05 shows reduce-scatters only.",
+        ),
+        Numeric(
+            f"Course GPT (Ψ = {psi:,}), fp32, ZeRO-2 on {n} ranks: bytes of gradient each rank "
+            "keeps after backward (one bucket)?",
+            4 * (psi + 2) / n, unit="bytes", tol=0.5, minimum=0,
+            explanation=f"Ψ padded to {psi + 2:,}; 4 bytes x {psi + 2:,} / 4 = {(psi + 2):,} bytes "
+                        "(the shard's gradient); the full gradients were freed bucket by bucket.",
+        ),
+        SingleChoice(
+            "In ZeRO-3, when does a rank hold a layer's full parameters?",
+            ["always", "only while that layer runs, gathered just before (forward and backward)",
+             "only during the optimizer step", "never"],
+            "b", "ZeRO-3 all-gathers a layer's parameters when it is needed and frees them after.",
+        ),
+        SingleChoice(
+            "Once parameters, gradients and optimizer states are all sharded, what usually "
+            "dominates a GPU's memory in large-batch training?",
+            ["the optimizer states", "the gradients", "the activations", "the CUDA kernels"],
+            "c", "ZeRO shards model states, not activations; they grow with batch and sequence "
+                 "length. Recomputation or tensor/sequence parallelism address them.",
+        ),
+        SingleChoice(
+            "What hides ZeRO-3's parameter gathers behind computation?",
+            ["prefetching the next layer's all-gather while the current one computes",
+             "compressing the gradients", "quantizing the weights", "a larger learning rate"],
+            "a", "Issuing the next gather early overlaps communication with computation.",
+        ),
+        Numeric(
+            "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
+            "fp32 Adam states (Megatron). The seed measured 79 -> 65 GB when sharding was turned on. "
+            "How many GB does sharding the optimizer states alone save, by the calculator?",
+            (ddp.total - z1.total) / GB, unit="GB", tol=0.2, minimum=0,
+            explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the seed's "
+                        "14 GB drop matches ZeRO-1's saving; sharding the fp32 gradients too would "
+                        "save 4.7 GB more.",
+        ),
+    ])
+
+
+QUIZZES["04"] = quiz_04
+QUIZZES["05"] = quiz_05
+
+
+def quiz_06() -> Quiz:
+    from .comm import collective_calls, comm_volume
+
+    units = 5                                  # the course GPT: 4 blocks + the root
+    calls = collective_calls(3, num_layers=units, skip_last_regather=True)
+    z3 = comm_volume(7e9, world_size=4, stage=3)["total"]
+    ddp = comm_volume(7e9, world_size=4, stage=0)["total"]
+    states = model_states(7e9, world_size=4, stage=3, recipe="mixed")
+    return Quiz("06 ZeRO-3", [
+        Numeric("The course GPT is sharded as 5 units (4 blocks + the root, which stays gathered "
+                "from its forward to the end of backward). How many all-gathers per training step?",
+                calls["all_gather"], tol=0, minimum=0,
+                explanation=f"Each block is gathered in forward and again in backward (2 x 4), the root "
+                            f"once: {calls['all_gather']} = 2L - 1 with L = 5 units."),
+        Numeric("And how many reduce-scatters per step?", calls["reduce_scatter"], tol=0, minimum=0,
+                explanation="One per unit: every unit's gradients are reduce-scattered as soon as its "
+                            "backward is done (seed 000's exercise counts one, for one layer: wrong)."),
+        Numeric("Ring volume per rank of ZeRO-3 divided by DDP's (same model, same N, every unit "
+                "gathered twice)?", z3 / ddp, tol=0.01, minimum=0,
+                explanation="All-gather in forward + all-gather in backward + reduce-scatter = 3 x "
+                            "(N-1)/N x M, against 2 x (N-1)/N x M for the all-reduce: 1.5x."),
+        Numeric("7B parameters, mixed-precision Adam (16 B/param), ZeRO-3 on 4 GPUs: GB of model "
+                "states per GPU?", states.total / GB, unit="GB", tol=0.5, minimum=0,
+                explanation=f"16 x 7e9 / 4 = {states.total / GB:g} GB (seed 001's '~21 GB' drops a "
+                            "part; its own table says 28)."),
+        SingleChoice("Why does backward need the parameters gathered again?",
+                     ["To recompute the loss",
+                      "The gradient of a layer's input is grad_output @ W: backward needs W, which "
+                      "forward freed",
+                      "To average the parameters across ranks",
+                      "It does not: only gradients are needed"],
+                     "b", "Forward freed the full W to save memory; the input gradient (and the "
+                          "chain rule through the layer) needs it, so it is gathered a second time."),
+        SingleChoice("With prefetching on, how many units' full parameters are alive at once at most "
+                     "(the course's Zero3, root included)?",
+                     ["1", "root + 1", "root + 2", "all of them"],
+                     "c", "The unit computing and the next one whose all-gather is in flight, plus the "
+                          "root: root + 2, against root + 1 without prefetch."),
+    ])
+
+
+QUIZZES["06"] = quiz_06

@@ -1,0 +1,59 @@
+"""Step time of ZeRO-3 from scratch ("zero3", prefetch on and off) vs the course's DDP ("ddp").
+
+    python benchmarks/zero3_step_time.py [--ranks 2] [--steps 20] [--repeat 3] [--models course,wide]
+
+Every strategy trains the same model on the same data through
+``course_utils.experiments.run`` (gloo on CPU here). ``"zero3"`` with ``overlap=True``
+prefetches the next unit's all-gather while the current unit computes; ``overlap=False``
+gathers each unit only when it is needed. A step is forward + backward +
+optimizer.step() + zero_grad(); for each run we take the slowest rank's median step
+time and report the median over ``--repeat`` runs, alternating the strategies so that
+drift in machine load hits all alike. ``"torch-fsdp"`` is added when it is registered.
+
+Models: ``course`` is COURSE_CONFIG (129k parameters: latency bound); ``wide`` (hidden
+256, 4 layers, vocab 2048: 3.7M parameters) makes the bytes matter.
+"""
+import argparse
+import statistics
+
+import course_utils.zero3  # noqa: F401  (registers "zero3")
+from course_utils.config import COURSE_CONFIG, TransformerConfig
+from course_utils.experiments import STRATEGIES, run
+
+MODELS = {
+    "course": COURSE_CONFIG,
+    "wide": TransformerConfig(hidden=256, layers=4, heads=4, vocab=2048, seq=64),
+}
+
+
+def step_time(strategy: str, config, ranks: int, steps: int, overlap: bool) -> float:
+    out = run(strategy, ranks, steps=steps, config=config, overlap=overlap, quiet=True, timeout_s=600)
+    return max(r.step_time_s for r in out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--models", default="course,wide")
+    args = ap.parse_args()
+    variants = [("ddp", True, "ddp"), ("zero3", True, "zero3 prefetch"),
+                ("zero3", False, "zero3 no prefetch")]
+    if "torch-fsdp" in STRATEGIES:
+        variants.append(("torch-fsdp", True, "torch-fsdp"))
+    for name in args.models.split(","):
+        config = MODELS[name]
+        times = {label: [] for _, _, label in variants}
+        for _ in range(args.repeat):
+            for strategy, overlap, label in variants:
+                times[label].append(step_time(strategy, config, args.ranks, args.steps, overlap))
+        ddp = statistics.median(times["ddp"])
+        print(f"model {name} ({args.ranks} ranks, median of {args.repeat} runs x {args.steps} steps)")
+        for _, _, label in variants:
+            t = statistics.median(times[label])
+            print(f"  {label:<18} {t * 1e3:8.1f} ms/step   {t / ddp:5.2f}x ddp")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""course_utils.zero: ZeRO-1 and ZeRO-2 from scratch, and torch's ZeroRedundancyOptimizer.
+
+Losses are compared with "single" to 1e-6 relative (fp32; the gradient sums are done in
+a different order, as for "ddp": see tests/test_experiments.py). Parameters are compared
+*bitwise across ranks*: every parameter is written by exactly one rank (its owner's
+optimizer step) and copied to the others by the all-gather.
+
+Byte counts are exact. With Ψ_b the elements of bucket b and P_b = ceil(Ψ_b/N)·N:
+state = model_states(Σ P_b, world_size=N, stage=s, recipe="fp32") + 4 bytes per bucket
+(AdamW's float32 step counter, one per shard parameter); comm per step and bucket =
+one reduce-scatter and one all-gather of 4·P_b bytes.
+"""
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import course_utils.zero as zero
+from course_utils import exercises
+from course_utils.comm import CommLedger, collective_bytes
+from course_utils.experiments import GLOBAL_BATCH, full_parameters, run, unwrap, wrap
+from course_utils.launch import launch
+from course_utils.memory import model_states
+from course_utils.model import build_model, num_params
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+REL = 1e-6
+STEPS = 3
+PSI = 129_350
+
+
+@pytest.fixture(scope="module")
+def single():
+    return run("single", 1, steps=STEPS)[0]
+
+
+# ------------------------------------------------------------------ pure functions
+
+def test_padding_and_shards():
+    assert num_params(build_model()) == PSI
+    assert zero.padded_numel(PSI, 2) == PSI and zero.padded_numel(PSI, 3) == PSI + 1
+    assert zero.padded_numel(PSI, 4) == PSI + 2
+    for numel, n in ((10, 4), (7, 3), (PSI, 3), (1, 8), (12, 4)):
+        bounds = [zero.shard_bounds(numel, n, r) for r in range(n)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == zero.padded_numel(numel, n)
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))          # contiguous
+        assert len({hi - lo for lo, hi in bounds}) == 1                        # equal sizes
+    flat = zero.flatten_and_pad([torch.ones(2, 2), torch.full((3,), 2.0)], 3)
+    assert flat.tolist() == [1, 1, 1, 1, 2, 2, 2, 0, 0]
+    with pytest.raises(ValueError, match="rank must be < world_size"):
+        zero.shard_bounds(10, 4, 4)
+    with pytest.raises(ValueError, match="world_size must be >= 1"):
+        zero.padded_numel(10, 0)
+    with pytest.raises(RuntimeError, match="torch.distributed initialised"):
+        zero.ZeroOptimizer(nn.Linear(2, 2), torch.optim.SGD)
+
+
+# ------------------------------------------------------------------ the course model
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_course_model_matches_single_with_exact_bytes(stage, world_size, single):
+    out = run(f"zero{stage}", world_size, steps=STEPS, quiet=True)
+    n, padded = world_size, zero.padded_numel(PSI, world_size)
+    analytic = model_states(padded, world_size=n, stage=stage, recipe="fp32")
+    for r in out:
+        assert r.losses == out[0].losses
+        assert r.losses == pytest.approx(single.losses, rel=REL)
+        assert r.param_digest == out[0].param_digest                       # bitwise on all ranks
+        # one bucket (25 MiB default): one shard parameter, one 4-byte step counter
+        assert r.state_bytes == {"params": 4 * padded, "grads": int(analytic.grads),
+                                 "optimizer": int(analytic.optimizer) + 4}
+        assert r.state_bytes["optimizer"] == 8 * padded // n + 4
+        assert r.state_bytes["grads"] == (4 * padded if stage == 1 else 4 * padded // n)
+        rs = STEPS * collective_bytes("reduce_scatter", 4 * padded, n)
+        assert r.comm_bytes["reduce_scatter"] == pytest.approx(rs, rel=1e-15)
+        assert r.comm_bytes["all_gather"] == r.comm_bytes["reduce_scatter"]
+        assert r.comm_bytes["all_reduce"] == 0
+        assert r.comm_calls == {"all_reduce": 0, "reduce_scatter": STEPS, "all_gather": STEPS}
+        # the same as DDP's all-reduce, plus the padding, exactly (fractions: N=3)
+        total = Fraction(r.comm_bytes["reduce_scatter"]) + Fraction(r.comm_bytes["all_gather"])
+        ddp = Fraction(2 * (n - 1) * 4 * PSI * STEPS, n)
+        pad = Fraction(2 * (n - 1) * 4 * (padded - PSI) * STEPS, n)
+        assert abs(total - (ddp + pad)) <= 1e-6
+        assert (padded == PSI) == (n == 2) and (total == ddp) == (n == 2)
+    assert out[0].state_bytes == zero.expected_state_bytes([PSI], n, stage)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_torch_zero_redundancy_optimizer_matches_single(world_size, single):
+    out = run("torch-zero1", world_size, steps=STEPS, quiet=True)
+    for r in out:
+        assert r.losses == pytest.approx(single.losses, rel=REL)
+        assert r.param_digest == out[0].param_digest
+    # whole parameters are assigned to ranks: optimizer bytes roughly 1/N, not exactly
+    total = sum(r.state_bytes["optimizer"] for r in out)
+    assert total == 8 * PSI + 4 * 68                         # 68 tensors, each owned once
+    assert all(r.state_bytes["optimizer"] < 8 * PSI for r in out)
+
+
+def test_variants_mixed_and_peak_gradient_memory():
+    ref = zero.run_zero(2, stage=1, quiet=True)
+    allreduce = zero.run_zero(2, stage=1, variant="allreduce", quiet=True)
+    assert [r.param_digest for r in allreduce] == [r.param_digest for r in ref]  # same result
+    assert allreduce[0].comm_bytes["all_reduce"] == 2 * ref[0].comm_bytes["reduce_scatter"]
+    assert allreduce[0].comm_bytes == zero.expected_comm_bytes([PSI], 2, STEPS, variant="allreduce")
+    # ZeRO-1 always holds the flat gradient buffer, 4·P bytes
+    assert ref[0].peak_grad_bytes == 4 * PSI
+    # ZeRO-2 with one bucket per parameter: the shard + about one bucket in flight
+    small = zero.run_zero(2, stage=2, bucket_bytes=0, quiet=True)
+    biggest = 4 * max(zero.padded_numel(k, 2) for k in small[0].bucket_numels)
+    shard = 4 * sum(zero.padded_numel(k, 2) for k in small[0].bucket_numels) // 2
+    for r in small:
+        assert shard < r.peak_grad_bytes <= shard + 2 * biggest
+        assert ref[0].peak_grad_bytes - r.peak_grad_bytes >= 4 * PSI // 2 - 2 * biggest
+        buckets = len(r.bucket_numels)
+        assert r.state_bytes == zero.expected_state_bytes(r.bucket_numels, 2, 2)
+        assert r.state_bytes["optimizer"] == 8 * PSI // 2 + 4 * buckets
+        assert r.comm_bytes == zero.expected_comm_bytes(r.bucket_numels, 2, STEPS)
+        assert r.comm_calls["reduce_scatter"] == buckets * STEPS
+        assert r.losses == pytest.approx(ref[0].losses, rel=REL)
+    # mixed precision: bf16 model, fp32 master shard: the paper's 2 + 2 + 12 bytes
+    mixed = zero.run_zero(2, stage=2, mixed=True, quiet=True)
+    assert mixed[0].state_bytes == zero.expected_state_bytes([PSI], 2, 2, mixed=True)
+    assert mixed[0].state_bytes == {"params": 2 * PSI, "grads": PSI, "optimizer": 6 * PSI + 4}
+    assert mixed[0].comm_bytes == zero.expected_comm_bytes([PSI], 2, STEPS, bytes_per_elem=2)
+    assert mixed[0].losses == pytest.approx(ref[0].losses, rel=1e-3)
+
+
+# ------------------------------------- a toy with frozen, tied, odd-sized and unused params
+
+VOCAB, DIM, SEQ, TOY_STEPS = 11, 6, 5, 3
+
+
+class Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.hidden = nn.Linear(DIM, DIM)
+        self.frozen = nn.Linear(DIM, DIM)
+        self.frozen.requires_grad_(False)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.emb.weight
+        self.extra = nn.Parameter(torch.ones(3))
+
+    def forward(self, idx, targets, use_extra=False):
+        h = torch.tanh(self.hidden(self.emb(idx)))
+        h = h + self.frozen(h)
+        if use_extra:
+            h = h * self.extra.sum()
+        return F.cross_entropy(self.head(h).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+TOY_TRAINABLE = VOCAB * DIM + DIM * DIM + DIM + 3            # 111: tied once, frozen excluded
+
+
+def _toy_batch(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return (torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g),
+            torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g))
+
+
+def _toy_train(strategy, rank=0, world_size=1, bucket_bytes=64):
+    torch.manual_seed(rank)                      # ranks start different: wrap broadcasts rank 0's
+    model = Toy()
+    model, opt = wrap(strategy, model, lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01),
+                      bucket_bytes=bucket_bytes)
+    b = GLOBAL_BATCH // world_size
+    losses, snaps, after_backward = [], [full_parameters(model)], []
+    with CommLedger() as ledger:
+        for step in range(TOY_STEPS):
+            x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(step))
+            loss = model(x, y, use_extra=True)
+            loss.backward()
+            after_backward.append(sum(p.grad.numel() for p in unwrap(model).parameters()
+                                      if p.grad is not None))
+            opt.step()
+            opt.zero_grad()
+            with ledger.pause():
+                total = loss.detach().double()
+                if world_size > 1:
+                    dist.all_reduce(total)
+                losses.append(total.item() / world_size)
+            snaps.append(full_parameters(model))
+        # unused on some ranks only: "extra" used on rank 0 alone; collectives stay matched.
+        # Like "ddp", ZeRO's flat buffers give an unused parameter a zero gradient (AdamW
+        # still decays it and applies its momentum), where "single" would skip it: compare
+        # this step with "ddp", not with "single".
+        x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(9))
+        model(x, y, use_extra=rank == 0).backward()
+        opt.step()
+        opt.zero_grad()
+    snaps.append(full_parameters(model))
+    state = None
+    if strategy.startswith("zero"):
+        state = ([bk.numel for bk in opt.buckets], zero.zero_state_bytes(model, opt))
+    return losses, snaps, ledger.totals(), after_backward, state
+
+
+def _toy_all(rank, world_size):
+    return {s: _toy_train(s, rank, world_size) for s in ("zero1", "zero2", "ddp")}
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_toy_frozen_tied_odd_unused(world_size):
+    ref_losses, ref_snaps, *_ = _toy_train("single")
+    out = launch(_toy_all, world_size, quiet=True)
+    for rank, per in enumerate(out):
+        for strategy in ("zero1", "zero2"):
+            losses, snaps, totals, after_backward, (bucket_numels, state) = per[strategy]
+            assert list(snaps[0]) == ["extra", "emb.weight", "hidden.weight", "hidden.bias",
+                                      "frozen.weight", "frozen.bias"]
+            for step, snap in enumerate(snaps):                  # bitwise across ranks
+                for name, t in snap.items():
+                    assert torch.equal(t, out[0][strategy][1][step][name]), (strategy, step, name)
+            assert torch.equal(snaps[-1]["frozen.weight"], ref_snaps[0]["frozen.weight"])
+            assert losses == pytest.approx(ref_losses, rel=REL)
+            for name, t in snaps[TOY_STEPS].items():
+                torch.testing.assert_close(t, ref_snaps[TOY_STEPS][name], rtol=1e-5, atol=1e-6)
+            for name, t in snaps[-1].items():                  # the rank-0-only step, vs DDP
+                torch.testing.assert_close(t, per["ddp"][1][-1][name], rtol=1e-5, atol=1e-6)
+            assert sum(bucket_numels) == TOY_TRAINABLE and len(bucket_numels) > 1
+            stage = int(strategy[-1])
+            frozen = 4 * (DIM * DIM + DIM)
+            assert state == zero.expected_state_bytes(bucket_numels, world_size, stage,
+                                                      frozen_bytes=frozen)
+            assert totals == zero.expected_comm_bytes(bucket_numels, world_size, TOY_STEPS + 1)
+            if stage == 2:                     # no full gradient survives backward
+                assert after_backward == [0] * TOY_STEPS
+            else:
+                assert after_backward == [TOY_TRAINABLE] * TOY_STEPS
+
+
+def _zero2_after_backward():
+    model = build_model(seed=0)
+    from course_utils.experiments import make_adamw
+    from course_utils.model import SyntheticData
+
+    opt = zero.ZeroOptimizer(model, make_adamw, stage=2, bucket_bytes=16 * 1024)
+    x, y = SyntheticData(global_batch=12, seed=0).shard(0, dist.get_rank(), dist.get_world_size())
+    model(x, y).backward()
+    held = [n for n, p in model.named_parameters() if p.grad is not None]
+    now = opt.grad_bytes_now()
+    try:
+        model(x, y).backward()
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    return held, now, sum(4 * b.shard_numel for b in opt.buckets), error
+
+
+def test_zero2_frees_full_gradients_during_backward():
+    for held, now, shard_bytes, error in launch(_zero2_after_backward, 3, quiet=True):
+        assert held == []
+        assert shard_bytes <= now <= shard_bytes + 4 * 16 * 1024 // 4 * 3  # + the last message
+        assert "second backward" in error
+
+
+# ------------------------------------------------------------------ exercises
+
+def _good_zero1_step(flat_param, flat_grad, lr):
+    from course_utils.compat import all_gather_into_tensor, reduce_scatter_tensor
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    s = flat_param.numel() // n
+    shard = torch.empty(s)
+    reduce_scatter_tensor(shard, flat_grad)
+    mine = flat_param[r * s:(r + 1) * s] - lr * shard / n
+    all_gather_into_tensor(flat_param, mine)
+    return flat_param
+
+
+def _bad_zero1_step(flat_param, flat_grad, lr):          # forgets to average
+    from course_utils.compat import all_gather_into_tensor, reduce_scatter_tensor
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    s = flat_param.numel() // n
+    shard = torch.empty(s)
+    reduce_scatter_tensor(shard, flat_grad)
+    all_gather_into_tensor(flat_param, flat_param[r * s:(r + 1) * s] - lr * shard)
+    return flat_param
+
+
+def _good_bucket(params):
+    from course_utils.compat import reduce_scatter_tensor
+
+    n = dist.get_world_size()
+    flat = zero.flatten_and_pad([p.grad for p in params], n)
+    shard = torch.empty(flat.numel() // n)
+    reduce_scatter_tensor(shard, flat)
+    for p in params:
+        p.grad = None
+    return shard / n
+
+
+def _keeps_grads(params):
+    out = _good_bucket(params)
+    params[0].grad = torch.zeros_like(params[0])
+    return out
+
+
+def test_exercise_checkers(capsys):
+    assert exercises.check_shard_bounds(zero.shard_bounds)
+    assert not exercises.check_shard_bounds(lambda numel, world_size, rank: (
+        rank * (numel // world_size), (rank + 1) * (numel // world_size)))   # no padding
+    assert exercises.check_zero1_step(_good_zero1_step)
+    assert not exercises.check_zero1_step(_bad_zero1_step)
+    assert "first difference at element" in capsys.readouterr().out
+    assert exercises.check_reduce_scatter_bucket(_good_bucket)
+    assert not exercises.check_reduce_scatter_bucket(_keeps_grads)
+    assert "not freed" in capsys.readouterr().out

@@ -1,0 +1,351 @@
+"""course_utils.zero3: ZeRO-3 from scratch gives the losses of "single", keeps every rank's
+full parameters bit-identical, holds exactly its shards, sends exactly the predicted
+bytes, and never has more than root + 1 (root + 2 with prefetch) units gathered.
+
+Loss tolerance: 1e-6 relative, as for "ddp" (tests/test_experiments.py): the gradient
+sums run in another order (per rank, then the reduce-scatter), fp32 rounding ~1e-7.
+Across ranks the full parameters must be bitwise equal: every rank gathers the same shards.
+"""
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from course_utils import experiments
+from course_utils.comm import CommLedger, collective_bytes, collective_calls, comm_volume
+from course_utils.experiments import GLOBAL_BATCH, STRATEGIES, make_adamw, run, wrap
+from course_utils.launch import launch
+from course_utils.model import SyntheticData, build_model, num_params
+from course_utils.zero3 import Zero3, gather_full_parameters, max_alive, padded_numel
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+REL = 1e-6
+STEPS = 3
+PSI = 129_350
+BLOCK, ROOT, LAYERS = 30_650, 6_750, 4          # numels: 4 blocks + root (tok_emb, pos_emb, norm_f)
+UNITS = LAYERS + 1
+
+
+def _pads(n):
+    return [padded_numel(ROOT, n)] + [padded_numel(BLOCK, n)] * LAYERS
+
+
+def test_course_model_unit_sizes():
+    m = build_model()
+    assert num_params(m) == PSI == ROOT + LAYERS * BLOCK
+    assert sum(p.numel() for p in m.blocks[0].parameters()) == BLOCK
+
+
+# ------------------------------------------------------------------ run("zero3", N)
+
+@pytest.fixture(scope="module")
+def single():
+    return run("single", 1, steps=STEPS)[0]
+
+
+def _exact_ag_rs(n, steps, reshard_root=False):
+    """Exact bytes one rank sends: per unit collective_bytes(padded * 4), times its calls."""
+    f = Fraction(n - 1, n)
+    pads = _pads(n)
+    root_gathers = 2 if reshard_root else 1
+    ag = f * 4 * (root_gathers * pads[0] + 2 * sum(pads[1:])) * steps
+    rs = f * 4 * sum(pads) * steps
+    return ag, rs
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_course_model_matches_single_bytes_and_state(world_size, single):
+    n = world_size
+    out = run("zero3", n, steps=STEPS, quiet=True)
+    ag, rs = _exact_ag_rs(n, STEPS)
+    pads = _pads(n)
+    calls = collective_calls(3, num_layers=UNITS, skip_last_regather=True)
+    assert calls == {"all_reduce": 0, "reduce_scatter": 5, "all_gather": 9}
+    for r in out:
+        assert r.losses == out[0].losses
+        assert r.losses == pytest.approx(single.losses, rel=REL)
+        # exact bytes: the ledger sums exact fractions and rounds once
+        assert r.comm_bytes["all_gather"] == float(ag) and r.comm_bytes["reduce_scatter"] == float(rs)
+        assert r.comm_bytes["all_reduce"] == 0
+        # ... = the per-unit collective_bytes formula
+        per_step_ag = collective_bytes("all_gather", pads[0] * 4, n) + sum(
+            2 * collective_bytes("all_gather", p * 4, n) for p in pads[1:])
+        assert r.comm_bytes["all_gather"] == pytest.approx(per_step_ag * STEPS, rel=1e-15)
+        assert r.comm_calls == {k: v * STEPS for k, v in calls.items()}
+        # state: exactly the shards (padding included), 2 Adam states, 5 step counters
+        shard = sum(pads) // n
+        assert r.state_bytes == {"params": 4 * shard, "grads": 4 * shard,
+                                 "optimizer": 8 * shard + 4 * UNITS}
+    # against DDP: 3 (N-1)/N Psi·4 minus one root gather, plus padding
+    ddp = 2 * Fraction(n - 1, n) * 4 * PSI * STEPS
+    ratio = (ag + rs) / ddp
+    assert ratio == Fraction(3 * sum(pads) - pads[0], 2 * PSI)
+    assert 1.47 < ratio < 1.48                                     # 2L-1: not quite 1.5
+
+
+# ------------------------------------------------------------------ on ranks, course GPT
+
+def _train_course(prefetch, reshard_root=False, steps=STEPS):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = build_model(seed=0)
+    data = SyntheticData(global_batch=GLOBAL_BATCH, seed=0)
+    z = Zero3(model, prefetch=prefetch, reshard_root=reshard_root)
+    opt = make_adamw(z.shard_parameters())
+    at_rest = [p.numel() for p in model.parameters()]
+    snaps, losses, timelines = [gather_full_parameters(z)], [], []
+    with CommLedger() as ledger:
+        for step in range(steps):
+            x, y = data.shard(step, rank, world)
+            loss = z(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            timelines.append(list(z.timeline))
+            with ledger.pause():
+                t = loss.detach().double()
+                dist.all_reduce(t)
+                losses.append(t.item() / world)
+                snaps.append(gather_full_parameters(z))
+    return {"losses": losses, "snaps": snaps, "timelines": timelines, "counts": ledger.counts(),
+            "totals": ledger.totals(), "at_rest": at_rest,
+            "after": [p.numel() for p in model.parameters()]}
+
+
+def _single_params(steps=STEPS):
+    model = build_model(seed=0)
+    data = SyntheticData(global_batch=GLOBAL_BATCH, seed=0)
+    opt = make_adamw(list(model.parameters()))
+    for step in range(steps):
+        model(*data.batch(step)).backward()
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_bitwise_across_ranks_timeline_and_prefetch(world_size, single):
+    on = launch(_train_course, world_size, True, quiet=True)
+    off = launch(_train_course, world_size, False, quiet=True)
+    ref = _single_params()
+    for res in (on, off):
+        for r in res:
+            assert r["at_rest"] == [0] * len(r["at_rest"]) == r["after"]   # only shards stored
+            assert r["losses"] == pytest.approx(single.losses, rel=REL)
+            for step, snap in enumerate(r["snaps"]):                      # bitwise across ranks
+                assert list(snap) == list(ref)
+                for name, t in snap.items():
+                    assert torch.equal(t, res[0]["snaps"][step][name]), (step, name)
+            for name, t in r["snaps"][-1].items():
+                torch.testing.assert_close(t, ref[name], rtol=1e-5, atol=1e-5)  # Adam: ~1e-6 noise on ~0 biases
+    # prefetch changes when the gathers start, not what is computed
+    assert [r["losses"] for r in on] == [r["losses"] for r in off]
+    for a, b in zip(on[0]["snaps"], off[0]["snaps"]):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    pads = _pads(world_size)
+    for res, extra in ((off, 1), (on, 2)):
+        for tl in res[0]["timelines"]:
+            # root + 1 block alive at most without prefetch, root + 2 with
+            assert max_alive(tl, "forward") == max_alive(tl, "backward") == 1 + extra
+            gathers = [e for e in tl if e["event"] == "gather"]
+            assert len(gathers) == 2 * UNITS - 1
+            assert sum(e["event"] == "free" for e in tl) == 2 * UNITS - 1
+            assert tl[-1]["alive_units"] == 0 and tl[-1]["unit"] == "root"   # all freed
+            assert max(e["alive_bytes"] for e in tl) == 4 * (pads[0] + extra * pads[1])
+            order = [e["unit"] for e in gathers]
+            fwd = ["root"] + [f"blocks.{i}" for i in range(LAYERS)]
+            assert order == fwd + fwd[:0:-1]           # forward 0..3, backward 3..0
+        counts = {k: v for k, v in res[0]["counts"].items() if v}
+        assert counts == {"all_gather": 9 * STEPS, "reduce_scatter": 5 * STEPS}
+
+
+def test_reshard_root_gives_2L_gathers_and_comm_volume_exactly():
+    n = 2
+    out = launch(_train_course, n, False, True, 2, quiet=True)
+    for r in out:
+        counts = {k: v for k, v in r["counts"].items() if v}
+        assert counts == {k: v * 2 for k, v in collective_calls(3, num_layers=UNITS).items() if v}
+        expected = comm_volume(sum(_pads(n)), world_size=n, stage=3, bytes_per_elem=4)
+        assert r["totals"]["all_gather"] == 2 * expected["all_gather"]
+        assert r["totals"]["reduce_scatter"] == 2 * expected["reduce_scatter"]
+        ddp = comm_volume(PSI, world_size=n, stage=0, bytes_per_elem=4)["total"]
+        assert expected["total"] / ddp == 1.5          # N=2: no padding, every unit gathered twice
+        assert max_alive(r["timelines"][-1], "backward") == 2
+
+
+# ------------------------------------------------------- a toy: frozen, tied, odd, unused
+
+VOCAB, DIM, SEQ, TOY_STEPS = 11, 6, 5, 4
+
+
+class Layer(nn.Module):
+    def __init__(self, frozen=False):
+        super().__init__()
+        self.lin = nn.Linear(DIM, DIM)
+        self.odd = nn.Parameter(torch.linspace(0.5, 1.5, 7))      # 7 elements: odd-sized
+        self.extra = nn.Parameter(torch.ones(3))                  # used only when asked
+        if frozen:
+            self.lin.requires_grad_(False)
+
+    def forward(self, h, use_extra=False):
+        h = torch.tanh(self.lin(h)) * self.odd[:DIM].mean() + h
+        return h * self.extra.sum() / 3 if use_extra else h
+
+
+class Toy(nn.Module):
+    """tok embedding tied to the output layer (root), layers 1 and 2 sharing one Linear
+    weight (tied across units -> the root), a frozen Linear in layer 0, odd numels."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList([Layer(frozen=True), Layer(), Layer()])
+        self.layers[2].lin.weight = self.layers[1].lin.weight
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx, targets, use_extra=False):
+        h = self.emb(idx)
+        for layer in self.layers:
+            h = layer(h, use_extra=use_extra)
+        return F.cross_entropy(self.head(h).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def _toy(seed):
+    torch.manual_seed(seed)
+    return Toy()
+
+
+def _toy_batch(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g), \
+        torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
+
+
+def _toy_opt(params):
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
+
+
+def _toy_train(strategy, rank=0, world_size=1):
+    model = _toy(seed=rank)                           # different starts: rank 0's must win
+    model, opt = wrap(strategy, model, _toy_opt, overlap=world_size != 3)  # prefetch off on 3 ranks
+    snaps = [gather_full_parameters(model)]
+    b = GLOBAL_BATCH // world_size
+    losses, units = [], None
+    with CommLedger() as ledger:
+        for step in range(TOY_STEPS):
+            x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(step))
+            loss = model(x, y, use_extra=True)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            with ledger.pause():
+                total = loss.detach().double()
+                if world_size > 1:
+                    dist.all_reduce(total)
+                losses.append(total.item() / world_size)
+                snaps.append(gather_full_parameters(model))
+        counts = ledger.counts()
+        extra = None
+        if world_size > 1:
+            units = [(u.name, u.numel, u.padded) for u in model.units]
+            # "extra" used on rank 0 only: collectives stay matched, rank 1 sends zeros
+            x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(0))
+            model(x, y, use_extra=(rank == 0)).backward()
+            extra = [u.shard.grad.clone() for u in model.units]
+            opt.step()
+            opt.zero_grad()
+            snaps.append(gather_full_parameters(model))
+    m = model.module if world_size > 1 else model
+    tied = m.head.weight is m.emb.weight and m.layers[2].lin.weight is m.layers[1].lin.weight
+    counts = {k: v for k, v in counts.items() if v}
+    return losses, snaps, counts, tied, units, extra
+
+
+def test_toy_frozen_tied_odd_unused():
+    ref_losses, ref_snaps, *_ = _toy_train("single")
+    for n in (2, 3, 4):
+        out = launch(_toy_train, n, "zero3", quiet=True)
+        for rank, (losses, snaps, counts, tied, units, extra) in enumerate(out):
+            assert tied
+            # units: the root owns emb (tied to head) and the Linear shared by layers 1-2;
+            # layer 0's frozen Linear is not in any flat buffer
+            assert units == [("", VOCAB * DIM + DIM * DIM, padded_numel(VOCAB * DIM + DIM * DIM, n)),
+                             ("layers.0", 10, padded_numel(10, n)),
+                             ("layers.1", 16, padded_numel(16, n)),
+                             ("layers.2", 16, padded_numel(16, n))]
+            assert list(snaps[0]) == list(ref_snaps[0])
+            for name in snaps[0]:
+                assert torch.equal(snaps[0][name], ref_snaps[0][name])     # rank 0's start
+            for step, snap in enumerate(snaps):                            # bitwise across ranks
+                for name, t in out[0][1][step].items():
+                    assert torch.equal(snap[name], t), (step, name)
+                assert torch.equal(snap["layers.0.lin.weight"], ref_snaps[0]["layers.0.lin.weight"])
+            assert losses == pytest.approx(ref_losses, rel=REL)
+            for name, t in snaps[TOY_STEPS].items():
+                torch.testing.assert_close(t, ref_snaps[-1][name], rtol=1e-5, atol=1e-6)
+            assert counts == {"all_gather": (2 * 4 - 1) * TOY_STEPS, "reduce_scatter": 4 * TOY_STEPS}
+            # the step with "extra" used on rank 0 only still averaged over all ranks
+            assert all(torch.isfinite(g).all() for g in extra)
+
+
+# ------------------------------------------------------------------ exercise, registry
+
+def _correct(shard, numel, shape, x):
+    from course_utils.compat import all_gather_into_tensor
+
+    full = torch.empty(shard.numel() * dist.get_world_size())
+    all_gather_into_tensor(full, shard)
+    w = full[:numel].view(shape)
+    return x @ w.T
+
+
+_KEPT = []
+
+
+def _keeps_buffer(shard, numel, shape, x):
+    from course_utils.compat import all_gather_into_tensor
+
+    full = torch.empty(shard.numel() * dist.get_world_size())
+    all_gather_into_tensor(full, shard)
+    _KEPT.append(full)                              # "caches" the full weight: never freed
+    return x @ full[:numel].view(shape).T
+
+
+def _no_unpad(shard, numel, shape, x):
+    full = torch.empty(shard.numel() * dist.get_world_size())
+    dist.all_gather_into_tensor(full, shard)
+    w = full[-numel:].view(shape)                   # takes the padding instead of the start
+    return x @ w.T
+
+
+def _gathers_twice(shard, numel, shape, x):
+    _correct(shard, numel, shape, x)
+    return _correct(shard, numel, shape, x)
+
+
+def test_exercise_checker(capsys):
+    from course_utils.exercises import check_zero3_forward
+
+    assert check_zero3_forward(_correct)
+    assert not check_zero3_forward(_no_unpad)
+    assert "first difference at out[" in capsys.readouterr().out
+    assert not check_zero3_forward(_gathers_twice)
+    assert not check_zero3_forward("nope")
+
+
+def test_keeping_the_buffer_is_rejected(capsys):
+    from course_utils.exercises import check_zero3_forward
+
+    assert not check_zero3_forward(_keeps_buffer)
+    assert "still alive" in capsys.readouterr().out
+
+
+def test_registry_and_errors():
+    assert "zero3" in STRATEGIES and STRATEGIES["zero3"].notebook == "06_zero3"
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        Zero3(build_model())
+    assert padded_numel(30_650, 3) == 30_651 and padded_numel(6_750, 4) == 6_752
