@@ -40,7 +40,8 @@ from .config import COURSE_CONFIG, TransformerConfig
 
 __all__ = ["GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "DEFAULT_BUCKET_BYTES", "STRATEGIES",
            "Strategy", "register_strategy", "strategies", "wrap", "full_parameters", "run",
-           "RunResult", "DataParallel", "DataParallelOptimizer", "make_adamw", "unwrap"]
+           "RunResult", "DataParallel", "DataParallelOptimizer", "make_adamw", "unwrap",
+           "broadcast_from_rank0"]
 
 #: Rows in the global batch of :func:`run`: divisible by 1, 2, 3, 4, 6 and 12 ranks.
 GLOBAL_BATCH = 12
@@ -53,6 +54,15 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20
 def make_adamw(params) -> torch.optim.AdamW:
     """The optimizer of :func:`run`: ``AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)``."""
     return torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+
+
+@torch.no_grad()
+def broadcast_from_rank0(module: nn.Module, group=None) -> None:
+    """Copy rank 0's parameters and buffers into every rank's ``module`` (in place), so all
+    replicas start equal: the first thing DDP, ZeRO and FSDP do."""
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    for t in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(t.data, src=src, group=group)
 
 
 def _trainable(module: nn.Module) -> list[nn.Parameter]:
@@ -129,11 +139,8 @@ class DataParallel(nn.Module):
         return self.module(*args, **kwargs)
 
     # -- 1. same start everywhere
-    @torch.no_grad()
     def _broadcast_from_rank0(self) -> None:
-        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
-        for t in list(self.module.parameters()) + list(self.module.buffers()):
-            dist.broadcast(t.data, src=src, group=self.group)
+        broadcast_from_rank0(self.module, self.group)
 
     # -- 2. buckets
     @staticmethod

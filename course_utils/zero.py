@@ -82,8 +82,8 @@ from torch import nn
 from .comm import CommLedger, collective_bytes
 from .compat import all_gather_into_tensor, reduce_scatter_tensor
 from .experiments import (BETAS, DEFAULT_BUCKET_BYTES, LR, WEIGHT_DECAY, DataParallel,
-                          DataParallelOptimizer, _storage_bytes, _trainable, register_strategy,
-                          unwrap)
+                          DataParallelOptimizer, _storage_bytes, _trainable, broadcast_from_rank0,
+                          register_strategy, unwrap)
 
 __all__ = ["padded_numel", "shard_bounds", "flatten_and_pad", "ZeroBucket", "ZeroOptimizer",
            "zero_state_bytes", "expected_state_bytes", "expected_comm_bytes", "run_zero",
@@ -233,11 +233,8 @@ class ZeroOptimizer:
                            for p in self.params]
 
     # -- same start everywhere (as DDP)
-    @torch.no_grad()
     def _broadcast_from_rank0(self) -> None:
-        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
-        for t in list(self.module.parameters()) + list(self.module.buffers()):
-            dist.broadcast(t.data, src=src, group=self.group)
+        broadcast_from_rank0(self.module, self.group)
 
     # -- flat buffers, views, shard
     @torch.no_grad()

@@ -285,11 +285,8 @@ class Zero3(nn.Module):
         return self.module(*args, **kwargs)
 
     # ------------------------------------------------------------------ construction
-    @torch.no_grad()
     def _broadcast_from_rank0(self) -> None:
-        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
-        for t in list(self.module.parameters()) + list(self.module.buffers()):
-            dist.broadcast(t.data, src=src, group=self.group)
+        experiments.broadcast_from_rank0(self.module, self.group)
 
     def _make_units(self, module, unit_types):
         found = _find_units(module, unit_types)
