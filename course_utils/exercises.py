@@ -509,6 +509,25 @@ def _zero3_weight(numel: int):
     return (torch.arange(numel, dtype=torch.float32) % 7 - 3) / 4
 
 
+def _alive_after(refs, gc, patience_s: float = 1.0) -> int:
+    """How many weakly referenced gathered buffers still hold memory. The backend's work
+    object may keep the output alive for a moment after the collective returns (gloo
+    releases it from its worker thread), so a buffer counts as kept only if it is still
+    alive after ``patience_s``."""
+    import time
+
+    def count():
+        gc.collect()
+        return sum(1 for ref in refs if ref() is not None and ref().untyped_storage().nbytes() > 0)
+
+    deadline = time.monotonic() + patience_s
+    alive = count()
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+        alive = count()
+    return alive
+
+
 def _zero3_forward_on_rank(fn: Callable) -> list:
     """Rank side of :func:`check_zero3_forward`: run ``fn`` on this rank's shard of a few
     odd-sized Linear weights; report the output's first wrong element, how many
@@ -547,9 +566,7 @@ def _zero3_forward_on_rank(fn: Callable) -> list:
             gathered.clear()
             with torch.no_grad():
                 got = fn(shard, numel, shape, x)
-            gc.collect()
-            alive = sum(1 for ref in gathered
-                        if ref() is not None and ref().untyped_storage().nbytes() > 0)
+            alive = _alive_after(gathered, gc)
             first = ""
             if not isinstance(got, torch.Tensor):
                 first = f"returned {type(got).__name__}, expected a tensor of shape {tuple(expected.shape)}"
