@@ -601,7 +601,8 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
                   backend=backend, quiet=quiet, timeout_s=timeout_s)
 
 
-# The ZeRO strategies of notebooks 04-06 live in their own modules and register themselves
+# The ZeRO and FSDP strategies of notebooks 04-07 live in their own modules and register themselves
 # when imported; importing them here (after the registry exists) makes run("zero1") work.
 from . import zero as _zero  # noqa: E402,F401
 from . import zero3 as _zero3  # noqa: E402,F401
+from . import fsdp as _fsdp  # noqa: E402,F401  (torch FSDP2: "torch-fsdp", "torch-fsdp-zero2")
