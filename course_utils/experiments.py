@@ -471,13 +471,15 @@ class RunResult:
 
 
 def _storage_bytes(tensors, seen: set) -> int:
+    """Bytes of the storages behind ``tensors``, each storage once (``seen`` carries the
+    ones already counted across calls); freed (0-byte) storages count nothing."""
     total = 0
     for t in tensors:
         if t is None:
             continue
         st = t.untyped_storage()
-        key = (str(t.device), st.data_ptr())
-        if key not in seen:
+        key = (str(t.device), st.data_ptr(), st.nbytes())
+        if st.nbytes() and key not in seen:
             seen.add(key)
             total += st.nbytes()
     return total

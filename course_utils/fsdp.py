@@ -207,17 +207,7 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _storage_bytes(tensors, seen: set) -> int:
-    total = 0
-    for t in tensors:
-        if t is None:
-            continue
-        st = t.untyped_storage()
-        key = (str(t.device), st.data_ptr(), st.nbytes())
-        if st.nbytes() and key not in seen:
-            seen.add(key)
-            total += st.nbytes()
-    return total
+_storage_bytes = experiments._storage_bytes  # one definition, shared by every strategy
 
 
 def fsdp_state_bytes(model: nn.Module, optimizer) -> dict:

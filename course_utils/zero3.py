@@ -507,17 +507,7 @@ def wrap_zero3(model, make_optimizer, *, overlap: bool = True, group=None, unit_
     return z, make_optimizer(z.shard_parameters())
 
 
-def _storage_bytes(tensors, seen: set) -> int:
-    total = 0
-    for t in tensors:
-        if t is None:
-            continue
-        st = t.untyped_storage()
-        key = (str(t.device), st.data_ptr(), st.nbytes())
-        if st.nbytes() and key not in seen:
-            seen.add(key)
-            total += st.nbytes()
-    return total
+_storage_bytes = experiments._storage_bytes  # one definition, shared by every strategy
 
 
 def zero3_state_bytes(model: Zero3, optimizer) -> dict:
