@@ -25,9 +25,10 @@ MODELS = {
 }
 
 
-def step_time(strategy: str, config, ranks: int, steps: int, bucket_bytes: int) -> float:
-    out = run(strategy, ranks, steps=steps, config=config, bucket_bytes=bucket_bytes,
-              quiet=True, timeout_s=600)
+def step_time(strategy: str, config, ranks: int, steps: int, **options) -> float:
+    """The slowest rank's median step time of ``run(strategy, ...)`` (options: bucket_bytes,
+    overlap, ...)."""
+    out = run(strategy, ranks, steps=steps, config=config, quiet=True, timeout_s=600, **options)
     return max(r.step_time_s for r in out)
 
 
@@ -47,7 +48,7 @@ def main() -> None:
         times = {"ddp": [], "torch-ddp": []}
         for _ in range(args.repeat):
             for strategy in times:
-                times[strategy].append(step_time(strategy, config, args.ranks, args.steps, bucket_bytes))
+                times[strategy].append(step_time(strategy, config, args.ranks, args.steps, bucket_bytes=bucket_bytes))
         med = {s: statistics.median(t) for s, t in times.items()}
         ratio = med["ddp"] / med["torch-ddp"]
         print(f"{name:7s} {config.num_params():>10,} params  ddp {med['ddp'] * 1e3:8.2f} ms  "

@@ -16,19 +16,8 @@ Models: ``course`` is COURSE_CONFIG (129k parameters: latency bound); ``wide`` (
 import argparse
 import statistics
 
-import course_utils.zero3  # noqa: F401  (registers "zero3")
-from course_utils.config import COURSE_CONFIG, TransformerConfig
-from course_utils.experiments import STRATEGIES, run
-
-MODELS = {
-    "course": COURSE_CONFIG,
-    "wide": TransformerConfig(hidden=256, layers=4, heads=4, vocab=2048, seq=64),
-}
-
-
-def step_time(strategy: str, config, ranks: int, steps: int, overlap: bool) -> float:
-    out = run(strategy, ranks, steps=steps, config=config, overlap=overlap, quiet=True, timeout_s=600)
-    return max(r.step_time_s for r in out)
+from course_utils.experiments import STRATEGIES
+from ddp_step_time import MODELS, step_time   # the same models and timing as the DDP benchmark
 
 
 def main() -> None:
@@ -47,7 +36,7 @@ def main() -> None:
         times = {label: [] for _, _, label in variants}
         for _ in range(args.repeat):
             for strategy, overlap, label in variants:
-                times[label].append(step_time(strategy, config, args.ranks, args.steps, overlap))
+                times[label].append(step_time(strategy, config, args.ranks, args.steps, overlap=overlap))
         ddp = statistics.median(times["ddp"])
         print(f"model {name} ({args.ranks} ranks, median of {args.repeat} runs x {args.steps} steps)")
         for _, _, label in variants:

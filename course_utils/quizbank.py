@@ -184,9 +184,10 @@ QUIZZES["02"] = quiz_02
 
 def quiz_04() -> Quiz:
     from .comm import collective_bytes
+    from .config import COURSE_CONFIG
     from .zero import padded_numel
 
-    psi = 129_350                                       # the course GPT
+    psi = COURSE_CONFIG.num_params()                    # the course GPT
     n = 3
     pad = padded_numel(psi, n)
     opt = model_states(pad, world_size=n, stage=1, recipe="fp32").optimizer + 4
@@ -248,10 +249,13 @@ def quiz_04() -> Quiz:
 
 
 def quiz_05() -> Quiz:
+    from .config import COURSE_CONFIG
     from .memory import per_gpu
+    from .zero import padded_numel
 
-    psi = 129_350
+    psi = COURSE_CONFIG.num_params()
     n = 4
+    padded = padded_numel(psi, n)
     ddp = per_gpu("gpt2-xl", world_size=4, stage=0, recipe="mixed-fp32-grads", micro_batch=15,
                   seq=1024, attention="flash")
     z1 = per_gpu("gpt2-xl", world_size=4, stage=1, recipe="mixed-fp32-grads", micro_batch=15,
@@ -273,8 +277,8 @@ def quiz_05() -> Quiz:
         Numeric(
             f"Course GPT (Ψ = {psi:,}), fp32, ZeRO-2 on {n} ranks: bytes of gradient each rank "
             "keeps after backward (one bucket)?",
-            4 * (psi + 2) / n, unit="bytes", tol=0.5, minimum=0,
-            explanation=f"Ψ padded to {psi + 2:,}; 4 bytes x {psi + 2:,} / 4 = {(psi + 2):,} bytes "
+            4 * padded / n, unit="bytes", tol=0.5, minimum=0,
+            explanation=f"Ψ padded to {padded:,}; 4 bytes x {padded:,} / {n} = {4 * padded // n:,} bytes "
                         "(the shard's gradient); the full gradients were freed bucket by bucket.",
         ),
         SingleChoice(

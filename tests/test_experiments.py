@@ -14,7 +14,6 @@ from fractions import Fraction
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from course_utils.comm import CommLedger, comm_volume
@@ -23,6 +22,7 @@ from course_utils.experiments import (DEFAULT_BUCKET_BYTES, GLOBAL_BATCH, STRATE
                                       run, strategies, unwrap, wrap)
 from course_utils.launch import launch
 from course_utils.model import build_model, num_params
+from toys import DIM, TOY_TRAINABLE, Toy, toy_batch, toy_optimizer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -92,33 +92,7 @@ def test_tiny_buckets_issue_more_calls_for_the_same_bytes():
 
 # --------------------------------------------------------- a toy with frozen and tied weights
 
-VOCAB, DIM, SEQ, TOY_STEPS = 11, 6, 5, 4
-
-
-class Toy(nn.Module):
-    """Embedding tied to the output layer, a frozen layer, a buffer; odd numels."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, DIM)
-        self.hidden = nn.Linear(DIM, DIM)
-        self.frozen = nn.Linear(DIM, DIM)
-        self.frozen.requires_grad_(False)
-        self.head = nn.Linear(DIM, VOCAB, bias=False)
-        self.head.weight = self.emb.weight                 # one Parameter, used twice
-        self.register_buffer("shift", torch.zeros(DIM))
-        self.extra = nn.Parameter(torch.ones(3))            # used only when asked
-
-    def forward(self, idx, targets, use_extra=False):
-        h = self.emb(idx) + self.shift
-        h = torch.tanh(self.hidden(h))
-        h = h + self.frozen(h)
-        if use_extra:
-            h = h * self.extra.sum()
-        return F.cross_entropy(self.head(h).reshape(-1, VOCAB), targets.reshape(-1))
-
-
-TOY_TRAINABLE = VOCAB * DIM + DIM * DIM + DIM + 3            # tied once, frozen excluded: 111
+TOY_STEPS = 4
 
 
 def _toy(seed):
@@ -129,26 +103,16 @@ def _toy(seed):
     return model
 
 
-def _toy_batch(step):
-    g = torch.Generator().manual_seed(100 + step)
-    return torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g), \
-        torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
-
-
-def _toy_optimizer(params):
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
-
-
 def _toy_train(strategy, rank=0, world_size=1):
     model = _toy(seed=rank)                 # ranks start different: wrap must broadcast rank 0's
-    model, opt = wrap(strategy, model, _toy_optimizer)
+    model, opt = wrap(strategy, model, toy_optimizer)
     snapshots = [full_parameters(model)]
     buffers = dict(unwrap(model).named_buffers())
     b = GLOBAL_BATCH // world_size
     losses = []
     with CommLedger() as ledger:
         for step in range(TOY_STEPS):
-            x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(step))
+            x, y = (t[rank * b:(rank + 1) * b] for t in toy_batch(step))
             loss = model(x, y, use_extra=True)
             loss.backward()
             opt.step()
@@ -203,7 +167,7 @@ def test_toy_with_frozen_and_tied_weights(strategy, world_size, toy_single):
 
 def _accumulate_and_unused(rank, world_size):
     model, opt = wrap("ddp", _toy(0), lambda ps: torch.optim.SGD(ps, lr=0.1))
-    x, y = (t[rank * 6:(rank + 1) * 6] for t in _toy_batch(0))
+    x, y = (t[rank * 6:(rank + 1) * 6] for t in toy_batch(0))
     # this rank's gradient on its whole shard, for comparison (no communication, no step)
     with model.no_sync():
         model(x, y).backward()

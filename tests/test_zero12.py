@@ -15,7 +15,6 @@ from fractions import Fraction
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 import course_utils.zero as zero
@@ -25,6 +24,7 @@ from course_utils.experiments import GLOBAL_BATCH, full_parameters, run, unwrap,
 from course_utils.launch import launch
 from course_utils.memory import model_states
 from course_utils.model import build_model, num_params
+from toys import DIM, TOY_TRAINABLE, Toy, toy_batch, toy_optimizer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -133,47 +133,19 @@ def test_variants_mixed_and_peak_gradient_memory():
 
 # ------------------------------------- a toy with frozen, tied, odd-sized and unused params
 
-VOCAB, DIM, SEQ, TOY_STEPS = 11, 6, 5, 3
-
-
-class Toy(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, DIM)
-        self.hidden = nn.Linear(DIM, DIM)
-        self.frozen = nn.Linear(DIM, DIM)
-        self.frozen.requires_grad_(False)
-        self.head = nn.Linear(DIM, VOCAB, bias=False)
-        self.head.weight = self.emb.weight
-        self.extra = nn.Parameter(torch.ones(3))
-
-    def forward(self, idx, targets, use_extra=False):
-        h = torch.tanh(self.hidden(self.emb(idx)))
-        h = h + self.frozen(h)
-        if use_extra:
-            h = h * self.extra.sum()
-        return F.cross_entropy(self.head(h).reshape(-1, VOCAB), targets.reshape(-1))
-
-
-TOY_TRAINABLE = VOCAB * DIM + DIM * DIM + DIM + 3            # 111: tied once, frozen excluded
-
-
-def _toy_batch(step):
-    g = torch.Generator().manual_seed(100 + step)
-    return (torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g),
-            torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g))
+TOY_STEPS = 3
 
 
 def _toy_train(strategy, rank=0, world_size=1, bucket_bytes=64):
     torch.manual_seed(rank)                      # ranks start different: wrap broadcasts rank 0's
     model = Toy()
-    model, opt = wrap(strategy, model, lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01),
+    model, opt = wrap(strategy, model, toy_optimizer,
                       bucket_bytes=bucket_bytes)
     b = GLOBAL_BATCH // world_size
     losses, snaps, after_backward = [], [full_parameters(model)], []
     with CommLedger() as ledger:
         for step in range(TOY_STEPS):
-            x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(step))
+            x, y = (t[rank * b:(rank + 1) * b] for t in toy_batch(step))
             loss = model(x, y, use_extra=True)
             loss.backward()
             after_backward.append(sum(p.grad.numel() for p in unwrap(model).parameters()
@@ -190,7 +162,7 @@ def _toy_train(strategy, rank=0, world_size=1, bucket_bytes=64):
         # Like "ddp", ZeRO's flat buffers give an unused parameter a zero gradient (AdamW
         # still decays it and applies its momentum), where "single" would skip it: compare
         # this step with "ddp", not with "single".
-        x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(9))
+        x, y = (t[rank * b:(rank + 1) * b] for t in toy_batch(9))
         model(x, y, use_extra=rank == 0).backward()
         opt.step()
         opt.zero_grad()

@@ -14,12 +14,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils import experiments
 from course_utils.comm import CommLedger, collective_bytes, collective_calls, comm_volume
 from course_utils.experiments import GLOBAL_BATCH, STRATEGIES, make_adamw, run, wrap
 from course_utils.launch import launch
 from course_utils.model import SyntheticData, build_model, num_params
 from course_utils.zero3 import Zero3, gather_full_parameters, max_alive, padded_numel
+from toys import DIM, VOCAB, toy_batch, toy_optimizer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -178,7 +178,7 @@ def test_reshard_root_gives_2L_gathers_and_comm_volume_exactly():
 
 # ------------------------------------------------------- a toy: frozen, tied, odd, unused
 
-VOCAB, DIM, SEQ, TOY_STEPS = 11, 6, 5, 4
+TOY_STEPS = 4
 
 
 class Layer(nn.Module):
@@ -219,25 +219,15 @@ def _toy(seed):
     return Toy()
 
 
-def _toy_batch(step):
-    g = torch.Generator().manual_seed(100 + step)
-    return torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g), \
-        torch.randint(VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
-
-
-def _toy_opt(params):
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
-
-
 def _toy_train(strategy, rank=0, world_size=1):
     model = _toy(seed=rank)                           # different starts: rank 0's must win
-    model, opt = wrap(strategy, model, _toy_opt, overlap=world_size != 3)  # prefetch off on 3 ranks
+    model, opt = wrap(strategy, model, toy_optimizer, overlap=world_size != 3)  # prefetch off on 3 ranks
     snaps = [gather_full_parameters(model)]
     b = GLOBAL_BATCH // world_size
     losses, units = [], None
     with CommLedger() as ledger:
         for step in range(TOY_STEPS):
-            x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(step))
+            x, y = (t[rank * b:(rank + 1) * b] for t in toy_batch(step))
             loss = model(x, y, use_extra=True)
             loss.backward()
             opt.step()
@@ -253,7 +243,7 @@ def _toy_train(strategy, rank=0, world_size=1):
         if world_size > 1:
             units = [(u.name, u.numel, u.padded) for u in model.units]
             # "extra" used on rank 0 only: collectives stay matched, rank 1 sends zeros
-            x, y = (t[rank * b:(rank + 1) * b] for t in _toy_batch(0))
+            x, y = (t[rank * b:(rank + 1) * b] for t in toy_batch(0))
             model(x, y, use_extra=(rank == 0)).backward()
             extra = [u.shard.grad.clone() for u in model.units]
             opt.step()
