@@ -1,0 +1,74 @@
+"""course_utils.comparison: the grand table of notebook 07 holds what each strategy measured.
+
+Checked against the analytic figures of the earlier modules: DDP sends comm_volume's
+all-reduce bytes, ZeRO-2 holds 1/N of the gradients and optimizer states, FSDP2 the
+per-rank shards of course_utils.fsdp.expected_state_bytes; every loss equals "single".
+"""
+import pytest
+
+from course_utils.comm import comm_volume
+from course_utils.comparison import compare
+from course_utils.config import COURSE_CONFIG
+from course_utils.fsdp import comm_bytes_per_step, expected_state_bytes
+from course_utils.model import build_model
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+PSI = COURSE_CONFIG.num_params()
+
+
+@pytest.fixture(scope="module")
+def table():
+    return compare(2, steps=2, strategies=["ddp", "zero2", "torch-fsdp"])
+
+
+def test_rows_and_reference(table):
+    assert [r.strategy for r in table.rows] == ["single", "ddp", "zero2", "torch-fsdp"]
+    assert table.row("single").world_size == 1 and table.row("ddp").world_size == 2
+    assert all(r.losses_equal for r in table.rows)
+    assert table.row("single").max_abs_loss_diff == 0.0
+    assert table.where == "2 ranks, gloo on CPU"
+    with pytest.raises(KeyError, match="no row for 'zero1'"):
+        table.row("zero1")
+
+
+def test_measured_bytes_match_the_formulas(table):
+    ddp = table.row("ddp")
+    assert ddp.comm_per_step["all_reduce"] == comm_volume(PSI, world_size=2, stage=0,
+                                                          bytes_per_elem=4)["all_reduce"]
+    assert ddp.calls_per_step == {"all_reduce": 1, "reduce_scatter": 0, "all_gather": 0,
+                                  "broadcast": 0}
+    assert ddp.state == table.row("single").state
+    z2 = table.row("zero2")
+    assert z2.grads == pytest.approx(4 * PSI / 2, abs=64)          # padding only
+    assert z2.optimizer < ddp.optimizer / 2 + 64 * 4
+    fsdp = table.row("torch-fsdp")
+    m = build_model()
+    want = expected_state_bytes(m, 2, 0)
+    assert (fsdp.params, fsdp.grads, fsdp.optimizer) == (want["params"], want["grads"], want["optimizer"])
+    per_step = comm_bytes_per_step(m, 2)
+    assert fsdp.comm_per_step["all_gather"] == per_step["all_gather"]
+    assert fsdp.comm_per_step["reduce_scatter"] == per_step["reduce_scatter"]
+    assert fsdp.calls_per_step["all_gather"] == 9
+
+
+def test_table_and_plot(table):
+    text = table.table()
+    lines = text.splitlines()
+    assert lines[0].split()[:2] == ["strategy", "ranks"]
+    assert len(lines) == 2 + len(table.rows)
+    assert "NO" not in text
+    assert "torch-fsdp" in table.times() and "ms" in table.times()
+    fig = table.plot()
+    assert len(fig.axes) == 3
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="world_size must be >= 2"):
+        compare(1)
+    with pytest.raises(TypeError, match="steps must be an int"):
+        compare(2, steps=1.5)
+    with pytest.raises(ValueError, match="unknown strategy 'zero4'"):
+        compare(2, strategies=["zero4"])
+    with pytest.raises(ValueError, match="positive tolerance"):
+        compare(2, rel=0)
