@@ -358,3 +358,76 @@ def quiz_06() -> Quiz:
 
 
 QUIZZES["06"] = quiz_06
+
+
+def quiz_07() -> Quiz:
+    from .fsdp import calls_per_step, message_numels
+    from .model import build_model
+
+    units = 4                                  # the course GPT's blocks; the root comes on top
+    full = calls_per_step(units)
+    zero2 = calls_per_step(units, reshard_after_forward=False)
+    m_root = message_numels(build_model(device="meta"), 4)[0]
+    return Quiz("07 FSDP in PyTorch", [
+        SingleChoice("FSDP1's ShardingStrategy.SHARD_GRAD_OP is which FSDP2 call?",
+                     ["fully_shard(module)",
+                      "fully_shard(module, reshard_after_forward=False)",
+                      "fully_shard(module, mesh=init_device_mesh('cpu', (2, 2)))",
+                      "FSDP2 has no equivalent"],
+                     "b", "SHARD_GRAD_OP keeps a unit's parameters gathered from its forward to its "
+                          "backward (ZeRO-2 behaviour for parameters): reshard_after_forward=False."),
+        Numeric("fully_shard on each of the course GPT's 4 blocks, then on the root (kept gathered "
+                "between forward and backward): all-gathers per training step?",
+                full["all_gather"], tol=0, minimum=0,
+                explanation=f"Each block twice (forward, then again for backward), the root once: "
+                            f"2 x 4 + 1 = {full['all_gather']}, exactly the course's zero3."),
+        Numeric("The same with reshard_after_forward=False on the blocks?", zero2["all_gather"],
+                tol=0, minimum=0,
+                explanation=f"Once per unit: {zero2['all_gather']}. The bytes drop by a third; the "
+                            "gathered blocks stay alive until their backward."),
+        Numeric("FSDP2 shards every parameter on dim 0, padded to a multiple of N. The root of the "
+                "course GPT holds the 101 x 50 token embedding, the 32 x 50 position embedding and "
+                "the final LayerNorm (2 x 50). How many elements does its all-gather move on 4 ranks?",
+                m_root, tol=0, minimum=0,
+                explanation=f"101 rows pad to 104: 104 x 50 + 32 x 50 + 2 x 52 (each 50-element "
+                            f"LayerNorm vector pads to 52) = {m_root}; the course's zero3 pads the "
+                            "flat unit once: 6752."),
+        SingleChoice("After backward on an FSDP2 model, how do you clip gradients to a global norm of 1?",
+                     ["torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0): the gradients are "
+                      "DTensors, so the norm is reduced over all shards",
+                      "model.clip_grad_norm_(1.0), as with FSDP1",
+                      "Clip each rank's local shard to norm 1/N",
+                      "Clipping is impossible on sharded gradients"],
+                     "a", "FSDP2 modules have no clip_grad_norm_ method; the plain utility sees "
+                          "DTensor gradients and all-reduces the squared norms. Clipping each "
+                          "shard by its local norm gives a different (wrong) scale per rank."),
+        SingleChoice("Each rank calls torch.manual_seed(seed + rank) and builds the model, then "
+                     "fully_shard. What happens?",
+                     ["Nothing: fully_shard broadcasts rank 0's weights",
+                      "An error: the shapes differ",
+                      "Each rank keeps its own initialisation's rows: the full model is a mix of N "
+                      "different inits, and the losses differ from one process",
+                      "The ranks hang"],
+                     "c", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
+                          "sync_module_states=True). Seed the model the same on every rank, or "
+                          "broadcast from rank 0 before sharding."),
+        Numeric("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
+                "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
+                full["reduce_scatter"], tol=0, minimum=0,
+                explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
+                            f"{full['reduce_scatter']}, instead of 4 x {full['reduce_scatter']}. The "
+                            "price: unsharded gradients stay allocated between micro-batches."),
+        SingleChoice("A sharded checkpoint written by torch.distributed.checkpoint on 4 ranks is "
+                     "loaded on 2 ranks. What happens?",
+                     ["It fails: the world size must match",
+                      "Only rank 0 loads it and broadcasts",
+                      "It loads, but the optimizer state is lost",
+                      "Each of the 2 ranks reads the parts of every tensor that its new shards "
+                      "cover: the state is resharded on load, bit-exact"],
+                     "d", "The checkpoint's metadata records which slice of each tensor each file "
+                          "holds; on load every rank reads exactly the slices of its new shards, "
+                          "optimizer states included."),
+    ])
+
+
+QUIZZES["07"] = quiz_07
