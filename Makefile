@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k launch"`.
 PYTEST_ARGS ?=
 
-.PHONY: lab test test-nb install figures badges clean-venv
+.PHONY: lab test test-nb install figures badges book clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ figures: install
 
 badges: install
 	$(PY) -m course_utils.badges
+
+# The notebooks as static HTML pages with their saved outputs, for reading offline
+# (nothing is re-executed): _build/book/index.html. `make book BOOK=somewhere` to choose.
+BOOK ?= _build/book
+book: install
+	$(PY) -m course_utils.book --out $(BOOK)
 
 clean-venv:
 	rm -rf $(VENV)

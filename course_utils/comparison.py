@@ -143,7 +143,11 @@ def compare(world_size: int = 4, *, steps: int = 3, strategies=None, seed: int =
     _check("steps", steps, 1)
     if not isinstance(rel, Real) or rel <= 0:
         raise ValueError(f"rel must be a positive tolerance such as 1e-6, got {rel!r}")
-    names = list(experiments.STRATEGIES) if strategies is None else list(strategies)
+    if strategies is None:           # in course order, whatever order the modules were imported in
+        order = list(experiments.STRATEGIES)
+        names = sorted(order, key=lambda n: (experiments.STRATEGIES[n].notebook, order.index(n)))
+    else:
+        names = list(strategies)
     for name in names:
         experiments._strategy(name)          # TypeError/ValueError for an unknown name
     if "single" in names:

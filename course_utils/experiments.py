@@ -608,3 +608,4 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
 from . import zero as _zero  # noqa: E402,F401
 from . import zero3 as _zero3  # noqa: E402,F401
 from . import fsdp as _fsdp  # noqa: E402,F401  (torch FSDP2: "torch-fsdp", "torch-fsdp-zero2")
+from . import hsdp as _hsdp  # noqa: E402,F401

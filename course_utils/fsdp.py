@@ -165,15 +165,19 @@ def expected_state_bytes(model: nn.Module, world_size: int, rank: int) -> dict:
 # ------------------------------------------------------------------ wrapping
 
 def _wrap(model, make_optimizer, *, reshard_after_forward: bool, group=None, unit_types=None,
-          reshard_root: bool = False, **_options):
+          reshard_root: bool = False, mesh=None, **_options):
     from torch.distributed.fsdp import fully_shard
 
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("torch-fsdp needs torch.distributed initialised: run it inside "
                            "course_utils.launch.launch(...) or %%ranks")
+    if mesh is not None and group is not None:
+        raise ValueError("pass group= (a 1-D mesh is made from it) or mesh=, not both")
     experiments.broadcast_from_rank0(model, group)        # every rank starts from rank 0's model
     kwargs = {}
-    if group is not None:
+    if mesh is not None:                                   # e.g. a 2-D (replicate, shard) mesh: HSDP
+        kwargs["mesh"] = mesh
+    elif group is not None:
         from torch.distributed.device_mesh import DeviceMesh
 
         device_type = next(model.parameters()).device.type
@@ -190,7 +194,8 @@ def wrap_torch_fsdp(model, make_optimizer, **options):
     """The ``"torch-fsdp"`` strategy: ``fully_shard`` per block, then the root;
     ``reshard_after_forward=True`` (ZeRO-3); the root stays gathered unless
     ``reshard_root=True``. ``unit_types``: shard those submodules instead of the first
-    ``nn.ModuleList``'s children. ``group``: a process group (a 1-D mesh is made from it).
+    ``nn.ModuleList``'s children. ``group``: a process group (a 1-D mesh is made from it);
+    ``mesh``: a DeviceMesh to shard over instead (a 2-D one gives HSDP, notebook 08).
     ``overlap``/``bucket_bytes`` are ignored (FSDP2 prefetches one unit ahead by default)."""
     return _wrap(model, make_optimizer, reshard_after_forward=True, **options)
 

@@ -252,6 +252,9 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         # One intra-op thread per rank: N ranks share the cores (4 ranks on 2 cores ran
         # ~30x faster this way), and CPU results do not depend on the core count.
         torch.set_num_threads(1)
+        # torch read TORCH_DISTRIBUTED_DEBUG when the parent imported it, before env= applied
+        if hasattr(dist, "set_debug_level_from_env"):
+            dist.set_debug_level_from_env()
         if cfg.backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(cfg.backend, init_method="env://", rank=rank,

@@ -1,0 +1,232 @@
+"""DeepSpeed configs from planner choices, their FSDP2 equivalents run for real, the validator,
+and (DeepSpeed being installed) DeepSpeed's own parser and estimators as a cross-check."""
+import ast
+
+import pytest
+import torch
+
+from course_utils import deepspeed_config as D
+from course_utils.config import preset
+from course_utils.memory import GB
+from course_utils.planner import CAPSTONE_SCENARIOS, Choice, plan, recommend
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+CLUSTER = dict(gpu_mem_gb=80, gpus_per_node=8, nodes=2, intra_bw_gbps=450, inter_bw_gbps=50,
+               seq_len=4096, global_batch=256)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return plan("llama-2-13b", **CLUSTER)
+
+
+# ------------------------------------------------------------------ configs
+
+def test_every_choice_gives_a_valid_config(rows):
+    assert len(rows) == 22
+    for r in rows:
+        cfg = D.deepspeed_config(r)
+        summary = D.validate_deepspeed_config(cfg, world_size=16)
+        zero = cfg["zero_optimization"]
+        assert zero["stage"] == r.stage
+        assert cfg["train_batch_size"] == 256 == r.micro_batch * r.grad_accum * 16
+        assert ("offload_optimizer" in zero) == (r.choice.offload != "none")
+        assert ("offload_param" in zero) == (r.choice.offload == "optimizer+params")
+        assert ("zero_hpz_partition_size" in zero) == (r.strategy == "HSDP")
+        assert ("activation_checkpointing" in cfg) == r.choice.recompute
+        assert summary.startswith(f"valid: stage {r.stage}") and "256 = " in summary
+
+
+def test_bucket_sizes_follow_the_hidden_size(rows):
+    h = preset("llama-2-13b").config.hidden
+    z3 = D.deepspeed_config(rows.row("ZeRO-3"))["zero_optimization"]
+    assert z3["reduce_bucket_size"] == h * h and z3["stage3_prefetch_bucket_size"] == int(0.9 * h * h)
+    assert z3["stage3_param_persistence_threshold"] == 10 * h and z3["overlap_comm"] and z3["contiguous_gradients"]
+    z1 = D.deepspeed_config(Choice("ZeRO-1"), world_size=4, micro_batch=2, grad_accum=1)["zero_optimization"]
+    assert z1["reduce_bucket_size"] == z1["allgather_bucket_size"] == D.DEFAULT_BUCKET_ELEMS
+    assert not any(k.startswith("stage3_") for k in z1)
+
+
+def test_zero_infinity_on_nvme_and_precisions():
+    cfg = D.deepspeed_config(("ZeRO-3", "optimizer+params"), world_size=8, micro_batch=1, grad_accum=4,
+                             offload_device="nvme", nvme_path="/local_nvme", precision="fp16")
+    zero = cfg["zero_optimization"]
+    assert zero["offload_param"]["device"] == zero["offload_optimizer"]["device"] == "nvme"
+    assert zero["offload_param"]["nvme_path"] == "/local_nvme" and "aio" in cfg
+    assert cfg["fp16"]["loss_scale"] == 0 and "bf16" not in cfg and cfg["train_batch_size"] == 32
+    assert "valid: stage 3, optimizer -> nvme, params -> nvme, fp16, 32 = 1 x 4 x 8 GPUs" == \
+        D.validate_deepspeed_config(cfg, world_size=8)
+    seed = D.deepspeed_config("ZeRO-1", world_size=8, micro_batch=21, grad_accum=1, recipe="mixed-fp32-grads")
+    assert seed["data_types"] == {"grad_accum_dtype": "fp32"} and seed["train_batch_size"] == 168
+    assert "bf16" not in D.deepspeed_config("DDP", world_size=2, micro_batch=1, grad_accum=1, recipe="fp32")
+
+
+def test_batch_arithmetic_fills_the_missing_one():
+    c = Choice("ZeRO-2")
+    assert D.deepspeed_config(c, world_size=8, train_batch_size=64, micro_batch=2)["gradient_accumulation_steps"] == 4
+    assert D.deepspeed_config(c, world_size=8, train_batch_size=64, grad_accum=2)["train_micro_batch_size_per_gpu"] == 4
+    with pytest.raises(ValueError, match="must equal micro_batch x grad_accum x GPUs"):
+        D.deepspeed_config(c, world_size=8, train_batch_size=64, micro_batch=2, grad_accum=2)
+    with pytest.raises(ValueError, match="not a multiple"):
+        D.deepspeed_config(c, world_size=8, train_batch_size=60, micro_batch=2)
+    with pytest.raises(ValueError, match="at least two"):
+        D.deepspeed_config(c, world_size=8, micro_batch=2)
+    with pytest.raises(ValueError, match="world_size"):
+        D.deepspeed_config(c, micro_batch=2, grad_accum=1)
+    with pytest.raises(ValueError, match="nvme_path"):
+        D.deepspeed_config(("ZeRO-2", "optimizer"), world_size=2, micro_batch=1, grad_accum=1, offload_device="nvme")
+    with pytest.raises(ValueError, match="HSDP needs gpus_per_node"):
+        D.deepspeed_config("HSDP", world_size=16, micro_batch=1, grad_accum=1)
+    with pytest.raises(ValueError, match="precision"):
+        D.deepspeed_config(c, world_size=8, micro_batch=1, grad_accum=1, precision="fp8")
+
+
+def _good():
+    return D.deepspeed_config(("ZeRO-3", "optimizer"), world_size=4, micro_batch=2, grad_accum=2, hidden=64)
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda c: c["zero_optimization"].update(stage=2), "only applies to stage 3"),
+    (lambda c: (c["zero_optimization"].update(stage=2), [c["zero_optimization"].pop(k) for k in list(
+        c["zero_optimization"]) if k.startswith("stage3_") or k == "sub_group_size"],
+                c["zero_optimization"].update(offload_param={"device": "cpu"})), "offload_param needs stage 3"),
+    (lambda c: c["zero_optimization"].update(stage=0, offload_optimizer={"device": "cpu"}) or [
+        c["zero_optimization"].pop(k) for k in list(c["zero_optimization"]) if k.startswith("stage3_")
+        or k == "sub_group_size"], "offload_optimizer needs stage 1, 2 or 3"),
+    (lambda c: c["zero_optimization"].update(offload_optimizer={"device": "nvme"}), "needs nvme_path"),
+    (lambda c: c["zero_optimization"].update(offload_optimizer={"device": "cpu", "nvme_path": "/x"}),
+     "only used with device 'nvme'"),
+    (lambda c: c["zero_optimization"].update(offload_optimizer={"device": "gpu"}), "'none', 'cpu' or 'nvme'"),
+    (lambda c: c.update(train_batch_size=12), "must equal micro x accumulation x GPUs"),
+    (lambda c: c.update(zero_optimisation={}), "unknown top-level key 'zero_optimisation'"),
+    (lambda c: c["zero_optimization"].update(mics_shard_size=8), "MiCS"),
+    (lambda c: c.update(fp16={"enabled": True}), "both enabled"),
+    (lambda c: c["zero_optimization"].update(stage=4), "0, 1, 2 or 3"),
+    (lambda c: c["zero_optimization"].update(overlap_comm="yes"), "True or False"),
+    (lambda c: c["zero_optimization"].update(reduce_bucket_size=-1), "an int >= 0"),
+    (lambda c: c.update(train_micro_batch_size_per_gpu=0), "an int >= 1"),
+    (lambda c: c["zero_optimization"].update(zero_hpz_partition_size=3), "must divide"),
+])
+def test_validator_rejects_with_a_message(mutate, match):
+    cfg = _good()
+    assert D.validate_deepspeed_config(cfg, world_size=4)
+    mutate(cfg)
+    with pytest.raises(ValueError, match=match):
+        D.validate_deepspeed_config(cfg, world_size=4)
+
+
+def test_validator_types_and_world_size_free_check():
+    with pytest.raises(TypeError, match="is a dict"):
+        D.validate_deepspeed_config('{"train_batch_size": 8}')
+    cfg = _good()
+    assert "16 = 2 x 2 x 4 GPUs" in D.validate_deepspeed_config(cfg)     # dp inferred
+    cfg["train_batch_size"] = 18
+    with pytest.raises(ValueError, match="no whole number of GPUs"):
+        D.validate_deepspeed_config(cfg)
+
+
+# -------------------------------------------------------------------- FSDP2
+
+def test_fsdp2_mapping(rows):
+    z3 = D.fsdp2_equivalent(rows.row(("ZeRO-3", "optimizer+params", True)))
+    assert z3.api == "fully_shard" and z3.kwargs["reshard_after_forward"] is True and z3.exact
+    assert z3.kwargs["offload_policy"].pin_memory is False
+    assert z3.kwargs["mp_policy"].param_dtype == torch.bfloat16 == z3.kwargs["mp_policy"].reduce_dtype
+    z2 = D.fsdp2_equivalent("ZeRO-2", recipe="mixed-fp32-grads")
+    assert z2.kwargs["reshard_after_forward"] is False and z2.kwargs["mp_policy"].reduce_dtype == torch.float32
+    hs = D.fsdp2_equivalent(rows.row("HSDP"))
+    assert hs.mesh_shape == (2, 8) and hs.mesh_dim_names == ("replicate", "shard") and not hs.exact
+    assert "init_device_mesh('cuda', (2, 8)" in hs.code and "zero_hpz_partition_size" in " ".join(hs.notes)
+    assert D.fsdp2_equivalent("ZeRO-1").api == "DistributedDataParallel + ZeroRedundancyOptimizer"
+    assert D.fsdp2_equivalent("DDP").api == "DistributedDataParallel"
+    opt_only = D.fsdp2_equivalent(("ZeRO-2", "optimizer"))
+    assert not opt_only.exact and "no optimizer-only offload" in opt_only.notes[0]
+    for r in rows:
+        ast.parse(D.fsdp2_equivalent(r).code)
+    with pytest.raises(ValueError, match="HSDP needs gpus_per_node"):
+        D.fsdp2_equivalent("HSDP")
+    text = D.side_by_side(rows.row(("HSDP", "optimizer", True)))
+    assert "zero_hpz_partition_size=8" in text and "DeviceMesh (2, 8)" in text and "torch differs from DeepSpeed" in text
+
+
+def test_generated_fsdp2_code_trains_for_real_on_two_ranks():
+    exact = D.run_equivalent(["ZeRO-3", "HSDP", "ZeRO-1"], 2, steps=2)
+    assert [r["choice"] for r in exact] == ["ZeRO-3", "HSDP", "ZeRO-1"]
+    for r in exact:                          # fp32: the single-process losses
+        assert r["where"] == "2 gloo ranks on CPU" and r["max_rel_diff"] < 1e-5, r
+    assert "init_device_mesh('cpu', (2, 1)" in exact[1]["code"]
+    (mixed,) = D.run_equivalent(("ZeRO-3", "optimizer+params", True), 2, precision="bf16")
+    assert "CPUOffloadPolicy(pin_memory=False)" in mixed["code"] and "checkpoint_wrapper" in mixed["code"]
+    assert mixed["max_rel_diff"] < 2e-2 and mixed["losses"][1] < mixed["losses"][0]
+    with pytest.raises(ValueError, match="2, 3, 4, 6 or 12"):
+        D.run_equivalent("ZeRO-3", 5)
+    with pytest.raises(ValueError, match="must equal world_size"):
+        D.run_equivalent("HSDP", 2, nodes=2, gpus_per_node=2)
+
+
+# ------------------------------------------------------ DeepSpeed itself
+
+@pytest.fixture(scope="module")
+def ds():
+    return pytest.importorskip("deepspeed")
+
+
+def test_deepspeed_parses_every_generated_config(ds, rows, monkeypatch):
+    from deepspeed.runtime import config as ds_config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    # DeepSpeedConfig reads the world size from torch.distributed; give it the plan's 16 GPUs
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: 16)
+    for r in rows:
+        cfg = D.deepspeed_config(r)
+        zero = DeepSpeedZeroConfig(**cfg["zero_optimization"])
+        assert int(zero.stage) == r.stage
+        parsed = ds_config.DeepSpeedConfig(cfg)
+        assert parsed.train_batch_size == 256 and parsed.zero_optimization_stage == r.stage
+        assert parsed.gradient_accumulation_steps == r.grad_accum
+        if r.choice.offload_params:
+            assert parsed.zero_config.offload_param.device == "cpu"
+    nvme = D.deepspeed_config(("ZeRO-3", "optimizer+params"), world_size=16, micro_batch=1, grad_accum=1,
+                              offload_device="nvme", nvme_path="/local_nvme")
+    parsed = ds_config.DeepSpeedConfig(nvme).zero_config
+    assert parsed.offload_param.device == parsed.offload_optimizer.device == "nvme"
+    # DeepSpeed is laxer than our validator: it accepts offload_param at stage 2 (and ignores it)
+    lax = {"stage": 2, "offload_param": {"device": "cpu"}}
+    assert DeepSpeedZeroConfig(**lax).offload_param.device == "cpu"
+    with pytest.raises(ValueError, match="offload_param needs stage 3"):
+        D.validate_deepspeed_config({"train_batch_size": 16, "zero_optimization": lax})
+
+
+def test_deepspeed_estimators_agree_with_the_planner(ds):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    cfg = preset("llama-2-13b").config
+    psi, largest = cfg.num_params(), cfg.largest_layer_params()
+    rows = plan(cfg, recipe="mixed-fp32-grads", **CLUSTER)
+    n = 16
+    _, gpu = estimate_zero2_model_states_mem_needs(psi, 8, 2, cpu_offload=False)
+    assert gpu == int(rows.row("ZeRO-2").states + 2 * psi / n)     # + DeepSpeed's fp16 grad shard
+    _, gpu = estimate_zero2_model_states_mem_needs(psi, 8, 2, cpu_offload=True)
+    assert gpu == rows.row(("ZeRO-2", "optimizer")).states
+    _, gpu, four_l = estimate_zero3_model_states_mem_needs(psi, largest, 8, 2, cpu_offload=False,
+                                                           cpu_offload_params=False)
+    assert four_l == 4 * largest and gpu == four_l + int(rows.row("ZeRO-3").states)
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(psi, largest, 8, 2, cpu_offload=True,
+                                                      cpu_offload_params=False)
+    assert gpu == four_l + int(rows.row(("ZeRO-3", "optimizer")).states)
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(psi, largest, 8, 2)
+    assert gpu == four_l and rows.row(("ZeRO-3", "optimizer+params")).states == 0
+    # the planner's ZeRO-3 buffers hold that gathered layer (and the prefetched one)
+    assert rows.row("ZeRO-3").buffers > four_l
+
+
+def test_capstone_answers_become_valid_deepspeed_configs():
+    for sc in CAPSTONE_SCENARIOS:
+        best = recommend(sc.plan()).row
+        cfg = D.deepspeed_config(best)
+        D.validate_deepspeed_config(cfg, world_size=best.world_size)
+        assert cfg["train_batch_size"] == sc.global_batch
+        assert best.total <= sc.gpu_mem_gb * GB

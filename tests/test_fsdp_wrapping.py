@@ -1,0 +1,238 @@
+"""course_utils.fsdp_wrapping: wrapping granularity, FSDP1 -> FSDP2, seed 001's common issues.
+
+Four launches, shared by the tests through module-scoped fixtures: the granularity run
+(2 ranks, four wrappings), the FSDP1 auto-wrap comparison (2 ranks), the ShardingStrategy
+table (4 ranks: the 101-row embedding, 50- and 200-row weights and FSDP1's flat units of
+6,750 / 30,650 elements are not multiples of 4) and the seeding issue (2 ranks).
+
+What the tests pin (fp32, course GPT): every measured peak of unsharded bytes equals the
+replayed FSDP2 schedule (predict_unsharded_peak), per-block < root-only; every measured
+call count, byte count and rank-0 state byte count equals predict_strategy's for both
+FSDP1 (flat padding) and FSDP2 (per-parameter dim-0 padding). FSDP1 and FSDP2 issue the
+same calls for every strategy; their bytes are equal only where no padding differs
+(NO_SHARD: nothing is sharded); elsewhere FSDP2 sends more, exactly what its padding
+predicts. Losses: 1e-6 relative to "single" (fp32, another summation order).
+"""
+import math
+
+import pytest
+from torch import nn
+
+from course_utils import fsdp_wrapping as fw
+from course_utils.fsdp import padded_numel
+from course_utils.model import build_model
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+REL = 1e-6
+ALL = tuple(fw.GRANULARITIES)
+
+
+@pytest.fixture(scope="module")
+def granularity():
+    return fw.measure_granularity(2, granularities=ALL, steps=3)
+
+
+@pytest.fixture(scope="module")
+def autowrap():
+    return fw.compare_autowrap(2, steps=2)
+
+
+@pytest.fixture(scope="module")
+def strategies():
+    return fw.strategy_table(4, steps=2)
+
+
+@pytest.fixture(scope="module")
+def seeding():
+    return fw.issue_inconsistent_init(2, steps=2)
+
+
+def _padded_model_bytes(world_size):
+    return 4 * sum(padded_numel(p.shape, world_size) for p in build_model(device="meta").parameters())
+
+
+# ----------------------------------------------------------------- 1. granularity
+
+def test_per_block_unsharded_peak_is_below_root_only(granularity):
+    root, block = granularity.row("root-only"), granularity.row("per-block")
+    assert block["peak_params"] < root["peak_params"]
+    assert block["peak_total"] < root["peak_total"]
+    # root-only holds the whole (padded) model, twice while its all-gather buffer lives
+    assert root["peak_params"] == _padded_model_bytes(2)
+    assert root["peak_total"] == 2 * _padded_model_bytes(2)
+
+
+def test_measured_peaks_equal_the_replayed_schedule(granularity):
+    for r in granularity.rows:
+        assert (r["peak_params"], r["peak_total"]) == (r["predicted_params"], r["predicted_total"]), r["granularity"]
+        assert r["forward_order"] == r["predicted_forward_order"]
+    assert [granularity.row(n)["units"] for n in ALL] == [1, 5, 34, 5]
+    # per-block: the root plus one block; with buffers, plus a second block's all-gather buffer
+    pred = fw.predict_unsharded_peak("per-block", 2)
+    root, block = 4 * 6_800, 4 * 30_650
+    assert (pred["params"], pred["total"]) == (root + block, root + 2 * block)
+    # reshard_after_forward=False keeps every block gathered until its backward
+    assert granularity.row("per-block-zero2")["peak_params"] == _padded_model_bytes(2)
+
+
+def test_granularity_collectives_and_losses(granularity):
+    for r in granularity.rows:
+        assert r["every_step_same"], r["granularity"]
+        assert r["calls"] == r["predicted_calls"], r["granularity"]
+        assert r["bytes"] == r["predicted_bytes"], r["granularity"]
+        assert r["max_rel_loss_diff"] <= REL, r["granularity"]
+        assert r["step_time_s"] > 0 and r["cuda_peak_allocated"] is None
+    leaf, block = granularity.row("per-leaf"), granularity.row("per-block")
+    assert (leaf["calls"]["all_gather"], block["calls"]["all_gather"]) == (67, 9)
+    assert "gloo on CPU" in granularity.where
+    text = granularity.table()
+    assert "per-block" in text and "step ms" not in text
+    assert "step ms (varies)" in granularity.table(include_time=True)
+
+
+def test_prediction_on_an_uneven_world_and_validation():
+    # 3 ranks: the 101-row embedding and 50-row weights are padded per parameter
+    assert fw.predict_unsharded_peak("root-only", 3)["params"] == _padded_model_bytes(3)
+    assert fw.predict_unsharded_peak("per-block", 3)["params"] == 4 * (6_852 + 31_110)
+    with pytest.raises(ValueError, match="granularity"):
+        fw.predict_unsharded_peak("per-layer")
+    with pytest.raises(ValueError, match="world_size"):
+        fw.predict_unsharded_peak("per-block", 0)
+    with pytest.raises(ValueError, match="steps"):
+        fw.measure_granularity(2, steps=2)
+    with pytest.raises(ValueError, match="world_size"):
+        fw.measure_granularity(5)
+    with pytest.raises(ValueError, match="fully_shard"):
+        fw.UnshardedProbe(nn.Linear(2, 2))
+    with pytest.raises(TypeError):
+        fw.UnshardedProbe("model")
+
+
+# ----------------------------------------------------------- 2. FSDP1 auto-wrap
+
+def test_fsdp1_auto_wrap_equals_fsdp2_per_block(autowrap):
+    fsdp2 = autowrap.runs["fsdp2"]
+    for key in ("fsdp1-module", "fsdp1-transformer"):
+        m = autowrap.runs[key]
+        assert m["units"] == fsdp2["units"] == 5
+        assert m["max_rel_loss_diff"] <= REL and fsdp2["max_rel_loss_diff"] <= REL
+        assert m["calls"] == fsdp2["calls"] == {"all_reduce": 0, "reduce_scatter": 5, "all_gather": 9}
+        # the ledger saw every FSDP1 collective: exactly the bytes of its flat units
+        assert m["bytes"] == fw.predict_strategy("FULL_SHARD", 2, flavour="fsdp1")["bytes"]
+        assert set(m["functions"]) <= {"all_gather", "all_gather_single", "reduce_scatter_single"}
+    assert fsdp2["bytes"] == fw.predict_strategy("FULL_SHARD", 2)["bytes"]
+    kw, no_partial = autowrap.errors.values()
+    assert kw.startswith("TypeError") and "transformer_layer_cls" in kw
+    assert no_partial.startswith("TypeError") and "transformer_layer_cls" in no_partial
+    assert "functools.partial" in autowrap.right_form and "functools.partial" in autowrap.table()
+
+
+# ----------------------------------------------------- 3. ShardingStrategy table
+
+def test_strategy_table_matches_predictions_for_both_apis(strategies):
+    for name in fw.STRATEGY_MAP:
+        r = strategies.row(name)
+        for api in ("fsdp1", "fsdp2"):
+            m = r[api]
+            assert m["every_step_same"], (name, api)
+            for k in ("calls", "bytes", "state_bytes"):
+                assert m[k] == m["predicted"][k], (name, api, k)
+            assert m["max_rel_loss_diff"] <= REL and m["replicas_agree"], (name, api)
+            assert m["units"] == 5
+        # same collectives, call for call
+        assert r["fsdp1"]["calls"] == r["fsdp2"]["calls"], name
+    assert strategies.row("FULL_SHARD")["fsdp1"]["calls"]["all_gather"] == 9
+    assert strategies.row("SHARD_GRAD_OP")["fsdp1"]["calls"]["all_gather"] == 5
+    assert strategies.row("HYBRID_SHARD")["fsdp2"]["calls"] == {"all_reduce": 5, "reduce_scatter": 5,
+                                                                "all_gather": 9}
+
+
+def test_where_fsdp1_and_fsdp2_bytes_differ_and_why(strategies):
+    """Equal where nothing is padded differently (NO_SHARD: no sharding); otherwise FSDP2
+    sends more, exactly the difference between padding each parameter's dim 0 and padding
+    each unit's flat parameter once."""
+    no_shard = strategies.row("NO_SHARD")
+    assert no_shard["fsdp1"]["bytes"] == no_shard["fsdp2"]["bytes"] == no_shard["replicate"]["bytes"]
+    assert no_shard["replicate"]["calls"] == no_shard["fsdp2"]["calls"]
+    for name in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        r = strategies.row(name)
+        one, two = (sum(r[api]["bytes"].values()) for api in ("fsdp1", "fsdp2"))
+        p1, p2 = (sum(fw.predict_strategy(name, 4, flavour=f)["bytes"].values()) for f in ("fsdp1", "fsdp2"))
+        assert two > one and two - one == p2 - p1, name
+    # 4 ranks: FSDP1 keeps 1/4 of each flat unit (6,752 and 30,652 elements padded)
+    assert strategies.row("FULL_SHARD")["fsdp1"]["state_bytes"]["params"] == \
+        4 * (math.ceil(6_750 / 4) + 4 * math.ceil(30_650 / 4))
+
+
+def test_hybrid_shard_without_a_mesh(strategies):
+    r = strategies.row("HYBRID_SHARD (no mesh)")["fsdp1"]
+    if "gloo" in strategies.where:
+        # torch.cpu.device_count() == 1: a shard group of one rank, NO_SHARD on it
+        assert any("NO_SHARD" in w for w in r["warnings"])
+        assert r["group_sizes"] == [("all_reduce", 1)] and sum(r["bytes"].values()) == 0
+        assert not r["replicas_agree"] and r["max_rel_loss_diff"] > 1e-3
+    else:   # one node with a GPU per rank: sharded over the node (FULL_SHARD-like)
+        assert r["calls"]["all_gather"] == 9 and r["max_rel_loss_diff"] <= REL
+    assert "HYBRID_SHARD (no mesh)" in strategies.table()
+
+
+def test_strategy_validation():
+    with pytest.raises(ValueError, match="even"):
+        fw.strategy_table(6 + 1)
+    with pytest.raises(ValueError, match="strategies"):
+        fw.strategy_table(4, strategies=("ZERO_3",))
+    with pytest.raises(ValueError, match="flavour"):
+        fw.predict_strategy("FULL_SHARD", 4, flavour="fsdp3")
+    with pytest.raises(ValueError, match="strategy"):
+        fw.predict_strategy("FULL", 4)
+
+
+# ----------------------------------------------------------- 4. common issues
+
+def test_issue_oom(granularity):
+    rep = fw.issue_oom(granularity)
+    assert rep.before["fits"] is False and rep.after["fits"] is True
+    assert rep.before["first event over budget"] == "copied out (root)"
+    assert rep.after["first event over budget"] is None
+    tight = fw.issue_oom(granularity, budget_bytes=granularity.row("per-block")["peak_total"] - 1)
+    assert tight.after["fits"] is False
+    assert "limit_all_gathers" in rep.table()
+    with pytest.raises(TypeError):
+        fw.issue_oom({"rows": []})
+    partial = fw.GranularityReport([granularity.row("per-block")], 2, 3, granularity.where, [])
+    with pytest.raises(ValueError, match="root-only"):
+        fw.issue_oom(partial)
+
+
+def test_issue_slow(granularity, strategies):
+    rep = fw.issue_slow(granularity, strategies)
+    assert rep.before["all-gathers/step"] == 67 and rep.after["all-gathers/step"] == 9
+    assert rep.before["reduce-scatters/step"] == 34 and rep.after["reduce-scatters/step"] == 5
+    assert "SHARD_GRAD_OP: 5 all-gathers/step" in rep.after["vs SHARD_GRAD_OP"]
+    assert any("FULL_SHARD 9 all-gathers/step, SHARD_GRAD_OP 5" in n for n in rep.notes)
+    assert "(varies)" not in rep.table() and "step ms (varies)" in rep.table(include_time=True)
+
+
+def test_issue_inconsistent_init(seeding):
+    for key in ("seed+rank, FSDP2", "seed+rank, FSDP1"):
+        assert seeding.before[f"{key}: = single"] is False
+        assert seeding.before[f"{key}: max rel. diff from single"] > 1e-3
+    for key in ("same seed for the model, FSDP2", "seed+rank, broadcast_from_rank0, FSDP2",
+                "seed+rank, FSDP1 sync_module_states=True"):
+        assert seeding.after[f"{key}: = single"] is True, key
+    assert seeding.after["sync_module_states broadcasts"] == 5      # one per FSDP1 unit
+    # the gathered embedding: rank 0's rows 0-50 and rank 1's rows 51-100
+    assert seeding.before["tok_emb rows each rank's init supplies"] == "rank 0: 51, rank 1: 50 (of 101)"
+    assert any("ValueError" in n for n in seeding.notes)
+
+
+def test_text_table():
+    text = fw.text_table(["a", "b"], [["x", 1234], ["yy", None], ["z", True]], notes=["n"])
+    assert text.splitlines() == ["a       b", "--  -----", "x   1,234", "yy      -", "z     yes", "n"]
+    assert fw.text_table(["f"], [[1234.56], [9.288e-08], [3.0]]).splitlines()[2:] == [
+        "1,234.6", "9.288e-08", "3"]
+    with pytest.raises(ValueError, match="cells"):
+        fw.text_table(["a", "b"], [["x"]])
+    with pytest.raises(TypeError):
+        fw.text_table([], [])

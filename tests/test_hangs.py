@@ -1,0 +1,163 @@
+"""course_utils.hangs: every broken scenario is caught within its timeout (a hang by the
+launcher's timeout, a crash or an error at once), the diagnosis names the rank, the
+collective and the line from the stacks and messages, every fixed version completes with
+the right result, TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprint check is captured, and the
+exercise checker grades right and wrong fixes.
+
+What gloo does (torch 2.13, measured here): a collective some rank never calls hangs;
+opposite orders of collectives of different sizes abort the rank that receives more
+bytes than it expects (SIGABRT), of different ops hang, of the same op and size finish
+with wrong numbers; torch DDP refuses parameters of different shapes with an error,
+FSDP2 and a hand-written flat all-reduce abort in their first collective over them.
+"""
+import re
+
+import pytest
+
+from course_utils import hangs
+from course_utils.exercises import Verdict
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+TIMEOUT = hangs.DEFAULT_TIMEOUT_S
+MARGIN = 3.0          # the launcher's stack dump (0.3 s) and kill grace (1 s), start-up
+
+
+def _caught_in_time(o):
+    assert o.elapsed_s < o.timeout_s + MARGIN
+    if o.kind == "hang":                  # killed at the timeout, not before
+        assert o.elapsed_s >= o.timeout_s
+    else:                                 # failed at once, long before the timeout
+        assert o.elapsed_s < o.timeout_s
+
+
+def _deterministic(report: str):
+    assert not re.search(r"0x[0-9a-f]{4,}|/tmp/|pid|port|\d+\.\d+ s\b", report)
+
+
+def test_skipped_collective_hangs_and_the_stacks_name_the_fault():
+    d = hangs.diagnose("skipped_collective", timeout_s=TIMEOUT)
+    (o,) = d.outcomes
+    assert o.kind == "hang"
+    _caught_in_time(o)
+    assert o.ranks[0].collective == "all_reduce"
+    assert (o.ranks[0].function, o.ranks[0].code) == ("skipped_collective", "dist.all_reduce(loss)")
+    assert o.ranks[1].collective == "barrier" and o.ranks[1].function is None
+    assert "rank 0 waits in all_reduce at `dist.all_reduce(loss)`, a collective that rank(s) [1] " \
+           "never call" in d.report
+    _deterministic(d.report)
+
+
+def test_uneven_batches_hang_in_ddp_backward():
+    (o,) = hangs.diagnose("uneven_batches").outcomes
+    assert o.kind == "hang"
+    _caught_in_time(o)
+    assert (o.ranks[0].collective, o.ranks[0].code) == ("backward", "loss.backward()")
+    assert o.ranks[1].function is None                    # rank 1 left the loop
+    assert o.outputs == {0: "4 batches\n", 1: "3 batches\n"}
+
+
+def test_shape_mismatch_error_with_ddp_crash_with_fsdp_and_flat_all_reduce():
+    d = hangs.diagnose("shape_mismatch")
+    ddp, fsdp2, flat = d.outcomes
+    for o in d.outcomes:
+        _caught_in_time(o)
+    assert (ddp.variant, ddp.kind, ddp.failed_rank) == ("torch-ddp", "error", 1)
+    assert "sizes [101, 60] appears not to match sizes of the same param in process 0" in ddp.message
+    assert ddp.ranks[1].collective == "_verify_param_shape_across_processes"
+    assert ddp.ranks[1].via == "wrap()"
+    assert (fsdp2.variant, fsdp2.kind, fsdp2.failed_rank) == ("torch-fsdp", "crash", 0)
+    assert fsdp2.message.startswith("SIGABRT") and "Received data size doesn't match expected size" \
+        in fsdp2.message
+    assert (fsdp2.ranks[0].collective, fsdp2.ranks[0].code) == ("all_gather_single", "loss = model(x, y)")
+    assert (flat.variant, flat.kind) == ("all_reduce", "crash")
+    assert (flat.ranks[0].collective, flat.ranks[0].function) == ("all_reduce", "_average_gradients")
+    assert "rank 0 failed in all_gather_single at `loss = model(x, y)`" in d.report
+    _deterministic(d.report)
+
+
+def test_collective_order_crashes_gives_wrong_numbers_or_hangs():
+    d = hangs.diagnose("collective_order")
+    sizes, same, ops = d.outcomes
+    for o in d.outcomes:
+        _caught_in_time(o)
+    assert (sizes.kind, sizes.failed_rank, sizes.ranks[0].collective) == ("crash", 0, "all_reduce")
+    assert "8 vs 4" in sizes.message      # 8 floats of stats arrive where rank 0 expects 1
+    # same sizes: each rank's first all-reduce meets the other's first: loss (1) + stats (20) on
+    # rank 0, stats (20) + loss (1) on rank 1; then stats (10) + loss (2), loss (2) + stats (10)
+    assert same.kind == "wrong result" and len(same.wrong) == 2
+    assert [r.tolist() for r in same.results] == [[1 + 20, 10 + 2], [2 + 10, 20 + 1]]
+    assert ops.kind == "hang"
+    assert {r: s.collective for r, s in ops.ranks.items()} == {0: "all_reduce", 1: "broadcast"}
+    assert "the ranks wait in different collectives" in d.report
+    again = hangs.diagnose("collective_order", "sizes")
+    assert again.report == hangs.diagnose("collective_order", "sizes").report   # stable text
+
+
+def test_detail_mode_turns_mismatches_into_descriptive_errors():
+    msg = hangs.detail_message("collective_order", "sizes")
+    lines = msg.splitlines()
+    assert lines[0].startswith("Detected mismatch between collectives on ranks. Rank 0 is running "
+                               "collective: CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, "
+                               "TensorShape=[1], TensorDtypes=Float)")
+    assert "OpType=ALLREDUCE, TensorShape=[8]" in lines[1]
+    assert lines[2].endswith("shapes: 1 vs 8")
+    assert "TensorOptions" not in msg and "0x" not in msg
+    assert msg == hangs.detail_message("collective_order", "sizes")
+    # a hang becomes an error at once; the closing barrier's fingerprint prints as REDUCE
+    o = hangs.run_broken("skipped_collective", detail=True)
+    assert o.kind == "error" and o.failed_rank == 0 and o.elapsed_s < TIMEOUT
+    assert "OpType=ALLREDUCE" in o.message and "Op type: ALLREDUCE vs REDUCE" in o.message
+    # equal fingerprints (same op, shape, dtype) swapped: DETAIL sees nothing
+    assert hangs.detail_message("collective_order", "same_sizes") == ""
+
+
+@pytest.mark.parametrize("name", list(hangs.SCENARIOS))
+def test_fixed_versions_complete_with_the_right_result(name):
+    fixed = hangs.run_fixed(name)
+    assert fixed.passed, fixed.report
+    spec = hangs.SCENARIOS[name]
+    assert set(fixed.results) == set(spec.variants or (None,))
+    assert "completed; every rank right" in fixed.report
+    if name == "skipped_collective":
+        assert fixed.results[None] == [1.5, 1.5]
+    if name == "uneven_batches":      # 3 ranks: 4, 3 and 2 batches, two steps
+        assert hangs.run_fixed(name, world_size=3).passed
+
+
+def test_check_hang_fix_grades_fixes():
+    assert isinstance(hangs.check_hang_fix("collective_order", hangs.collective_order_fixed), Verdict)
+    assert hangs.check_hang_fix("collective_order", hangs.collective_order_fixed)
+    assert not hangs.check_hang_fix("collective_order", hangs.collective_order)   # crashes: reported
+    assert not hangs.check_hang_fix("skipped_collective", _off_by_one)
+    assert not hangs.check_hang_fix("skipped_collective", "not a function")
+
+
+def _off_by_one():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    return t.item() / (dist.get_world_size() + 1)
+
+
+def test_argument_checks_and_cleaning():
+    with pytest.raises(ValueError, match="unknown scenario"):
+        hangs.diagnose("deadlock")
+    with pytest.raises(TypeError):
+        hangs.run_broken(3)
+    with pytest.raises(ValueError, match="variants"):
+        hangs.run_broken("collective_order", "backwards")
+    with pytest.raises(ValueError, match="no variant"):
+        hangs.run_broken("skipped_collective", "sizes")
+    with pytest.raises(ValueError, match="timeout_s"):
+        hangs.run_broken("skipped_collective", timeout_s=0)
+    with pytest.raises(ValueError, match="world_size"):
+        hangs.run_fixed("skipped_collective", world_size=8)
+    raw = ("[enforce fail at /a/b/pair.cc:456] op.preamble.length <= op.nbytes. 8 vs 4. at 0x7f3a "
+           "TensorShape=[1], TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu)), "
+           "x.Collectives differ in the following aspects:   Op type: ALLREDUCEvs REDUCE")
+    assert hangs.clean_message(raw) == ("op.preamble.length <= op.nbytes. 8 vs 4. at 0x... "
+                                        "TensorShape=[1]), x. Collectives differ in the following "
+                                        "aspects: Op type: ALLREDUCE vs REDUCE")

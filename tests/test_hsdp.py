@@ -1,0 +1,160 @@
+"""course_utils.hsdp: FSDP2 on a 2-D (replicate, shard) mesh gives the losses of "single",
+sends exactly what its shard-group / replicate-group formula predicts, on the groups it
+should, and holds FSDP's shards for the shard-group size; the cost model's crossover is
+where full sharding and HSDP take equally long; FSDP1's HYBRID_SHARD without a mesh
+silently stops synchronising on CPU.
+
+Per step, one rank, s shards, r replicas, FSDP2's padded unit messages M_u (elements) for
+s ranks: all_gather = (s-1)/s·4·(M_root + 2·ΣM_block), reduce_scatter =
+(s-1)/s·4·(M_root + ΣM_block), all_reduce = 2(r-1)/r·4·(M_root + ΣM_block)/s. For the
+course GPT and s = 2: M_root = 6,800 (the embedding's 101 rows padded to 102: the case
+where numel is not divisible by the group), M_block = 30,650.
+"""
+import math
+from fractions import Fraction
+
+import pytest
+
+from course_utils import hsdp
+from course_utils.experiments import STRATEGIES, run
+from course_utils.fsdp import comm_bytes_per_step, expected_state_bytes, message_numels
+from course_utils.model import build_model
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+REL = 1e-6
+STEPS = 3
+LAYERS = 4
+M_ROOT, M_BLOCK = 6_800, 30_650          # FSDP2 unit messages for 2 shards (elements)
+UNPADDED = 129_350                       # the course GPT's parameters
+
+
+@pytest.fixture(scope="module")
+def single():
+    return run("single", 1, steps=STEPS)[0]
+
+
+def test_mesh_layout_and_argument_checks():
+    assert hsdp.mesh_shape(4) == (2, 2)
+    assert hsdp.mesh_shape(2, 1) == (2, 1) and hsdp.mesh_shape(2, 2) == (1, 2)
+    assert hsdp.mesh_groups(4, 2) == {"shard": [[0, 1], [2, 3]], "replicate": [[0, 2], [1, 3]]}
+    assert hsdp.mesh_groups(6, 3) == {"shard": [[0, 1, 2], [3, 4, 5]],
+                                      "replicate": [[0, 3], [1, 4], [2, 5]]}
+    with pytest.raises(ValueError, match="use shards in"):
+        hsdp.mesh_shape(3, 2)
+    with pytest.raises(TypeError):
+        hsdp.mesh_shape(4, 2.0)
+    with pytest.raises(ValueError):
+        hsdp.mesh_shape(0)
+    assert STRATEGIES["torch-hsdp"].notebook == "08_beyond_one_box"
+
+
+def test_predicted_bytes_from_the_fsdp_messages():
+    m = build_model()
+    assert message_numels(m, 2) == [M_ROOT] + [M_BLOCK] * LAYERS
+    total = M_ROOT + LAYERS * M_BLOCK
+    # 2 replicas x 2 shards
+    got = hsdp.hsdp_comm_bytes_per_step(m, 4, 2)
+    assert got == {"all_reduce": Fraction(2 * 1, 2) * 4 * Fraction(total, 2),
+                   "reduce_scatter": Fraction(1, 2) * 4 * total,
+                   "all_gather": Fraction(1, 2) * 4 * (M_ROOT + 2 * LAYERS * M_BLOCK)}
+    assert got == {"all_reduce": 258_800, "reduce_scatter": 258_800, "all_gather": 504_000}
+    # the shard-group part is FSDP's on `shards` ranks
+    fsdp2 = comm_bytes_per_step(m, 2)
+    assert got["all_gather"] == fsdp2["all_gather"] and got["reduce_scatter"] == fsdp2["reduce_scatter"]
+    # one replica: no all-reduce bytes; one shard: no gather/scatter, all-reduce of the unpadded model
+    assert hsdp.hsdp_comm_bytes_per_step(m, 2, 2)["all_reduce"] == 0
+    assert hsdp.hsdp_comm_bytes_per_step(m, 2, 1) == {"all_reduce": 4 * UNPADDED,
+                                                      "reduce_scatter": 0, "all_gather": 0}
+    assert hsdp.hsdp_calls_per_step(LAYERS, shards=2) == {"all_reduce": 5, "reduce_scatter": 5,
+                                                           "all_gather": 9}
+    assert hsdp.hsdp_calls_per_step(LAYERS, shards=1) == {"all_reduce": 5, "reduce_scatter": 0,
+                                                           "all_gather": 0}
+    assert hsdp.hsdp_expected_state_bytes(m, 4, 3, 2) == expected_state_bytes(m, 2, 1)
+    with pytest.raises(ValueError):
+        hsdp.hsdp_expected_state_bytes(m, 4, 4, 2)
+
+
+def test_torch_hsdp_on_4_ranks_matches_single_with_exact_bytes_and_state(single):
+    m = build_model()
+    per_step = hsdp.hsdp_comm_bytes_per_step(m, 4)
+    calls = hsdp.hsdp_calls_per_step(LAYERS, shards=2)
+    out = run("torch-hsdp", 4, steps=STEPS, quiet=True)
+    assert len(out) == 4
+    for r in out:
+        assert r.losses == out[0].losses
+        assert r.losses == pytest.approx(single.losses, rel=REL)
+        assert r.param_digest == out[0].param_digest
+        assert r.comm_bytes == {op: STEPS * v for op, v in per_step.items()}
+        assert r.comm_calls == {op: STEPS * v for op, v in calls.items()}
+        assert r.state_bytes == hsdp.hsdp_expected_state_bytes(m, 4, r.rank)
+    # sharded 2 ways, not 4: each rank holds half the parameters (+ padding)
+    assert out[0].state_bytes["params"] == 4 * math.ceil(101 / 2) * 50 + 4 * (UNPADDED - 101 * 50) // 2
+
+
+def _rows(world, shards, rank, m):
+    """by_group as predicted: (op, group size, rank in group) -> calls, message bytes per step."""
+    replicas = world // shards
+    msgs = message_numels(m, shards)
+    out = {("all_reduce", replicas, rank // shards): {"calls": LAYERS + 1,
+                                                      "message_bytes": 4 * sum(msgs) // shards}}
+    if shards > 1:
+        out[("all_gather", shards, rank % shards)] = {
+            "calls": 2 * LAYERS + 1, "message_bytes": 4 * (msgs[0] + 2 * sum(msgs[1:]))}
+        out[("reduce_scatter", shards, rank % shards)] = {"calls": LAYERS + 1,
+                                                          "message_bytes": 4 * sum(msgs)}
+    return out
+
+
+@pytest.mark.parametrize("world, shards", [(4, 2), (2, 1), (2, 2)])
+def test_each_collective_runs_on_its_group(world, shards, single):
+    m = build_model()
+    out = hsdp.measure_hsdp(world, shards, steps=1)
+    for r in out:
+        assert r["by_group"] == _rows(world, shards, r["rank"], m)
+        assert r["losses"] == pytest.approx(single.losses[:1], rel=REL)
+        assert r["totals"] == hsdp.hsdp_comm_bytes_per_step(m, world, shards)
+        assert r["state_bytes"] == hsdp.hsdp_expected_state_bytes(m, world, r["rank"], shards)
+
+
+def test_cost_model_crossover():
+    alpha_a, alpha_e = 5e-6, 10e-6
+    psi, g, n, intra = 7e9, 8, 4, 450e9
+    m, N = 2 * psi, g * n
+    c = hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, 50e9)
+    assert c.fsdp_s == pytest.approx(3 * (N - 1) * alpha_e + 3 * (N - 1) / N * m / 50e9, rel=1e-12)
+    assert c.hsdp_s == pytest.approx(3 * (g - 1) * alpha_a + 3 * (g - 1) / g * m / intra
+                                     + 2 * (n - 1) * alpha_e + 2 * (n - 1) / n * (m / g) / 50e9,
+                                     rel=1e-12)
+    assert c.fsdp_inter_bytes == pytest.approx(3 * (N - 1) / N * m)
+    assert c.hsdp_inter_bytes == pytest.approx(2 * (n - 1) / n * m / g)
+    assert c.states_hsdp == 4 * c.states_fsdp          # sharded 8 ways instead of 32
+    cross = hsdp.crossover_inter_bw(psi, g, n, intra)
+    at = hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, cross)
+    assert at.fsdp_s == pytest.approx(at.hsdp_s, rel=1e-9)
+    assert hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, cross * 0.9).faster == "HSDP"
+    assert hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, cross * 1.1).faster == "full sharding"
+    assert intra < cross < 2 * intra                   # only a network faster than NVLink loses
+    speedups = [hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, bw).speedup for bw in hsdp.DEFAULT_INTER_BWS]
+    assert speedups == sorted(speedups, reverse=True)
+    table = hsdp.crossover_table(psi, g, n, intra)
+    faster = [line.split()[-1] for line in table.splitlines()[2:2 + len(hsdp.DEFAULT_INTER_BWS)]]
+    flips = [bw > cross for bw in hsdp.DEFAULT_INTER_BWS]
+    assert faster == ["sharding" if f else "HSDP" for f in flips] and any(flips) and not all(flips)
+    assert f"above {cross / 1e9:.0f} GB/s" in table
+    one_node = hsdp.hsdp_vs_fsdp_time(psi, g, 1, intra, 50e9)
+    assert one_node.fsdp_s == pytest.approx(one_node.hsdp_s) and one_node.hsdp_inter_bytes == 0
+    with pytest.raises(ValueError, match="nodes >= 2"):
+        hsdp.crossover_inter_bw(psi, g, 1, intra)
+    with pytest.raises(ValueError):
+        hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, 0)
+    with pytest.raises(TypeError):
+        hsdp.hsdp_vs_fsdp_time(psi, 8.0, n, intra, 50e9)
+
+
+def test_fsdp1_hybrid_shard_without_a_mesh_stops_synchronising():
+    r = hsdp.fsdp1_hybrid_without_mesh()
+    assert r["where"] == "2 gloo ranks on CPU"
+    assert r["shard_group_size"] == 1 and r["all_reduce_group_sizes"] == [1]
+    assert r["diverged"] is True
+    assert any("NO_SHARD" in w for w in r["warnings"])
