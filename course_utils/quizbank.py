@@ -431,3 +431,64 @@ def quiz_07() -> Quiz:
 
 
 QUIZZES["07"] = quiz_07
+
+
+def quiz_08() -> Quiz:
+    from .hsdp import hsdp_vs_fsdp_time
+
+    cost = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)
+    psi = 1_557_686_400                       # gpt2-xl with Megatron's padded vocabulary
+    drop = 12 * psi * 3 / 4 / 1e9             # optimizer states sharded 4 ways
+    return Quiz("08 Beyond one box", [
+        Numeric("7B parameters in bf16, 4 nodes of 8 GPUs, HSDP sharded inside each node: how many "
+                "GB does one GPU send over the inter-node network per step?",
+                cost.hsdp_inter_bytes / 1e9, unit="GB", tol=0.1, minimum=0,
+                explanation=f"Only the all-reduce of its 1/8 gradient shard crosses nodes: 2 x (4-1)/4 x "
+                            f"2 B x 7e9 / 8 = {cost.hsdp_inter_bytes / 1e9:.3f} GB, against "
+                            f"{cost.fsdp_inter_bytes / 1e9:.2f} GB with full sharding over 32 GPUs."),
+        SingleChoice("On a 2 x 2 mesh (2 replicas x 2 shards), which collectives run across the "
+                     "replicas?",
+                     ["The all-gathers of the parameters",
+                      "The reduce-scatters of the gradients",
+                      "An all-reduce of each rank's gradient shard",
+                      "None: replicas never communicate"],
+                     "c", "All-gathers and reduce-scatters stay inside the shard group; the replicas "
+                          "then all-reduce the reduced gradient shards so that they stay identical."),
+        Numeric("Seed 003 turns on Megatron's distributed optimizer at DP=4 for gpt2-xl "
+                "(1,557,686,400 parameters with its padded vocabulary) and sees 79 -> 65 GB. How many "
+                "GB does sharding only the 12 B/param optimizer states 4 ways save?",
+                drop, unit="GB", tol=0.3, minimum=0,
+                explanation=f"12 B x 3/4 x Psi = {drop:.2f} GB: the measured 14 GB. Sharding the fp32 "
+                            "gradients too (real ZeRO-2) would save 18.7 GB: the seed's 'ZeRO-2' "
+                            "run has ZeRO-1 memory."),
+        SingleChoice("Which DeepSpeed setting is ZeRO-Infinity's parameter offload?",
+                     ['"zero_optimization": {"stage": 2, "offload_param": {"device": "nvme"}}',
+                      '"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", '
+                      '"nvme_path": "/local_nvme"}}',
+                      '"offload": true at the top level',
+                      '"fp16": {"enabled": "nvme"}'],
+                     "b", "Parameter offload exists only in stage 3 (stage 2 keeps full parameters on "
+                          "each GPU); NVMe needs a path."),
+        SingleChoice("Under torch DDP, rank 1's data loader has one batch fewer than rank 0's. What "
+                     "happens at the end of the epoch?",
+                     ["Rank 1 raises StopIteration on every rank",
+                      "DDP skips the missing batch",
+                      "Rank 0 waits forever in its last backward, whose gradient all-reduce rank 1 "
+                      "never joins",
+                      "The losses are averaged over fewer ranks"],
+                     "c", "Rank 1 leaves the loop; rank 0's backward starts the bucket all-reduces "
+                          "and blocks. Fix: agree on the number of steps, pad the data "
+                          "(DistributedSampler), or torch's Join."),
+        MultiChoice("Which mistakes does TORCH_DISTRIBUTED_DEBUG=DETAIL turn into an error naming "
+                    "both ranks' collectives?",
+                    ["Two ranks call all-reduce on tensors of different shapes",
+                     "One rank calls all-reduce while the other calls broadcast",
+                     "Two ranks all-reduce two same-shaped tensors in opposite orders",
+                     "A rank computes a wrong loss before the all-reduce"],
+                    "a,b", "DETAIL compares each collective's fingerprint (operation, shapes, dtypes) "
+                           "across ranks before running it. Two same-shaped tensors swapped look "
+                           "identical to it, and it knows nothing about the values."),
+    ])
+
+
+QUIZZES["08"] = quiz_08
