@@ -545,11 +545,10 @@ def _run_session(world_size: int, strategy: str, *args, timeout_s: float) -> tup
     _preload()
     if strategy == "single":
         return _session(strategy, *args), "1 process, no process group"
-    from .launch import backend_label, launch
+    from .launch import launch, where
 
     results = launch(_session, world_size, strategy, *args, quiet=True, timeout_s=timeout_s)
-    plural = "rank" if world_size == 1 else "ranks"
-    return results[0], f"{world_size} {plural}, {backend_label(results.backend)}"
+    return results[0], where(results)
 
 
 def _check_strategy(strategy) -> None:
@@ -671,6 +670,6 @@ def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, 
         losses = first["losses"] + other["losses"]
         report["other"] = {
             "world_size": other_world_size, "where": other_where, "losses": losses,
-            "max_abs_diff": max(abs(a - b) for a, b in zip(losses, base.losses)),
+            "max_abs_diff": experiments.max_abs_diff(losses, base.losses),
             "bit_exact": losses == list(base.losses)}
     return report

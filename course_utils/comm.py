@@ -153,7 +153,7 @@ import threading as _threading
 import time as _time
 from fractions import Fraction as _Fraction
 
-__all__ += ["CommLedger", "CommRecord", "LEDGER_OPS", "ddp_comm_hook"]
+__all__ += ["CommLedger", "CommRecord", "LEDGER_OPS", "ddp_comm_hook", "sent_bytes"]
 
 #: Normalised op names a :class:`CommLedger` records, in the order its tables show them.
 LEDGER_OPS = OPS + ("broadcast", "reduce", "scatter", "gather", "all_to_all", "send", "recv",
@@ -272,8 +272,12 @@ def _funcol_group(group):
     return group.size(), group.rank()
 
 
-def _sent_bytes(op: str, message: int, world: int, rank: int, root: int, own: int):
-    """Bytes this rank sends for one call (the convention of :class:`CommLedger`)."""
+def sent_bytes(op: str, message: int, world: int, rank: int, root: int, own: int):
+    """Bytes rank ``rank`` of ``world`` sends for one call of ``op`` (a name of
+    :data:`LEDGER_OPS`) on a message of ``message`` bytes, as :class:`CommLedger` records it
+    (``CommRecord.sent_bytes``): ``root`` is the root rank of broadcast, reduce, scatter and
+    gather, ``own`` the bytes of this rank's own chunk (all_to_all). Ring ops:
+    :func:`collective_bytes` (an int when whole); 0 on one rank or for an empty message."""
     if world <= 1 or message == 0:
         return 0
     if op in OPS:
@@ -291,6 +295,9 @@ def _sent_bytes(op: str, message: int, world: int, rank: int, root: int, own: in
     if op == "send":
         return message
     return 0                # recv, barrier
+
+
+_sent_bytes = sent_bytes    # its former, private name
 
 
 def _exact_sent(rec: CommRecord) -> _Fraction:
@@ -333,7 +340,7 @@ def _describe(family: str, name: str, signature, args, kwargs):
         pg, tensors = args[0], args[1]
         src = args[3] if len(args) > 3 else 0
         message, world, rank = _sum_bytes(tensors), pg.size(), pg.rank()
-        return "broadcast", message, world, rank, _sent_bytes("broadcast", message, world, rank,
+        return "broadcast", message, world, rank, sent_bytes("broadcast", message, world, rank,
                                                               src, 0), False
     op, arg_name, how = (_FUNCOL if family == "funcol" else _C10D)[name]
     bound = signature.bind(*args, **kwargs)
@@ -359,7 +366,7 @@ def _describe(family: str, name: str, signature, args, kwargs):
             own = _nbytes(a[arg_name][rank])
         else:
             own = _own_chunk(a[arg_name], a.get("input_split_sizes"), world, rank)
-    return op, message, world, rank, _sent_bytes(op, message, world, rank, root, own), is_async
+    return op, message, world, rank, sent_bytes(op, message, world, rank, root, own), is_async
 
 
 def _record(family: str, name: str, signature, args, kwargs, seconds: float) -> None:

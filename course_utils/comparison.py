@@ -163,11 +163,11 @@ def compare(world_size: int = 4, *, steps: int = 3, strategies=None, seed: int =
         if reference is None:
             reference = results[0].losses
         if spec.distributed and not where:
-            from .launch import backend_label, resolve_backend
+            from . import launch
 
-            where = f"{n} ranks, {backend_label(resolve_backend(n))}"
+            where = launch.where(results)
         r0 = results[0]
-        diff = max(abs(a - b) for a, b in zip(r0.losses, reference))
+        diff = experiments.max_abs_diff(r0.losses, reference)
         equal = all(abs(a - b) <= rel * abs(b) for a, b in zip(r0.losses, reference))
         state = {k: max(r.state_bytes[k] for r in results) for k in ("params", "grads", "optimizer")}
         comm = {op: max(r.comm_bytes.get(op, 0) for r in results) / steps for op in _OPS}

@@ -41,7 +41,7 @@ from .config import COURSE_CONFIG, TransformerConfig
 __all__ = ["GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "DEFAULT_BUCKET_BYTES", "STRATEGIES",
            "Strategy", "register_strategy", "strategies", "wrap", "full_parameters", "run",
            "RunResult", "DataParallel", "DataParallelOptimizer", "make_adamw", "unwrap",
-           "broadcast_from_rank0"]
+           "broadcast_from_rank0", "max_abs_diff", "max_rel_diff"]
 
 #: Rows in the global batch of :func:`run`: divisible by 1, 2, 3, 4, 6 and 12 ranks.
 GLOBAL_BATCH = 12
@@ -468,6 +468,18 @@ class RunResult:
 
     def __contains__(self, key) -> bool:
         return key in self.keys()
+
+
+def max_abs_diff(losses, reference) -> float:
+    """``max |a - b|`` over the pairs of ``losses`` and ``reference`` (e.g. a strategy's
+    losses and ``"single"``'s), step by step."""
+    return max(abs(a - b) for a, b in zip(losses, reference))
+
+
+def max_rel_diff(losses, reference) -> float:
+    """``max |a - b| / |b|`` over the pairs of ``losses`` and ``reference`` (the
+    reference in the denominator), step by step."""
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
 
 
 def _storage_bytes(tensors, seen: set) -> int:

@@ -24,7 +24,7 @@ from typing import Callable
 from .memory import GB, STAGE_NAMES, model_states
 
 __all__ = ["FIGURES", "VIS_DIR", "data", "data_hash", "draw", "save", "make_all",
-           "stale", "show", "path", "zero3_predicted_timeline"]
+           "stale", "show", "path"]
 
 VIS_DIR = Path(__file__).resolve().parent.parent / "vis"
 _HASH_RE = re.compile(r"data-sha256=([0-9a-f]{64})")
@@ -148,9 +148,9 @@ def _collectives_data(world_size: int = 4) -> dict:
     """Before/after of the four collectives on ``world_size`` ranks, from
     :func:`course_utils.collectives.expected` (what the live demos of notebook 01 return),
     and the bytes each rank sends under the ring model, from the convention the
-    :class:`~course_utils.comm.CommLedger` records (``comm._sent_bytes``)."""
+    :class:`~course_utils.comm.CommLedger` records (:func:`course_utils.comm.sent_bytes`)."""
     from .collectives import ROOT, expected
-    from .comm import _sent_bytes
+    from .comm import sent_bytes
 
     rows = []
     for name, title, what in _COLLECTIVES:
@@ -170,7 +170,7 @@ def _collectives_data(world_size: int = 4) -> dict:
         # the gathered output (all-gather): the CommLedger's convention
         message = element * (len(after[0]) if name == "all_gather" else len(before[0]))
         own = element * len(before[0])
-        sent = [_sent_bytes(name, message, world_size, r, ROOT, own) for r in range(world_size)]
+        sent = [sent_bytes(name, message, world_size, r, ROOT, own) for r in range(world_size)]
         rows.append({"name": name, "title": title, "what": what, "before": before, "after": after,
                      "after_sources": sources, "message_bytes": message, "sent_bytes": sent})
     return {"world_size": world_size, "root": ROOT, "element_bytes": 4, "collectives": rows}
@@ -289,83 +289,18 @@ def _memory_vs_gpus_draw(d: dict):
 
 # ------------------------------------------------------------------ zero3_timeline
 
-_TIMELINE_KEYS = ("phase", "unit", "event", "alive_units", "alive_bytes")
-
-
-def _unit_numels(config) -> list[int]:
-    """Trainable parameters of ``Zero3``'s units for the GPT of ``config``: the root (all
-    that is not in a block: embeddings, final norm; a tied output layer counts once),
-    then each block."""
-    from .model import build_model
-
-    gpt = build_model(config, device="meta")
-    blocks = [sum(p.numel() for p in b.parameters()) for b in gpt.blocks]
-    return [config.num_params() - sum(blocks)] + blocks
-
-
-def zero3_predicted_timeline(world_size: int, *, prefetch: bool, config=None) -> list[dict]:
-    """The gathers and frees :class:`course_utils.zero3.Zero3` makes in one training step of
-    the course GPT (or the GPT of ``config``), predicted from the unit sizes alone.
-
-    One dict per event, with the keys of ``Zero3.timeline`` except ``step``:
-    ``phase``, ``unit`` ("root", "blocks.0", ...), ``event`` ("gather" or "free"),
-    ``alive_units`` and ``alive_bytes`` (units and fp32 bytes of full, padded parameters
-    gathered or in flight after the event). The schedule (``reshard_root=False``): the
-    root is gathered at the start of forward and freed at the end of backward; each
-    block is gathered just before its forward and freed after it, gathered again just
-    before its backward and freed after its reduce-scatter; with ``prefetch`` the next
-    block's gather (previous, in backward) is started one block early.
-    ``tests/test_figures.py`` checks it against ``Zero3.timeline`` measured on ranks.
-    """
-    from .config import COURSE_CONFIG
-    from .zero3 import padded_numel
-
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    if not isinstance(prefetch, bool):
-        raise TypeError(f"prefetch must be True or False, got {prefetch!r}")
-    numels = _unit_numels(COURSE_CONFIG if config is None else config)
-    names = ["root"] + [f"blocks.{i}" for i in range(len(numels) - 1)]
-    size = {u: 4 * padded_numel(m, world_size) for u, m in zip(names, numels)}
-    blocks = names[1:]
-    alive: list[str] = []
-    events: list[dict] = []
-
-    def log(phase, unit, event):
-        if event == "gather":
-            alive.append(unit)
-        else:
-            alive.remove(unit)
-        events.append({"phase": phase, "unit": unit, "event": event, "alive_units": len(alive),
-                       "alive_bytes": sum(size[u] for u in alive)})
-
-    for phase, order in (("forward", blocks), ("backward", blocks[::-1])):
-        if phase == "forward":
-            log(phase, "root", "gather")
-        if prefetch and order:
-            log(phase, order[0], "gather")
-        for i, unit in enumerate(order):
-            if not prefetch:
-                log(phase, unit, "gather")
-            elif i + 1 < len(order):
-                log(phase, order[i + 1], "gather")
-            log(phase, unit, "free")
-    log("backward", "root", "free")
-    return events
-
-
 def _zero3_timeline_data(world_size: int = 2) -> dict:
     """The ZeRO-3 timeline of the course GPT on ``world_size`` ranks, without and with prefetch."""
     from .config import COURSE_CONFIG
-    from .zero3 import padded_numel
+    from .zero3 import padded_numel, predicted_timeline, unit_numels
 
-    numels = _unit_numels(COURSE_CONFIG)
+    numels = unit_numels(COURSE_CONFIG)
     padded = [padded_numel(m, world_size) for m in numels]
     return {"world_size": world_size, "num_params": COURSE_CONFIG.num_params(),
             "unit_numels": numels, "padded_numels": padded,
             "full_model_bytes": 4 * COURSE_CONFIG.num_params(),
             "shard_bytes": 4 * sum(padded) // world_size,
-            "timelines": {str(p).lower(): zero3_predicted_timeline(world_size, prefetch=p)
+            "timelines": {str(p).lower(): predicted_timeline(world_size, prefetch=p)
                           for p in (False, True)}}
 
 

@@ -69,7 +69,8 @@ from . import experiments
 
 __all__ = ["wrap_torch_fsdp", "wrap_torch_fsdp_zero2", "fsdp_units", "fsdp_state_bytes",
            "padded_numel", "local_rows", "unit_message_numel", "message_numels",
-           "comm_bytes_per_step", "calls_per_step", "expected_state_bytes"]
+           "comm_bytes_per_step", "calls_per_step", "expected_state_bytes", "param_group",
+           "param_groups"]
 
 
 # ------------------------------------------------------------------ the layout, analytically
@@ -226,6 +227,44 @@ def fsdp_state_bytes(model: nn.Module, optimizer) -> dict:
     state = [_local(v) for per in inner.state.values() for v in per.values()
              if isinstance(v, torch.Tensor)]
     out["optimizer"] = _storage_bytes(state, seen)
+    return out
+
+
+# ------------------------------------------------------------------ FSDP2's private state
+
+def param_group(module: nn.Module):
+    """The ``FSDPParamGroup`` of one module ``fully_shard`` was applied to: the flat
+    group of its own parameters that FSDP2 all-gathers and reduce-scatters as one unit
+    (``unshard``, ``reshard``, ``fsdp_params``, ``is_unsharded``...). None when the
+    module is not sharded or has no parameters of its own.
+
+    Reads FSDP2's *private* state, as of torch 2.13:
+    ``fully_shard.state(module)._fsdp_param_groups[0]`` (the course makes one group per
+    unit; before torch 2.10, ``._fsdp_param_group``). Not an API: it may move in any
+    release; the course only uses it to observe what FSDP2 holds, never to change it.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    state = fully_shard.state(module)
+    if state is None:
+        return None
+    groups = getattr(state, "_fsdp_param_groups", None)           # torch >= 2.10: a list
+    if groups is None:
+        return state._fsdp_param_group
+    return groups[0] if groups else None
+
+
+def param_groups(model: nn.Module) -> dict[str, object]:
+    """``{unit name: FSDPParamGroup}`` (:func:`param_group`) of every ``fully_shard``
+    unit of ``model`` that has parameters, in module order: the root is ``"root"``, the
+    others their qualified names (``"blocks.0"``, ...). Reads FSDP2's private state
+    (torch 2.13), see :func:`param_group`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, FSDPModule) and (group := param_group(m)) is not None:
+            out[name or "root"] = group
     return out
 
 

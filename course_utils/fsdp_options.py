@@ -53,7 +53,7 @@ Numbers for the course GPT (129,350 parameters, 4 blocks; measured on gloo, torc
 
 The introspection of FSDP2's state (which units are gathered, where the unsharded
 gradients wait) reads private attributes of torch 2.13's ``FSDPParamGroup``
-(:func:`_param_groups`); everything else is public API.
+(:func:`course_utils.fsdp.param_group`); everything else is public API.
 """
 from __future__ import annotations
 
@@ -71,10 +71,10 @@ from torch import nn
 from .comm import CommLedger
 from .config import COURSE_CONFIG
 from .exercises import _full_grads, _single_grads
-from .experiments import GLOBAL_BATCH, broadcast_from_rank0, make_adamw
+from .experiments import GLOBAL_BATCH, broadcast_from_rank0, make_adamw, max_abs_diff, max_rel_diff
 from .fsdp import (_local, calls_per_step, comm_bytes_per_step, expected_state_bytes,
-                   fsdp_state_bytes, fsdp_units, message_numels)
-from .launch import backend_label, launch, rank_device
+                   fsdp_state_bytes, fsdp_units, message_numels, param_group, param_groups)
+from .launch import launch, rank_device, where
 from .memory import activation_bytes
 from .model import Block, SyntheticData, _check_int, build_model
 
@@ -187,10 +187,6 @@ class OptionResult:
     __repr__ = table
 
 
-def _where(results) -> str:
-    return f"{len(results)} ranks, {backend_label(results.backend)}"
-
-
 # ------------------------------------------------------------------ argument checks
 
 def _check_world_size(world_size) -> None:
@@ -239,21 +235,6 @@ def _check_reshard(value, world_size: int) -> None:
                          f"{world_size}, got {value} (use True or False otherwise)")
 
 
-def _param_groups(model: nn.Module) -> dict:
-    """``{"root" | "block{i}": FSDPParamGroup}`` of a model sharded by :func:`shard_model`
-    (torch-private: ``fully_shard.state(m)._fsdp_param_groups``, one group per unit)."""
-    from torch.distributed.fsdp import fully_shard
-
-    def group(m):
-        state = fully_shard.state(m)
-        groups = getattr(state, "_fsdp_param_groups", None)       # torch >= 2.10: a list
-        return groups[0] if groups else state._fsdp_param_group
-
-    out = {"root": group(model)}
-    out.update((f"block{i}", group(u)) for i, u in enumerate(fsdp_units(model)))
-    return out
-
-
 # ------------------------------------------------------------------ the rank side, shared
 
 def _course_model_and_data():
@@ -294,14 +275,6 @@ def _train(model, data, device, steps: int, *, after_forward=None, after_step=No
         comms.append({"counts": ledger.counts(), "totals": ledger.totals(),
                       "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]})
     return losses, comms
-
-
-def _max_rel_diff(a: list, b: list) -> float:
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
-
-
-def _max_abs_diff(a: list, b: list) -> float:
-    return max(abs(x - y) for x, y in zip(a, b))
 
 
 def _calls(counts: dict) -> str:
@@ -375,7 +348,7 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
         Check("block weight dtype in forward", bf["inside_forward"]["weight"], "bfloat16"),
         Check("block input dtype in forward", bf["inside_forward"]["input"], "bfloat16"),
         Check("max |loss bf16 - loss fp32|", max(diffs), 0.0, op=">"),
-        Check("max relative loss difference", _max_rel_diff(bf["losses"], fp["losses"]),
+        Check("max relative loss difference", max_rel_diff(bf["losses"], fp["losses"]),
               bf16_unit, op="<="),
     ]
     details = {"losses_fp32": fp["losses"], "losses_bf16": bf["losses"], "loss_differences": diffs,
@@ -388,7 +361,7 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
             "fp32 shards, their gradients and AdamW's states are what the optimizer updates. The "
             "losses differ from fp32 (not bit-equal: the matmuls round weights and activations to "
             "8 significant bits) by far less than bf16's relative spacing 2^-8.")
-    return OptionResult("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)", _where(res),
+    return OptionResult("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)", where(res),
                         checks, details, note)
 
 
@@ -453,7 +426,7 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     on_gpu = r["device"] == "cuda"
     checks = [
         Check(f"max |loss diff| over {steps} steps, offload vs not",
-              _max_abs_diff(off["losses"], base["losses"]), 0.0),
+              max_abs_diff(off["losses"], base["losses"]), 0.0),
         Check("sharded params on", ",".join(off["stored"]["param"]), "cpu"),
         Check("sharded grads on", ",".join(off["stored"]["grad"]), "cpu"),
         Check("optimizer states on", ",".join(off["stored"]["optimizer"]), "cpu"),
@@ -483,7 +456,7 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
                 "states, the 'state bytes' above) is measured with torch.cuda.memory_allocated "
                 "when this runs on GPUs. The default pin_memory=True needs an accelerator: "
                 f"{r['pin_memory=True']}")
-    return OptionResult("CPUOffloadPolicy(pin_memory=False)", _where(res), checks, details, note)
+    return OptionResult("CPUOffloadPolicy(pin_memory=False)", where(res), checks, details, note)
 
 
 # ================================================================== 3. reshard_after_forward
@@ -511,7 +484,7 @@ def _rank_reshard(settings: tuple, steps: int) -> dict:
         losses, comms = _train(model, data, device, steps,
                                after_forward=lambda step: held.append(
                                    _unsharded_param_bytes(model, sharded)))
-        group = _param_groups(model)["block0"]
+        group = param_group(fsdp_units(model)[0])
         post = group.post_forward_mesh_info
         gathers = [(m, w) for op, m, w in comms[-1]["records"] if op == "all_gather"]
         out[repr(setting)] = {
@@ -596,7 +569,7 @@ def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False,
         ]
         if i:
             checks.append(Check(f"{s!r}: max |loss diff| vs {settings[0]!r}",
-                                _max_abs_diff(m["losses"], first), 0.0))
+                                max_abs_diff(m["losses"], first), 0.0))
     details = {repr(s): res[0][repr(s)] for s in settings}
     ints = [s for s in settings if not isinstance(s, bool)]
     note = ("True frees every block after its forward and gathers it again in backward (ZeRO-3); "
@@ -609,7 +582,7 @@ def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False,
                  f"group of {k} consecutive ranks (FSDP2 views the mesh as a ({world_size // k}, {k}) "
                  f"mesh, like HSDP), moving the same message with a ({k}-1)/{k} ring factor instead "
                  f"of ({world_size}-1)/{world_size}, for 1/{k} of the parameters held in between.")
-    return OptionResult("reshard_after_forward", _where(res), checks, details, note)
+    return OptionResult("reshard_after_forward", where(res), checks, details, note)
 
 
 # ================================================================== 4. explicit prefetching
@@ -656,7 +629,8 @@ def _instrument(model: nn.Module, ledger: CommLedger):
     and reduce-scatter a unit issues (seen by ``ledger``), every block forward, every
     pre-backward; and the most units gathered at once (unsharded, or their all-gather
     result waiting) in forward and in backward."""
-    groups = _param_groups(model)
+    groups = {"root": param_group(model),
+              **{f"block{i}": param_group(u) for i, u in enumerate(fsdp_units(model))}}
     events: list = []
     peaks = {"forward": 0, "backward": 0}
     phase = ["forward"]
@@ -760,7 +734,7 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
         Check("collectives per step, explicit vs default", _calls(explicit["counts"]),
               _calls(default["counts"])),
         Check(f"max |loss diff| over {steps} steps",
-              _max_abs_diff(explicit["losses"], default["losses"]), 0.0),
+              max_abs_diff(explicit["losses"], default["losses"]), 0.0),
     ]
     note = ("A unit counts as gathered from the moment its all-gather is issued until it is "
             "resharded; the root stays gathered throughout. By default the CPU issues a block's "
@@ -772,7 +746,7 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
             "(fwd i: block i's forward starts; bwd: pre-backward; AG/RS: all-gather/reduce-scatter "
             "issued):\n" + _timeline("default", default["events"]) + "\n"
             + _timeline(f"{depth} ahead", explicit["events"]))
-    return OptionResult(f"explicit prefetching, {depth} blocks ahead", _where(res), checks,
+    return OptionResult(f"explicit prefetching, {depth} blocks ahead", where(res), checks,
                         {"default": default, "explicit": explicit}, note)
 
 
@@ -920,7 +894,7 @@ def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> 
                   matmul_flops_per_step(b, checkpointed=True)),
             Check(f"{method}: collectives/step", _calls(m["counts"]), _calls(r["none"]["counts"])),
             Check(f"{method}: max relative loss difference",
-                  _max_rel_diff(m["losses"], r["none"]["losses"]), 1e-6, op="<="),
+                  max_rel_diff(m["losses"], r["none"]["losses"]), 1e-6, op="<="),
         ]
     saved = {method: r[method]["saved"]["activations"] for method in r}
     details = {**r, "predicted_no_checkpointing": no_ac, "predicted_checkpointed": ac,
@@ -932,7 +906,7 @@ def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> 
             "gathered it: no extra all-gathers. Parameters referenced by saved tensors "
             "(unsharded weights, freed after forward and gathered again) are not activations "
             "and are left out.")
-    return OptionResult("activation checkpointing of every block", _where(res), checks, details, note)
+    return OptionResult("activation checkpointing of every block", where(res), checks, details, note)
 
 
 # ================================================================== 6. gradient clipping
@@ -1000,7 +974,7 @@ def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> 
             "local shards alone differs per rank and is too small (each rank would clip with its "
             "own, wrong factor). Seed 001's advice to call model.clip_grad_norm_ is for FSDP1's "
             "FullyShardedDataParallel; FSDP2 has no such method and needs none.")
-    return OptionResult(f"clip_grad_norm_(max_norm={max_norm:g}) on sharded gradients", _where(res),
+    return OptionResult(f"clip_grad_norm_(max_norm={max_norm:g}) on sharded gradients", where(res),
                         checks, details, note)
 
 
@@ -1012,7 +986,7 @@ def _unsharded_grad_bytes(model: nn.Module) -> int:
     ``_unsharded_param.grad``), each storage once."""
     seen: set = set()
     total = 0
-    for group in _param_groups(model).values():
+    for group in param_groups(model).values():
         for fp in group.fsdp_params:
             unsharded = getattr(fp, "_unsharded_param", None)
             for g in (getattr(fp, "unsharded_accumulated_grad", None),
@@ -1095,5 +1069,5 @@ def measure_gradient_accumulation(world_size: int = 2, *, micro_batches: int = 3
             f"micro-batches instead of its padded shard ({sharded:,} B on {world_size} ranks), and "
             f"saves {k - 1} of the {k} rounds of reduce-scatters; the parameters are still gathered "
             "again for every micro-batch (reshard_after_backward stays True).")
-    return OptionResult(f"set_requires_gradient_sync(False), {k} micro-batches", _where(res),
+    return OptionResult(f"set_requires_gradient_sync(False), {k} micro-batches", where(res),
                         checks, details, note)

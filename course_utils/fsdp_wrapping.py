@@ -94,6 +94,8 @@ from torch import nn
 from . import experiments, fsdp
 from .comm import OPS, CommLedger
 from .config import COURSE_CONFIG, TransformerConfig
+from .experiments import max_rel_diff
+from .launch import where
 from .model import GPT, Block, SyntheticData, build_model, num_params
 from .zero3 import padded_numel as flat_padded_numel
 
@@ -152,17 +154,6 @@ def _check_names(name: str, given, known) -> tuple:
     return given
 
 
-def _where(results) -> str:
-    from .launch import backend_label
-
-    n = len(results)
-    return f"{n} rank{'s' if n != 1 else ''}, {backend_label(results.backend)}"
-
-
-def _max_rel(losses, reference) -> float:
-    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
-
-
 def text_table(header, rows, *, notes=()) -> str:
     """A plain-text table: ``header`` (column names) and ``rows`` (lists of cells, any
     values; ints get thousands separators, floats 4 significant digits (one decimal from
@@ -199,20 +190,6 @@ def text_table(header, rows, *, notes=()) -> str:
     return "\n".join(lines + [str(n) for n in notes])
 
 
-def _param_groups(model: nn.Module) -> list[tuple[str, object]]:
-    """``(unit name, FSDPParamGroup)`` of every fully_shard unit of ``model`` that has
-    parameters, in module order (the root is ``"root"``)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    out = []
-    for name, m in model.named_modules():
-        if isinstance(m, FSDPModule):
-            group = m._get_fsdp_state()._fsdp_param_group
-            if group is not None:
-                out.append((name or "root", group))
-    return out
-
-
 # ================================================================ 1. unsharded bytes, measured
 
 class UnshardedProbe:
@@ -243,7 +220,7 @@ class UnshardedProbe:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module wrapped with fully_shard, got "
                             f"{type(model).__name__}")
-        self.groups = _param_groups(model)
+        self.groups = list(fsdp.param_groups(model).items())
         if not self.groups:
             raise ValueError("the model has no fully_shard units with parameters: call "
                              "fully_shard(...) on it (e.g. course_utils.fsdp.wrap_torch_fsdp) first")
@@ -599,9 +576,9 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
                  predicted_forward_order=pred["forward_order"],
                  predicted_calls=fsdp.calls_per_step(n_units, reshard_after_forward=reshard),
                  predicted_bytes={op: _exact(v) for op, v in pred_bytes.items()},
-                 max_rel_loss_diff=_max_rel(r["losses"], single))
+                 max_rel_loss_diff=max_rel_diff(r["losses"], single))
         rows.append(r)
-    return GranularityReport(rows, world_size, steps, _where(results), single)
+    return GranularityReport(rows, world_size, steps, where(results), single)
 
 
 # =========================================================== 2. FSDP1 auto-wrap vs FSDP2
@@ -664,7 +641,7 @@ def _autowrap_rank(policies, steps: int, seed: int) -> dict:
                                                units=_fsdp1_units(model))
     model, opt = fsdp.wrap_torch_fsdp(build_model(seed=seed, device=device), experiments.make_adamw)
     out["fsdp2"] = _measured_run(model, opt, data, steps, rank, world, device,
-                                 units=len(_param_groups(model)))
+                                 units=len(fsdp.param_groups(model)))
     return out
 
 
@@ -732,9 +709,10 @@ def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
     runs = {}
     for key in ("fsdp1-module", "fsdp1-transformer", "fsdp2"):
         flavour = "fsdp2" if key == "fsdp2" else "fsdp1"
-        runs[key] = dict(results[0][key], max_rel_loss_diff=_max_rel(results[0][key]["losses"], single),
+        runs[key] = dict(results[0][key],
+                         max_rel_loss_diff=max_rel_diff(results[0][key]["losses"], single),
                          predicted=predict_strategy("FULL_SHARD", world_size, flavour=flavour))
-    return AutowrapReport(runs, results[0]["errors"], single, _where(results))
+    return AutowrapReport(runs, results[0]["errors"], single, where(results))
 
 
 # ================================================================ 3. ShardingStrategy table
@@ -821,7 +799,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
                 model, opt = _fsdp2_with_mesh(build_model(seed=seed, device=device),
                                               _mesh(_mesh_shape(kind, world), device), reshard)
             row["fsdp2"] = _measured_run(model, opt, data, steps, rank, world, device,
-                                         units=len(_param_groups(model)))
+                                         units=len(fsdp.param_groups(model)))
             row["fsdp2"]["digest"] = _full_digest(model, "fsdp2")
         if fsdp1_name == "NO_SHARD":          # FSDP2's own replicate (private in torch 2.13)
             from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -833,7 +811,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
             replicate(model)
             opt = experiments.make_adamw(model.parameters())
             row["replicate"] = _measured_run(model, opt, data, steps, rank, world, device,
-                                             units=len(_param_groups(model)))
+                                             units=len(fsdp.param_groups(model)))
             row["replicate"]["digest"] = _full_digest(model, "fsdp2")
         out[name] = row
     return out
@@ -960,12 +938,12 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
                 continue
             m = dict(m)
             m["replicas_agree"] = len({results[k][name][api]["digest"] for k in range(world_size)}) == 1
-            m["max_rel_loss_diff"] = _max_rel(m["losses"], single)
+            m["max_rel_loss_diff"] = max_rel_diff(m["losses"], single)
             m["predicted"] = None if "no mesh" in name else \
                 predict_strategy(base, world_size, flavour="fsdp1" if api == "fsdp1" else "fsdp2")
             row[api] = m
         rows.append(row)
-    return StrategyReport(rows, world_size, steps, _where(results), single)
+    return StrategyReport(rows, world_size, steps, where(results), single)
 
 
 # =================================================================== 4. common issues
@@ -1170,8 +1148,8 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
 
     def verdict(key):
         return {"losses": [round(x, 6) for x in r0[key]],
-                "max rel. diff from single": _max_rel(r0[key], single),
-                "= single": _max_rel(r0[key], single) <= 1e-6}
+                "max rel. diff from single": max_rel_diff(r0[key], single),
+                "= single": max_rel_diff(r0[key], single) <= 1e-6}
 
     mix = ", ".join(f"rank {k}: {results[k]['rows_from_this_rank']}" for k in range(world_size))
     before = {"single (torch.manual_seed(seed); GPT())": [round(x, 6) for x in single]}
@@ -1189,4 +1167,4 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
         notes.append("on CPU that check was patched out for the demo so that FSDP1's own "
                      "broadcast (torch's _sync_module_params_and_buffers) ran over gloo")
     return IssueReport("Inconsistent results (per-rank seed before building)", before, after,
-                       _where(results), notes)
+                       where(results), notes)

@@ -61,7 +61,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from .launch import LaunchError, LaunchTimeout, launch, rank_device
+from .launch import LaunchError, LaunchTimeout, launch, rank_device, where
 
 __all__ = ["DEFAULT_TIMEOUT_S", "SCENARIOS", "Scenario", "Outcome", "RankState", "Diagnosis",
            "FixedRun", "skipped_collective", "skipped_collective_fixed", "uneven_batches",
@@ -538,11 +538,6 @@ def _prepare_parent() -> None:
     build_model(device="meta")
 
 
-def _where(world_size: int, backend: str) -> str:
-    return (f"{world_size} NCCL ranks, one GPU each" if backend == "nccl"
-            else f"{world_size} gloo ranks on CPU")
-
-
 def _wrong_values(spec: Scenario, results: list, variant) -> list[str]:
     from .exercises import compare
 
@@ -570,8 +565,8 @@ def run_broken(name: str, variant=None, *, detail: bool = False,
     _prepare_parent()
     out, err = io.StringIO(), io.StringIO()
     t0 = time.monotonic()
-    outcome = Outcome(name, variant, "ok", _where(WORLD_SIZE, chosen), float(timeout_s), 0.0,
-                      detail=detail)
+    outcome = Outcome(name, variant, "ok", where(WORLD_SIZE, chosen, backend_first=True),
+                      float(timeout_s), 0.0, detail=detail)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             results = launch(_on_rank, WORLD_SIZE, spec.broken, args, detail, backend=chosen,
@@ -738,6 +733,7 @@ def run_fixed(name: str, variant=None, *, world_size: int = WORLD_SIZE, timeout_
     chosen = resolve_backend(world_size, backend)
     _prepare_parent()
     lines, passed, results = [f"== {spec.name}, fixed: {spec.fix} =="], True, {}
+    ran_on = where(world_size, chosen, backend_first=True)
     for v in _variants(spec, variant):
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
@@ -747,7 +743,7 @@ def run_fixed(name: str, variant=None, *, world_size: int = WORLD_SIZE, timeout_
         passed &= not wrong
         results[v] = list(values)
         label = f" ({v})" if v else ""
-        lines.append(f"{spec.name}{label}, {_where(world_size, chosen)}: completed; "
+        lines.append(f"{spec.name}{label}, {ran_on}: completed; "
                      + ("every rank right" if not wrong else f"{len(wrong)} rank(s) wrong"))
         same = all(_show(x) == _show(values[0]) for x in values)
         lines.append("  every rank returned " + _show(values[0]) if same else

@@ -443,11 +443,11 @@ def fsdp1_hybrid_without_mesh(world_size: int = 2) -> dict:
     "all_reduce_group_sizes", "diverged", "warnings"}``. Measured (torch 2.13): the shard
     group has 1 rank, every all-reduce runs on a 1-rank group, the ranks' weights differ.
     (Manual wrapping without a mesh raises a ValueError instead.)"""
-    from .launch import launch
+    from .launch import launch, where
 
     _check_int("world_size", world_size, 2)
     out = launch(_fsdp1_hybrid_rank, world_size, backend="gloo", quiet=True, timeout_s=60)
-    return {"where": f"{world_size} gloo ranks on CPU",
+    return {"where": where(out, backend_first=True),
             "shard_group_size": out[0]["shard_group_size"],
             "all_reduce_group_sizes": out[0]["all_reduce_group_sizes"],
             "diverged": any(o["weight"] != out[0]["weight"] for o in out[1:]),

@@ -49,6 +49,7 @@ __all__ = [
     "rank_device",
     "describe_plan",
     "backend_label",
+    "where",
 ]
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -133,6 +134,29 @@ def backend_label(backend: str) -> str:
     return "NCCL, one GPU per rank" if backend == "nccl" else "gloo on CPU"
 
 
+def where(ranks, backend: str | None = None, *, backend_first: bool = False) -> str:
+    """Where ``ranks`` ran, in words: the label the course's tables and reports print.
+
+    ``ranks``: the :class:`RankResults` a :func:`launch` returned (its length is the world
+    size, its ``.backend`` the backend unless ``backend`` is given), or a world size,
+    with ``backend`` (``"gloo"`` or ``"nccl"``, as :func:`resolve_backend` returns it).
+
+    ``"2 ranks, gloo on CPU"``, ``"1 rank, NCCL, one GPU per rank"`` (the words of
+    :func:`backend_label`); ``backend_first=True``: ``"2 gloo ranks on CPU"``,
+    ``"2 NCCL ranks, one GPU each"``.
+    """
+    n = ranks if isinstance(ranks, int) else len(ranks)
+    if backend is None:
+        if isinstance(ranks, int):
+            raise TypeError("where(world_size, backend): a world size needs its backend")
+        backend = ranks.backend
+    plural = "rank" if n == 1 else "ranks"
+    if backend_first:
+        return (f"{n} NCCL {plural}, one GPU each" if backend == "nccl"
+                else f"{n} gloo {plural} on CPU")
+    return f"{n} {plural}, {backend_label(backend)}"
+
+
 def _why_spawn() -> str:
     if not sys.platform.startswith("linux"):
         return f"{sys.platform} cannot fork safely"
@@ -143,10 +167,8 @@ def _why_spawn() -> str:
 
 def describe_plan(world_size: int, backend: str, method: str) -> str:
     """The one line ``launch`` prints: how many ranks, which backend, fork or spawn."""
-    where = backend_label(backend)
     how = "forked from this process" if method == "fork" else "spawned as new interpreters"
-    plural = "rank" if world_size == 1 else "ranks"
-    return f"launch: {world_size} {plural}, {where}, {how}"
+    return f"launch: {where(world_size, backend)}, {how}"
 
 
 def rank_device():

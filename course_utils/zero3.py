@@ -62,7 +62,7 @@ from . import experiments
 from .compat import all_gather_into_tensor, reduce_scatter_tensor
 
 __all__ = ["Zero3", "FlatUnit", "wrap_zero3", "zero3_state_bytes", "gather_full_parameters",
-           "max_alive", "padded_numel"]
+           "max_alive", "padded_numel", "predicted_timeline", "unit_numels"]
 
 
 def padded_numel(numel: int, world_size: int) -> int:
@@ -486,6 +486,68 @@ class Zero3(nn.Module):
 def max_alive(timeline: list[dict], phase: str | None = None) -> int:
     """The most units alive at once in a timeline (optionally only in one phase)."""
     return max((e["alive_units"] for e in timeline if phase is None or e["phase"] == phase), default=0)
+
+
+def unit_numels(config=None) -> list[int]:
+    """Trainable parameters of :class:`Zero3`'s units for the course GPT (or the GPT of
+    ``config``): the root (all that is not in a block: embeddings, final norm; a tied
+    output layer counts once), then each block."""
+    from .config import COURSE_CONFIG
+    from .model import build_model
+
+    config = COURSE_CONFIG if config is None else config
+    gpt = build_model(config, device="meta")
+    blocks = [sum(p.numel() for p in b.parameters()) for b in gpt.blocks]
+    return [config.num_params() - sum(blocks)] + blocks
+
+
+def predicted_timeline(world_size: int, *, prefetch: bool, config=None) -> list[dict]:
+    """The gathers and frees :class:`Zero3` makes in one training step of the course GPT
+    (or the GPT of ``config``), predicted from the unit sizes alone: what
+    :attr:`Zero3.timeline` measures, before running anything.
+
+    One dict per event, with the keys of ``Zero3.timeline`` except ``step``:
+    ``phase``, ``unit`` ("root", "blocks.0", ...), ``event`` ("gather" or "free"),
+    ``alive_units`` and ``alive_bytes`` (units and fp32 bytes of full, padded parameters
+    gathered or in flight after the event). The schedule (``reshard_root=False``): the
+    root is gathered at the start of forward and freed at the end of backward; each
+    block is gathered just before its forward and freed after it, gathered again just
+    before its backward and freed after its reduce-scatter; with ``prefetch`` the next
+    block's gather (previous, in backward) is started one block early.
+    ``tests/test_figures.py`` checks it against ``Zero3.timeline`` measured on ranks.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if not isinstance(prefetch, bool):
+        raise TypeError(f"prefetch must be True or False, got {prefetch!r}")
+    numels = unit_numels(config)
+    names = ["root"] + [f"blocks.{i}" for i in range(len(numels) - 1)]
+    size = {u: 4 * padded_numel(m, world_size) for u, m in zip(names, numels)}
+    blocks = names[1:]
+    alive: list[str] = []
+    events: list[dict] = []
+
+    def log(phase, unit, event):
+        if event == "gather":
+            alive.append(unit)
+        else:
+            alive.remove(unit)
+        events.append({"phase": phase, "unit": unit, "event": event, "alive_units": len(alive),
+                       "alive_bytes": sum(size[u] for u in alive)})
+
+    for phase, order in (("forward", blocks), ("backward", blocks[::-1])):
+        if phase == "forward":
+            log(phase, "root", "gather")
+        if prefetch and order:
+            log(phase, order[0], "gather")
+        for i, unit in enumerate(order):
+            if not prefetch:
+                log(phase, unit, "gather")
+            elif i + 1 < len(order):
+                log(phase, order[i + 1], "gather")
+            log(phase, unit, "free")
+    log("backward", "root", "free")
+    return events
 
 
 def gather_full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -8,6 +8,7 @@ from course_utils import figures
 from course_utils.comm import CommLedger, collective_calls, comm_volume
 from course_utils.launch import launch
 from course_utils.memory import GB, model_states
+from course_utils.zero3 import predicted_timeline
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -106,7 +107,7 @@ def _zero3_timelines():
 def test_zero3_timeline_prediction_is_what_zero3_does(world_size):
     measured = launch(_zero3_timelines, world_size, quiet=True, timeout_s=120)
     for prefetch in (False, True):
-        predicted = figures.zero3_predicted_timeline(world_size, prefetch=prefetch)
+        predicted = predicted_timeline(world_size, prefetch=prefetch)
         for r, rank_result in enumerate(measured):
             assert rank_result[prefetch] == predicted, (world_size, prefetch, r)
     d = figures.data("zero3_timeline")
@@ -129,9 +130,9 @@ def test_zero3_timeline_figure_numbers():
 
 def test_zero3_predicted_timeline_validates():
     with pytest.raises(ValueError, match="world_size"):
-        figures.zero3_predicted_timeline(0, prefetch=False)
+        predicted_timeline(0, prefetch=False)
     with pytest.raises(TypeError, match="prefetch"):
-        figures.zero3_predicted_timeline(2, prefetch="yes")
+        predicted_timeline(2, prefetch="yes")
 
 
 def test_comm_table_numbers():
