@@ -469,25 +469,6 @@ def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict
 CHECKPOINTABLE = ("torch-fsdp", "torch-fsdp-zero2", "single", "ddp", "torch-ddp")
 
 
-def _train_steps(model, optimizer, data, start: int, stop: int, rank: int, world: int,
-                 device) -> list[float]:
-    """Steps ``start..stop-1`` of :func:`course_utils.experiments.run`'s loop: this rank's
-    shard of step s's global batch; the logged loss is the global batch's (the ranks'
-    losses summed in float64 and divided by the world size)."""
-    losses = []
-    for step in range(start, stop):
-        x, y = (t.to(device) for t in data.shard(step, rank, world))
-        loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        total = loss.detach().double()
-        if _distributed():
-            dist.all_reduce(total)
-        losses.append(total.item() / world)
-    return losses
-
-
 def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
              save_to: str | None, gather: bool) -> dict:
     """One rank's life between two launches: build and wrap the course GPT, optionally load
@@ -504,8 +485,10 @@ def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
     model, optimizer = wrap(strategy, model, make_adamw)
     start = load_sharded(model, optimizer, load_from)["step"] if load_from else 0
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=seed)
-    losses = _train_steps(model, optimizer, data, start, start if stop is None else stop,
-                          rank, world, device)
+    losses, _ = experiments.train_steps(model, optimizer, data,
+                                        range(start, start if stop is None else stop),
+                                        rank=rank, world=world, device=device,
+                                        distributed=distributed)
     saved = save_sharded(model, optimizer, save_to, overwrite=True) if save_to else None
     params = full_parameters(model)                       # collective
     out = {"losses": losses, "start": start, "saved": saved,

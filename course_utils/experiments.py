@@ -27,7 +27,7 @@ import hashlib
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from numbers import Integral
 from typing import Callable
 
@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .comm import OPS, CommLedger
+from .comm import CommLedger
 from .config import COURSE_CONFIG, TransformerConfig
 
-__all__ = ["GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "DEFAULT_BUCKET_BYTES", "STRATEGIES",
+__all__ = ["train_steps", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "DEFAULT_BUCKET_BYTES", "STRATEGIES",
            "Strategy", "register_strategy", "strategies", "wrap", "full_parameters", "run",
            "RunResult", "DataParallel", "DataParallelOptimizer", "make_adamw", "unwrap",
            "broadcast_from_rank0", "max_abs_diff", "max_rel_diff"]
@@ -520,6 +520,50 @@ def _digest(params: dict) -> str:
     return h.hexdigest()
 
 
+def train_steps(model: nn.Module, optimizer, data, steps, *, rank: int, world: int, device,
+                distributed: bool, ledger: CommLedger | None = None,
+                after_step: Callable | None = None,
+                on_step_end: Callable | None = None) -> tuple[list, list]:
+    """The training loop of :func:`run`, over the step numbers ``steps`` (e.g. ``range(2, 4)``
+    to resume at step 2): this rank's rows of each step's global batch, forward,
+    backward, ``optimizer.step()``, ``after_step(step)`` (if given: e.g. measure the state
+    before the gradients are dropped), ``optimizer.zero_grad()``.
+
+    Returns ``(losses, times)``: the loss of the *global* batch per step (the ranks' losses
+    summed in float64 and divided by ``world``; that all-reduce is left out of ``ledger``,
+    it is for the log only) and the seconds of each step without ``after_step`` (on a GPU
+    the device is synchronised around the timed part). ``on_step_end(step, loss,
+    seconds)`` is called last in each step (e.g. to print a log line).
+    Used by :func:`run` and by :mod:`course_utils.checkpoint` (stop, save, resume).
+    """
+    losses, times = [], []
+    for step in steps:
+        x, y = (t.to(device) for t in data.shard(step, rank, world))
+        cuda = torch.device(device).type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        if after_step is not None:
+            after_step(step)
+        t2 = time.perf_counter()
+        optimizer.zero_grad()
+        times.append((t1 - t0) + (time.perf_counter() - t2))
+        with ledger.pause() if ledger is not None else nullcontext():
+            total = loss.detach().double()
+            if distributed:
+                dist.all_reduce(total)
+            losses.append(total.item() / world)
+        if on_step_end is not None:
+            on_step_end(step, losses[-1], times[-1])
+    return losses, times
+
+
 def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, global_batch: int,
            options: dict) -> RunResult:
     """One rank's training run (the body of :func:`run`)."""
@@ -534,27 +578,18 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
     data = SyntheticData(config, global_batch=global_batch, seed=seed)
     model, optimizer = wrap(strategy, model, make_adamw, **options)
     measure = spec.state_bytes or _default_state_bytes
-    losses, times, state = [], [], {}
+    state = {}
+
+    def measure_last(step):
+        if step == steps - 1:
+            state.update({k: int(v) for k, v in measure(model, optimizer).items()
+                          if k in ("params", "grads", "optimizer")})
+
     ledger = CommLedger()
     with ledger:
-        for step in range(steps):
-            x, y = (t.to(device) for t in data.shard(step, rank, world))
-            t0 = time.perf_counter()
-            loss = model(x, y)
-            loss.backward()
-            optimizer.step()
-            t1 = time.perf_counter()
-            if step == steps - 1:
-                state = {k: int(v) for k, v in measure(model, optimizer).items()
-                         if k in ("params", "grads", "optimizer")}
-            t2 = time.perf_counter()
-            optimizer.zero_grad()
-            times.append((t1 - t0) + (time.perf_counter() - t2))
-            with ledger.pause():             # for the log only: not part of the strategy
-                total = loss.detach().double()
-                if distributed:
-                    dist.all_reduce(total)
-                losses.append(total.item() / world)
+        losses, times = train_steps(model, optimizer, data, range(steps), rank=rank, world=world,
+                                    device=device, distributed=distributed, ledger=ledger,
+                                    after_step=measure_last)
         with ledger.pause():
             digest = _digest(full_parameters(model))
     comm = ledger.totals()

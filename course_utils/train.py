@@ -29,7 +29,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from datetime import timedelta
 
 import torch
@@ -198,34 +197,23 @@ def main(argv=None) -> int:
                                             bucket_bytes=args.bucket_bytes,
                                             overlap=not args.no_overlap)
         measure = spec.state_bytes or experiments._default_state_bytes
-        losses, times, state = [], [], {}
+        state = {}
+
+        def measure_last(step):
+            if step == args.steps - 1:
+                state.update({k: int(v) for k, v in measure(model, optimizer).items()
+                              if k in ("params", "grads", "optimizer")})
+
+        def log(step, loss, seconds):
+            done = step + 1
+            if rank == 0 and (done % args.log_every == 0 or done == args.steps):
+                _print(f"step {done} loss {loss:.4f} step_time {seconds * 1e3:.1f} ms")
+
         ledger = CommLedger()
         with ledger:
-            for step in range(args.steps):
-                x, y = (t.to(device) for t in data.shard(step, rank, world))
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                loss = model(x, y)
-                loss.backward()
-                optimizer.step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                t1 = time.perf_counter()
-                if step == args.steps - 1:
-                    state = {k: int(v) for k, v in measure(model, optimizer).items()
-                             if k in ("params", "grads", "optimizer")}
-                t2 = time.perf_counter()
-                optimizer.zero_grad()
-                times.append((t1 - t0) + (time.perf_counter() - t2))
-                with ledger.pause():         # the logged loss: not part of the strategy
-                    total = loss.detach().double()
-                    if distributed:
-                        dist.all_reduce(total)
-                    losses.append(total.item() / world)
-                done = step + 1
-                if rank == 0 and (done % args.log_every == 0 or done == args.steps):
-                    _print(f"step {done} loss {losses[-1]:.4f} step_time {times[-1] * 1e3:.1f} ms")
+            losses, times = experiments.train_steps(
+                model, optimizer, data, range(args.steps), rank=rank, world=world, device=device,
+                distributed=distributed, ledger=ledger, after_step=measure_last, on_step_end=log)
         comm, calls = ledger.totals(), ledger.counts()
         if rank == 0:
             sent = ", ".join(f"{op} {_fmt_bytes(b)} ({calls.get(op, 0)} calls)"
