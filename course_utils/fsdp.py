@@ -67,7 +67,7 @@ from torch import nn
 
 from . import experiments
 
-__all__ = ["wrap_torch_fsdp", "wrap_torch_fsdp_zero2", "fsdp_units", "fsdp_state_bytes",
+__all__ = ["shard_per_unit", "wrap_torch_fsdp", "wrap_torch_fsdp_zero2", "fsdp_units", "fsdp_state_bytes",
            "padded_numel", "local_rows", "unit_message_numel", "message_numels",
            "comm_bytes_per_step", "calls_per_step", "expected_state_bytes", "param_group",
            "param_groups"]
@@ -165,30 +165,49 @@ def expected_state_bytes(model: nn.Module, world_size: int, rank: int) -> dict:
 
 # ------------------------------------------------------------------ wrapping
 
-def _wrap(model, make_optimizer, *, reshard_after_forward: bool, group=None, unit_types=None,
-          reshard_root: bool = False, mesh=None, **_options):
-    from torch.distributed.fsdp import fully_shard
-
+def _wrap(model, make_optimizer, *, reshard_after_forward: bool | int, group=None, unit_types=None,
+          reshard_root: bool = False, mesh=None, fully_shard_kwargs: dict | None = None,
+          **_options):
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("torch-fsdp needs torch.distributed initialised: run it inside "
                            "course_utils.launch.launch(...) or %%ranks")
     if mesh is not None and group is not None:
         raise ValueError("pass group= (a 1-D mesh is made from it) or mesh=, not both")
     experiments.broadcast_from_rank0(model, group)        # every rank starts from rank 0's model
-    kwargs = {}
+    kwargs = dict(fully_shard_kwargs or {})               # mp_policy=, offload_policy=, ...
     if mesh is not None:                                   # e.g. a 2-D (replicate, shard) mesh: HSDP
         kwargs["mesh"] = mesh
-    elif group is not None:
+    else:
+        # A mesh on the parameters' device, always: fully_shard's default mesh is a CUDA one
+        # whenever a GPU is visible, which breaks gloo CPU ranks on a one-GPU machine (Colab).
         from torch.distributed.device_mesh import DeviceMesh
 
         device_type = next(model.parameters()).device.type
-        kwargs["mesh"] = DeviceMesh.from_group(group, device_type)
-    for unit in fsdp_units(model, unit_types):
-        fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)
-    # the root stays gathered between forward and backward unless reshard_root
-    fully_shard(model, reshard_after_forward=bool(reshard_after_forward and reshard_root), **kwargs)
+        kwargs["mesh"] = DeviceMesh.from_group(group or dist.group.WORLD, device_type)
+    shard_per_unit(model, reshard_after_forward=reshard_after_forward, unit_types=unit_types,
+                   reshard_root=reshard_root, **kwargs)
     params = [p for p in model.parameters() if p.requires_grad]
     return model, make_optimizer(params)
+
+
+def shard_per_unit(model: nn.Module, *, mesh=None, reshard_after_forward: bool | int = True,
+                   unit_types=None, reshard_root: bool = False, **fully_shard_kwargs) -> nn.Module:
+    """``fully_shard`` each unit (:func:`fsdp_units`), then the root, and nothing else: no
+    broadcast (each rank shards what it holds: build the model identically on every rank,
+    or use :func:`wrap_torch_fsdp`, which broadcasts rank 0's weights first). The mesh
+    defaults to all ranks on the parameters' device: ``fully_shard``'s own default is a
+    CUDA mesh whenever a GPU is visible, wrong for gloo CPU ranks on a one-GPU machine.
+    The root stays gathered between forward and backward unless ``reshard_root``."""
+    from torch.distributed.fsdp import fully_shard
+
+    if mesh is None:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = DeviceMesh.from_group(dist.group.WORLD, next(model.parameters()).device.type)
+    for unit in fsdp_units(model, unit_types):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
+    return fully_shard(model, mesh=mesh, reshard_after_forward=bool(reshard_after_forward and reshard_root),
+                       **fully_shard_kwargs)
 
 
 def wrap_torch_fsdp(model, make_optimizer, **options):

@@ -68,10 +68,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import fsdp
 from .comm import CommLedger
 from .config import COURSE_CONFIG
 from .exercises import _full_grads, _single_grads
-from .experiments import GLOBAL_BATCH, broadcast_from_rank0, make_adamw, max_abs_diff, max_rel_diff
+from .experiments import GLOBAL_BATCH, make_adamw, max_abs_diff, max_rel_diff
 from .fsdp import (_local, calls_per_step, comm_bytes_per_step, expected_state_bytes,
                    fsdp_state_bytes, fsdp_units, message_numels, param_group, param_groups)
 from .launch import launch, rank_device, where
@@ -207,21 +208,14 @@ def shard_model(model: nn.Module, *, reshard_after_forward: bool | int = True, u
     ``reshard_after_forward`` (bool or an int dividing the world size) applies to the
     units; the root keeps its parameters gathered from forward to backward. Returns the
     model (sharded in place). Call inside a launched rank."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("shard_model needs torch.distributed initialised: run it inside "
                            "course_utils.launch.launch(...) or %%ranks")
     _check_reshard(reshard_after_forward, dist.get_world_size())
-    device = next(model.parameters()).device
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    broadcast_from_rank0(model)
-    for unit in fsdp_units(model, unit_types):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
-    return fully_shard(model, mesh=mesh, reshard_after_forward=False, **fully_shard_kwargs)
+    return fsdp._wrap(model, lambda params: None, reshard_after_forward=reshard_after_forward,
+                      unit_types=unit_types, fully_shard_kwargs=fully_shard_kwargs)[0]
 
 
 def _check_reshard(value, world_size: int) -> None:

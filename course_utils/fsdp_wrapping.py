@@ -746,17 +746,6 @@ def _mesh(shape, device):
     return init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
 
 
-def _fsdp2_with_mesh(model, mesh, reshard_after_forward: bool):
-    """``fully_shard`` per block then the root on a 2-D mesh (rank 0's weights first)."""
-    from torch.distributed.fsdp import fully_shard
-
-    experiments.broadcast_from_rank0(model)
-    for unit in fsdp.fsdp_units(model):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
-    return model, experiments.make_adamw(model.parameters())
-
-
 def _full_digest(model, flavour: str) -> str:
     """Digest of the full parameters this rank would train (FSDP1: summon_full_params)."""
     if flavour == "fsdp1":
@@ -796,8 +785,9 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
                 wrap = fsdp.wrap_torch_fsdp if reshard else fsdp.wrap_torch_fsdp_zero2
                 model, opt = wrap(build_model(seed=seed, device=device), experiments.make_adamw)
             else:
-                model, opt = _fsdp2_with_mesh(build_model(seed=seed, device=device),
-                                              _mesh(_mesh_shape(kind, world), device), reshard)
+                model, opt = fsdp._wrap(build_model(seed=seed, device=device),
+                                        experiments.make_adamw, reshard_after_forward=reshard,
+                                        mesh=_mesh(_mesh_shape(kind, world), device))
             row["fsdp2"] = _measured_run(model, opt, data, steps, rank, world, device,
                                          units=len(fsdp.param_groups(model)))
             row["fsdp2"]["digest"] = _full_digest(model, "fsdp2")
@@ -1047,8 +1037,6 @@ def _require(report, names) -> None:
 
 def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     """Seed 001's per-rank seeding before building the model, with FSDP2 and FSDP1, and the fixes."""
-    from torch.distributed.fsdp import fully_shard
-
     from .launch import rank_device
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -1060,9 +1048,7 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
         return GPT(COURSE_CONFIG).to(device)     # PyTorch's default init: the global RNG
 
     def fsdp2_run(model):
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+        fsdp.shard_per_unit(model)               # fully_shard per block, then the root
         run = _train(model, experiments.make_adamw(model.parameters()), data, steps, rank=rank,
                      world=world, device=device)
         return run["losses"]
@@ -1071,9 +1057,7 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     # the bug: every rank seeds differently, then shards its own initialisation
     model = seeded(seed + rank)
     mine = model.tok_emb.weight.detach().clone()
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+    fsdp.shard_per_unit(model)                   # no broadcast: each rank shards its own init
     full = model.tok_emb.weight.full_tensor()
     out["rows_from_this_rank"] = int((full == mine).all(dim=1).sum())
     out["rows"] = int(full.shape[0])
