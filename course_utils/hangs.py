@@ -67,7 +67,8 @@ __all__ = ["DEFAULT_TIMEOUT_S", "SCENARIOS", "Scenario", "Outcome", "RankState",
            "FixedRun", "skipped_collective", "skipped_collective_fixed", "uneven_batches",
            "uneven_batches_fixed", "shape_mismatch", "shape_mismatch_fixed", "collective_order",
            "collective_order_fixed", "run_broken", "diagnose", "run_fixed", "detail_message",
-           "clean_message", "check_hang_fix"]
+           "clean_message", "check_hang_fix", "rank_batches", "ddp_steps", "order_tensors",
+           "sync_one"]
 
 #: Seconds a broken run may take before the launcher kills it (a hang costs this much).
 DEFAULT_TIMEOUT_S = 5.0
@@ -105,7 +106,7 @@ def skipped_collective_fixed() -> float:
 BATCHES = 4
 
 
-def _rank_batches(rank: int) -> list:
+def rank_batches(rank: int) -> list:
     """Rank ``rank``'s data loader: ``BATCHES - rank`` batches of 2 rows (x, y = sum of x)."""
     out = []
     for step in range(BATCHES - rank):
@@ -123,7 +124,7 @@ def _weights(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
 
 
-def _ddp_steps(batches) -> torch.Tensor:
+def ddp_steps(batches) -> torch.Tensor:
     """torch DDP + SGD over ``batches``; the final weights."""
     from torch.nn.parallel import DistributedDataParallel
 
@@ -142,17 +143,17 @@ def _ddp_steps(batches) -> torch.Tensor:
 def uneven_batches() -> torch.Tensor:
     """Train torch DDP on this rank's batches. BUG: rank 1 has one batch fewer, leaves the
     loop, and rank 0's last backward waits for a gradient all-reduce rank 1 never joins."""
-    return _ddp_steps(_rank_batches(dist.get_rank()))
+    return ddp_steps(rank_batches(dist.get_rank()))
 
 
 def uneven_batches_fixed() -> torch.Tensor:
     """The ranks first agree on how many steps they can all take (an all-reduce with MIN)
     and train that many. (torch's ``Join`` context manager is the other fix: it lets the
     ranks that ran out shadow the others' all-reduces.)"""
-    batches = _rank_batches(dist.get_rank())
+    batches = rank_batches(dist.get_rank())
     steps = torch.tensor(len(batches), device=rank_device())
     dist.all_reduce(steps, op=dist.ReduceOp.MIN)
-    return _ddp_steps(batches[:int(steps)])
+    return ddp_steps(batches[:int(steps)])
 
 
 #: ``shape_mismatch``'s ways to synchronise: torch DDP, torch FSDP2, a flat all-reduce by hand.
@@ -218,7 +219,9 @@ def shape_mismatch_fixed(via: str = "torch-ddp") -> torch.Tensor:
 ORDER_VARIANTS = ("sizes", "same_sizes", "ops")
 
 
-def _order_tensors(variant: str):
+def order_tensors(variant: str):
+    """``collective_order``'s two tensors on this rank: ``loss`` (1 value, rank + 1) and
+    ``stats`` (8 values of 10·(rank + 1); 1 value with ``"same_sizes"``)."""
     if variant not in ORDER_VARIANTS:
         raise ValueError(f"variant must be one of {ORDER_VARIANTS}, got {variant!r}")
     rank, device = dist.get_rank(), rank_device()
@@ -227,7 +230,9 @@ def _order_tensors(variant: str):
     return loss, stats
 
 
-def _sync(name: str, tensor: torch.Tensor, variant: str) -> None:
+def sync_one(name: str, tensor: torch.Tensor, variant: str) -> None:
+    """Synchronise one of :func:`order_tensors`' tensors: all-reduce it (``stats`` is
+    broadcast from rank 0 instead in the ``"ops"`` variant)."""
     if name == "stats" and variant == "ops":
         dist.broadcast(tensor, src=0)    # rank 0's statistics to every rank
     else:
@@ -238,19 +243,19 @@ def collective_order(variant: str = "sizes") -> torch.Tensor:
     """Synchronise two tensors, ``loss`` (1 value) and ``stats`` (8 values; 1 with
     ``"same_sizes"``; broadcast from rank 0 instead of all-reduced with ``"ops"``).
     BUG: the order depends on the rank (rank 0 does loss first, the others stats first)."""
-    loss, stats = _order_tensors(variant)
+    loss, stats = order_tensors(variant)
     tensors = {"loss": loss, "stats": stats}
     order = ["loss", "stats"] if dist.get_rank() == 0 else ["stats", "loss"]
     for name in order:
-        _sync(name, tensors[name], variant)
+        sync_one(name, tensors[name], variant)
     return torch.cat([loss, stats]).cpu()
 
 
 def collective_order_fixed(variant: str = "sizes") -> torch.Tensor:
     """One order on every rank."""
-    loss, stats = _order_tensors(variant)
-    _sync("loss", loss, variant)
-    _sync("stats", stats, variant)
+    loss, stats = order_tensors(variant)
+    sync_one("loss", loss, variant)
+    sync_one("stats", stats, variant)
     return torch.cat([loss, stats]).cpu()
 
 
@@ -266,7 +271,7 @@ def _uneven_reference(world_size: int) -> torch.Tensor:
     for as many steps as the shortest loader has."""
     model = _small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loaders = [_rank_batches(r) for r in range(world_size)]
+    loaders = [rank_batches(r) for r in range(world_size)]
     for step in range(min(len(b) for b in loaders)):
         loss = sum(torch.nn.functional.mse_loss(model(b[step][0]), b[step][1]) for b in loaders)
         (loss / world_size).backward()

@@ -161,3 +161,24 @@ def test_argument_checks_and_cleaning():
     assert hangs.clean_message(raw) == ("op.preamble.length <= op.nbytes. 8 vs 4. at 0x... "
                                         "TensorShape=[1]), x. Collectives differ in the following "
                                         "aspects: Op type: ALLREDUCE vs REDUCE")
+
+
+def _uneven_fix():
+    import torch
+    import torch.distributed as dist
+
+    batches = hangs.rank_batches(dist.get_rank())
+    steps = torch.tensor(len(batches))
+    dist.all_reduce(steps, op=dist.ReduceOp.MIN)
+    return hangs.ddp_steps(batches[:int(steps)])
+
+
+def _uneven_first_batch_only():   # no hang, but fewer steps than the ranks could all take
+    import torch.distributed as dist
+
+    return hangs.ddp_steps(hangs.rank_batches(dist.get_rank())[:1])
+
+
+def test_check_hang_fix_uneven_batches_with_the_public_helpers():
+    assert hangs.check_hang_fix("uneven_batches", _uneven_fix)
+    assert not hangs.check_hang_fix("uneven_batches", _uneven_first_batch_only)
