@@ -791,14 +791,21 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
             row["fsdp2"] = _measured_run(model, opt, data, steps, rank, world, device,
                                          units=len(fsdp.param_groups(model)))
             row["fsdp2"]["digest"] = _full_digest(model, "fsdp2")
-        if fsdp1_name == "NO_SHARD":          # FSDP2's own replicate (private in torch 2.13)
-            from torch.distributed._composable.replicate_with_fsdp import replicate
+        replicate = None
+        if fsdp1_name == "NO_SHARD":          # FSDP2's own replicate (private in torch 2.13,
+            try:                              # absent from older torch: the row is left out)
+                from torch.distributed._composable.replicate_with_fsdp import replicate
+            except ImportError:
+                pass
+        if replicate is not None:
+            from torch.distributed.device_mesh import DeviceMesh
 
             model = build_model(seed=seed, device=device)
             experiments.broadcast_from_rank0(model)
+            mesh = DeviceMesh.from_group(dist.group.WORLD, device.type)   # not CUDA on gloo ranks
             for unit in fsdp.fsdp_units(model):
-                replicate(unit)
-            replicate(model)
+                replicate(unit, mesh=mesh)
+            replicate(model, mesh=mesh)
             opt = experiments.make_adamw(model.parameters())
             row["replicate"] = _measured_run(model, opt, data, steps, rank, world, device,
                                              units=len(fsdp.param_groups(model)))
