@@ -337,6 +337,10 @@ def _secondary(info: dict) -> bool:
     return info["type"] in _COMM_ERRORS or any(w in info["message"] for w in _COMM_WORDS)
 
 
+#: Seconds the launcher waits, after a rank fails, for the others to exit by themselves.
+_FAILURE_GRACE_S = 0.5
+
+
 def _root_cause(failures: dict[int, dict]) -> int:
     """Among Python errors, the earliest; among those raised within 1 s of it, the
     lowest rank (deterministic when every rank raises the same exception)."""
@@ -486,6 +490,15 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
                 break
             mp.connection.wait([p.sentinel for p in procs if p.exitcode is None],
                                timeout=min(0.2, remaining))
+        if not timed_out and any(c not in (None, 0) for c in codes):
+            # A rank failed: give the others a moment to exit too (when every rank raises,
+            # the lowest one may still be writing its error), then stop whoever is left,
+            # e.g. ranks blocked in a collective with the dead one.
+            grace = time.monotonic() + _FAILURE_GRACE_S
+            while any(p.exitcode is None for p in procs) and time.monotonic() < grace:
+                mp.connection.wait([p.sentinel for p in procs if p.exitcode is None],
+                                   timeout=max(0.0, grace - time.monotonic()))
+            codes = [p.exitcode for p in procs]
         hung = [r for r, p in enumerate(procs) if p.exitcode is None]
         if timed_out and hasattr(signal, "SIGUSR1"):
             for r in hung:  # dump each hung rank's Python stack into its stderr file
