@@ -487,8 +487,7 @@ def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=seed)
     losses, _ = experiments.train_steps(model, optimizer, data,
                                         range(start, start if stop is None else stop),
-                                        rank=rank, world=world, device=device,
-                                        distributed=distributed)
+                                        rank=rank, world=world, device=device)
     saved = save_sharded(model, optimizer, save_to, overwrite=True) if save_to else None
     params = full_parameters(model)                       # collective
     out = {"losses": losses, "start": start, "saved": saved,

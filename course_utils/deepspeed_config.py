@@ -33,7 +33,7 @@ import dataclasses
 from numbers import Real
 
 from .config import TransformerConfig
-from .experiments import BETAS, LR, WEIGHT_DECAY
+from .experiments import BETAS, LR, WEIGHT_DECAY, train_steps
 from .planner import Choice, PlanRow, as_choice
 
 __all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config",
@@ -567,16 +567,8 @@ def _train_snippet(codes: list, steps: int) -> list:
         exec(code, ns)  # noqa: S102 - running the generated snippet is the point
         model, optimizer = ns["model"], ns["optimizer"]
         data = SyntheticData(COURSE_CONFIG, global_batch=12, seed=0)
-        losses = []
-        for step in range(steps):
-            x, y = (t.to(device) for t in data.shard(step, rank, world))
-            loss = model(x, y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            total = loss.detach().float().clone()
-            dist.all_reduce(total)
-            losses.append(total.item() / world)
+        losses, _ = train_steps(model, optimizer, data, range(steps), rank=rank, world=world,
+                                device=device)
         out.append(losses)
         del model, optimizer, ns
     return out

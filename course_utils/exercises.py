@@ -671,12 +671,11 @@ def _grad_problem(got: dict, want: dict, rtol: float = 1e-5, atol: float = 1e-7)
 
 def _fsdp_wrap_on_rank(fn: Callable) -> dict:
     """Rank side of :func:`check_fsdp_wrap`."""
-    import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
     from .comm import CommLedger
-    from .experiments import GLOBAL_BATCH
+    from .experiments import GLOBAL_BATCH, global_loss
     from .model import SyntheticData, build_model
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -689,10 +688,8 @@ def _fsdp_wrap_on_rank(fn: Callable) -> dict:
     with CommLedger() as ledger:
         loss = model(x, y)
         loss.backward()
-    total = loss.detach().double()
-    dist.all_reduce(total)
     return {"units": units, "blocks": blocks, "counts": ledger.counts(),
-            "loss": total.item() / world}
+            "loss": global_loss(loss)}
 
 
 def check_fsdp_wrap(fn: Callable) -> Verdict:

@@ -37,8 +37,9 @@ from torch import nn
 
 from .comm import CommLedger
 from .config import COURSE_CONFIG, TransformerConfig
+from .precision import WrapsOptimizer
 
-__all__ = ["train_steps", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "DEFAULT_BUCKET_BYTES", "STRATEGIES",
+__all__ = ["train_steps", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "DEFAULT_BUCKET_BYTES", "STRATEGIES",
            "Strategy", "register_strategy", "strategies", "wrap", "full_parameters", "run",
            "RunResult", "DataParallel", "DataParallelOptimizer", "make_adamw", "unwrap",
            "broadcast_from_rank0", "max_abs_diff", "max_rel_diff"]
@@ -228,7 +229,7 @@ class DataParallel(nn.Module):
                 f"overlap={self.overlap}")
 
 
-class DataParallelOptimizer:
+class DataParallelOptimizer(WrapsOptimizer):
     """The optimizer ``wrap("ddp", ...)`` returns: ``step()`` first finishes the gradient
     all-reduce of its :class:`DataParallel` model, then steps the real optimizer
     (``.inner``). ``param_groups``, ``state``, ``zero_grad`` and ``state_dict`` are the
@@ -236,14 +237,6 @@ class DataParallelOptimizer:
 
     def __init__(self, model: DataParallel, inner):
         self.model, self.inner = model, inner
-
-    @property
-    def param_groups(self):
-        return self.inner.param_groups
-
-    @property
-    def state(self):
-        return self.inner.state
 
     def step(self, closure=None):
         self.model.finish_gradient_sync()
@@ -520,8 +513,19 @@ def _digest(params: dict) -> str:
     return h.hexdigest()
 
 
+def global_loss(loss: torch.Tensor) -> float:
+    """The loss of the global batch from this rank's loss on its rows: the ranks' losses
+    summed in float64 and divided by the world size (every rank holds the same number of
+    rows). Collective when ``torch.distributed`` is initialised; one process: the loss."""
+    total = loss.detach().double()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)
+        return total.item() / dist.get_world_size()
+    return total.item()
+
+
 def train_steps(model: nn.Module, optimizer, data, steps, *, rank: int, world: int, device,
-                distributed: bool, ledger: CommLedger | None = None,
+                ledger: CommLedger | None = None,
                 after_step: Callable | None = None,
                 on_step_end: Callable | None = None) -> tuple[list, list]:
     """The training loop of :func:`run`, over the step numbers ``steps`` (e.g. ``range(2, 4)``
@@ -529,9 +533,8 @@ def train_steps(model: nn.Module, optimizer, data, steps, *, rank: int, world: i
     backward, ``optimizer.step()``, ``after_step(step)`` (if given: e.g. measure the state
     before the gradients are dropped), ``optimizer.zero_grad()``.
 
-    Returns ``(losses, times)``: the loss of the *global* batch per step (the ranks' losses
-    summed in float64 and divided by ``world``; that all-reduce is left out of ``ledger``,
-    it is for the log only) and the seconds of each step without ``after_step`` (on a GPU
+    Returns ``(losses, times)``: the loss of the *global* batch per step (:func:`global_loss`;
+    that all-reduce is left out of ``ledger``, it is for the log only) and the seconds of each step without ``after_step`` (on a GPU
     the device is synchronised around the timed part). ``on_step_end(step, loss,
     seconds)`` is called last in each step (e.g. to print a log line).
     Used by :func:`run` and by :mod:`course_utils.checkpoint` (stop, save, resume).
@@ -555,10 +558,7 @@ def train_steps(model: nn.Module, optimizer, data, steps, *, rank: int, world: i
         optimizer.zero_grad()
         times.append((t1 - t0) + (time.perf_counter() - t2))
         with ledger.pause() if ledger is not None else nullcontext():
-            total = loss.detach().double()
-            if distributed:
-                dist.all_reduce(total)
-            losses.append(total.item() / world)
+            losses.append(global_loss(loss))
         if on_step_end is not None:
             on_step_end(step, losses[-1], times[-1])
     return losses, times
@@ -588,7 +588,7 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
     ledger = CommLedger()
     with ledger:
         losses, times = train_steps(model, optimizer, data, range(steps), rank=rank, world=world,
-                                    device=device, distributed=distributed, ledger=ledger,
+                                    device=device, ledger=ledger,
                                     after_step=measure_last)
         with ledger.pause():
             digest = _digest(full_parameters(model))

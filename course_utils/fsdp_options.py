@@ -72,7 +72,7 @@ from . import fsdp
 from .comm import CommLedger
 from .config import COURSE_CONFIG
 from .exercises import _full_grads, _single_grads
-from .experiments import GLOBAL_BATCH, make_adamw, max_abs_diff, max_rel_diff
+from .experiments import GLOBAL_BATCH, global_loss, make_adamw, max_abs_diff, max_rel_diff
 from .fsdp import (_local, calls_per_step, comm_bytes_per_step, expected_state_bytes,
                    fsdp_state_bytes, fsdp_units, message_numels, param_group, param_groups)
 from .launch import launch, rank_device, where
@@ -242,12 +242,6 @@ def _rank_batch(data, step: int, device):
     return x.to(device), y.to(device)
 
 
-def _global_loss(loss: torch.Tensor) -> float:
-    total = loss.detach().double()
-    dist.all_reduce(total)
-    return total.item() / dist.get_world_size()
-
-
 def _train(model, data, device, steps: int, *, after_forward=None, after_step=None):
     """``steps`` AdamW steps on the course batches. Per step: the global-batch loss and a
     :class:`CommLedger` summary of forward + backward + ``step()``. ``after_forward(step)``
@@ -265,7 +259,7 @@ def _train(model, data, device, steps: int, *, after_forward=None, after_step=No
         if after_step is not None:
             after_step(step, opt)
         opt.zero_grad()
-        losses.append(_global_loss(loss))
+        losses.append(global_loss(loss))
         comms.append({"counts": ledger.counts(), "totals": ledger.totals(),
                       "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]})
     return losses, comms
@@ -691,7 +685,7 @@ def _rank_prefetch(depth: int, steps: int) -> dict:
                 loss.backward()
             opt.step()
             opt.zero_grad()
-            losses.append(_global_loss(loss))
+            losses.append(global_loss(loss))
         out[name] = {"losses": losses, "events": list(events), "peaks": dict(peaks),
                      "counts": ledger.counts()}
     return out
@@ -849,7 +843,7 @@ def _rank_checkpointing(steps: int) -> dict:
             keep.clear()
             opt.step()
             opt.zero_grad()
-            losses.append(_global_loss(loss))
+            losses.append(global_loss(loss))
         matmul = sum(n for op, n in flops.get_flop_counts()["Global"].items()
                      if str(op).split(".")[-1] in ("mm", "addmm", "bmm"))
         out[method] = {"losses": losses, "saved": dict(saved), "counts": ledger.counts(),

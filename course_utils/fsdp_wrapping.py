@@ -433,10 +433,7 @@ def _train(model, optimizer, data, steps: int, *, rank: int, world: int, device,
             totals.append(ledger.totals(exact=True))
         pause = ledger.pause() if ledger is not None else contextlib.nullcontext()
         with pause:
-            total = loss.detach().double()
-            if world > 1:
-                dist.all_reduce(total)
-            losses.append(total.item() / world)
+            losses.append(experiments.global_loss(loss))
     return {"losses": losses, "times": times, "counts": counts, "totals": totals, "state": state}
 
 

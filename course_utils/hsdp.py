@@ -199,20 +199,16 @@ def _measure_rank(shards: int, steps: int, seed: int) -> dict:
     model, optimizer = wrap_torch_hsdp(build_model(seed=seed, device=device), experiments.make_adamw,
                                        shards=shards)
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
-    losses, state = [], {}
+    state = {}
+
+    def measure_last(step):
+        if step == steps - 1:
+            state.update(fsdp.fsdp_state_bytes(model, optimizer))
+
     with CommLedger() as ledger:
-        for step in range(steps):
-            x, y = (t.to(device) for t in data.shard(step, rank, world))
-            loss = model(x, y)
-            loss.backward()
-            optimizer.step()
-            if step == steps - 1:
-                state = fsdp.fsdp_state_bytes(model, optimizer)
-            optimizer.zero_grad()
-            with ledger.pause():
-                total = loss.detach().double()
-                dist.all_reduce(total)
-                losses.append(total.item() / world)
+        losses, _ = experiments.train_steps(model, optimizer, data, range(steps), rank=rank,
+                                            world=world, device=device, ledger=ledger,
+                                            after_step=measure_last)
     by_group: dict = {}
     for rec in ledger.records:
         key = (rec.op, rec.world_size, rec.rank)

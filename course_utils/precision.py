@@ -32,7 +32,7 @@ from torch import nn
 
 from .memory import RECIPES
 
-__all__ = ["MasterWeightsAdamW", "make_training", "train_step", "state_bytes", "memtracker_bytes",
+__all__ = ["WrapsOptimizer", "MasterWeightsAdamW", "make_training", "train_step", "state_bytes", "memtracker_bytes",
            "cuda_phases"]
 
 LOW_PRECISION = torch.bfloat16
@@ -40,7 +40,23 @@ LOW_PRECISION = torch.bfloat16
 
 # -- the master-weights optimizer -------------------------------------------------------
 
-class MasterWeightsAdamW:
+class WrapsOptimizer:
+    """Base of the course's optimizer wrappers (:class:`MasterWeightsAdamW` here,
+    ``experiments.DataParallelOptimizer``, ``zero.ZeroOptimizer``): the real optimizer is
+    ``self.inner``, and ``param_groups`` (change ``lr`` there) and ``state`` are its."""
+
+    inner: torch.optim.Optimizer
+
+    @property
+    def param_groups(self):
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+
+class MasterWeightsAdamW(WrapsOptimizer):
     """AdamW for low-precision (bf16) parameters, run on fp32 master copies.
 
     Holds one fp32 master per parameter and a real ``torch.optim.AdamW`` (``.inner``)
@@ -66,16 +82,6 @@ class MasterWeightsAdamW:
             raise ValueError("masters must match params one to one, with the same shapes")
         self.use_main_grad = use_main_grad
         self.inner = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay, betas=betas)
-
-    @property
-    def param_groups(self):
-        """The inner AdamW's groups: change ``lr`` here."""
-        return self.inner.param_groups
-
-    @property
-    def state(self):
-        """The inner AdamW's state (exp_avg, exp_avg_sq, step), keyed by master."""
-        return self.inner.state
 
     def _grad(self, p: torch.Tensor):
         return getattr(p, "main_grad", None) if self.use_main_grad else p.grad

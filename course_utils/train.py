@@ -213,7 +213,7 @@ def main(argv=None) -> int:
         with ledger:
             losses, times = experiments.train_steps(
                 model, optimizer, data, range(args.steps), rank=rank, world=world, device=device,
-                distributed=distributed, ledger=ledger, after_step=measure_last, on_step_end=log)
+                ledger=ledger, after_step=measure_last, on_step_end=log)
         comm, calls = ledger.totals(), ledger.counts()
         if rank == 0:
             sent = ", ".join(f"{op} {_fmt_bytes(b)} ({calls.get(op, 0)} calls)"

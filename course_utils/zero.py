@@ -80,6 +80,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .comm import CommLedger, collective_bytes
+from .precision import WrapsOptimizer
 from .compat import all_gather_into_tensor, reduce_scatter_tensor
 from .experiments import (BETAS, DEFAULT_BUCKET_BYTES, LR, WEIGHT_DECAY, DataParallel,
                           DataParallelOptimizer, _storage_bytes, _trainable, broadcast_from_rank0,
@@ -179,7 +180,7 @@ class ZeroBucket:
         return self.hi - self.lo
 
 
-class ZeroOptimizer:
+class ZeroOptimizer(WrapsOptimizer):
     """ZeRO-1 (``stage=1``) or ZeRO-2 (``stage=2``) around a real optimizer.
 
     Args:
@@ -408,15 +409,7 @@ class ZeroOptimizer:
                 p.grad = None
             self._live.clear()
 
-    # -- optimizer look-alike
-    @property
-    def param_groups(self):
-        return self.inner.param_groups
-
-    @property
-    def state(self):
-        return self.inner.state
-
+    # -- optimizer look-alike (param_groups, state: WrapsOptimizer's)
     def state_dict(self) -> dict:
         """This rank's shard of the optimizer state (the inner optimizer's)."""
         return self.inner.state_dict()
@@ -551,7 +544,7 @@ class ZeroRun:
 
 
 def _train_zero(stage, steps, seed, global_batch, options):
-    from .experiments import _digest, full_parameters, make_adamw
+    from .experiments import _digest, full_parameters, global_loss, make_adamw
     from .launch import rank_device
     from .model import SyntheticData, build_model
 
@@ -573,9 +566,7 @@ def _train_zero(stage, steps, seed, global_batch, options):
                 state = zero_state_bytes(model, opt)
             opt.zero_grad()
             with ledger.pause():
-                total = loss.detach().double()
-                dist.all_reduce(total)
-                losses.append(total.item() / world)
+                losses.append(global_loss(loss))
         with ledger.pause():
             digest = _digest(full_parameters(model))
     return ZeroRun(rank, world, losses, ledger.totals(), ledger.counts(), state, peak,

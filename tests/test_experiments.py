@@ -13,12 +13,11 @@ from fractions import Fraction
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from course_utils.comm import CommLedger, comm_volume
 from course_utils.experiments import (DEFAULT_BUCKET_BYTES, GLOBAL_BATCH, STRATEGIES, DataParallel,
-                                      RunResult, full_parameters, make_adamw, register_strategy,
+                                      RunResult, full_parameters, global_loss, make_adamw, register_strategy,
                                       run, strategies, unwrap, wrap)
 from course_utils.launch import launch
 from course_utils.model import build_model, num_params
@@ -118,10 +117,7 @@ def _toy_train(strategy, rank=0, world_size=1):
             opt.step()
             opt.zero_grad()
             with ledger.pause():
-                total = loss.detach().double()
-                if world_size > 1:
-                    dist.all_reduce(total)
-                losses.append(total.item() / world_size)
+                losses.append(global_loss(loss))
             snapshots.append(full_parameters(model))
     tied = unwrap(model).head.weight is unwrap(model).emb.weight
     return losses, snapshots, buffers, ledger.totals(), ledger.counts(), tied

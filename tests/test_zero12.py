@@ -20,7 +20,7 @@ from torch import nn
 import course_utils.zero as zero
 from course_utils import exercises
 from course_utils.comm import CommLedger, collective_bytes
-from course_utils.experiments import GLOBAL_BATCH, full_parameters, run, unwrap, wrap
+from course_utils.experiments import GLOBAL_BATCH, full_parameters, global_loss, run, unwrap, wrap
 from course_utils.launch import launch
 from course_utils.memory import model_states
 from course_utils.model import build_model, num_params
@@ -153,10 +153,7 @@ def _toy_train(strategy, rank=0, world_size=1, bucket_bytes=64):
             opt.step()
             opt.zero_grad()
             with ledger.pause():
-                total = loss.detach().double()
-                if world_size > 1:
-                    dist.all_reduce(total)
-                losses.append(total.item() / world_size)
+                losses.append(global_loss(loss))
             snaps.append(full_parameters(model))
         # unused on some ranks only: "extra" used on rank 0 alone; collectives stay matched.
         # Like "ddp", ZeRO's flat buffers give an unused parameter a zero gradient (AdamW

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils.comm import CommLedger, collective_bytes, collective_calls, comm_volume
-from course_utils.experiments import GLOBAL_BATCH, STRATEGIES, make_adamw, run, wrap
+from course_utils.experiments import GLOBAL_BATCH, STRATEGIES, global_loss, make_adamw, run, wrap
 from course_utils.launch import launch
 from course_utils.model import SyntheticData, build_model, num_params
 from course_utils.zero3 import Zero3, gather_full_parameters, max_alive, padded_numel
@@ -106,9 +106,7 @@ def _train_course(prefetch, reshard_root=False, steps=STEPS):
             opt.zero_grad()
             timelines.append(list(z.timeline))
             with ledger.pause():
-                t = loss.detach().double()
-                dist.all_reduce(t)
-                losses.append(t.item() / world)
+                losses.append(global_loss(loss))
                 snaps.append(gather_full_parameters(z))
     return {"losses": losses, "snaps": snaps, "timelines": timelines, "counts": ledger.counts(),
             "totals": ledger.totals(), "at_rest": at_rest,
@@ -233,10 +231,7 @@ def _toy_train(strategy, rank=0, world_size=1):
             opt.step()
             opt.zero_grad()
             with ledger.pause():
-                total = loss.detach().double()
-                if world_size > 1:
-                    dist.all_reduce(total)
-                losses.append(total.item() / world_size)
+                losses.append(global_loss(loss))
                 snaps.append(gather_full_parameters(model))
         counts = ledger.counts()
         extra = None
