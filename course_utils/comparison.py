@@ -6,7 +6,8 @@ runs :func:`course_utils.experiments.run` for each strategy in
 ``world_size`` ranks) and collects, per strategy:
 
 * whether its per-step losses equal "single"'s (relative tolerance ``rel``, fp32, other
-  summation orders), and the largest absolute difference;
+  summation orders; the table prints the bound, not the raw difference, which differs in
+  its last digits from machine to machine), and the largest absolute difference;
 * the model-state bytes per rank (params, grads, optimizer; the largest over the ranks,
   right after ``optimizer.step()``), as measured by the strategy's ``state_bytes``;
 * the bytes one rank sends per step, per collective (all-reduce, reduce-scatter,
@@ -16,8 +17,8 @@ runs :func:`course_utils.experiments.run` for each strategy in
 * the median step time (varies from run to run: the notebook prints it in a cell
   nbval does not compare).
 
-Everything but the step time is deterministic, so the table of :meth:`Comparison.table`
-is byte-identical from run to run on CPU.
+Everything the table of :meth:`Comparison.table` prints is exact (bytes, calls, ratios of
+bytes) or a bound (the losses), so it is the same text on every machine.
 """
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ class Comparison:
     world_size: int
     steps: int
     where: str
+    rel: float = 1e-6
 
     def row(self, strategy: str) -> Row:
         for r in self.rows:
@@ -74,7 +76,10 @@ class Comparison:
     def table(self) -> str:
         """The deterministic part, as text: losses, state bytes, comm bytes and calls."""
         base = self.row("single") if any(r.strategy == "single" for r in self.rows) else None
-        head = (f"{'strategy':<17} {'ranks':>5} {'= single':>8} {'max|dloss|':>10} "
+        from .fmt import sci
+
+        same = f"rel≤{sci(self.rel)}"
+        head = (f"{'strategy':<17} {'ranks':>5} {'= single':>8} {same:>10} "
                 f"{'params B':>9} {'grads B':>9} {'optim B':>9} {'state/single':>12} "
                 f"{'sent B/step':>11} {'AR':>3} {'RS':>3} {'AG':>3} {'BC':>3}")
         lines = [head, "-" * len(head)]
@@ -83,7 +88,7 @@ class Comparison:
             c = r.calls_per_step
             lines.append(
                 f"{r.strategy:<17} {r.world_size:>5} {'yes' if r.losses_equal else 'NO':>8} "
-                f"{r.max_abs_loss_diff:>10.1e} {r.params:>9,} {r.grads:>9,} {r.optimizer:>9,} "
+                f"{'✓' if r.losses_equal else '✗':>10} {r.params:>9,} {r.grads:>9,} {r.optimizer:>9,} "
                 f"{ratio:>12} {r.comm_total:>11,.0f} {c['all_reduce']:>3g} "
                 f"{c['reduce_scatter']:>3g} {c['all_gather']:>3g} {c['broadcast']:>3g}")
         return "\n".join(lines)
@@ -176,4 +181,4 @@ def compare(world_size: int = 4, *, steps: int = 3, strategies=None, seed: int =
                         state["optimizer"], comm, calls, max(r.step_time_s for r in results)))
         if not quiet:
             print(f"{name}: done on {n} rank(s)")
-    return Comparison(tuple(rows), world_size, steps, where or "one process")
+    return Comparison(tuple(rows), world_size, steps, where or "one process", rel)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from .fmt import GRAD_ATOL, bound, num
+from .fmt import show as _show
 from .launch import LaunchError, LaunchTimeout, launch
 
 __all__ = ["check_grad_average_hook", "Verdict", "grade_on_ranks", "grade_cases", "compare", "check_rank_sum", "check_gather_squares",
@@ -17,16 +19,6 @@ __all__ = ["check_grad_average_hook", "Verdict", "grade_on_ranks", "grade_cases"
            "NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce"]
 
 
-def _show(value) -> str:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        if value.numel() == 1 and value.dim() <= 1:
-            return f"tensor({value.reshape(-1)[0].item():g})" if value.dim() else f"tensor({value.item():g})"
-        return f"tensor({[round(x, 6) for x in value.reshape(-1).tolist()]}, shape={tuple(value.shape)})"
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:.6g}"
-    return repr(value)
 
 
 def compare(got, expected, *, atol: float = 1e-6) -> str:
@@ -341,10 +333,10 @@ def check_grad_average_hook(hook: Callable) -> Verdict:
             all_right = False
             continue
         for rank, v in enumerate(values):
-            ok = not v["missing"] and v["max_abs_diff"] <= 1e-6
+            ok = not v["missing"] and v["max_abs_diff"] <= GRAD_ATOL
             all_right &= ok
             why = (f"no gradient for {v['missing'][:2]}" if v["missing"] else
-                   f"max |grad - full-batch grad| = {v['max_abs_diff']:.1e}")
+                   f"max |grad - full-batch grad| {bound(v['max_abs_diff'], GRAD_ATOL)}")
             print(f"  rank {rank}: {'right' if ok else 'differs'} ({why})")
     return Verdict(name, all_right)
 
@@ -725,7 +717,7 @@ def check_fsdp_wrap(fn: Callable) -> Verdict:
             problems.append(f"{v['counts'].get('all_gather')} all-gathers in one forward + backward, "
                             "expected 9 (use the default reshard_after_forward=True on the blocks)")
         if not problems and abs(v["loss"] - loss) > 1e-6 * abs(loss):
-            problems.append(f"loss {v['loss']:.7f}, one process gives {loss:.7f}")
+            problems.append(f"loss {v['loss']:.7g}, one process gives {loss:.7g}")
         if problems:
             all_right = False
             for p in problems:
@@ -733,7 +725,8 @@ def check_fsdp_wrap(fn: Callable) -> Verdict:
         else:
             print(f"{n} ranks: right: units {', '.join(v['units'])}; "
                   f"{v['counts']['all_gather']} all-gathers, {v['counts']['reduce_scatter']} "
-                  f"reduce-scatters; loss {v['loss']:.6f} = one process")
+                  f"reduce-scatters; loss {num(v['loss'])} = one process (rel. "
+                  f"{bound(abs(v['loss'] - loss) / abs(loss), 1e-6)})")
     return Verdict(name, all_right)
 
 
@@ -779,20 +772,20 @@ def check_sharded_clip(fn: Callable) -> Verdict:
             if v["norm"] is None:
                 wrong += 1
                 print(f"  rank {rank}: differs: returned None; return the total norm before "
-                      f"clipping (one process gets {norm:.6f})")
+                      f"clipping (one process gets {num(norm)})")
                 continue
             if abs(v["norm"] - norm) > 1e-5 * norm:
                 wrong += 1
                 print(f"  rank {rank}: differs: returned norm {v['norm']}, the global norm is "
-                      f"{norm:.6f} (a norm of the local shards only is smaller and differs per rank)")
+                      f"{num(norm)} (a norm of the local shards only is smaller and differs per rank)")
                 continue
             why = _grad_problem({k: torch.tensor(g) for k, g in v["grads"].items()}, grads)
             if why:
                 wrong += 1
                 print(f"  rank {rank}: norm right, clipped gradients differ: {why}")
             else:
-                print(f"  rank {rank}: right (norm {v['norm']:.6f}, gradients scaled by "
-                      f"{max_norm / norm:.6f})")
+                print(f"  rank {rank}: right (norm {num(v['norm'])} = one process's, "
+                      f"gradients scaled by {num(max_norm / norm)})")
         all_right &= wrong == 0
         print(f"{n} ranks: {'all right' if not wrong else f'{wrong} of {n} ranks differ'}")
     return Verdict(name, all_right)

@@ -73,6 +73,7 @@ from .comm import CommLedger
 from .config import COURSE_CONFIG
 from .exercises import _full_grads, _single_grads
 from .experiments import GLOBAL_BATCH, global_loss, make_adamw, max_abs_diff, max_rel_diff
+from .fmt import num, sci
 from .fsdp import (_local, calls_per_step, comm_bytes_per_step, expected_state_bytes,
                    fsdp_state_bytes, fsdp_units, message_numels, param_group, param_groups)
 from .launch import launch, rank_device, where
@@ -139,8 +140,26 @@ def _fmt(v) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     if isinstance(v, float):
-        return f"{v:.7g}"
+        return num(v)
     return str(v)
+
+
+_SYMBOL = {"<=": "≤", ">=": "≥", ">": ">"}
+
+
+def _fmt_measured(c: "Check") -> str:
+    """A measured float checked against a bound prints as the bound it meets (``≤ 1e-6``):
+    its own last digits differ from machine to machine. Everything else as :func:`_fmt`."""
+    if isinstance(c.measured, float) and c.op in _SYMBOL and c.ok:
+        return f"{_SYMBOL[c.op]} {sci(c.predicted)}"
+    return _fmt(c.measured)
+
+
+def _fmt_predicted(c: "Check") -> str:
+    """A bound is a number the code chose: exactly (``0.00390625``, ``1e-6``)."""
+    if isinstance(c.predicted, float) and c.op in _SYMBOL:
+        return sci(c.predicted)
+    return _fmt(c.predicted)
 
 
 @dataclasses.dataclass(repr=False)
@@ -172,8 +191,8 @@ class OptionResult:
         for c in self.checks:
             mark = {True: "ok", False: "DIFFERS", None: ""}[c.ok]
             op = c.op if c.op != "~" else f"~ (±{c.rel_tol:g})"
-            rows.append((c.quantity, _fmt(c.measured), op if c.predicted is not None else "",
-                         _fmt(c.predicted), mark))
+            rows.append((c.quantity, _fmt_measured(c), op if c.predicted is not None else "",
+                         _fmt_predicted(c), mark))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [f"{self.option}: {self.where}"]
         for i, r in enumerate(rows):

@@ -95,6 +95,7 @@ from . import experiments, fsdp
 from .comm import OPS, CommLedger
 from .config import COURSE_CONFIG, TransformerConfig
 from .experiments import max_rel_diff
+from .fmt import LOSS_RTOL, bound, nums
 from .launch import where
 from .model import GPT, Block, SyntheticData, build_model, num_params
 from .zero3 import padded_numel as flat_padded_numel
@@ -1135,12 +1136,14 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
     r0 = results[0]
 
     def verdict(key):
-        return {"losses": [round(x, 6) for x in r0[key]],
-                "max rel. diff from single": max_rel_diff(r0[key], single),
-                "= single": max_rel_diff(r0[key], single) <= 1e-6}
+        rel = max_rel_diff(r0[key], single)
+        # a real difference in per cent; float32 noise as the bound it meets
+        shown = f"{100 * rel:.1f} %" if rel > LOSS_RTOL else bound(rel, LOSS_RTOL)
+        return {"losses": nums(r0[key]), "max rel. diff from single": shown,
+                "= single": rel <= LOSS_RTOL}
 
     mix = ", ".join(f"rank {k}: {results[k]['rows_from_this_rank']}" for k in range(world_size))
-    before = {"single (torch.manual_seed(seed); GPT())": [round(x, 6) for x in single]}
+    before = {"single (torch.manual_seed(seed); GPT())": nums(single)}
     for key in ("seed+rank, FSDP2", "seed+rank, FSDP1"):
         before.update({f"{key}: {k}": v for k, v in verdict(key).items()})
     before["tok_emb rows each rank's init supplies"] = f"{mix} (of {r0['rows']})"

@@ -61,6 +61,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from .fmt import show as _show
 from .launch import LaunchError, LaunchTimeout, launch, rank_device, where
 
 __all__ = ["DEFAULT_TIMEOUT_S", "SCENARIOS", "Scenario", "Outcome", "RankState", "Diagnosis",
@@ -718,10 +719,6 @@ class FixedRun:
         return self.report
 
 
-def _show(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return "[" + ", ".join(f"{v:.6g}" for v in value.reshape(-1).tolist()) + "]"
-    return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
 def run_fixed(name: str, variant=None, *, world_size: int = WORLD_SIZE, timeout_s: float = 60.0,

@@ -16,7 +16,11 @@ cell behaves like the body of a ``torchrun`` script:
 * a rank that raises fails the launch within a fraction of a second with a
   :class:`LaunchError` naming that rank, even while the other ranks wait in a
   collective; a rank that hangs is killed at ``timeout_s``; no child process outlives
-  the call (nor the caller: each rank dies with its parent on Linux).
+  the call (nor the caller: each rank dies with its parent on Linux);
+* nothing is opened to the network: the ranks meet through a ``FileStore`` in the
+  launch's private temporary folder (no port to pick, no listening socket), and gloo
+  binds to the loopback interface, so no other machine can reach a demo's ranks.
+  (A ``torchrun`` script keeps torchrun's own rendezvous, see the README.)
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ __all__ = [
     "describe_plan",
     "backend_label",
     "where",
+    "loopback_interface",
 ]
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -187,10 +192,14 @@ def _check_world_size(world_size: int) -> None:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def loopback_interface() -> str | None:
+    """The loopback interface's name (``"lo"`` on Linux, ``"lo0"`` on macOS), or None
+    where this platform names none (Windows): gloo binds there when it is set."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except (OSError, AttributeError):  # pragma: no cover - platform without if_nameindex
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
 
 
 # ------------------------------------------------------------------------- the rank side
@@ -199,7 +208,6 @@ def _free_port() -> int:
 class _Config:
     world_size: int
     backend: str
-    port: int
     timeout_s: float
     workdir: str
     env: dict
@@ -264,9 +272,12 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         os.environ.update({
             "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.world_size),
             "LOCAL_WORLD_SIZE": str(cfg.world_size), "GROUP_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cfg.port),
             "OMP_NUM_THREADS": "1", "COURSE_BACKEND": cfg.backend,
         })
+        # gloo otherwise binds to the address the host name resolves to (often the LAN)
+        lo = loopback_interface()
+        if lo is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = lo
         os.environ.update(cfg.env)
         import torch
         import torch.distributed as dist
@@ -279,7 +290,10 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
             dist.set_debug_level_from_env()
         if cfg.backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(cfg.backend, init_method="env://", rank=rank,
+        # The rendezvous: a file in the launch's private folder, not a TCP store that
+        # would listen on every interface on a port picked by bind-and-release.
+        store = dist.FileStore(os.path.join(cfg.workdir, "store"), cfg.world_size)
+        dist.init_process_group(cfg.backend, store=store, rank=rank,
                                 world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.timeout_s))
         result = fn(*args, **kwargs)
@@ -466,7 +480,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
         rank_kwargs.append(kw)
 
     workdir = tempfile.mkdtemp(prefix="course-launch-")
-    cfg = _Config(world_size, chosen, _free_port(), float(timeout_s), workdir, dict(env or {}))
+    cfg = _Config(world_size, chosen, float(timeout_s), workdir, dict(env or {}))
     ctx = mp.get_context(method)
     procs = []
     codes: list = [None] * world_size

@@ -57,7 +57,8 @@ def test_table_and_plot(table):
     lines = text.splitlines()
     assert lines[0].split()[:2] == ["strategy", "ranks"]
     assert len(lines) == 2 + len(table.rows)
-    assert "NO" not in text
+    assert "NO" not in text and "✗" not in text
+    assert all(line.split()[3] == "✓" for line in lines[2:])     # within rel, as a bound
     assert "torch-fsdp" in table.times() and "ms" in table.times()
     fig = table.plot()
     assert len(fig.axes) == 3

@@ -44,10 +44,8 @@ def test_raising_and_hanging_functions_are_reported_not_raised(capsys):
 
     assert not grade_on_ranks(raises, lambda r, n: 0, world_sizes=(2,))
     assert "rank 0 raised NotImplementedError: todo" in capsys.readouterr().out
-    t0 = time.perf_counter()
     assert not grade_on_ranks(hangs, lambda r, n: 0.0, world_sizes=(2,), timeout_s=3)
-    assert time.perf_counter() - t0 < 15
-    assert "never finished" in capsys.readouterr().out
+    assert "never finished within 3 s" in capsys.readouterr().out      # the timeout fired
     assert not grade_on_ranks("nope", lambda r, n: 0)
     assert "should be a function" in capsys.readouterr().out
 

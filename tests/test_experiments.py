@@ -67,7 +67,7 @@ def test_course_model_matches_single(strategy, world_size, single):
         assert r.comm_calls["all_reduce"] == STEPS
         assert r.state_bytes == single.state_bytes == {
             "params": 4 * psi, "grads": 4 * psi, "optimizer": 8 * psi + 4 * 68}  # + 68 step counters
-        assert r["losses"] is r.losses and 0 < r.step_time_s < 5
+        assert r["losses"] is r.losses and r.step_time_s > 0        # a clock reading, no bound
     assert out[0].param_digest != single.param_digest      # close, not bitwise: see docstring
     assert single.comm_bytes == {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
 

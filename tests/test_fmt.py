@@ -1,0 +1,48 @@
+"""course_utils.fmt: measured floats printed so that the text is the same on every machine."""
+import pytest
+import torch
+
+from course_utils import fmt
+
+
+def test_num_and_nums_round_to_three_significant_digits():
+    assert fmt.num(4.4764524) == fmt.num(4.4764533) == "4.48"     # two machines' step-3 loss
+    assert fmt.num(33.454994) == fmt.num(33.455001) == "33.5"     # at 4 digits: 33.45 / 33.46
+    assert fmt.num(torch.tensor(0.4999997)) == "0.5"
+    assert fmt.num(4.4764528, sig=5) == "4.4765"
+    assert fmt.nums([4.6338592, 4.5561831]) == "[4.63, 4.56]"
+    with pytest.raises(TypeError, match="x must be a number"):
+        fmt.num("4.5")
+    with pytest.raises(ValueError, match="sig must be an int >= 1"):
+        fmt.num(1.0, sig=0)
+
+
+def test_bounds_print_the_limit_not_the_value():
+    # 1.6e-07 on one machine, 1.1e-07 on another: the same text
+    assert fmt.bound(1.6e-7, 1e-6) == fmt.bound(1.1e-7, 1e-6) == "≤ 1e-6 ✓"
+    assert fmt.bound(0.0, 1e-5) == "≤ 1e-5 ✓"
+    assert fmt.bound(3.2e-5, 1e-6) == "= 3.2e-05 > 1e-6 ✗"          # a failure shows the value
+    assert fmt.bound(float("nan"), 1e-6).endswith("✗")
+    assert fmt.above(9.7e-5) == fmt.above(6.7e-5) == "> 0 ✓"
+    assert fmt.above(0.0).endswith("✗")
+    assert fmt.near(0.4999996, 0.5, 1e-5) == fmt.near(0.4999997, 0.5, 1e-5) == "0.5 ± 1e-5 ✓"
+    assert fmt.near(0.49, 0.5, 1e-5).endswith("✗")
+    assert fmt.sci(0.00390625) == "0.00390625" and fmt.sci(1e-6) == "1e-6" and fmt.sci(2e5) == "2e5"
+
+
+def test_losses_match_is_relative_and_checks_lengths():
+    ref = [4.6338592, 4.5561831, 4.4764528]
+    assert fmt.losses_match([4.6338592, 4.5561836, 4.4764524], ref) == "≤ 1e-6 ✓"
+    assert fmt.losses_match([4.7, 4.5561831, 4.4764528], ref).endswith("✗")
+    assert fmt.losses_match([0.0], [0.0]) == "≤ 1e-6 ✓"
+    with pytest.raises(ValueError, match="equally long"):
+        fmt.losses_match([1.0], [1.0, 2.0])
+
+
+def test_show_keeps_whole_numbers_and_rounds_the_rest():
+    assert fmt.show(torch.tensor([300.0, 302.0])) == "tensor([300.0, 302.0], shape=(2,))"
+    # the hang lab's expected weights on two numeric settings of one machine: the same text
+    assert fmt.show(torch.tensor([0.048544962, -0.155119359])) == \
+        fmt.show(torch.tensor([0.0485449694, -0.155119359])) == "tensor([0.0485, -0.155], shape=(2,))"
+    assert fmt.show(torch.tensor(3.0)) == "tensor(3)" and fmt.show(1.12e11) == "1.12e+11"
+    assert fmt.show(0.123456789) == "0.123" and fmt.show(None) == "None" and fmt.show(7) == "7"
