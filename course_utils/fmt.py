@@ -49,11 +49,17 @@ def _check_real(name: str, value) -> float:
 
 
 def num(x, sig: int = SIG) -> str:
-    """``x`` at ``sig`` significant digits: ``num(4.4764528) == "4.48"``."""
+    """``x`` at ``sig`` significant digits: ``num(4.4764528) == "4.48"``. A rounded value
+    keeps its trailing zeros (``num(29.965569) == "30.0"``), a value that is exact at
+    ``sig`` digits has none (``num(1.5) == "1.5"``, ``num(0.0) == "0"``)."""
     x = _check_real("x", x)
     if isinstance(sig, bool) or not isinstance(sig, int) or sig < 1:
         raise ValueError(f"sig must be an int >= 1, got {sig!r}")
-    return f"{x:.{sig}g}"
+    short = f"{x:.{sig}g}"
+    if not math.isfinite(x) or float(short) == x:
+        return short
+    text = f"{x:#.{sig}g}"
+    return text[:-1] if text.endswith(".") else text
 
 
 def nums(xs, sig: int = SIG) -> str:

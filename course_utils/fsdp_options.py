@@ -151,15 +151,22 @@ def _fmt_measured(c: "Check") -> str:
     """A measured float checked against a bound prints as the bound it meets (``≤ 1e-6``):
     its own last digits differ from machine to machine. Everything else as :func:`_fmt`."""
     if isinstance(c.measured, float) and c.op in _SYMBOL and c.ok:
-        return f"{_SYMBOL[c.op]} {sci(c.predicted)}"
+        return f"{_SYMBOL[c.op]} {_fmt_bound(c.predicted)}"
     return _fmt(c.measured)
 
 
+def _exact_bound(v) -> bool:
+    """A bound the code chose (``1e-6``, ``2**-8``), not a measured value (a norm)."""
+    return isinstance(v, float) and v > 0 and (float(f"{v:.1g}") == v or math.log2(v).is_integer())
+
+
+def _fmt_bound(v) -> str:
+    return sci(v) if _exact_bound(v) else _fmt(v)
+
+
 def _fmt_predicted(c: "Check") -> str:
-    """A bound is a number the code chose: exactly (``0.00390625``, ``1e-6``)."""
-    if isinstance(c.predicted, float) and c.op in _SYMBOL:
-        return sci(c.predicted)
-    return _fmt(c.predicted)
+    """A bound the code chose prints exactly (``0.00390625``, ``1e-6``)."""
+    return _fmt_bound(c.predicted) if c.op in _SYMBOL else _fmt(c.predicted)
 
 
 @dataclasses.dataclass(repr=False)

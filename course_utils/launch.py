@@ -38,6 +38,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -261,6 +262,8 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict) -> None:
+    if threading.current_thread() is threading.main_thread():  # forked: undo _interrupts_held
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     _die_with_parent()
     base = os.path.join(cfg.workdir, f"rank{rank}")
     _redirect_output(base + ".out", base + ".err")
@@ -351,8 +354,11 @@ def _secondary(info: dict) -> bool:
     return info["type"] in _COMM_ERRORS or any(w in info["message"] for w in _COMM_WORDS)
 
 
-#: Seconds the launcher waits, after a rank fails, for the others to exit by themselves.
+#: Seconds the launcher waits, after a rank fails, for the others to exit by themselves;
+#: each rank that does exit in that time buys the rest as long again (a loaded machine
+#: schedules ranks late), up to _FAILURE_GRACE_MAX_S in all.
 _FAILURE_GRACE_S = 0.5
+_FAILURE_GRACE_MAX_S = 5.0
 
 
 def _root_cause(failures: dict[int, dict]) -> int:
@@ -370,6 +376,25 @@ def _user_stack(dump: str) -> str:
             break
         kept.append(line)
     return "\n".join(kept).strip()
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold back Ctrl-C (the kernel's Stop button) while the ranks are being started: an
+    interrupt inside ``Process.start()``, after the fork, would leave a rank that the
+    launcher does not know about (and that ``multiprocessing`` joins at exit). The
+    interrupt is raised once every rank is started, and the launch then stops them all."""
+    if threading.current_thread() is not threading.main_thread():
+        yield                                    # only the main thread receives SIGINT
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _stop(procs: list) -> None:
@@ -488,11 +513,12 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-        for r in range(world_size):
-            p = ctx.Process(target=_rank_main, args=(r, cfg, fn, args, rank_kwargs[r]),
-                            name=f"course-rank-{r}", daemon=False)
-            p.start()
-            procs.append(p)
+        with _interrupts_held():
+            for r in range(world_size):
+                p = ctx.Process(target=_rank_main, args=(r, cfg, fn, args, rank_kwargs[r]),
+                                name=f"course-rank-{r}", daemon=False)
+                p.start()
+                procs.append(p)
         deadline = time.monotonic() + timeout_s
         while True:
             codes = [p.exitcode for p in procs]
@@ -508,10 +534,16 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
             # A rank failed: give the others a moment to exit too (when every rank raises,
             # the lowest one may still be writing its error), then stop whoever is left,
             # e.g. ranks blocked in a collective with the dead one.
-            grace = time.monotonic() + _FAILURE_GRACE_S
-            while any(p.exitcode is None for p in procs) and time.monotonic() < grace:
+            first = time.monotonic()
+            grace = first + _FAILURE_GRACE_S
+            running = sum(p.exitcode is None for p in procs)
+            while running and time.monotonic() < grace:
                 mp.connection.wait([p.sentinel for p in procs if p.exitcode is None],
                                    timeout=max(0.0, grace - time.monotonic()))
+                still = sum(p.exitcode is None for p in procs)
+                if still < running:              # progress: the others get as long again
+                    grace = min(first + _FAILURE_GRACE_MAX_S, time.monotonic() + _FAILURE_GRACE_S)
+                running = still
             codes = [p.exitcode for p in procs]
         hung = [r for r, p in enumerate(procs) if p.exitcode is None]
         if timed_out and hasattr(signal, "SIGUSR1"):

@@ -8,7 +8,9 @@ from course_utils import fmt
 def test_num_and_nums_round_to_three_significant_digits():
     assert fmt.num(4.4764524) == fmt.num(4.4764533) == "4.48"     # two machines' step-3 loss
     assert fmt.num(33.454994) == fmt.num(33.455001) == "33.5"     # at 4 digits: 33.45 / 33.46
-    assert fmt.num(torch.tensor(0.4999997)) == "0.5"
+    assert fmt.num(torch.tensor(0.4999997)) == "0.500" and fmt.num(29.965569) == "30.0"
+    assert fmt.num(300.0) == "300" and fmt.num(1.5) == "1.5" and fmt.num(0.0) == "0"
+    assert fmt.num(1.5e-7) == "1.5e-07" and fmt.num(1.4999e-7) == "1.50e-07"
     assert fmt.num(4.4764528, sig=5) == "4.4765"
     assert fmt.nums([4.6338592, 4.5561831]) == "[4.63, 4.56]"
     with pytest.raises(TypeError, match="x must be a number"):

@@ -217,7 +217,7 @@ def test_issue_slow(granularity, strategies):
 def test_issue_inconsistent_init(seeding):
     for key in ("seed+rank, FSDP2", "seed+rank, FSDP1"):
         assert seeding.before[f"{key}: = single"] is False
-        assert seeding.before[f"{key}: max rel. diff from single"] > 1e-3
+        assert seeding.before[f"{key}: max rel. diff from single"].endswith(" %")   # 4.4 %, 2.7 %
     for key in ("same seed for the model, FSDP2", "seed+rank, broadcast_from_rank0, FSDP2",
                 "seed+rank, FSDP1 sync_module_states=True"):
         assert seeding.after[f"{key}: = single"] is True, key

@@ -48,3 +48,22 @@ def test_ignored_outputs_are_rare(path):
     ignored = [c for c in cells if "nbval-ignore-output" in c["metadata"].get("tags", [])
                or "nbval-skip" in c["metadata"].get("tags", [])]
     assert len(ignored) <= max(3, len(cells) // 8), f"{path.name}: too many cells escape nbval"
+
+
+def test_portability_kernel_really_runs_on_four_threads(tmp_path):
+    """`make test-portable`'s second setting: torch caps OMP_NUM_THREADS at the core count,
+    so an IPython startup file sets the kernel's threads; check that it does."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from course_utils.badges import ROOT
+
+    ipython_dir = tmp_path / "ipython"            # a copy: IPython writes its state there
+    shutil.copytree(ROOT / "tests" / "ipython_threads", ipython_dir)
+    env = dict(os.environ, IPYTHONDIR=str(ipython_dir), COURSE_TEST_THREADS="4")
+    out = subprocess.run([sys.executable, "-m", "IPython", "--quick", "-c", "import torch; print(torch.get_num_threads())"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "4"
