@@ -262,7 +262,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict) -> None:
-    if threading.current_thread() is threading.main_thread():  # forked: undo _interrupts_held
+    if signal.getsignal(signal.SIGINT) is _hold_interrupt:  # forked inside _interrupts_held
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _die_with_parent()
     base = os.path.join(cfg.workdir, f"rank{rank}")
@@ -378,22 +378,32 @@ def _user_stack(dump: str) -> str:
     return "\n".join(kept).strip()
 
 
+_held_interrupts: list = []
+
+
+def _hold_interrupt(signum, frame) -> None:
+    _held_interrupts.append(signum)
+
+
 @contextlib.contextmanager
 def _interrupts_held():
     """Hold back Ctrl-C (the kernel's Stop button) while the ranks are being started: an
-    interrupt inside ``Process.start()``, after the fork, would leave a rank that the
+    interrupt raised inside ``Process.start()`` after its fork would leave a rank the
     launcher does not know about (and that ``multiprocessing`` joins at exit). The
-    interrupt is raised once every rank is started, and the launch then stops them all."""
-    if threading.current_thread() is not threading.main_thread():
-        yield                                    # only the main thread receives SIGINT
+    interrupt is raised once every rank is started, and the launch then stops them all.
+    Where SIGINT is ignored or not handled by Python, nothing changes."""
+    if (threading.current_thread() is not threading.main_thread()
+            or not callable(signal.getsignal(signal.SIGINT))):
+        yield
         return
-    held = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    _held_interrupts.clear()
+    previous = signal.signal(signal.SIGINT, _hold_interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if held:
+    if _held_interrupts:
+        _held_interrupts.clear()
         raise KeyboardInterrupt
 
 
