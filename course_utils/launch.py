@@ -9,8 +9,10 @@ cell behaves like the body of a ``torchrun`` script:
 * ``backend="auto"`` picks NCCL with one GPU per rank when the machine has at least
   ``world_size`` GPUs, and gloo on CPU otherwise (laptops, CI, one-GPU Colab);
 * on Linux, when CUDA is not initialised in the caller, ranks are *forked* from the
-  caller (about 0.1 s for 4 ranks, and functions defined in a notebook work);
-  otherwise they are *spawned* (a few seconds, and ``fn`` must live in a module);
+  caller (about 0.1 s for 4 ranks); otherwise (macOS, Windows, CUDA touched) they are
+  *spawned* as new interpreters (a few seconds), and ``fn`` and its arguments travel to
+  them *by value* with ``cloudpickle``, so a function defined in a notebook cell runs
+  either way (``COURSE_START_METHOD=spawn`` forces spawning, e.g. to test that);
 * what each rank prints is captured and shown afterwards in rank order, prefixed with
   the rank, so the output of a cell is the same on every run;
 * a rank that raises fails the launch within a fraction of a second with a
@@ -122,12 +124,24 @@ def resolve_backend(world_size: int, backend: str = "auto") -> str:
     return backend
 
 
-def choose_start_method() -> str:
-    """``"fork"`` on Linux while CUDA is not initialised in this process, else ``"spawn"``.
+#: Environment variable that overrides the automatic start method ("fork" or "spawn").
+START_METHOD_ENV = "COURSE_START_METHOD"
 
-    Forking is fast and lets notebook-defined functions run on the ranks; CUDA does
-    not survive a fork, so once this process has touched the GPU we must spawn.
+
+def choose_start_method() -> str:
+    """``"fork"`` on Linux while CUDA is not initialised in this process, else ``"spawn"``;
+    ``COURSE_START_METHOD=spawn`` (or ``fork``) in the environment overrides it.
+
+    Forking is fast; CUDA does not survive a fork, so once this process has touched the
+    GPU we must spawn (and macOS and Windows always spawn).
     """
+    forced = os.environ.get(START_METHOD_ENV, "").strip()
+    if forced:
+        if forced not in ("fork", "spawn"):
+            raise ValueError(f"{START_METHOD_ENV} must be 'fork' or 'spawn', got {forced!r}")
+        if forced == "fork" and "fork" not in mp.get_all_start_methods():
+            raise ValueError(f"{START_METHOD_ENV}=fork: this platform ({sys.platform}) cannot fork")
+        return forced
     import torch
 
     if sys.platform.startswith("linux") and not torch.cuda.is_initialized():
@@ -164,6 +178,8 @@ def where(ranks, backend: str | None = None, *, backend_first: bool = False) -> 
 
 
 def _why_spawn() -> str:
+    if os.environ.get(START_METHOD_ENV, "").strip() == "spawn":
+        return f"{START_METHOD_ENV}=spawn"
     if not sys.platform.startswith("linux"):
         return f"{sys.platform} cannot fork safely"
     import torch
@@ -261,6 +277,39 @@ def _write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+class _ByValue:
+    """What a spawned rank runs: ``fn``, ``args`` and every rank's kwargs serialised with
+    ``cloudpickle``, which pickles a function defined in a notebook (``__main__``) by value:
+    its code, defaults and the globals it uses. A spawned interpreter has none of the
+    notebook's definitions, so plain pickle (by reference) would fail there."""
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+    @classmethod
+    def pack(cls, fn: Callable, args: tuple, rank_kwargs: list) -> "_ByValue":
+        try:
+            import cloudpickle
+        except ImportError:
+            raise LaunchError(f"ranks are spawned here ({_why_spawn()}) and need cloudpickle to "
+                              "receive fn: pip install cloudpickle", rank=None) from None
+
+        try:
+            return cls(cloudpickle.dumps((fn, args, rank_kwargs)))
+        except Exception as exc:
+            raise LaunchError(
+                f"ranks are spawned here ({_why_spawn()}), so fn and its arguments are sent to "
+                f"them by value, but {getattr(fn, '__qualname__', fn)!r} or an argument cannot "
+                f"be serialised ({type(exc).__name__}: {exc}). Pass plain values and tensors, "
+                "and leave out what belongs to this process (open files, locks, sockets).",
+                rank=None,
+            ) from None
+
+    def unpack(self, rank: int):
+        fn, args, rank_kwargs = pickle.loads(self.payload)
+        return fn, args, rank_kwargs[rank]
+
+
 def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict) -> None:
     if signal.getsignal(signal.SIGINT) is _hold_interrupt:  # forked inside _interrupts_held
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -299,6 +348,8 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         dist.init_process_group(cfg.backend, store=store, rank=rank,
                                 world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.timeout_s))
+        if isinstance(fn, _ByValue):
+            fn, args, kwargs = fn.unpack(rank)
         result = fn(*args, **kwargs)
         try:
             payload = pickle.dumps(_to_portable(result))
@@ -458,8 +509,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
     ``world_size`` (and you did not pass it), it is filled in for you.
 
     Args:
-        fn: the function each rank runs. Any function when ranks are forked (Linux,
-            CUDA not initialised here); an importable module-level function otherwise.
+        fn: the function each rank runs: any function, one defined in a notebook cell
+            included (spawned ranks get it by value).
         world_size: number of ranks (processes), >= 1.
         backend: ``"auto"``, ``"gloo"`` or ``"nccl"``; see :func:`resolve_backend`.
         timeout_s: ranks still running after this many seconds are killed and
@@ -467,7 +518,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
         env: extra environment variables for the ranks
             (e.g. ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}``).
         quiet: do not print the one-line plan before the ranks' output.
-        start_method: ``"auto"`` (see :func:`choose_start_method`), ``"fork"`` or ``"spawn"``.
+        start_method: ``"auto"`` (see :func:`choose_start_method`), ``"fork"`` or ``"spawn"``
+            (spawned ranks get ``fn`` and its arguments by value, with ``cloudpickle``).
 
     Returns:
         A :class:`RankResults` list (``results[r]`` is rank r's return value, tensors
@@ -491,17 +543,6 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
     if start_method == "fork" and "fork" not in mp.get_all_start_methods():
         raise ValueError(f"this platform ({sys.platform}) cannot fork; use start_method='spawn'")
     method = choose_start_method() if start_method == "auto" else start_method
-    if method == "spawn":
-        try:
-            pickle.dumps(fn)
-        except Exception as exc:
-            raise LaunchError(
-                f"ranks are spawned here ({_why_spawn()}), "
-                f"so fn must be importable, but {getattr(fn, '__qualname__', fn)!r} cannot be pickled ({exc}). "
-                "Move it into a .py module and import it, or restart the kernel before touching CUDA.",
-                rank=None,
-            ) from None
-
     if not quiet:
         print(describe_plan(world_size, chosen, method), flush=True)
 
@@ -513,6 +554,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
         if "world_size" not in kw and _wants(fn, "world_size"):
             kw["world_size"] = world_size
         rank_kwargs.append(kw)
+    if method == "spawn":          # fn, args, kwargs travel by value (notebook functions too)
+        fn, args, rank_kwargs = _ByValue.pack(fn, args, rank_kwargs), (), [{}] * world_size
 
     workdir = tempfile.mkdtemp(prefix="course-launch-")
     cfg = _Config(world_size, chosen, float(timeout_s), workdir, dict(env or {}))

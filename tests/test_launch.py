@@ -69,12 +69,49 @@ def test_spawn_runs_an_importable_function():
     assert out == [(0, 3.0), (1, 3.0)] and out.start_method == "spawn"
 
 
-def test_spawn_refuses_a_local_function_with_a_clear_message():
-    def local_fn():
-        return 1
+def test_spawn_runs_a_local_function_by_value():
+    """macOS and Windows always spawn: a function defined in a notebook cell (here a closure
+    over a local, which plain pickle cannot send) still runs, with its arguments."""
+    offset = 100
+    scale = torch.tensor([2.0])
 
-    with pytest.raises(LaunchError, match="importable"):
-        launch(local_fn, 2, quiet=True, start_method="spawn")
+    def local_fn(x, rank):
+        t = torch.tensor([float(rank)]) * scale
+        dist.all_reduce(t)
+        return t.item() + offset + x
+
+    out = launch(local_fn, 2, 5, quiet=True, start_method="spawn")
+    assert out == [107.0, 107.0] and out.start_method == "spawn"
+
+
+def test_spawn_refuses_what_cannot_travel_with_a_clear_message():
+    import threading
+
+    lock = threading.Lock()
+
+    def holds_a_lock():
+        return lock.locked()
+
+    with pytest.raises(LaunchError, match="cannot be serialised"):
+        launch(holds_a_lock, 2, quiet=True, start_method="spawn")
+
+
+def test_start_method_can_be_forced_from_the_environment(monkeypatch, capsys):
+    from course_utils.exercises import check_rank_sum
+
+    monkeypatch.setenv("COURSE_START_METHOD", "spawn")
+    assert choose_start_method() == "spawn"
+
+    def rank_sum():                       # a learner's answer, defined in the "notebook"
+        t = torch.tensor([dist.get_rank() + 1.0])
+        dist.all_reduce(t)
+        return t
+
+    assert check_rank_sum(rank_sum)
+    assert "spawned as new interpreters" in capsys.readouterr().out
+    monkeypatch.setenv("COURSE_START_METHOD", "forkserver")
+    with pytest.raises(ValueError, match="COURSE_START_METHOD must be 'fork' or 'spawn'"):
+        choose_start_method()
 
 
 def test_output_is_printed_in_rank_order_with_prefix(capsys):
