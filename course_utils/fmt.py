@@ -8,7 +8,7 @@ is ``4.476452`` on another, and a difference to a reference, ``1.6e-07`` here, i
 
 * exact things exactly: bytes, counts, shapes, parameter counts (ints);
 * a measured float at :data:`SIG` significant digits (a loss: ``4.48``): enough to read
-  and compare by eye, and about 10,000 times coarser than the noise between machines
+  and compare by eye, and thousands of times coarser than the noise between machines
   (~2e-7 relative), so that a value only rarely sits close enough to a rounding boundary
   to print differently elsewhere (at 4 digits, three of the course's values did: the
   seed+rank loss 33.454994, and 0.048544962 and 0.24255012 in the hang lab);
