@@ -348,6 +348,12 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         dist.init_process_group(cfg.backend, store=store, rank=rank,
                                 world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.timeout_s))
+        # Wait (on the file, no collective, no network) until every rank's group is built:
+        # otherwise a rank whose fn fails at once can exit while a peer is still connecting
+        # its gloo mesh, and that peer fails in init instead of in fn (seen in CI: "every
+        # rank raises" then reported rank 1, rank 0 having died in connectFullMesh).
+        store.set(f"course-ready-{rank}", "1")
+        store.wait([f"course-ready-{r}" for r in range(cfg.world_size)])
         if isinstance(fn, _ByValue):
             fn, args, kwargs = fn.unpack(rank)
         result = fn(*args, **kwargs)
