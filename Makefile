@@ -13,7 +13,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # torch==2.13.0 first, and only when no torch is importable: an unpinned torch would
-# pull a multi-GB CUDA build; the package itself asks for torch>=2.6, already satisfied.
+# pull a multi-GB CUDA build; the package itself asks for torch>=2.10, already satisfied.
 $(STAMP): $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
 	$(PY) -m pip install -e ".[test]"

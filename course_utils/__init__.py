@@ -16,6 +16,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .compat import require_supported_torch as _require_supported_torch
+
+_require_supported_torch()      # an older torch: one sentence naming the one to install
+
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext course_utils``: register the ``%%ranks`` magic."""

@@ -91,7 +91,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import experiments, fsdp
+from . import compat, experiments, fsdp
 from .comm import OPS, CommLedger
 from .config import COURSE_CONFIG, TransformerConfig
 from .experiments import max_rel_diff
@@ -789,21 +789,13 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
             row["fsdp2"] = _measured_run(model, opt, data, steps, rank, world, device,
                                          units=len(fsdp.param_groups(model)))
             row["fsdp2"]["digest"] = _full_digest(model, "fsdp2")
-        replicate = None
-        if fsdp1_name == "NO_SHARD":          # FSDP2's own replicate (private in torch 2.13,
-            try:                              # absent from older torch: the row is left out)
-                from torch.distributed._composable.replicate_with_fsdp import replicate
-            except ImportError:
-                pass
-        if replicate is not None:
-            from torch.distributed.device_mesh import DeviceMesh
-
-            model = build_model(seed=seed, device=device)
+        if fsdp1_name == "NO_SHARD":          # FSDP2's own replicate (private; the row is
+            model = build_model(seed=seed, device=device)      # left out where torch has none)
             experiments.broadcast_from_rank0(model)
-            mesh = DeviceMesh.from_group(dist.group.WORLD, device.type)   # not CUDA on gloo ranks
-            for unit in fsdp.fsdp_units(model):
-                replicate(unit, mesh=mesh)
-            replicate(model, mesh=mesh)
+            has_replicate = compat.fsdp2_replicate([*fsdp.fsdp_units(model), model])
+        else:
+            has_replicate = False
+        if has_replicate:
             opt = experiments.make_adamw(model.parameters())
             row["replicate"] = _measured_run(model, opt, data, steps, rank, world, device,
                                              units=len(fsdp.param_groups(model)))

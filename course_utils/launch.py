@@ -35,6 +35,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -394,12 +395,21 @@ def _wants(fn: Callable, name: str) -> bool:
     return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
 
 
+#: The line gloo itself writes to each rank's stdout when its connections are up, in
+#: torch 2.9 and 2.10 (later torch does not print it): a log line, not the rank's output.
+_GLOO_CONNECTED = re.compile(
+    r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+    r"Expected number of connected peer ranks is : \d+\r?\n?", re.MULTILINE)
+
+
 def _read(path: str) -> str:
+    """What a rank wrote to ``path``, less gloo's "connected" log lines."""
     try:
         with open(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
+            text = f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
+    return _GLOO_CONNECTED.sub("", text)
 
 
 _COMM_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")

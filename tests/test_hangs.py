@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from course_utils import hangs
+from course_utils import compat, hangs
 from course_utils.exercises import Verdict
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
@@ -71,10 +71,10 @@ def test_shape_mismatch_error_with_ddp_crash_with_fsdp_and_flat_all_reduce():
     assert (fsdp2.variant, fsdp2.kind, fsdp2.failed_rank) == ("torch-fsdp", "crash", 0)
     assert fsdp2.message.startswith("SIGABRT") and "Received data size doesn't match expected size" \
         in fsdp2.message
-    assert (fsdp2.ranks[0].collective, fsdp2.ranks[0].code) == ("all_gather_single", "loss = model(x, y)")
+    assert (fsdp2.ranks[0].collective, fsdp2.ranks[0].code) == (compat.ALL_GATHER_NAME, "loss = model(x, y)")
     assert (flat.variant, flat.kind) == ("all_reduce", "crash")
     assert (flat.ranks[0].collective, flat.ranks[0].function) == ("all_reduce", "_average_gradients")
-    assert "rank 0 failed in all_gather_single at `loss = model(x, y)`" in d.report
+    assert f"rank 0 failed in {compat.ALL_GATHER_NAME} at `loss = model(x, y)`" in d.report
     _deterministic(d.report)
 
 

@@ -114,6 +114,16 @@ def test_start_method_can_be_forced_from_the_environment(monkeypatch, capsys):
         choose_start_method()
 
 
+def test_gloo_connected_lines_are_not_rank_output(tmp_path):
+    # torch 2.9 and 2.10: gloo writes this line to every rank's stdout once connected
+    path = tmp_path / "rank0.out"
+    path.write_bytes(b"[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of "
+                     b"connected peer ranks is : 3\nhello\n[Gloo] is mine\n")
+    from course_utils.launch import _read
+    assert _read(str(path)) == "hello\n[Gloo] is mine\n"
+    assert _read(str(tmp_path / "missing")) == ""
+
+
 def test_output_is_printed_in_rank_order_with_prefix(capsys):
     def fn():
         time.sleep(0.05 * (3 - dist.get_rank()))  # finish in reverse order
