@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k launch"`.
 PYTEST_ARGS ?=
 
-.PHONY: lab test test-portable test-nb outputs install figures badges book clean-venv
+.PHONY: lab test test-portable test-spawn test-compat test-nb outputs install figures badges book clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,33 @@ test-portable: install
 		( IFS=' '; env PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $$setting \
 			$(PY) -m pytest -q $(PORTABLE_NB) ) || exit 1; \
 	done
+
+# Every notebook with its ranks spawned (new interpreters) instead of forked, as on macOS
+# and Windows: functions defined in cells must reach the ranks by value. Not part of
+# `make test` (it takes about 20 minutes: each launch starts new interpreters).
+test-spawn: install
+	@cat tests/sanitize.cfg tests/sanitize_spawn.cfg > $(VENV)/sanitize_spawn.cfg
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= COURSE_START_METHOD=spawn \
+		$(PY) -m pytest -q tests/test_spawn.py notebooks/ \
+		--nbval-sanitize-with $(VENV)/sanitize_spawn.cfg $(PYTEST_ARGS)
+
+# The oldest torch the course supports (course_utils.compat.MIN_TORCH) in a second venv,
+# and the unit tests on it; `make test-compat NB=all` also runs every notebook there
+# (torch before 2.13 spells two collectives differently: tests/sanitize_compat.cfg).
+# From PyPI this is a CUDA build of a few GB; it runs on the CPU.
+COMPAT_TORCH ?= 2.10.0
+COMPAT_VENV  ?= .venv-compat
+COMPAT_PY    := $(COMPAT_VENV)/bin/python
+$(COMPAT_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install -q "torch==$(COMPAT_TORCH)"
+	$(COMPAT_PY) -m pip install -q -e ".[test]"
+	@touch $@
+test-compat: $(COMPAT_VENV)/.installed
+	@cat tests/sanitize.cfg tests/sanitize_compat.cfg > $(COMPAT_VENV)/sanitize_compat.cfg
+	PATH="$(CURDIR)/$(COMPAT_VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $(COMPAT_PY) -m pytest -q \
+		--durations=5 --nbval-sanitize-with $(COMPAT_VENV)/sanitize_compat.cfg \
+		$(if $(filter all,$(NB)),tests notebooks,tests) $(PYTEST_ARGS)
 
 # One notebook: `make test-nb NB=00` (or NB=notebooks/00_orientation.ipynb).
 test-nb: install

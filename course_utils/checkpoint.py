@@ -112,9 +112,11 @@ def _pair(model, optimizer):
 
 @contextlib.contextmanager
 def _quiet_no_dist():
-    """DCP warns every time it runs without a process group; that is the point here."""
+    """DCP warns every time it runs without a process group; that is the point here. torch
+    2.10's DCP also warns about its own use of ``tensor.storage()`` (fixed in later torch)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
         yield
 
 

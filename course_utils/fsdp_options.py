@@ -468,8 +468,9 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
                 "all-gather, optimizer step on the CPU) and gives the same losses bit for bit, "
                 "but it cannot save device memory here; that saving (params + grads + optimizer "
                 "states, the 'state bytes' above) is measured with torch.cuda.memory_allocated "
-                "when this runs on GPUs. The default pin_memory=True needs an accelerator: "
-                f"{r['pin_memory=True']}")
+                "when this runs on GPUs. The default pin_memory=True needs an accelerator "
+                "(pinned host memory exists to speed up copies to a GPU): here it raises "
+                f"{r['pin_memory=True'].split(':')[0]}.")
     return OptionResult("CPUOffloadPolicy(pin_memory=False)", where(res), checks, details, note)
 
 

@@ -674,13 +674,15 @@ class AutowrapReport:
 
     def table(self) -> str:
         header = ["wrapping", "units", "AG/step", "RS/step", "sent B/step", "= predicted",
-                  "= single", "functions CommLedger saw"]
+                  "= single"]
         rows = [[name, m["units"], m["calls"]["all_gather"], m["calls"]["reduce_scatter"],
                  sum(m["bytes"].values()),
                  m["calls"] == m["predicted"]["calls"] and m["bytes"] == m["predicted"]["bytes"],
-                 m["max_rel_loss_diff"] <= 1e-6, ", ".join(m["functions"])]
+                 m["max_rel_loss_diff"] <= 1e-6]
                 for name, m in self.runs.items()]
         notes = [f"fp32, per rank and step, {self.where}."]
+        notes += [f"{name}: CommLedger saw {', '.join(m['functions'])}"
+                  for name, m in self.runs.items()]
         notes += [f"seed 001's {call}  ->  {error}" for call, error in self.errors.items()]
         notes.append(f"the right form: {self.right_form}")
         return text_table(header, rows, notes=notes)

@@ -12,9 +12,10 @@ notebook as the list ``result`` (by rank)::
     result = t.item()
 
 Options: ``--backend {auto,gloo,nccl}``, ``--timeout SECONDS``.
-Ranks are forked from the kernel, so they see every variable defined so far (changes
-they make stay in the rank). If ranks must be spawned (CUDA already initialised in
-the kernel, macOS, Windows), they start from an empty namespace.
+Every rank sees the variables defined so far in the notebook (changes it makes stay in
+the rank). Forked ranks (Linux) inherit them all; spawned ranks (macOS, Windows, CUDA
+already initialised in the kernel) get a copy of each one that can be pickled
+(cloudpickle): an open file, a lock or a socket is left out.
 """
 from __future__ import annotations
 
@@ -41,6 +42,17 @@ def run_cell(source: str, namespace: dict | None = None):
     return ns.get("result")
 
 
+def _travels(value) -> bool:
+    """Whether ``value`` can be copied into a spawned rank."""
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="%%ranks", add_help=False)
     p.add_argument("world_size", type=int)
@@ -57,10 +69,10 @@ def ranks(line: str, cell: str, user_ns: dict | None = None):
         raise ValueError(
             f"usage: %%ranks N [--backend auto|gloo|nccl] [--timeout SECONDS], got '%%ranks {line}'"
         ) from None
-    ns = {}
-    if user_ns is not None and choose_start_method() == "fork":
-        ns = {k: v for k, v in user_ns.items()
-              if not k.startswith("_") and k not in ("In", "Out", "exit", "quit", "get_ipython")}
+    ns = {k: v for k, v in (user_ns or {}).items()
+          if not k.startswith("_") and k not in ("In", "Out", "exit", "quit", "get_ipython")}
+    if choose_start_method() == "spawn":
+        ns = {k: v for k, v in ns.items() if _travels(v)}
     return list(launch(run_cell, opts.world_size, cell, ns,
                        backend=opts.backend, timeout_s=opts.timeout))
 

@@ -42,7 +42,15 @@ def test_torch_is_a_range_in_the_package_and_pinned_in_make():
     makefile = (ROOT / "Makefile").read_text()
     assert '"torch==2.13.0"' in makefile
     installs = [line for line in makefile.splitlines() if "pip install" in line]
-    assert all("torch" not in line or "torch==2.13.0" in line for line in installs)
+    assert all("torch" not in line or "torch==2.13.0" in line or "torch==$(COMPAT_TORCH)" in line
+               for line in installs)
+
+
+def test_the_compat_target_installs_the_oldest_supported_torch():
+    from course_utils.compat import MIN_TORCH
+    makefile = (ROOT / "Makefile").read_text()
+    pinned = re.search(r"^COMPAT_TORCH \?= (\d+)\.(\d+)\.\d+$", makefile, re.MULTILINE)
+    assert pinned and (int(pinned[1]), int(pinned[2])) == MIN_TORCH
 
 
 def test_ci_runs_the_readme_test_command():

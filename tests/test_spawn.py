@@ -1,0 +1,69 @@
+"""Demos and graders with the start method forced to spawn, as macOS and Windows always
+run them: functions defined where the learner defines them (a notebook cell, here a test
+body) travel to the new interpreters by value."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_utils import collectives, exercises, experiments
+from course_utils.fmt import LOSS_RTOL
+from course_utils.launch import describe_plan, launch
+from course_utils.magics import ranks
+
+
+@pytest.fixture(autouse=True)
+def forced_spawn(monkeypatch):
+    monkeypatch.setenv("COURSE_START_METHOD", "spawn")
+
+
+def test_a_demo_prints_what_it_prints_when_forked(capsys, monkeypatch):
+    launch(collectives.demo_all_reduce, 4)
+    spawned = capsys.readouterr().out.splitlines()
+    monkeypatch.setenv("COURSE_START_METHOD", "fork")
+    launch(collectives.demo_all_reduce, 4)
+    forked = capsys.readouterr().out.splitlines()
+    assert spawned[0] == describe_plan(4, "gloo", "spawn")
+    assert spawned[1:] == forked[1:] and len(spawned) == 5
+
+
+def test_a_grader_runs_a_learner_function_defined_in_a_cell(capsys):
+    offset = 1.0                               # a closure over a notebook variable
+
+    def rank_sum():
+        t = torch.tensor([dist.get_rank() + offset])
+        dist.all_reduce(t)
+        return t
+
+    assert exercises.check_rank_sum(rank_sum)
+    assert not exercises.check_rank_sum(lambda: 10.0)
+    assert "rank 0: differs: got 10, expected 3" in capsys.readouterr().out
+
+
+def test_a_zero3_grader_with_a_cell_defined_forward():
+    def zero3_forward(shard, numel, shape, x):
+        from course_utils.compat import all_gather_into_tensor
+
+        full = torch.empty(shard.numel() * dist.get_world_size())
+        all_gather_into_tensor(full, shard)
+        return x @ full[:numel].view(shape).T
+
+    assert exercises.check_zero3_forward(zero3_forward)
+
+
+def test_the_ranks_magic_sees_the_notebook_namespace():
+    import threading
+
+    def plus(a, b):                            # a function defined in a cell
+        return a + b
+
+    notebook = {"base": 1.0, "plus": plus, "lock": threading.Lock()}   # a lock cannot travel
+    cell = "t = torch.tensor([plus(base, rank)]); dist.all_reduce(t); result = t.item()"
+    assert ranks("3", cell, notebook) == [6.0, 6.0, 6.0]
+    assert ranks("2", "result = 'lock' in dir()", notebook) == [False, False]
+
+
+def test_a_strategy_trains_as_one_process_does():
+    single = experiments.run("single", 1, steps=2)[0].losses
+    sharded = experiments.run("zero3", 2, steps=2, quiet=True)
+    for result in sharded:
+        assert result.losses == pytest.approx(single, rel=LOSS_RTOL)
