@@ -617,11 +617,12 @@ def _seed_001_errors(device) -> dict:
     return {
         "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy, transformer_layer_cls={Block})":
             _error_of(lambda: FullyShardedDataParallel(
-                build_model(), auto_wrap_policy=transformer_auto_wrap_policy,
+                build_model(device=device), auto_wrap_policy=transformer_auto_wrap_policy,
                 transformer_layer_cls={Block}, device_id=device)),
         "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy)":
             _error_of(lambda: FullyShardedDataParallel(
-                build_model(), auto_wrap_policy=transformer_auto_wrap_policy, device_id=device)),
+                build_model(device=device), auto_wrap_policy=transformer_auto_wrap_policy,
+                device_id=device)),
     }
 
 
