@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k launch"`.
 PYTEST_ARGS ?=
 
-.PHONY: lab test test-portable test-spawn test-compat test-nb outputs install figures badges book clean-venv
+.PHONY: lab test test-portable test-spawn test-compat test-nb outputs install figures badges book gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,13 @@ test-nb: install
 # `make outputs` (all) or `make outputs NB=07`.
 outputs: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $(PY) scripts/execute_notebooks.py $(NB)
+
+# What only GPUs can check, on the GPUs this machine has (so GPUs stay visible here): NCCL
+# ranks, a training step's GPU memory against memory.per_gpu, every strategy on NCCL vs one
+# process, gloo ranks next to a GPU. One table; non-zero exit if a check fails; with no
+# GPU it says so, lists what it would run, and exits 0.
+gpu-check: install
+	$(PY) scripts/gpu_check.py
 
 figures: install
 	$(PY) -m course_utils.figures

@@ -1,7 +1,8 @@
 """Where am I running, and where will the course's demos run?
 
 Taught in ``notebooks/00_orientation.ipynb``. Nothing here initialises CUDA in the
-calling process (GPU names come from ``nvidia-smi``), so the launcher can still fork.
+calling process (GPUs are counted by :func:`course_utils.launch.gpu_count`, their names
+come from ``nvidia-smi``), so the launcher can still fork.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import shutil
 import subprocess
 import sys
 
-from .launch import backend_label, resolve_backend, choose_start_method
+from .launch import backend_label, choose_start_method, gpu_count, resolve_backend
 
 __all__ = ["Environment", "detect", "in_colab", "gpu_names", "plan", "table"]
 
@@ -24,9 +25,8 @@ def in_colab() -> bool:
 
 def gpu_names() -> list[str]:
     """Names of the visible NVIDIA GPUs, read with nvidia-smi (no CUDA init here)."""
-    import torch
-
-    if not torch.cuda.is_available():
+    count = gpu_count()
+    if not count:
         return []
     smi = shutil.which("nvidia-smi")
     names: list[str] = []
@@ -41,7 +41,6 @@ def gpu_names() -> list[str]:
     if names and visible not in (None, ""):
         idx = [int(i) for i in visible.split(",") if i.strip().isdigit()]
         names = [names[i] for i in idx if i < len(names)] or names
-    count = torch.cuda.device_count()
     return (names + ["unknown GPU"] * count)[:count]
 
 

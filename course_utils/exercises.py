@@ -5,6 +5,11 @@ every ``check_*`` helper uses: it launches the learner's function on N ranks (se
 world sizes, so a hard-coded answer fails), compares each rank's return value with the
 expected one and prints, per rank, what is right and what differs. It returns True
 only when every rank of every world size is right; it never raises on a wrong answer.
+
+Graders always run gloo ranks on the CPU (:data:`GRADER_BACKEND`), also on a machine with
+GPUs: the exercises are CPU-sized toys, and a learner's tensor made without a device
+(``torch.tensor([1.0])``, ``torch.empty(n)``) must be graded, not rejected by NCCL, which
+only takes tensors on the rank's GPU. The launch line each grader prints says so.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from .fmt import GRAD_ATOL, bound, num
 from .fmt import show as _show
 from .launch import LaunchError, LaunchTimeout, launch
 
-__all__ = ["check_grad_average_hook", "Verdict", "grade_on_ranks", "grade_cases", "compare", "check_rank_sum", "check_gather_squares",
+__all__ = ["GRADER_BACKEND", "check_grad_average_hook", "Verdict", "grade_on_ranks", "grade_cases", "compare", "check_rank_sum", "check_gather_squares",
            "check_bytes_per_gpu", "check_smallest_fitting_stage", "smallest_fitting_stage",
            "NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce"]
 
@@ -55,11 +60,15 @@ class Verdict:
         return f"{self.name}: {'PASSED' if self.passed else 'not yet, see the lines above'}"
 
 
+#: The backend of every grader's ranks, whatever GPUs are visible (see the module docstring).
+GRADER_BACKEND = "gloo"
+
+
 def _launch_or_report(fn: Callable, world_size: int, *args, timeout_s: float):
-    """``launch(fn, world_size, *args)``; on a failed or hung rank, print one friendly line
-    and return None (a learner's bug is reported, never raised)."""
+    """``launch(fn, world_size, *args)`` on gloo CPU ranks; on a failed or hung rank, print
+    one friendly line and return None (a learner's bug is reported, never raised)."""
     try:
-        return launch(fn, world_size, *args, timeout_s=timeout_s)
+        return launch(fn, world_size, *args, backend=GRADER_BACKEND, timeout_s=timeout_s)
     except LaunchTimeout as exc:
         print(f"{world_size} ranks: ranks {exc.rank} and maybe others never finished within "
               f"{timeout_s:g} s. Do all ranks call the same collectives in the same order?")
@@ -240,7 +249,7 @@ def _run_without(fn: Callable, numel: int, forbidden: tuple, rule: str):
         return blocked
 
     saved = {name: getattr(dist, name) for name in forbidden if hasattr(dist, name)}
-    tensor = _exercise_input(dist.get_rank(), numel, rank_device())  # a GPU under NCCL
+    tensor = _exercise_input(dist.get_rank(), numel, rank_device())  # the CPU: graders run gloo
     for name in saved:
         setattr(dist, name, refuse(name))
     try:

@@ -155,13 +155,17 @@ def _check_names(name: str, given, known) -> tuple:
     return given
 
 
-def text_table(header, rows, *, notes=()) -> str:
+def text_table(header, rows, *, notes=(), left=(0,)) -> str:
     """A plain-text table: ``header`` (column names) and ``rows`` (lists of cells, any
     values; ints get thousands separators, floats 4 significant digits (one decimal from
-    100 up), None '-', bools yes/NO); the
-    first column is left-aligned, the others right-aligned. ``notes``: lines printed under it."""
+    100 up), None '-', bools yes/NO); the columns whose indices are in ``left`` (the
+    first, by default) are left-aligned, the others right-aligned. ``notes``: lines
+    printed under it."""
     if not isinstance(header, (list, tuple)) or not header:
         raise TypeError("header must be a non-empty list of column names")
+    left = set(left)
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(header) for i in left):
+        raise ValueError(f"left must hold column indices 0..{len(header) - 1}, got {sorted(left, key=str)}")
 
     def cell(v) -> str:
         if v is None:
@@ -184,7 +188,7 @@ def text_table(header, rows, *, notes=()) -> str:
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = []
     for k, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+        lines.append("  ".join(c.ljust(w) if i in left else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths))).rstrip())
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -617,11 +621,12 @@ def _seed_001_errors(device) -> dict:
     return {
         "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy, transformer_layer_cls={Block})":
             _error_of(lambda: FullyShardedDataParallel(
-                build_model(), auto_wrap_policy=transformer_auto_wrap_policy,
+                build_model(device=device), auto_wrap_policy=transformer_auto_wrap_policy,
                 transformer_layer_cls={Block}, device_id=device)),
         "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy)":
             _error_of(lambda: FullyShardedDataParallel(
-                build_model(), auto_wrap_policy=transformer_auto_wrap_policy, device_id=device)),
+                build_model(device=device), auto_wrap_policy=transformer_auto_wrap_policy,
+                device_id=device)),
     }
 
 

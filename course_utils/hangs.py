@@ -758,7 +758,8 @@ def run_fixed(name: str, variant=None, *, world_size: int = WORLD_SIZE, timeout_
 
 def check_hang_fix(name: str, fn: Callable):
     """Exercise: fix scenario ``name``'s broken rank function. ``fn()`` (no arguments; the
-    default variant) runs on 2 and 3 ranks with a 20-second timeout; each rank's value is
+    default variant) runs on 2 and 3 gloo CPU ranks (as every grader's, whatever GPUs are
+    visible) with a 20-second timeout; each rank's value is
     compared with what the fixed version returns. Prints what is right and what is not;
     returns a :class:`~course_utils.exercises.Verdict` (a hang is reported, never raised)."""
     from .exercises import grade_on_ranks

@@ -59,6 +59,7 @@ __all__ = [
     "backend_label",
     "where",
     "loopback_interface",
+    "gpu_count",
 ]
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -97,12 +98,18 @@ class RankResults(list):
 
 # --------------------------------------------------------------------------- planning
 
-def _gpu_count() -> int:
-    """GPUs visible to torch, without initialising CUDA in this process (NVML-based)."""
+def gpu_count() -> int:
+    """CUDA GPUs visible to this process, counted without initialising CUDA here.
+
+    The one GPU detection of the course: use it, never ``torch.cuda.is_available()``, in
+    code that runs before ranks are launched. ``is_available()`` asks the CUDA runtime
+    (``cudaGetDeviceCount``), which initialises the CUDA driver in this process (unless
+    ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), and a rank forked afterwards cannot use the GPU.
+    ``torch.cuda.device_count()`` asks NVML first, which leaves CUDA untouched (it falls
+    back to the runtime only where NVML is missing); 0 on a torch built without CUDA.
+    """
     import torch
 
-    if not torch.cuda.is_available():
-        return 0
     return torch.cuda.device_count()
 
 
@@ -114,7 +121,7 @@ def resolve_backend(world_size: int, backend: str = "auto") -> str:
     _check_world_size(world_size)
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    gpus = _gpu_count()
+    gpus = gpu_count()
     if backend == "auto":
         return "nccl" if gpus >= world_size else "gloo"
     if backend == "nccl" and gpus < world_size:
@@ -341,14 +348,19 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         # torch read TORCH_DISTRIBUTED_DEBUG when the parent imported it, before env= applied
         if hasattr(dist, "set_debug_level_from_env"):
             dist.set_debug_level_from_env()
-        if cfg.backend == "nccl":
-            torch.cuda.set_device(rank)
+        device_id = None
+        if cfg.backend == "nccl":  # rank r computes on GPU r (what rank_device() returns)
+            device_id = torch.device("cuda", rank)
+            torch.cuda.set_device(device_id)
         # The rendezvous: a file in the launch's private folder, not a TCP store that
         # would listen on every interface on a port picked by bind-and-release.
         store = dist.FileStore(os.path.join(cfg.workdir, "store"), cfg.world_size)
+        # device_id binds the group to this rank's GPU: NCCL builds its communicator now
+        # (an NCCL problem fails here, not in fn's first collective) and the closing
+        # barrier runs on that GPU, not on a guessed one.
         dist.init_process_group(cfg.backend, store=store, rank=rank,
                                 world_size=cfg.world_size,
-                                timeout=timedelta(seconds=cfg.timeout_s))
+                                timeout=timedelta(seconds=cfg.timeout_s), device_id=device_id)
         # Wait (on the file, no collective, no network) until every rank's group is built:
         # otherwise a rank whose fn fails at once can exit while a peer is still connecting
         # its gloo mesh, and that peer fails in init instead of in fn (seen in CI: "every

@@ -7,7 +7,7 @@ body of a torchrun script. Whatever each rank assigns to ``result`` comes back t
 notebook as the list ``result`` (by rank)::
 
     %%ranks 4
-    t = torch.tensor([rank + 1.0])
+    t = torch.tensor([rank + 1.0], device=device)   # this rank's GPU under NCCL, else the CPU
     dist.all_reduce(t)
     result = t.item()
 

@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .launch import gpu_count
 from .memory import RECIPES
 
 __all__ = ["WrapsOptimizer", "MasterWeightsAdamW", "make_training", "train_step", "state_bytes", "memtracker_bytes",
@@ -321,7 +322,7 @@ def cuda_phases(recipe: str = "mixed", *, config=None, micro_batch: int = 4, see
     from .memory import model_states
     from .model import SyntheticData, build_model
 
-    if not torch.cuda.is_available():
+    if not gpu_count():
         raise RuntimeError("cuda_phases needs a CUDA GPU; none is visible in this process")
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from . import experiments
 from .comm import CommLedger
 from .config import COURSE_CONFIG, PRESETS, TransformerConfig
+from .launch import gpu_count
 from .model import SyntheticData, build_model
 
 try:  # the FSDP strategies ("torch-fsdp", ...) register themselves when this module exists
@@ -139,7 +140,7 @@ def _setup(spec: experiments.Strategy, timeout_s: float):
                              f"batch; run it with --nproc-per-node 1 (or without torchrun), "
                              f"not on {world} ranks")
         return 0, 1, torch.device("cpu"), "1 process on CPU, no torch.distributed"
-    use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+    use_gpu = gpu_count() >= local_world         # NVML: CUDA stays uninitialised until set_device
     backend = "nccl" if use_gpu else "gloo"
     os.environ["COURSE_BACKEND"] = backend     # what course_utils.launch.rank_device reads
     timeout = timedelta(seconds=timeout_s)

@@ -18,7 +18,8 @@ import torch.distributed as dist
 def main() -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+    # device_count() asks NVML and leaves CUDA uninitialised (is_available() would not)
+    use_gpu = torch.cuda.device_count() >= local_world
     if use_gpu:
         torch.cuda.set_device(local_rank)
     else:

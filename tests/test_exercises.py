@@ -25,6 +25,23 @@ def test_right_answers_pass(capsys):
     assert "rank 3: right" in capsys.readouterr().out
 
 
+def test_graders_run_gloo_cpu_ranks_even_where_gpus_are_visible(monkeypatch, capsys):
+    """With a GPU per rank, launch's "auto" would pick NCCL, which rejects the CPU tensors
+    an exercise's solution makes; graders always run gloo on the CPU, and say so."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+
+    def rank_sum():
+        t = torch.tensor([dist.get_rank() + 1.0])           # no device: the CPU
+        dist.all_reduce(t)
+        return t
+
+    assert exercises.GRADER_BACKEND == "gloo"
+    assert check_rank_sum(rank_sum)
+    out = capsys.readouterr().out
+    assert "launch: 2 ranks, gloo on CPU" in out and "launch: 4 ranks, gloo on CPU" in out
+    assert "NCCL" not in out
+
+
 def test_hard_coded_answer_fails_on_another_world_size(capsys):
     v = check_rank_sum(lambda: 10.0)
     assert not v and "not yet" in repr(v)

@@ -232,6 +232,10 @@ def test_text_table():
     assert text.splitlines() == ["a       b", "--  -----", "x   1,234", "yy      -", "z     yes", "n"]
     assert fw.text_table(["f"], [[1234.56], [9.288e-08], [3.0]]).splitlines()[2:] == [
         "1,234.6", "9.288e-08", "3"]
+    assert fw.text_table(["a", "b"], [["x", "long"], ["yy", "s"]], left=(0, 1)).splitlines()[2:] == [
+        "x   long", "yy  s"]
+    with pytest.raises(ValueError, match="column indices"):
+        fw.text_table(["a", "b"], [["x", 1]], left=(2,))
     with pytest.raises(ValueError, match="cells"):
         fw.text_table(["a", "b"], [["x"]])
     with pytest.raises(TypeError):

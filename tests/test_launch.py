@@ -231,9 +231,9 @@ def test_fn_must_be_callable():
 def test_auto_backend_uses_nccl_only_with_a_gpu_per_rank(monkeypatch):
     import course_utils.launch as L
 
-    monkeypatch.setattr(L, "_gpu_count", lambda: 0)
+    monkeypatch.setattr(L, "gpu_count", lambda: 0)
     assert resolve_backend(4) == "gloo"
-    monkeypatch.setattr(L, "_gpu_count", lambda: 2)
+    monkeypatch.setattr(L, "gpu_count", lambda: 2)
     assert resolve_backend(2) == "nccl" and resolve_backend(4) == "gloo"
     assert resolve_backend(4, "gloo") == "gloo"
 

@@ -56,5 +56,6 @@ def test_the_compat_target_installs_the_oldest_supported_torch():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
-    for cmd in ("make lab", "make test", "make test-nb", "make figures", "make badges", "torchrun"):
+    for cmd in ("make lab", "make test", "make test-nb", "make figures", "make badges",
+                "make gpu-check", "torchrun"):
         assert cmd in readme, cmd

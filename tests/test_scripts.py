@@ -1,5 +1,6 @@
-"""The torchrun commands the README documents actually run."""
+"""The torchrun commands the README documents actually run, and the make targets of scripts/."""
 import os
+import re
 import subprocess
 import sys
 
@@ -15,3 +16,15 @@ def test_hello_ranks_under_torchrun():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("all-reduced 3, expected 3") == 2, out.stdout
     assert "rank 0 of 2" in out.stdout and "rank 1 of 2" in out.stdout
+
+
+def test_make_gpu_check_runs_the_script_with_the_gpus_visible():
+    """`make gpu-check` is scripts/gpu_check.py with the venv's python, GPUs not hidden
+    (its no-GPU run is tested in test_gpu_check.py)."""
+    makefile = (ROOT / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY:(.*)$", makefile, re.MULTILINE).group(1).split()
+    assert "gpu-check" in phony
+    recipe = re.search(r"^gpu-check:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert recipe, "no gpu-check target in the Makefile"
+    assert recipe.group(1).strip() == "$(PY) scripts/gpu_check.py"
+    assert "CUDA_VISIBLE_DEVICES" not in recipe.group(1)

@@ -1,0 +1,452 @@
+"""`make gpu-check`: run what the course can only check on GPUs, on the GPUs this machine has.
+
+    make gpu-check                       # or: .venv/bin/python scripts/gpu_check.py
+
+It prints one table: what ran, where, measured vs predicted, ok or FAIL (notes under it
+say what each gap is and show every error), and exits non-zero if any check failed.
+Each check is independent: one that fails or raises is a FAIL row, the others still run.
+
+* No CUDA GPU visible: says so, lists what it would run with one GPU and with several,
+  and exits 0.
+* One GPU or more, in this order:
+  1. an all-reduce on 1 NCCL rank (``launch(fn, 1, backend="nccl")``), forked from this
+     process, which has only counted the GPUs (``launch.gpu_count()``, no CUDA init);
+  2. with N >= 2 GPUs: the all-reduce on N NCCL ranks, then every strategy of
+     ``experiments.strategies()`` on min(N, 4) NCCL ranks (torch-hsdp on an even number),
+     whose losses must equal one process's on the global batch (``fmt.LOSS_RTOL``) and
+     whose ranks must end with the same full parameters;
+  3. one training step of the course GPT scaled up (:data:`MEMORY_CONFIG`, bf16 with fp32
+     master weights and AdamW, the ``mixed`` recipe) on GPU 0 of this process: the model
+     states held, the memory allocated and the peak, against ``memory.per_gpu``;
+  4. a few strategies on 2 gloo CPU ranks next to the visible GPU, as on a one-GPU Colab
+     after a cell used the GPU: CUDA is initialised in this process (the check makes
+     sure of it), so the ranks must be spawned, and their losses must still equal one
+     process's.
+
+Nothing here needs to be imported by a notebook or the package: it only drives
+``launch``, ``experiments.run``, ``precision`` and ``memory``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import gc
+import sys
+from numbers import Integral, Real
+from typing import Callable
+
+from course_utils import experiments
+from course_utils.config import TransformerConfig
+from course_utils.env import gpu_names
+from course_utils.fmt import LOSS_RTOL, sci
+from course_utils.fsdp_wrapping import text_table
+from course_utils.hsdp import DEFAULT_SHARDS
+from course_utils.launch import gpu_count, launch, where
+from course_utils.memory import fmt_bytes, per_gpu
+
+#: Training steps of every loss comparison (as ``comparison.compare``).
+STEPS = 3
+#: The most NCCL ranks a strategy runs on (the course's largest world size).
+MAX_RANKS = 4
+#: Strategies run on 2 gloo CPU ranks next to a visible GPU: the course's own DDP and
+#: ZeRO-2, and torch FSDP2, whose default mesh would be a CUDA one there.
+GLOO_NEXT_TO_GPU = ("ddp", "zero2", "torch-fsdp")
+#: Seconds one launch may take (NCCL's first communicator, spawned interpreters).
+TIMEOUT_S = 300.0
+
+#: The course GPT scaled up for the one-GPU memory check: ~161M parameters, about 6 GiB
+#: for micro-batch 8 (fits any GPU with 8 GB or more); the activations outweigh the model
+#: states, so the peak is the one the activation model predicts (start of backward).
+MEMORY_CONFIG = TransformerConfig(hidden=1024, layers=12, heads=16, vocab=8192, seq=1024)
+MEMORY_MICRO_BATCH = 8
+#: Steps before the measured one: AdamW creates m and v in its first step, cuBLAS its workspace.
+MEMORY_WARMUP_STEPS = 2
+#: memory_allocated after step() may exceed the model states by this much (cuBLAS
+#: workspace, the token batch, 512-byte rounding of every tensor).
+HELD_RTOL, HELD_ATOL = 0.01, 64 * 2**20
+#: The measured peak of a step may differ from per_gpu's total by this fraction.
+PEAK_RTOL = 0.10
+
+
+class NotRun(Exception):
+    """A check whose precondition this machine does not meet: reported, not a failure."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One line of the table. ``ok``: True (ok), False (FAIL) or None (not run)."""
+
+    check: str
+    where: str
+    measured: str = "-"
+    predicted: str = "-"
+    ok: bool | None = None
+    note: str = ""
+
+    @property
+    def result(self) -> str:
+        return {True: "ok", False: "FAIL", None: "not run"}[self.ok]
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """A check to run: what, where (as planned), and the function that runs it."""
+
+    check: str
+    where: str
+    run: Callable[[], list]
+
+
+# ----------------------------------------------------------------- comparing, printing
+
+def _gib(n) -> str:
+    return fmt_bytes(n, "GiB", 3)
+
+
+def _signed(n) -> str:
+    return ("+" if n >= 0 else "-") + fmt_bytes(abs(n), "MiB", 1)
+
+
+def _check_bytes(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number of bytes, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0 bytes, got {value!r}")
+
+
+def bytes_row(check: str, where_: str, measured, predicted, *, rtol: float = 0.0, atol=0,
+              why: str = "") -> Row:
+    """A measured byte count against its prediction: ok when
+    ``|measured - predicted| <= atol + rtol * predicted`` (both 0: exactly equal). The
+    note gives the gap, the tolerance and ``why`` (what the gap is made of)."""
+    _check_bytes("measured", measured)
+    _check_bytes("predicted", predicted)
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if isinstance(value, bool) or not isinstance(value, Real) or value < 0:
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    gap = measured - predicted
+    allowed = atol + rtol * predicted
+    ok = abs(gap) <= allowed
+    if rtol == 0 and atol == 0:
+        tolerance = "exact"
+    else:
+        parts = ([f"{rtol:.0%}"] if rtol else []) + ([fmt_bytes(atol, "MiB", 0)] if atol else [])
+        tolerance = "± " + " + ".join(parts)
+    share = f" ({gap / predicted:+.1%})" if predicted else ""
+    note = f"gap {_signed(gap)}{share}, tolerance {tolerance}" + (f"; {why}" if why else "")
+    return Row(check, where_, _gib(measured), _gib(predicted), ok, note)
+
+
+def losses_row(check: str, where_: str, losses, reference, *, same_parameters: bool = True,
+               rtol: float = LOSS_RTOL) -> Row:
+    """Losses of a strategy against one process's (relative, step by step, as the
+    course's notebooks and tests compare them), and whether every rank ended with the
+    same full parameters."""
+    losses, reference = list(losses), list(reference)
+    if len(losses) != len(reference) or not losses:
+        raise ValueError(f"need two equally long, non-empty loss lists, got {len(losses)} "
+                         f"and {len(reference)}")
+    diff = experiments.max_rel_diff(losses, reference)
+    ok = diff <= rtol and bool(same_parameters)
+    note = "" if same_parameters else "the ranks ended with different full parameters"
+    return Row(check, where_, f"max rel. diff {diff:.1e}", f"≤ {sci(rtol)} (fmt.LOSS_RTOL)", ok,
+               note)
+
+
+def error_row(check: str, where_: str, exc: BaseException) -> Row:
+    """The row of a check that raised: FAIL with the error (not run for :class:`NotRun`)."""
+    if isinstance(exc, NotRun):
+        return Row(check, where_, ok=None, note=str(exc))
+    message = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {message[0] if message else ''}"
+    return Row(check, where_, ok=False, note=text[:400])
+
+
+def table(rows) -> str:
+    """The one table: check, where, measured, predicted, result; numbered notes under it."""
+    rows = list(rows)
+    if not all(isinstance(r, Row) for r in rows):
+        raise TypeError("table() takes Row objects")
+    notes, body = [], []
+    for r in rows:
+        result = r.result
+        if r.note:
+            notes.append(f"[{len(notes) + 1}] {r.note}")
+            result += f" [{len(notes)}]"
+        body.append([r.check, r.where, r.measured, r.predicted, result])
+    return text_table(["check", "where", "measured", "predicted", "result"], body,
+                      notes=([""] if notes else []) + notes, left=(0, 1, 4))
+
+
+def summary(rows) -> str:
+    """The last line: how many checks failed, or that all ran ok (and how many did not run)."""
+    rows = list(rows)
+    failed = sum(r.ok is False for r in rows)
+    skipped = sum(r.ok is None for r in rows)
+    if failed:
+        return f"{failed} of {len(rows)} checks FAILED"
+    return f"all {len(rows) - skipped} checks ok" + (f", {skipped} not run" if skipped else "")
+
+
+def run_checks(planned, *, progress=None) -> list[Row]:
+    """Run each planned check in order; one that raises becomes its FAIL (or not run) row
+    and the next one still runs."""
+    rows = []
+    for p in planned:
+        if progress is not None:
+            progress(f"gpu-check: {p.check} ({p.where})")
+        try:
+            rows.extend(p.run())
+        except Exception as exc:  # noqa: BLE001 - every failure is a row of the table
+            rows.append(error_row(p.check, p.where, exc))
+    return rows
+
+
+# ------------------------------------------------------------------------- the checks
+
+def _all_reduce_rank(rank: int, world_size: int):
+    """Rank side of the all-reduce check: all-reduce ``rank + 1`` on this rank's device."""
+    import torch
+    import torch.distributed as dist
+
+    from course_utils.launch import rank_device
+
+    t = torch.tensor([float(rank + 1)], device=rank_device())
+    dist.all_reduce(t)
+    return t.item(), str(t.device)
+
+
+def _ran(results, suffix: str = "") -> str:
+    """Where a launch ran, and how its ranks started: "1 NCCL rank, one GPU each, forked"."""
+    return f"{where(results, backend_first=True)}{suffix}, {results.start_method}ed"
+
+
+def check_all_reduce(world_size: int, backend: str = "nccl") -> list[Row]:
+    """All-reduce ``rank + 1`` on ``world_size`` ranks: every rank must hold N(N+1)/2, on
+    its own GPU under NCCL (rank r on cuda:r), on the CPU under gloo."""
+    results = launch(_all_reduce_rank, world_size, backend=backend, quiet=True, timeout_s=TIMEOUT_S)
+    total = world_size * (world_size + 1) / 2
+    devices = [d for _, d in results]
+    want = [f"cuda:{r}" if backend == "nccl" else "cpu" for r in range(world_size)]
+    ok = all(v == total for v, _ in results) and devices == want
+    got = "/".join(sorted({f"{v:g}" for v, _ in results}))
+    plural = "s" if world_size > 1 else ""
+    return [Row(f"all-reduce of rank + 1 on {world_size} rank{plural}", _ran(results),
+                f"{got} on {', '.join(devices)}", f"{total:g} on {', '.join(want)}", ok)]
+
+
+@functools.lru_cache(maxsize=None)
+def _single_losses() -> tuple:
+    """One process on the whole global batch (on the CPU, in this process): the reference."""
+    return tuple(experiments.run("single", 1, steps=STEPS)[0].losses)
+
+
+def check_strategy(strategy: str, world_size: int, backend: str, suffix: str = "", *,
+                   start_method: str | None = None) -> list[Row]:
+    """``experiments.run(strategy, world_size)`` on ``backend``: its losses against one
+    process's, every rank ending with the same parameters, and (if given) the ranks
+    started by ``start_method``."""
+    results = experiments.run(strategy, world_size, steps=STEPS, backend=backend, quiet=True,
+                              timeout_s=TIMEOUT_S)
+    same = len({r.param_digest for r in results}) == 1
+    row = losses_row(f"{strategy}: losses = one process's ({STEPS} steps)", _ran(results, suffix),
+                     results[0].losses, _single_losses(), same_parameters=same)
+    if start_method is not None and results.start_method != start_method:
+        row = dataclasses.replace(row, ok=False, note="; ".join(filter(None, [
+            row.note, f"the ranks were {results.start_method}ed, not {start_method}ed"])))
+    return [row]
+
+
+def check_gloo_next_to_gpu(strategy: str) -> list[Row]:
+    """A one-GPU Colab learner's case: CUDA is initialised in this process (as after any
+    cell that used the GPU), so 2 gloo CPU ranks must be spawned, and train as they do
+    everywhere else."""
+    import torch
+
+    torch.cuda.init()
+    return check_strategy(strategy, 2, "gloo", " next to a visible GPU", start_method="spawn")
+
+
+def strategy_world_size(strategy: str, gpus: int) -> int:
+    """Ranks a strategy runs on with ``gpus`` GPUs: min(gpus, MAX_RANKS); torch-hsdp, whose
+    mesh has shard groups of ``hsdp.DEFAULT_SHARDS``, a multiple of that."""
+    n = min(gpus, MAX_RANKS)
+    return n - n % DEFAULT_SHARDS if strategy == "torch-hsdp" else n
+
+
+def peak_gap_terms(config: TransformerConfig, micro_batch: int) -> dict:
+    """What the measured peak of a ``mixed`` step has that ``per_gpu`` does not count, and
+    the reverse, in bytes (the peak is at the start of backward): the bf16 gradients are
+    not allocated yet (-2 B per parameter); the activation formula counts 1-byte dropout
+    masks this model does not have (two per layer and the embedding's: -(2L + 1)·s·b·h);
+    the loss's fp32 log-softmax output is kept (counted) and backward then holds two more
+    fp32 tensors of the logits' size (+2 x 4·s·b·V)."""
+    s, b, h, v = config.seq, micro_batch, config.hidden, config.vocab
+    terms = {"gradients not yet allocated": -2 * config.num_params(),
+             "no dropout masks": -(2 * config.layers + 1) * s * b * h,
+             "fp32 logit gradients": 2 * 4 * s * b * v}
+    terms["expected gap"] = sum(terms.values())
+    return terms
+
+
+def measure_memory(config: TransformerConfig = MEMORY_CONFIG, micro_batch: int = MEMORY_MICRO_BATCH,
+                   *, device_index: int = 0) -> dict:
+    """One measured training step of ``config`` (``mixed`` recipe) on GPU ``device_index``
+    of this process, after :data:`MEMORY_WARMUP_STEPS` warm-up steps. Returns the bytes
+    held (``precision.state_bytes``), ``allocated`` after ``step()``, the ``peak`` of the
+    step (``max_memory_allocated``), all above what was allocated before the model, and
+    ``per_gpu``'s prediction. Initialises CUDA in this process."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from course_utils.model import SyntheticData, build_model
+    from course_utils.precision import make_training, state_bytes, train_step
+
+    device = torch.device("cuda", device_index)
+    torch.cuda.set_device(device)
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 0):
+        raise NotRun(f"needs bf16 flash attention, i.e. compute capability 8.0 or newer "
+                     f"(Ampere); this GPU has {capability[0]}.{capability[1]}")
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(device)
+    model, opt = make_training(build_model(config, seed=0, device=device), "mixed")
+    x, y = (t.to(device) for t in SyntheticData(config, global_batch=micro_batch, seed=0).batch(0))
+    # what the prediction assumes: a fused attention kernel that keeps no s x s scores
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        for _ in range(MEMORY_WARMUP_STEPS):
+            train_step(model, opt, x, y)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        train_step(model, opt, x, y, zero_grad=False)     # after step(), before zero_grad()
+        torch.cuda.synchronize(device)
+    out = {"peak": torch.cuda.max_memory_allocated(device) - base,
+           "allocated": torch.cuda.memory_allocated(device) - base,
+           "held": state_bytes(model, opt),
+           "predicted": per_gpu(config, recipe="mixed", micro_batch=micro_batch, attention="flash"),
+           "device": torch.cuda.get_device_name(device)}
+    del model, opt, x, y
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def memory_rows(m: dict, config: TransformerConfig = MEMORY_CONFIG,
+                micro_batch: int = MEMORY_MICRO_BATCH) -> list[Row]:
+    """The three rows of the memory check from a measurement ``m`` (what
+    :func:`measure_memory` returns): the model states (exact), the memory allocated after
+    ``step()`` and the peak of the step, each against ``m["predicted"]`` (``per_gpu``)."""
+    predicted, held = m["predicted"], m["held"]
+    place = f"this process, GPU 0 ({m['device']})"
+    counters = held["optimizer_detail"].get("step", 0)
+    states = held["params"] + held["grads"] + held["optimizer"] - counters
+    exact = (held["params"], held["grads"], held["optimizer"] - counters) == (
+        predicted.params, predicted.grads, predicted.optimizer)
+    states_row = bytes_row(
+        "model states after step(): params + grads + optimizer", place, states,
+        predicted.states.total,
+        why=("bf16 params 2 B + bf16 grads 2 B + fp32 master, m, v 12 B per parameter "
+             f"(precision.state_bytes; AdamW's {counters:,} B of step counters, kept on "
+             "the CPU, left out)" + ("" if exact else "; the parts differ: "
+                                    f"measured {held['params']:,} / {held['grads']:,} / "
+                                    f"{held['optimizer'] - counters:,} B, predicted "
+                                    f"{predicted.params:,} / {predicted.grads:,} / "
+                                    f"{predicted.optimizer:,} B")))
+    if not exact:
+        states_row = dataclasses.replace(states_row, ok=False)
+    terms = peak_gap_terms(config, micro_batch)
+    why_peak = ("per_gpu = model states + activations (Korthikanti et al., flash attention); "
+                f"expected gap about {_signed(terms['expected gap'])} = "
+                + ", ".join(f"{k} {_signed(v)}" for k, v in terms.items() if k != "expected gap")
+                + ", plus small terms (LayerNorm statistics, the cuBLAS workspace, the "
+                "allocator's rounding)")
+    return [
+        states_row,
+        bytes_row("GPU memory allocated after step() (memory_allocated)", place, m["allocated"],
+                  predicted.states.total, rtol=HELD_RTOL, atol=HELD_ATOL,
+                  why="above the model states: cuBLAS workspace, the token batch, 512-byte "
+                      "rounding of every tensor"),
+        bytes_row(f"peak of one training step (max_memory_allocated), micro-batch "
+                  f"{micro_batch} x {config.seq} tokens", place, m["peak"],
+                  predicted.total, rtol=PEAK_RTOL, why=why_peak),
+    ]
+
+
+def check_memory() -> list[Row]:
+    return memory_rows(measure_memory())
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def plan(gpus: int) -> list[Planned]:
+    """The checks ``make gpu-check`` runs with ``gpus`` CUDA GPUs (>= 1), in order."""
+    if isinstance(gpus, bool) or not isinstance(gpus, Integral):
+        raise TypeError(f"gpus must be an int, got {type(gpus).__name__}")
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1 (with no GPU there is nothing to run), got {gpus}")
+    forked = ", forked from this process"
+    checks = [Planned("all-reduce of rank + 1 on 1 rank", where(1, "nccl", backend_first=True) + forked,
+                      functools.partial(check_all_reduce, 1))]
+    if gpus >= 2:
+        checks.append(Planned(f"all-reduce of rank + 1 on {gpus} ranks",
+                              where(gpus, "nccl", backend_first=True) + forked,
+                              functools.partial(check_all_reduce, gpus)))
+        for name in experiments.strategies():
+            if not experiments.STRATEGIES[name].distributed:
+                continue
+            n = strategy_world_size(name, gpus)
+            checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",
+                                  where(n, "nccl", backend_first=True) + forked,
+                                  functools.partial(check_strategy, name, n, "nccl")))
+    checks.append(Planned(
+        f"memory of a training step, course GPT at {MEMORY_CONFIG.num_params() / 1e6:.0f}M "
+        "parameters (mixed) vs memory.per_gpu", "this process, GPU 0", check_memory))
+    beside = " next to a visible GPU"
+    for name in GLOO_NEXT_TO_GPU:
+        checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",
+                              where(2, "gloo", backend_first=True) + beside
+                              + ", spawned (CUDA initialised here)",
+                              functools.partial(check_gloo_next_to_gpu, name)))
+    return checks
+
+
+def _listing(planned) -> str:
+    return text_table(["check", "where"], [[p.check, p.where] for p in planned], left=(0, 1))
+
+
+def describe_without_gpu(example_gpus: int = MAX_RANKS) -> str:
+    """What ``make gpu-check`` says on a machine with no CUDA GPU."""
+    return "\n".join([
+        "no CUDA GPU visible: nothing to check here.",
+        "",
+        "With one GPU, make gpu-check runs:",
+        _listing(plan(1)),
+        "",
+        f"With N >= 2 GPUs it runs these (shown for N = {example_gpus}; each strategy on "
+        f"min(N, {MAX_RANKS}) NCCL ranks, torch-hsdp on an even number):",
+        _listing(plan(example_gpus)),
+    ])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
+    gpus = gpu_count()
+    if gpus == 0:
+        print(describe_without_gpu())
+        return 0
+    names = ", ".join(gpu_names())                  # nvidia-smi: CUDA stays uninitialised
+    rows = run_checks(plan(gpus), progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"make gpu-check: {gpus} CUDA GPU{'s' if gpus > 1 else ''} visible ({names})")
+    print(table(rows))
+    print()
+    print(summary(rows))
+    return 1 if any(r.ok is False for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
