@@ -52,7 +52,7 @@ test-portable: install
 
 # Every notebook with its ranks spawned (new interpreters) instead of forked, as on macOS
 # and Windows: functions defined in cells must reach the ranks by value. Not part of
-# `make test` (it takes about 20 minutes: each launch starts new interpreters).
+# `make test` (about 14 minutes on 2 cores: each launch starts new interpreters).
 test-spawn: install
 	@cat tests/sanitize.cfg tests/sanitize_spawn.cfg > $(VENV)/sanitize_spawn.cfg
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= COURSE_START_METHOD=spawn \
