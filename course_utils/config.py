@@ -145,7 +145,7 @@ def _preset(name: str, source: str, config: TransformerConfig | None = None,
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in [
-    _preset("gpt2-xl", "Radford et al. 2019, HF config gpt2-xl; the seeds' Megatron lab (1.56B)",
+    _preset("gpt2-xl", "Radford et al. 2019, HF config gpt2-xl; the Megatron-LM benchmark of notebook 08 (1.56B)",
             TransformerConfig(hidden=1600, layers=48, heads=25, vocab=50257, seq=1024)),
     _preset("llama-2-7b", "Touvron et al. 2023 (Llama 2), Table 1 and HF config",
             TransformerConfig(hidden=4096, layers=32, heads=32, vocab=32000, seq=4096, ffn=11008,
@@ -153,7 +153,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
                               position="rope")),
     _preset("zero-paper-7.5b", "Rajbhandari et al. 2020 (ZeRO), Figure 1: Psi = 7.5B, N_d = 64; "
             "the paper gives the size only", num_params=7_500_000_000),
-    _preset("llama-2-13b", "Touvron et al. 2023 (Llama 2); the seeds' 13B exercise",
+    _preset("llama-2-13b", "Touvron et al. 2023 (Llama 2); the 13B exercise of notebooks 03-05",
             TransformerConfig(hidden=5120, layers=40, heads=40, vocab=32000, seq=4096, ffn=13824,
                               tied_embeddings=False, bias=False, norm="rmsnorm", mlp="swiglu",
                               position="rope")),

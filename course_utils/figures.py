@@ -33,7 +33,7 @@ _HASH_RE = re.compile(r"data-sha256=([0-9a-f]{64})")
 # ------------------------------------------------------------------- zero_stages
 
 def _zero_stages_data() -> dict:
-    """Per-GPU model states for 7B params on 4 GPUs, mixed-precision Adam (seed 001)."""
+    """Per-GPU model states for 7B params on 4 GPUs, mixed-precision Adam (a common worked example)."""
     num_params, gpus, recipe = 7_000_000_000, 4, "mixed"
     stages = []
     for stage in (0, 1, 2, 3):

@@ -987,7 +987,7 @@ def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> 
             "that one all-reduce of the squared norms (one float per tensor) completes, so every "
             "rank gets the global norm and scales its shards by the same factor. A norm of the "
             "local shards alone differs per rank and is too small (each rank would clip with its "
-            "own, wrong factor). Seed 001's advice to call model.clip_grad_norm_ is for FSDP1's "
+            "own, wrong factor). A tutorial's advice to call model.clip_grad_norm_ is for FSDP1's "
             "FullyShardedDataParallel; FSDP2 has no such method and needs none.")
     return OptionResult(f"clip_grad_norm_(max_norm={max_norm:g}) on sharded gradients", where(res),
                         checks, details, note)

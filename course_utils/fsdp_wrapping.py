@@ -1,4 +1,4 @@
-"""How to wrap a model for FSDP, FSDP1's names in FSDP2, and seed 001's "common issues", measured.
+"""How to wrap a model for FSDP, FSDP1's names in FSDP2, and a tutorial's "common issues", measured.
 
 Taught in ``notebooks/07_fsdp.ipynb``. Everything here runs for real on several ranks
 (:func:`course_utils.launch.launch`: gloo on CPU, or NCCL with one GPU per rank) and
@@ -51,7 +51,7 @@ per-leaf, 517,600 / 640,200 per-block-zero2.
 **2. FSDP1 auto-wrap == FSDP2 per block** (:func:`compare_autowrap`):
 ``FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}))`` (or
 ``functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})``: the
-block class is an argument of the *policy*; seed 001 passes ``transformer_layer_cls`` to
+block class is an argument of the *policy*; a widely read tutorial passes ``transformer_layer_cls`` to
 ``FullyShardedDataParallel`` itself, a ``TypeError``) makes the same 5 units as
 ``for b in model.blocks: fully_shard(b); fully_shard(model)`` and gives the losses of one
 process. FSDP1 issues its collectives through ``torch.distributed`` at call time
@@ -72,7 +72,7 @@ the ranks' models diverge, the losses leave those of one process). On GPU nodes
 and all-reduces across nodes (read in torch's ``_init_utils``, not measured here); an
 explicit 2-D ``device_mesh`` says what is meant everywhere.
 
-**4. Seed 001's "Common issues"**, each reproduced and fixed: :func:`issue_oom`,
+**4. A tutorial's "Common issues"**, each reproduced and fixed: :func:`issue_oom`,
 :func:`issue_slow`, :func:`issue_inconsistent_init`.
 
 Step times vary between runs and machines; tables leave them out unless asked.
@@ -591,7 +591,7 @@ def _fsdp1(model, device, *, policy="module", strategy="FULL_SHARD", mesh=None, 
 
     if policy == "module":
         auto_wrap = ModuleWrapPolicy({Block})
-    else:   # the right form of seed 001's call: the class is the policy's argument
+    else:   # the right form of the tutorial's call: the class is the policy's argument
         auto_wrap = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
     if mesh is not None:
         kwargs["device_mesh"] = mesh
@@ -613,8 +613,8 @@ def _error_of(fn) -> str:
     return "no error"
 
 
-def _seed_001_errors(device) -> dict:
-    """What seed 001's two spellings of the auto-wrap policy do."""
+def _tutorial_errors(device) -> dict:
+    """What the tutorial's two spellings of the auto-wrap policy do."""
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
@@ -636,7 +636,7 @@ def _autowrap_rank(policies, steps: int, seed: int) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
-    out = {"errors": _seed_001_errors(device)}
+    out = {"errors": _tutorial_errors(device)}
     for policy in policies:
         model = _fsdp1(build_model(seed=seed, device=device), device, policy=policy)
         out[f"fsdp1-{policy}"] = _measured_run(model, experiments.make_adamw(model.parameters()),
@@ -668,7 +668,7 @@ class AutowrapReport:
     """What :func:`compare_autowrap` measured. runs: ``"fsdp1-module"``,
     ``"fsdp1-transformer"``, ``"fsdp2"`` -> units, losses, ``max_rel_loss_diff`` from
     ``"single"``, calls and bytes per step, ``predicted`` (:func:`predict_strategy`), the
-    ``torch.distributed`` functions CommLedger saw; errors: seed 001's spellings -> what
+    ``torch.distributed`` functions CommLedger saw; errors: the tutorial's spellings -> what
     torch raised; right_form: the call that works."""
 
     runs: dict
@@ -688,7 +688,7 @@ class AutowrapReport:
         notes = [f"fp32, per rank and step, {self.where}."]
         notes += [f"{name}: CommLedger saw {', '.join(m['functions'])}"
                   for name, m in self.runs.items()]
-        notes += [f"seed 001's {call}  ->  {error}" for call, error in self.errors.items()]
+        notes += [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()]
         notes.append(f"the right form: {self.right_form}")
         return text_table(header, rows, notes=notes)
 
@@ -700,7 +700,7 @@ def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
     against FSDP2 ``fully_shard`` per block, on ``world_size`` ranks (one launch): units,
     losses against ``"single"``, calls and bytes per step (CommLedger) against
     :func:`predict_strategy`, the ``torch.distributed`` functions each called, and the
-    errors seed 001's two spellings raise."""
+    errors the tutorial's two spellings raise."""
     _check_int("world_size", world_size, 2)
     _check_int("steps", steps, 1)
     _check_int("seed", seed, 0)
@@ -944,7 +944,7 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
 
 @dataclasses.dataclass
 class IssueReport:
-    """One of seed 001's "Common issues", reproduced (``before``) and fixed (``after``):
+    """One of the tutorial's "Common issues", reproduced (``before``) and fixed (``after``):
     each a dict of measured numbers; ``where`` the run; ``notes`` what to take away."""
 
     issue: str
@@ -1040,7 +1040,7 @@ def _require(report, names) -> None:
 
 
 def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
-    """Seed 001's per-rank seeding before building the model, with FSDP2 and FSDP1, and the fixes."""
+    """The tutorial's per-rank seeding before building the model, with FSDP2 and FSDP1, and the fixes."""
     from .launch import rank_device
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -1112,7 +1112,7 @@ def _default_init_single(steps: int, seed: int) -> list:
 
 def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 0,
                             lift_fsdp1_cpu_guard: bool = True, timeout_s: float = 120.0) -> IssueReport:
-    """"Inconsistent results": seed 001 calls ``torch.manual_seed(seed + rank)`` *before*
+    """"Inconsistent results": the tutorial calls ``torch.manual_seed(seed + rank)`` *before*
     building the model. FSDP2's ``fully_shard`` does not broadcast (FSDP1 only does with
     ``sync_module_states=True``), so each rank keeps its rows of its *own* initialisation:
     the model every rank gathers is a mix (rank r supplies chunk r of every parameter) and

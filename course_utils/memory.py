@@ -3,7 +3,7 @@
 Taught in ``notebooks/03_memory_anatomy.ipynb`` (first used for the course map in
 ``notebooks/00_orientation.ipynb``).
 
-Model states per parameter, for the recipes the ZeRO paper and the seeds use:
+Model states per parameter, for the recipes the ZeRO paper and the course use:
 
 ==================  ======  =====  =================================================
 recipe              params  grads  optimizer states (Adam)
@@ -38,7 +38,7 @@ RECIPES: dict[str, tuple[int, int, int]] = {
 STAGES = (0, 1, 2, 3)
 STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
-GB = 10**9      #: the ZeRO paper's and the seeds' "GB"
+GB = 10**9      #: the ZeRO paper's "GB" (decimal)
 GiB = 2**30     #: what nvidia-smi and DeepSpeed's estimators print (they label it "GB")
 UNITS = {"B": 1, "GB": GB, "GiB": GiB, "MB": 10**6, "MiB": 2**20}
 

@@ -27,7 +27,7 @@ recomputation. For each option it gives
 Every figure the model assumes is a field of :class:`Assumptions`, printed under the
 table. :func:`recommend` picks the fastest option that fits and says why.
 
-:func:`seed003_comparison` checks the model against seed 003 (gpt2-xl with Megatron-LM
+:func:`benchmark_comparison` checks the model against a published Megatron-LM benchmark (gpt2-xl with Megatron-LM
 on H100 80GB): predicted next to reported, with the gap explained on every row.
 :func:`planner_widget` is the interactive form; :func:`check_capstone` grades the
 notebook's capstone exercise.
@@ -49,9 +49,9 @@ __all__ = [
     "STRATEGIES", "OFFLOADS", "Choice", "as_choice", "Assumptions", "PlanRow", "Plan", "plan",
     "table", "Recommendation", "recommend", "plot",
     "DEFAULT_OVERHEAD_GB", "DEFAULT_ACTIVATION_SLACK", "NEAR_TIE",
-    "SEED003", "megatron_param_count", "megatron_weight_and_optimizer_bytes", "seed003_config",
-    "seed003_plan", "calibrate_overhead", "linear_model_bounds", "SeedRow", "seed003_comparison",
-    "seed003_table", "PlannerSetting", "PlannerWidget", "planner_widget",
+    "GPT2XL_BENCHMARK", "megatron_param_count", "megatron_weight_and_optimizer_bytes", "benchmark_config",
+    "benchmark_plan", "calibrate_overhead", "linear_model_bounds", "BenchmarkRow", "benchmark_comparison",
+    "benchmark_table", "PlannerSetting", "PlannerWidget", "planner_widget",
     "Scenario", "CAPSTONE_SCENARIOS", "reference_choice", "check_capstone",
 ]
 
@@ -62,13 +62,13 @@ _OFFLOADS_OF = {"DDP": ("none",), "ZeRO-1": ("none", "optimizer"), "ZeRO-2": ("n
                 "ZeRO-3": OFFLOADS, "HSDP": OFFLOADS}
 
 #: Runtime overhead per GPU (GB) outside model states, activations and comm buffers:
-#: CUDA context, cuBLAS/NCCL workspaces, allocator cache. Fitted to seed 003's R1
+#: CUDA context, cuBLAS/NCCL workspaces, allocator cache. Fitted to the benchmark's R1
 #: (gpt2-xl, batch 1: 33321 MiB used) by :func:`calibrate_overhead`, rounded.
 DEFAULT_OVERHEAD_GB = 3.6
 #: Allocator slack on activations: transient tensors of backward (e.g. the logits'
 #: gradient) and caching-allocator fragmentation, as a fraction of the saved activations.
 #: 15% makes one gpt2-xl sequence cost 3.32 GB (2.89 GB Korthikanti + slack), inside the
-#: 3.19-3.35 GB band that seed 003's DP=8 maximum (21 per GPU) allows; the band of its
+#: 3.19-3.35 GB band that the benchmark's DP=8 maximum (21 per GPU) allows; the band of its
 #: one-GPU maximum (15) is 3.37-3.61 GB and the two do not overlap (:func:`linear_model_bounds`).
 DEFAULT_ACTIVATION_SLACK = 0.15
 #: Options within this fraction of the fastest step time are a near tie (the model's
@@ -763,12 +763,12 @@ def plot(rows: Plan, *, highlight: Choice | None = None):
     return fig
 
 
-# ================================================================== seed 003
+# ======================================== a published Megatron-LM benchmark
 #
 # gpt2-xl trained with Megatron-LM on H100 80GB (bf16 weights, fp32 gradients, Adam).
 
-#: What seed 003 reports (its runs R1..R12), with units as printed.
-SEED003 = {
+#: What the benchmark reports (its runs R1..R12), with units as printed.
+GPT2XL_BENCHMARK = {
     "params_b": 1.56,                 # "Total number of parameters in billions: 1.56"
     "most_loaded_shard_b": 1.5554,
     "weight_and_optimizer_mib": 26699.47,   # Megatron prints "MB": it divides by 1024*1024
@@ -780,13 +780,13 @@ SEED003 = {
     "r3_step_ms": 393, "r5_step_ms": 421, "r4_step_ms": 1470,   # batch 15; DP=4; 4 x 15 accumulated
     "seq": 1024, "padded_vocab": 50304,
 }
-_SEED_GPU_GB = SEED003["gpu_total_mib"] * 2**20 / GB     # 85.52 GB: nvidia-smi's total
+_BENCHMARK_GPU_GB = GPT2XL_BENCHMARK["gpu_total_mib"] * 2**20 / GB     # 85.52 GB: nvidia-smi's total
 
 
-def seed003_config() -> TransformerConfig:
+def benchmark_config() -> TransformerConfig:
     """gpt2-xl as Megatron builds it: the gpt2-xl preset with the vocabulary padded to
     50304 (Megatron pads 50257 to a multiple of 128)."""
-    return dataclasses.replace(preset("gpt2-xl").config, vocab=SEED003["padded_vocab"])
+    return dataclasses.replace(preset("gpt2-xl").config, vocab=GPT2XL_BENCHMARK["padded_vocab"])
 
 
 def megatron_param_count(config: TransformerConfig) -> dict:
@@ -814,18 +814,18 @@ def megatron_weight_and_optimizer_bytes(config: TransformerConfig, *, dp: int = 
     return megatron_param_count(config)["most_loaded_shard"] * per_param
 
 
-def seed003_plan(*, gpus: int = 1, micro_batch: int | None = None, strategy: str = "DDP",
+def benchmark_plan(*, gpus: int = 1, micro_batch: int | None = None, strategy: str = "DDP",
                  overhead_gb: float = DEFAULT_OVERHEAD_GB,
                  activation_slack: float = DEFAULT_ACTIVATION_SLACK,
                  attention: str = "flash", recompute: bool = False) -> PlanRow:
-    """One planner row in seed 003's setting: Megatron's gpt2-xl, seq 1024, bf16 weights
+    """One planner row in the benchmark's setting: Megatron's gpt2-xl, seq 1024, bf16 weights
     with fp32 gradients (``mixed-fp32-grads``, 18 B), the whole 81559 MiB of an H100,
     ``gpus`` GPUs on one node (NVLink 4 at 450 GB/s), no recomputation (Megatron's
     default), flash attention (Megatron-core's Transformer Engine default) and Megatron's
     contiguous gradient buffer (its 40M-element buckets are views: no extra copy). ``strategy="ZeRO-1"`` is
     Megatron's ``--use-distributed-optimizer``."""
-    rows = plan(seed003_config(), gpu_mem_gb=_SEED_GPU_GB, gpus_per_node=gpus, nodes=1,
-                intra_bw_gbps=450, inter_bw_gbps=450, seq_len=SEED003["seq"], micro_batch=micro_batch,
+    rows = plan(benchmark_config(), gpu_mem_gb=_BENCHMARK_GPU_GB, gpus_per_node=gpus, nodes=1,
+                intra_bw_gbps=450, inter_bw_gbps=450, seq_len=GPT2XL_BENCHMARK["seq"], micro_batch=micro_batch,
                 recipe="mixed-fp32-grads", attention=attention, overhead_gb=overhead_gb,
                 activation_slack=activation_slack, bucket_elems=40_000_000, bucket_buffers=0, mfu=0.4,
                 choices=[Choice(strategy, "none", recompute)])
@@ -835,12 +835,12 @@ def seed003_plan(*, gpus: int = 1, micro_batch: int | None = None, strategy: str
 def calibrate_overhead(activation_slack: float = DEFAULT_ACTIVATION_SLACK) -> float:
     """The runtime overhead (GB) that makes the planner reproduce R1 exactly: nvidia-smi's
     33321 MiB on one GPU at batch 1, minus model states, activations and slack."""
-    r = seed003_plan(micro_batch=1, overhead_gb=0.0, activation_slack=activation_slack)
-    return (SEED003["r1_used_mib"] * 2**20 - r.total) / GB
+    r = benchmark_plan(micro_batch=1, overhead_gb=0.0, activation_slack=activation_slack)
+    return (GPT2XL_BENCHMARK["r1_used_mib"] * 2**20 - r.total) / GB
 
 
 def linear_model_bounds() -> dict:
-    """Why no "overhead + per-sequence cost" model can hit every seed-003 figure exactly.
+    """Why no "overhead + per-sequence cost" model can hit every figure of the benchmark exactly.
 
     With the overhead fitted to R1 (used(1) = 33321 MiB), used(b) = used(1) + c·(b-1)
     where c is the GPU memory one more sequence costs. Then "15 fits, 16 does not" on one
@@ -849,9 +849,9 @@ def linear_model_bounds() -> dict:
     intervals do not overlap, so the two maxima cannot both be met: one is off by a
     sequence whatever c is.
     """
-    cfg = seed003_config()
-    cap = SEED003["gpu_total_mib"] * 2**20
-    used1 = SEED003["r1_used_mib"] * 2**20
+    cfg = benchmark_config()
+    cap = GPT2XL_BENCHMARK["gpu_total_mib"] * 2**20
+    used1 = GPT2XL_BENCHMARK["r1_used_mib"] * 2**20
     psi = cfg.num_params()
     ddp, dist8 = 18 * psi, (6 + 12 / 8) * psi
     # used(b) = used1 + c(b-1); the distributed optimizer saves ddp - dist8 at every b
@@ -863,8 +863,8 @@ def linear_model_bounds() -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class SeedRow:
-    """One figure of seed 003: reported, predicted, tolerance, and the gap in words."""
+class BenchmarkRow:
+    """One figure of the benchmark: reported, predicted, tolerance, and the gap in words."""
 
     quantity: str
     reported: float
@@ -883,127 +883,127 @@ def _within_rel(pred, rep, tol):
     return abs(pred - rep) <= tol * abs(rep)
 
 
-def seed003_comparison() -> list[SeedRow]:
-    """Seed 003's figures next to the planner's, each with a tolerance and the gap explained.
+def benchmark_comparison() -> list[BenchmarkRow]:
+    """The benchmark's figures next to the planner's, each with a tolerance and the gap explained.
 
     Tolerances: parameter counts and Megatron's own formula exactly (to the printed
-    digits); memory in GB within 10% (the seed's "79GB"/"65GB" do not say whether
+    digits); memory in GB within 10% (the benchmark's "79GB"/"65GB" do not say whether
     they are GB or GiB, and nvidia-smi shows the caching allocator's reserve, not the
     tensors alive); largest batches within one sequence per GPU (:func:`linear_model_bounds`
     proves no linear memory model can do better on both); step times within 10% for
     compute (the MFU is an assumption) and 35% for communication (the bandwidth is).
     """
-    cfg = seed003_config()
+    cfg = benchmark_config()
     hf = preset("gpt2-xl").config
     meg = megatron_param_count(cfg)
-    rows: list[SeedRow] = []
+    rows: list[BenchmarkRow] = []
 
     def add(q, rep, pred, unit, tol, within, why):
-        rows.append(SeedRow(q, rep, pred, unit, tol, bool(within), why))
+        rows.append(BenchmarkRow(q, rep, pred, unit, tol, bool(within), why))
 
     ours = hf.num_params()
-    add("parameters (billions)", SEED003["params_b"], ours / 1e9, "B", "same 2 decimals",
-        round(ours / 1e9, 2) == SEED003["params_b"],
+    add("parameters (billions)", GPT2XL_BENCHMARK["params_b"], ours / 1e9, "B", "same 2 decimals",
+        round(ours / 1e9, 2) == GPT2XL_BENCHMARK["params_b"],
         f"our exact count of HF gpt2-xl is {ours:,}; Megatron's printout counts "
         f"{meg['total']:,.0f} (no biases, no position table, vocab padded to 50304)")
-    add("Megatron's most loaded shard (billions)", SEED003["most_loaded_shard_b"],
+    add("Megatron's most loaded shard (billions)", GPT2XL_BENCHMARK["most_loaded_shard_b"],
         meg["most_loaded_shard"] / 1e9, "B", "same 4 decimals",
-        round(meg["most_loaded_shard"] / 1e9, 4) == SEED003["most_loaded_shard_b"],
+        round(meg["most_loaded_shard"] / 1e9, 4) == GPT2XL_BENCHMARK["most_loaded_shard_b"],
         "Megatron's formula reimplemented; it includes the 80.5M-parameter embedding")
     wo = megatron_weight_and_optimizer_bytes(cfg) / 2**20
-    add("Megatron 'weight and optimizer' (MiB, printed as MB)", SEED003["weight_and_optimizer_mib"],
-        wo, "MiB", "same 2 decimals", round(wo, 2) == SEED003["weight_and_optimizer_mib"],
+    add("Megatron 'weight and optimizer' (MiB, printed as MB)", GPT2XL_BENCHMARK["weight_and_optimizer_mib"],
+        wo, "MiB", "same 2 decimals", round(wo, 2) == GPT2XL_BENCHMARK["weight_and_optimizer_mib"],
         f"= 18 B x {meg['most_loaded_shard']:,.0f} / 2**20, i.e. {wo * 2**20 / GB:.2f} GB: the number "
         "looks smaller than 28.08 only because Megatron's MB is a MiB (2**20 bytes, 4.9% more than "
-        "1e6); the last 0.08 GB is 1.5554B rounded up to 1.56B. The seed's reason ('no embedding') "
+        "1e6); the last 0.08 GB is 1.5554B rounded up to 1.56B. The benchmark's reason ('no embedding') "
         "is wrong: the 80.5M embedding parameters are in it. (Megatron adds an activation figure "
         "only under selective recomputation with sequence parallelism: the lone weight-and-"
         "optimizer line says the run used neither)")
-    one = seed003_plan(micro_batch=1)
-    add("model states, 18 B/param (GB)", SEED003["states_gb"], one.states / GB, "GB", "within 1%",
-        _within_rel(one.states / GB, SEED003["states_gb"], 0.01),
-        f"18 B x {cfg.num_params():,} (exact count, padded vocab); the seed multiplies the rounded 1.56B")
-    r1 = SEED003["r1_used_mib"] * 2**20 / GB
+    one = benchmark_plan(micro_batch=1)
+    add("model states, 18 B/param (GB)", GPT2XL_BENCHMARK["states_gb"], one.states / GB, "GB", "within 1%",
+        _within_rel(one.states / GB, GPT2XL_BENCHMARK["states_gb"], 0.01),
+        f"18 B x {cfg.num_params():,} (exact count, padded vocab); the benchmark multiplies the rounded 1.56B")
+    r1 = GPT2XL_BENCHMARK["r1_used_mib"] * 2**20 / GB
     add("R1: one GPU, batch 1 (GB used)", r1, one.total / GB, "GB", "within 10% (calibration point)",
         _within_rel(one.total / GB, r1, 0.10),
         f"states {one.states / GB:.2f} + activations {one.activations / GB:.2f} + buffers "
         f"{one.buffers / GB:.2f} GB; the {DEFAULT_OVERHEAD_GB} GB runtime overhead in the buffers "
         "was fitted to this row (calibrate_overhead), so it checks consistency, not prediction")
-    single = seed003_plan()
+    single = benchmark_plan()
     bounds = linear_model_bounds()
-    add("R3/R7: largest batch on one GPU", SEED003["max_batch_one_gpu"], single.max_micro_batch,
-        "sequences", "+-1", _within_abs(single.max_micro_batch, SEED003["max_batch_one_gpu"], 1),
-        f"one sequence costs {(seed003_plan(micro_batch=2).total - one.total) / GB:.2f} GB "
+    add("R3/R7: largest batch on one GPU", GPT2XL_BENCHMARK["max_batch_one_gpu"], single.max_micro_batch,
+        "sequences", "+-1", _within_abs(single.max_micro_batch, GPT2XL_BENCHMARK["max_batch_one_gpu"], 1),
+        f"one sequence costs {(benchmark_plan(micro_batch=2).total - one.total) / GB:.2f} GB "
         f"(Korthikanti {one.activations / GB:.2f} GB with flash attention + "
-        f"{DEFAULT_ACTIVATION_SLACK:.0%} slack); with the overhead fitted to R1, the seed's 15 "
+        f"{DEFAULT_ACTIVATION_SLACK:.0%} slack); with the overhead fitted to R1, the benchmark's 15 "
         f"needs {bounds['per_seq_gb_for_15'][0]:.2f}-{bounds['per_seq_gb_for_15'][1]:.2f} GB per "
         f"sequence but R12's 21 per GPU needs {bounds['per_seq_gb_for_21'][0]:.2f}-"
         f"{bounds['per_seq_gb_for_21'][1]:.2f} GB: no single cost meets both (linear_model_bounds)")
-    std = seed003_plan(attention="standard")
-    add("largest batch if the s x s scores were stored", SEED003["max_batch_one_gpu"],
+    std = benchmark_plan(attention="standard")
+    add("largest batch if the s x s scores were stored", GPT2XL_BENCHMARK["max_batch_one_gpu"],
         std.max_micro_batch, "sequences", "must be < 10 (rules it out)", std.max_micro_batch < 10,
         "with standard attention (no flash, no selective recomputation) every layer keeps "
         "5·a·s²·b bytes of scores: batch 15 could not fit, so the run did not store them "
         "(Megatron-core's Transformer Engine attention is fused; recomputation is off by default)")
-    dp4 = seed003_plan(gpus=4, micro_batch=15)
-    dp4z = seed003_plan(gpus=4, micro_batch=15, strategy="ZeRO-1")
-    add("R5: DP=4, batch 15 per GPU (GB)", SEED003["dp4_batch15_gb"], dp4.total / GB, "GB", "within 10%",
-        _within_rel(dp4.total / GB, SEED003["dp4_batch15_gb"], 0.10),
-        "same states as one GPU (DDP replicates them); the seed's '79GB' is read off nvidia-smi "
+    dp4 = benchmark_plan(gpus=4, micro_batch=15)
+    dp4z = benchmark_plan(gpus=4, micro_batch=15, strategy="ZeRO-1")
+    add("R5: DP=4, batch 15 per GPU (GB)", GPT2XL_BENCHMARK["dp4_batch15_gb"], dp4.total / GB, "GB", "within 10%",
+        _within_rel(dp4.total / GB, GPT2XL_BENCHMARK["dp4_batch15_gb"], 0.10),
+        "same states as one GPU (DDP replicates them); the benchmark's '79GB' is read off nvidia-smi "
         f"({dp4.total / 2**30:.1f} GiB predicted)")
-    add("R6: DP=4 + distributed optimizer (GB)", SEED003["dp4_batch15_distopt_gb"], dp4z.total / GB, "GB",
-        "within 10%", _within_rel(dp4z.total / GB, SEED003["dp4_batch15_distopt_gb"], 0.10),
+    add("R6: DP=4 + distributed optimizer (GB)", GPT2XL_BENCHMARK["dp4_batch15_distopt_gb"], dp4z.total / GB, "GB",
+        "within 10%", _within_rel(dp4z.total / GB, GPT2XL_BENCHMARK["dp4_batch15_distopt_gb"], 0.10),
         "the planner's ZeRO-1 (fp32 master + Adam moments sharded, 2 + 4 + 12/4 B per parameter)")
     drop = (dp4.total - dp4z.total) / GB
-    dp4z2 = seed003_plan(gpus=4, micro_batch=15, strategy="ZeRO-2")
-    add("R5 -> R6 drop (GB)", SEED003["dp4_batch15_gb"] - SEED003["dp4_batch15_distopt_gb"], drop, "GB",
+    dp4z2 = benchmark_plan(gpus=4, micro_batch=15, strategy="ZeRO-2")
+    add("R5 -> R6 drop (GB)", GPT2XL_BENCHMARK["dp4_batch15_gb"] - GPT2XL_BENCHMARK["dp4_batch15_distopt_gb"], drop, "GB",
         "within 10%", _within_rel(drop, 14, 0.10),
         f"12 B x 3/4 x Psi = {drop:.2f} GB: optimizer states sharded, gradients not; sharding the "
         f"fp32 gradients too (true ZeRO-2) would drop {(dp4.total - dp4z2.total) / GB:.1f} GB. "
         "Megatron keeps its full fp32 gradient buffer (its own formula: 6 + 12/d bytes), so the "
-        "seed's 'ZeRO-2' measured ZeRO-1 memory")
-    dp8 = seed003_plan(gpus=8)
-    dp8z = seed003_plan(gpus=8, strategy="ZeRO-1")
-    dp8z2 = seed003_plan(gpus=8, strategy="ZeRO-2")
-    add("R12: DP=8 largest global batch", SEED003["dp8_max_global_batch"], 8 * dp8.max_micro_batch,
+        "benchmark's 'ZeRO-2' measured ZeRO-1 memory")
+    dp8 = benchmark_plan(gpus=8)
+    dp8z = benchmark_plan(gpus=8, strategy="ZeRO-1")
+    dp8z2 = benchmark_plan(gpus=8, strategy="ZeRO-2")
+    add("R12: DP=8 largest global batch", GPT2XL_BENCHMARK["dp8_max_global_batch"], 8 * dp8.max_micro_batch,
         "sequences", "+-8 (one per GPU)",
-        _within_abs(8 * dp8.max_micro_batch, SEED003["dp8_max_global_batch"], 8),
+        _within_abs(8 * dp8.max_micro_batch, GPT2XL_BENCHMARK["dp8_max_global_batch"], 8),
         "8 x the one-GPU maximum: DDP memory does not depend on the number of GPUs")
     add("R12: DP=8 + distributed optimizer, largest global batch",
-        SEED003["dp8_max_global_batch_distopt"], 8 * dp8z.max_micro_batch, "sequences",
+        GPT2XL_BENCHMARK["dp8_max_global_batch_distopt"], 8 * dp8z.max_micro_batch, "sequences",
         "+-8 (one per GPU)",
-        _within_abs(8 * dp8z.max_micro_batch, SEED003["dp8_max_global_batch_distopt"], 8),
+        _within_abs(8 * dp8z.max_micro_batch, GPT2XL_BENCHMARK["dp8_max_global_batch_distopt"], 8),
         f"optimizer states sharded 8 ways free {(dp8.states - dp8z.states) / GB:.1f} GB = "
         f"{dp8z.max_micro_batch - dp8.max_micro_batch} more sequences per GPU; with the gradients "
         f"sharded too (true ZeRO-2) it would be {8 * dp8z2.max_micro_batch}: one sequence per GPU "
         "apart, so the R5 -> R6 drop, not this row, tells the two apart")
-    r3 = seed003_plan(micro_batch=15)
-    add("R3: step time, one GPU, batch 15 (ms)", SEED003["r3_step_ms"], r3.compute_s * 1e3, "ms",
-        "within 10%", _within_rel(r3.compute_s * 1e3, SEED003["r3_step_ms"], 0.10),
-        f"6 x Psi x 15360 tokens at 989 TFLOP/s x MFU 0.4; the seed's 393 ms means MFU "
-        f"{0.4 * r3.compute_s * 1e3 / SEED003['r3_step_ms']:.3f} (attention FLOPs and the optimizer "
+    r3 = benchmark_plan(micro_batch=15)
+    add("R3: step time, one GPU, batch 15 (ms)", GPT2XL_BENCHMARK["r3_step_ms"], r3.compute_s * 1e3, "ms",
+        "within 10%", _within_rel(r3.compute_s * 1e3, GPT2XL_BENCHMARK["r3_step_ms"], 0.10),
+        f"6 x Psi x 15360 tokens at 989 TFLOP/s x MFU 0.4; the benchmark's 393 ms means MFU "
+        f"{0.4 * r3.compute_s * 1e3 / GPT2XL_BENCHMARK['r3_step_ms']:.3f} (attention FLOPs and the optimizer "
         "step are not in 6·Psi·tokens)")
-    add("R4: 4 x 15 accumulated on one GPU (ms)", SEED003["r4_step_ms"], 4 * r3.compute_s * 1e3, "ms",
-        "within 10%", _within_rel(4 * r3.compute_s * 1e3, SEED003["r4_step_ms"], 0.10),
+    add("R4: 4 x 15 accumulated on one GPU (ms)", GPT2XL_BENCHMARK["r4_step_ms"], 4 * r3.compute_s * 1e3, "ms",
+        "within 10%", _within_rel(4 * r3.compute_s * 1e3, GPT2XL_BENCHMARK["r4_step_ms"], 0.10),
         "accumulation multiplies the forward+backward work by 4 and adds no communication")
-    r5 = seed003_plan(gpus=4, micro_batch=15)
-    over = SEED003["r5_step_ms"] - SEED003["r3_step_ms"]
+    r5 = benchmark_plan(gpus=4, micro_batch=15)
+    over = GPT2XL_BENCHMARK["r5_step_ms"] - GPT2XL_BENCHMARK["r3_step_ms"]
     implied = (comm_volume(cfg.num_params(), world_size=4, stage=0, bytes_per_elem=4)["total"]
                / (over * 1e-3) / 1e9)
     add("R5 - R3: DP=4 all-reduce overhead (ms)", over, r5.comm_s * 1e3, "ms", "within 35%",
         _within_rel(r5.comm_s * 1e3, over, 0.35),
         f"ring all-reduce of the fp32 gradients (4 B x Psi) at the NVLink-4 450 GB/s we assume; "
-        f"the seed's 28 ms implies {implied:.0f} GB/s achieved (NCCL reaches ~75% of the link) "
+        f"the benchmark's 28 ms implies {implied:.0f} GB/s achieved (NCCL reaches ~75% of the link) "
         "and no overlap (Megatron's default: no --overlap-grad-reduce)")
     return rows
 
 
-def seed003_table() -> str:
-    """:func:`seed003_comparison` as a text table: reported, predicted, tolerance, verdict, why."""
+def benchmark_table() -> str:
+    """:func:`benchmark_comparison` as a text table: reported, predicted, tolerance, verdict, why."""
     out = [f"{'quantity':<56}{'reported':>10}{'predicted':>11}  {'unit':<10}{'tolerance':<32}ok",
            "-" * 123]
     digits = {"B": 4, "MiB": 2, "GB": 2, "ms": 1, "sequences": 0}
-    for r in seed003_comparison():
+    for r in benchmark_comparison():
         d = digits[r.unit]
         out.append(f"{r.quantity:<56}{r.reported:>10.{d if r.unit != 'GB' else 2}f}{r.predicted:>11.{d}f}  {r.unit:<10}"
                    f"{r.tolerance:<32}{'yes' if r.within else 'NO'}")

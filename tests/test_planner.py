@@ -28,7 +28,7 @@ from course_utils.estimators import deepspeed_zero2, deepspeed_zero3
 from course_utils.exercises import Verdict
 from course_utils.memory import GB, model_states
 from course_utils.planner import (CAPSTONE_SCENARIOS, Choice, PlannerSetting, PlannerWidget, as_choice,
-                                  check_capstone, plan, recommend, reference_choice, seed003_plan, table)
+                                  check_capstone, plan, recommend, reference_choice, benchmark_plan, table)
 
 H100 = dict(gpu_mem_gb=80, gpus_per_node=8, intra_bw_gbps=450, inter_bw_gbps=50, seq_len=2048)
 
@@ -36,19 +36,19 @@ H100 = dict(gpu_mem_gb=80, gpus_per_node=8, intra_bw_gbps=450, inter_bw_gbps=50,
 # ------------------------------------------------------------------ seed 003
 
 def test_every_seed003_figure_within_its_stated_tolerance():
-    rows = planner.seed003_comparison()
+    rows = planner.benchmark_comparison()
     assert len(rows) >= 14
     bad = [r for r in rows if not r.within]
     assert not bad, [(r.quantity, r.reported, r.predicted) for r in bad]
     assert all(r.explanation for r in rows)
-    text = planner.seed003_table()
-    assert text == planner.seed003_table() and "26699.47" in text
+    text = planner.benchmark_table()
+    assert text == planner.benchmark_table() and "26699.47" in text
     verdicts = [line.split()[-1] for line in text.splitlines()[2:] if not line.startswith("    ")]
     assert verdicts == ["yes"] * len(rows)
 
 
 def test_seed003_parameter_counts_and_megatron_formula_exactly():
-    cfg = planner.seed003_config()
+    cfg = planner.benchmark_config()
     meg = planner.megatron_param_count(cfg)
     assert round(meg["transformer"] / 1e9, 2) == 1.47 and round(meg["embedding"] / 1e9, 2) == 0.08
     assert round(meg["most_loaded_shard"] / 1e9, 4) == 1.5554
@@ -65,20 +65,20 @@ def test_seed003_parameter_counts_and_megatron_formula_exactly():
 
 
 def test_seed003_largest_batches_and_the_distributed_optimizer_is_zero1_memory():
-    one = seed003_plan()
+    one = benchmark_plan()
     assert abs(one.max_micro_batch - 15) <= 1
-    dp8, dp8_opt = seed003_plan(gpus=8), seed003_plan(gpus=8, strategy="ZeRO-1")
+    dp8, dp8_opt = benchmark_plan(gpus=8), benchmark_plan(gpus=8, strategy="ZeRO-1")
     assert abs(8 * dp8.max_micro_batch - 120) <= 8
     assert 8 * dp8_opt.max_micro_batch == 168
-    r5 = seed003_plan(gpus=4, micro_batch=15)
-    r6 = seed003_plan(gpus=4, micro_batch=15, strategy="ZeRO-1")
-    r6_zero2 = seed003_plan(gpus=4, micro_batch=15, strategy="ZeRO-2")
+    r5 = benchmark_plan(gpus=4, micro_batch=15)
+    r6 = benchmark_plan(gpus=4, micro_batch=15, strategy="ZeRO-1")
+    r6_zero2 = benchmark_plan(gpus=4, micro_batch=15, strategy="ZeRO-2")
     drop, drop2 = (r5.total - r6.total) / GB, (r5.total - r6_zero2.total) / GB
-    assert drop == pytest.approx(12 * 0.75 * planner.seed003_config().num_params() / GB)
+    assert drop == pytest.approx(12 * 0.75 * planner.benchmark_config().num_params() / GB)
     assert abs(drop - 14) <= 1.4 and abs(drop2 - 14) > 1.4     # gradients were not sharded
     assert abs(r5.total / GB - 79) <= 7.9 and abs(r6.total / GB - 65) <= 6.5
     # storing the s x s attention scores would make batch 15 impossible
-    assert seed003_plan(attention="standard").max_micro_batch < 10
+    assert benchmark_plan(attention="standard").max_micro_batch < 10
 
 
 def test_no_linear_memory_model_meets_both_seed_maxima():
@@ -86,22 +86,22 @@ def test_no_linear_memory_model_meets_both_seed_maxima():
     lo15, hi15 = b["per_seq_gb_for_15"]
     lo21, hi21 = b["per_seq_gb_for_21"]
     assert not b["overlap"] and hi21 < lo15
-    per_seq = (seed003_plan(micro_batch=2).total - seed003_plan(micro_batch=1).total) / GB
+    per_seq = (benchmark_plan(micro_batch=2).total - benchmark_plan(micro_batch=1).total) / GB
     assert lo21 < per_seq <= hi21 < lo15    # ours meets R12's 168 exactly, so R3's 15 is off by one
 
 
 def test_default_overhead_is_the_r1_calibration():
     assert planner.calibrate_overhead() == pytest.approx(planner.DEFAULT_OVERHEAD_GB, abs=0.05)
-    r1 = seed003_plan(micro_batch=1)
+    r1 = benchmark_plan(micro_batch=1)
     assert r1.total == pytest.approx(33321 * 2**20, rel=0.005)
 
 
 def test_seed003_step_times():
-    r3 = seed003_plan(micro_batch=15)
-    flops = 6 * planner.seed003_config().num_params() * 15 * 1024
+    r3 = benchmark_plan(micro_batch=15)
+    flops = 6 * planner.benchmark_config().num_params() * 15 * 1024
     assert r3.compute_s == pytest.approx(flops / (989e12 * 0.4))
     assert abs(r3.compute_s - 0.393) <= 0.0393 and r3.comm_s == 0
-    r5 = seed003_plan(gpus=4, micro_batch=15)
+    r5 = benchmark_plan(gpus=4, micro_batch=15)
     assert abs(r5.comm_s - 0.028) <= 0.35 * 0.028
 
 

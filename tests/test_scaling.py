@@ -1,10 +1,10 @@
 """Step-time arithmetic behind notebook 02's explanation of the seeds' gpt2-xl runs."""
 import pytest
 
-from course_utils.scaling import (SEED_GPT2XL, allreduce_seconds, implied_bandwidth, overhead_share,
+from course_utils.scaling import (GPT2XL_RUNS, allreduce_seconds, implied_bandwidth, overhead_share,
                                   split_accumulation)
 
-S = SEED_GPT2XL
+S = GPT2XL_RUNS
 
 
 def test_accumulation_is_k_forward_backward_plus_one_step():

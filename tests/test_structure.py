@@ -127,3 +127,30 @@ def test_readme_table_links_every_notebook():
                         readme, re.MULTILINE)
         assert row, f"README.md does not link {name} (make badges)"
         assert _course.colab_badge(name) in row.group(0), f"README.md: {name}'s row has no Colab badge"
+
+
+#: How the source documents were named while writing the course; the learner never saw
+#: them, so nothing a learner reads may name them (COURSE.md).
+SOURCE_NAMES = re.compile(r"\bseeds?\s+00\d|\bseed[-_]?00\d|\bthe seeds\b|\bseeds'|\bseed's\b", re.IGNORECASE)
+
+
+def _learner_text():
+    """(where, text) of everything a learner reads: each notebook's file (cells, outputs and
+    the saved widget state, which holds the quiz questions), the README, and the package's
+    source (its docstrings and the strings it prints)."""
+    for path in [*notebook_paths(), ROOT / "README.md", *sorted((ROOT / "course_utils").glob("*.py"))]:
+        yield path.name, path.read_text(encoding="utf-8")
+
+
+def test_nothing_a_learner_reads_names_the_source_documents():
+    hits = [f"{where}: {m.group(0)!r}" for where, text in _learner_text()
+            for m in SOURCE_NAMES.finditer(text)]
+    assert hits == []
+
+
+def test_the_source_names_pattern_finds_them():
+    for text in ("seed 003 says", "Seed 001's advice", "the seeds' exercise", "SEED003", "seed_001",
+                 "the seed's formula"):
+        assert SOURCE_NAMES.search(text), text
+    for text in ("seed=0", "torch.manual_seed(seed + rank)", "one seed for the model"):
+        assert not SOURCE_NAMES.search(text), text
