@@ -1,6 +1,10 @@
 """Packaging: pyproject vs environment.yml, the two make commands, CI entry point."""
 import re
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:            # Python 3.10: the same parser, as pip vendors it
+    from pip._vendor import tomli as tomllib
 
 import yaml
 from packaging.requirements import Requirement
