@@ -173,7 +173,7 @@ def quiz_02() -> Quiz:
                      ["The GPU warmed up", "The optimizer step (and other per-step work) runs once, "
                       "not 4 times", "Accumulation skips the backward pass",
                       "Communication was overlapped"],
-                     "b", "4 x (forward + backward) + 1 x optimizer step: with the benchmark's numbers, about "
+                     "b", "4 x (forward + backward) + 1 x optimizer step: with the published gpt2-xl numbers, about "
                           "359 ms per forward+backward and 34 ms for the step."),
     ])
 

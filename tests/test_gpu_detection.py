@@ -7,6 +7,7 @@ tests hold on a CPU-only machine too: ``is_available`` and CUDA's initialisation
 replaced by functions that raise, so any detection path that reached them fails.
 """
 import ast
+import json
 import subprocess
 import sys
 import textwrap
@@ -84,8 +85,13 @@ def _is_available_calls(path) -> list[int]:
 
 
 def test_no_code_of_the_course_calls_cuda_is_available():
-    """One detection, launch.gpu_count(): no module or script asks torch.cuda.is_available()."""
+    """One detection, launch.gpu_count(): no module, script or notebook cell asks
+    torch.cuda.is_available()."""
     files = sorted((ROOT / "course_utils").rglob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
     assert files
     found = {str(p.relative_to(ROOT)): lines for p in files if (lines := _is_available_calls(p))}
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):    # the learner's cells too
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        found.update({f"{nb.name} cell {i}": "is_available" for i, c in enumerate(cells)
+                      if c["cell_type"] == "code" and "cuda.is_available(" in "".join(c["source"])})
     assert found == {}, f"use course_utils.launch.gpu_count() instead, at {found}"
