@@ -59,7 +59,7 @@ test-spawn: install
 		$(PY) -m pytest -q tests/test_spawn.py notebooks/ \
 		--nbval-sanitize-with $(VENV)/sanitize_spawn.cfg $(PYTEST_ARGS)
 
-# The oldest torch the course supports (course_utils.compat.MIN_TORCH) in a second venv,
+# The oldest torch the course supports (course_utils.runtime.compat.MIN_TORCH) in a second venv,
 # and the unit tests on it; `make test-compat NB=all` also runs every notebook there
 # (torch before 2.13 spells two collectives differently: tests/sanitize_compat.cfg).
 # From PyPI this is a CUDA build of a few GB; it runs on the CPU.
@@ -95,16 +95,16 @@ gpu-check: install
 	$(PY) scripts/gpu_check.py
 
 figures: install
-	$(PY) -m course_utils.figures
+	$(PY) -m course_utils.course.figures
 
 badges: install
-	$(PY) -m course_utils.badges
+	$(PY) -m course_utils.course.badges
 
 # The notebooks as static HTML pages with their saved outputs, for reading offline
 # (nothing is re-executed): _build/book/index.html. `make book BOOK=somewhere` to choose.
 BOOK ?= _build/book
 book: install
-	$(PY) -m course_utils.book --out $(BOOK)
+	$(PY) -m course_utils.course.book --out $(BOOK)
 
 clean-venv:
 	rm -rf $(VENV)

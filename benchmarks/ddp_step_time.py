@@ -3,7 +3,7 @@
     python benchmarks/ddp_step_time.py [--ranks 2] [--steps 20] [--repeat 3] [--models course,wide]
 
 Both strategies train the same model on the same data through
-``course_utils.experiments.run`` (gloo on CPU here, one thread per rank). A step is
+``course_utils.harness.experiments.run`` (gloo on CPU here, one thread per rank). A step is
 forward + backward + optimizer.step() + zero_grad(); for each run we take the slowest
 rank's median step time, and report the median over ``--repeat`` runs, alternating the
 two strategies so that drift in machine load hits both alike. Goal: scratch within
@@ -16,8 +16,9 @@ gradients) makes communication matter.
 import argparse
 import statistics
 
-from course_utils.config import COURSE_CONFIG, TransformerConfig
-from course_utils.experiments import DEFAULT_BUCKET_BYTES, run
+from course_utils.theory.config import COURSE_CONFIG, TransformerConfig
+from course_utils.harness.experiments import run
+from course_utils.impl.common import DEFAULT_BUCKET_BYTES
 
 MODELS = {
     "course": COURSE_CONFIG,

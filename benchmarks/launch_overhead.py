@@ -1,4 +1,4 @@
-"""Launch overhead of course_utils.launch: 4 ranks, launch -> results, fork vs spawn.
+"""Launch overhead of course_utils.runtime.launch: 4 ranks, launch -> results, fork vs spawn.
 
     python benchmarks/launch_overhead.py [--ranks 4] [--repeat 10]
 
@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_utils.launch import launch
+from course_utils.runtime.launch import launch
 
 
 def tiny_all_reduce():

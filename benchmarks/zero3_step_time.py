@@ -3,7 +3,7 @@
     python benchmarks/zero3_step_time.py [--ranks 2] [--steps 20] [--repeat 3] [--models course,wide]
 
 Every strategy trains the same model on the same data through
-``course_utils.experiments.run`` (gloo on CPU here). ``"zero3"`` with ``overlap=True``
+``course_utils.harness.experiments.run`` (gloo on CPU here). ``"zero3"`` with ``overlap=True``
 prefetches the next unit's all-gather while the current unit computes; ``overlap=False``
 gathers each unit only when it is needed. A step is forward + backward +
 optimizer.step() + zero_grad(); for each run we take the slowest rank's median step
@@ -16,7 +16,7 @@ Models: ``course`` is COURSE_CONFIG (129k parameters: latency bound); ``wide`` (
 import argparse
 import statistics
 
-from course_utils.experiments import STRATEGIES
+from course_utils.harness.strategies import STRATEGIES
 from ddp_step_time import MODELS, step_time   # the same models and timing as the DDP benchmark
 
 

@@ -1,29 +1,48 @@
 """ZeRO to FSDP: the one shared package the course's notebooks import.
 
-Modules (each names the notebook that teaches it):
-``env`` (where am I running), ``launch`` (run a function on N ranks), ``magics``
-(``%%ranks N``), ``quiz`` + ``quizbank`` (self-graded questions), ``exercises``
-(auto-graders), ``figures`` (the figures in ``vis/``), ``badges`` (Colab links);
-``config`` (transformer configs and presets), ``memory`` (bytes per GPU: model states,
-offload, activations), ``comm`` (bytes each collective sends), ``estimators``
-(DeepSpeed's, accelerate's and the paper's estimates side by side), ``calculator``
-(the memory widget), ``model`` (the course GPT and its data), ``precision`` (training
-recipes measured to the byte).
+The subpackages, each allowed to import only those above it in this list:
 
+``checks``
+    argument checks shared by everything (a clear ``TypeError``/``ValueError``).
+``theory``
+    arithmetic models, no distributed code: transformer ``config`` and presets, ``memory``
+    (bytes per GPU), ``comm`` (bytes each collective sends), ``alpha_beta`` (its time),
+    ``layout`` (padding and shards), ``timeline`` (ZeRO-3's memory over a step),
+    ``scaling``, ``multinode``, ``estimators``, ``planner``.
+``runtime``
+    running code on N ranks and watching it: ``launch``, ``magics`` (``%%ranks``),
+    ``env``, ``ledger`` (every collective recorded), ``compat`` (torch versions), ``fmt``.
+``impl``
+    what the learner studies, one file each: ``collectives``, ``ring``, ``ddp``,
+    ``zero`` (stages 1-2), ``zero3``, ``fsdp``, ``hsdp``; ``common`` holds what they share.
+``harness``
+    training and measuring any of them: the course ``model`` and data, the
+    ``strategies`` table, ``experiments`` (``wrap``, ``run``, the training loop),
+    ``precision``, ``checkpoint``, ``train`` (the torchrun script), ``grading``.
+``labs``
+    the experiments of notebooks 07-08: ``fsdp_options``, ``fsdp_wrapping``,
+    ``comparison``, ``hsdp_lab``, ``hangs``, ``deepspeed_config``.
+``course``
+    the course around them: ``quiz``, ``questions``, ``quizbank``, ``exercises`` (one
+    module per notebook), ``figures``, ``calculator`` (widgets), ``badges``, ``book``,
+    ``paths``.
+
+``memory``, ``comm``, ``launch``, ``experiments``, ``config`` and ``train`` at the top
+are the same code under the import paths used before the subpackages existed.
 Importing the package inside IPython registers the ``%%ranks`` cell magic.
 """
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .compat import require_supported_torch as _require_supported_torch
+from .runtime.compat import require_supported_torch as _require_supported_torch
 
 _require_supported_torch()      # an older torch: one sentence naming the one to install
 
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext course_utils``: register the ``%%ranks`` magic."""
-    from .magics import register
+    from .runtime.magics import register
 
     register(ipython)
 

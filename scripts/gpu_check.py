@@ -12,7 +12,7 @@ Each check is independent: one that fails or raises is a FAIL row, the others st
   1. an all-reduce on 1 NCCL rank (``launch(fn, 1, backend="nccl")``), forked from this
      process, which has only counted the GPUs (``launch.gpu_count()``, no CUDA init);
   2. with N >= 2 GPUs: the all-reduce on N NCCL ranks, then every strategy of
-     ``experiments.strategies()`` on min(N, 4) NCCL ranks (torch-hsdp on an even number),
+     ``strategies.strategies()`` on min(N, 4) NCCL ranks (torch-hsdp on an even number),
      whose losses must equal one process's on the global batch (``fmt.LOSS_RTOL``) and
      whose ranks must end with the same full parameters;
   3. one training step of the course GPT scaled up (:data:`MEMORY_CONFIG`, bf16 with fp32
@@ -36,14 +36,15 @@ import sys
 from numbers import Integral, Real
 from typing import Callable
 
-from course_utils import experiments
-from course_utils.config import TransformerConfig
-from course_utils.env import gpu_names
-from course_utils.fmt import LOSS_RTOL, sci
-from course_utils.fsdp_wrapping import text_table
-from course_utils.hsdp import DEFAULT_SHARDS
-from course_utils.launch import gpu_count, launch, where
-from course_utils.memory import fmt_bytes, per_gpu
+from course_utils.harness import experiments
+from course_utils.harness import strategies
+from course_utils.theory.config import TransformerConfig
+from course_utils.runtime.env import gpu_names
+from course_utils.runtime.fmt import LOSS_RTOL, sci
+from course_utils.labs.fsdp_wrapping import text_table
+from course_utils.impl.hsdp import DEFAULT_SHARDS
+from course_utils.runtime.launch import gpu_count, launch, where
+from course_utils.theory.memory import fmt_bytes, per_gpu
 
 #: Training steps of every loss comparison (as ``comparison.compare``).
 STEPS = 3
@@ -210,7 +211,7 @@ def _all_reduce_rank(rank: int, world_size: int):
     import torch
     import torch.distributed as dist
 
-    from course_utils.launch import rank_device
+    from course_utils.runtime.launch import rank_device
 
     t = torch.tensor([float(rank + 1)], device=rank_device())
     dist.all_reduce(t)
@@ -300,8 +301,8 @@ def measure_memory(config: TransformerConfig = MEMORY_CONFIG, micro_batch: int =
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from course_utils.model import SyntheticData, build_model
-    from course_utils.precision import make_training, state_bytes, train_step
+    from course_utils.harness.model import SyntheticData, build_model
+    from course_utils.harness.precision import make_training, state_bytes, train_step
 
     device = torch.device("cuda", device_index)
     torch.cuda.set_device(device)
@@ -394,8 +395,8 @@ def plan(gpus: int) -> list[Planned]:
         checks.append(Planned(f"all-reduce of rank + 1 on {gpus} ranks",
                               where(gpus, "nccl", backend_first=True) + forked,
                               functools.partial(check_all_reduce, gpus)))
-        for name in experiments.strategies():
-            if not experiments.STRATEGIES[name].distributed:
+        for name in strategies.strategies():
+            if not strategies.STRATEGIES[name].distributed:
                 continue
             n = strategy_world_size(name, gpus)
             checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",

@@ -3,7 +3,8 @@ import json
 import re
 import shutil
 
-from course_utils import _course, badges
+from course_utils.course import paths as _course
+from course_utils.course import badges
 
 ROOT = badges.ROOT
 BADGE_URL = re.compile(r"https://colab\.research\.google\.com/github/([^/]+/[^/]+)/blob/([^/]+)/notebooks/([^)\s]+)")
@@ -34,7 +35,7 @@ def test_owner_repo_is_written_in_one_place():
     sources = [p for p in ROOT.rglob("*") if p.suffix in {".py", ".toml", ".yml", ".cfg", "Makefile"}
                and ".venv" not in p.parts and p.is_file()]
     holders = [p.relative_to(ROOT) for p in sources if owner_repo in p.read_text(errors="ignore")]
-    assert [str(p) for p in holders] == ["course_utils/_course.py"]
+    assert [str(p) for p in holders] == ["course_utils/course/paths.py"]
 
 
 def test_one_command_rewrites_everything(tmp_path, monkeypatch):

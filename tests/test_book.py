@@ -15,8 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import _course, book
-from course_utils.badges import ROOT, notebook_paths
+from course_utils.course import paths as _course
+from course_utils.course import book
+from course_utils.course.badges import ROOT, notebook_paths
 
 
 class _Tags(HTMLParser):

@@ -1,9 +1,9 @@
 """The memory calculator widget and its headless form."""
 import pytest
 
-from course_utils import calculator
-from course_utils.calculator import CUSTOM, Calculator, Setting, rows, table
-from course_utils.memory import GB
+from course_utils.course import calculator
+from course_utils.course.calculator import CUSTOM, Calculator, Setting, rows, table
+from course_utils.theory.memory import GB
 
 
 def test_default_table_is_deterministic_and_says_what_fits():

@@ -1,4 +1,4 @@
-"""course_utils.checkpoint: FSDP2 checkpoints with torch.distributed.checkpoint (DCP).
+"""course_utils.harness.checkpoint: FSDP2 checkpoints with torch.distributed.checkpoint (DCP).
 
 * A DCP checkpoint saved by 4 "torch-fsdp" ranks loads on 2 ranks and into one plain
   process (no process group) with every parameter and every AdamW state (exp_avg,
@@ -16,14 +16,14 @@ import dataclasses
 import pytest
 import torch
 
-from course_utils import experiments
-from course_utils.checkpoint import (_preload, checkpoint_keys, describe_checkpoint, full_state_dict,
+from course_utils.harness import experiments
+from course_utils.harness.checkpoint import (_preload, checkpoint_keys, describe_checkpoint, full_state_dict,
                                      load_full, load_sharded, optimizer_tensors,
                                      reshard_roundtrip, resume_matches, save_full, save_sharded)
-from course_utils.config import COURSE_CONFIG
-from course_utils.experiments import GLOBAL_BATCH, full_parameters, make_adamw, wrap
-from course_utils.launch import launch
-from course_utils.model import SyntheticData, build_model
+from course_utils.theory.config import COURSE_CONFIG
+from course_utils.harness.experiments import GLOBAL_BATCH, full_parameters, make_adamw, wrap
+from course_utils.runtime.launch import launch
+from course_utils.harness.model import SyntheticData, build_model
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -69,7 +69,7 @@ def test_reshard_4_to_2_to_1_bit_exact(tmp_path):
     assert len({x["param_digest"] for x in rows}) == 1
     assert len({x["optimizer_digest"] for x in rows}) == 1
     # the loaded models started from other weights and were trained: a no-op load would show
-    untrained = experiments._digest(full_parameters(build_model(seed=0)))
+    untrained = experiments.param_digest(full_parameters(build_model(seed=0)))
     assert rows[0]["param_digest"] != untrained
     # on disk: rank 0's index and one file per saving rank, every tensor split in 4 chunks
     files = r["files"]

@@ -6,12 +6,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_utils import collectives as C
-from course_utils import compat
-from course_utils import ring
-from course_utils.comm import collective_bytes
-from course_utils.exercises import check_all_reduce_from_rs_ag, check_ring_all_reduce
-from course_utils.launch import launch
+from course_utils.impl import collectives as C
+from course_utils.theory import alpha_beta as AB
+from course_utils.runtime import compat
+from course_utils.impl import ring
+from course_utils.theory.comm import collective_bytes
+from course_utils.course.exercises import check_all_reduce_from_rs_ag, check_ring_all_reduce
+from course_utils.runtime.launch import launch
 
 
 def _same(got, want) -> bool:
@@ -222,30 +223,30 @@ def test_ring_grader(capsys):
 def test_fit_recovers_a_known_model():
     sizes = list(C.DEFAULT_SIZES)
     for op, n in (("all_reduce", 4), ("reduce_scatter", 3), ("all_gather", 8)):
-        times = [C.predict_time(op, m, n, alpha_s=30e-6, bandwidth=5e9) for m in sizes]
-        fit = C.fit_alpha_beta(sizes, times, op=op, world_size=n)
+        times = [AB.predict_time(op, m, n, alpha_s=30e-6, bandwidth=5e9) for m in sizes]
+        fit = AB.fit_alpha_beta(sizes, times, op=op, world_size=n)
         assert fit.alpha_s == pytest.approx(30e-6, rel=1e-9)
         assert fit.bandwidth == pytest.approx(5e9, rel=1e-9)
         assert fit.fitted == pytest.approx(times, rel=1e-9)
         assert fit.crossover_bytes() == pytest.approx(n * 30e-6 * 5e9)
         assert all(type(x) is float for x in fit.fitted)
     noisy = [t * (1.1 if i % 2 else 0.9) for i, t in enumerate(times)]
-    assert C.fit_alpha_beta(sizes, noisy, op="all_gather", world_size=8).alpha_s == pytest.approx(30e-6, rel=0.15)
+    assert AB.fit_alpha_beta(sizes, noisy, op="all_gather", world_size=8).alpha_s == pytest.approx(30e-6, rel=0.15)
 
 
 def test_model_arithmetic_and_validation():
-    assert C.ring_steps("all_reduce", 4) == 6 and C.ring_steps("all_gather", 4) == 3
-    assert C.predict_time("all_reduce", 1e9, 4, alpha_s=5e-6, bandwidth=100e9) == pytest.approx(0.01503)
+    assert AB.ring_steps("all_reduce", 4) == 6 and AB.ring_steps("all_gather", 4) == 3
+    assert AB.predict_time("all_reduce", 1e9, 4, alpha_s=5e-6, bandwidth=100e9) == pytest.approx(0.01503)
     with pytest.raises(ValueError):
-        C.fit_alpha_beta([1, 2], [1.0], op="all_reduce")
+        AB.fit_alpha_beta([1, 2], [1.0], op="all_reduce")
     with pytest.raises(ValueError, match="two different"):
-        C.fit_alpha_beta([8, 8], [1.0, 1.0])
+        AB.fit_alpha_beta([8, 8], [1.0, 1.0])
     with pytest.raises(ValueError, match="world_size"):
-        C.fit_alpha_beta([8, 16], [1.0, 2.0], world_size=1)
+        AB.fit_alpha_beta([8, 16], [1.0, 2.0], world_size=1)
     with pytest.raises(ValueError):
-        C.fit_alpha_beta([8, 16], [1.0, -2.0])
+        AB.fit_alpha_beta([8, 16], [1.0, -2.0])
     with pytest.raises(ValueError):
-        C.ring_steps("broadcast", 4)
+        AB.ring_steps("broadcast", 4)
     with pytest.raises(ValueError):
         C.time_collective("all_to_all", [1024])
     with pytest.raises(ValueError):
@@ -258,13 +259,13 @@ def test_time_collective_and_plot():
     for op in C.TIMED_OPS:
         times = C.time_collective(op, [1024, 65536], world_size=2, repeats=2, warmup=1)
         assert list(times) == [1024, 65536] and all(t > 0 for t in times.values())
-    fit = C.fit_alpha_beta(list(times), list(times.values()), op="all_gather", world_size=2)
+    fit = AB.fit_alpha_beta(list(times), list(times.values()), op="all_gather", world_size=2)
     assert fit.alpha_s >= 0 and fit.bandwidth > 0
-    synthetic = C.fit_alpha_beta([1024, 1 << 20], [1e-4, 1e-3], op="all_reduce", world_size=4)
-    fig = C.plot_alpha_beta([1024, 1 << 20], [1e-4, 1e-3], synthetic)
+    synthetic = AB.fit_alpha_beta([1024, 1 << 20], [1e-4, 1e-3], op="all_reduce", world_size=4)
+    fig = AB.plot_alpha_beta([1024, 1 << 20], [1e-4, 1e-3], synthetic)
     assert fig.axes[0].get_xscale() == "log" and fig.axes[0].get_yscale() == "log"
     with pytest.raises(TypeError):
-        C.plot_alpha_beta([1], [1.0], {"alpha": 1})
+        AB.plot_alpha_beta([1], [1.0], {"alpha": 1})
 
 
 # --------------------------------------------------------------- figures and the widget

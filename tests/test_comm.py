@@ -1,9 +1,9 @@
-"""course_utils.comm: ring volumes per rank, the paper's convention, call counts."""
+"""course_utils.theory.comm: ring volumes per rank, the paper's convention, call counts."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_utils.comm import collective_bytes, collective_calls, comm_volume, paper_volume, ring_factor
+from course_utils.theory.comm import collective_bytes, collective_calls, comm_volume, paper_volume, ring_factor
 
 
 def test_seven_b_on_four_ranks():

@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from course_utils import compat
+from course_utils.runtime import compat
 
 
 @pytest.mark.parametrize("version", ["2.10.0", "2.10.0+cu128", "2.13.0+cpu", "2.14.0a0+git1234",

@@ -5,10 +5,11 @@ import ast
 import pytest
 import torch
 
-from course_utils import deepspeed_config as D
-from course_utils.config import preset
-from course_utils.memory import GB
-from course_utils.planner import CAPSTONE_SCENARIOS, Choice, plan, recommend
+from course_utils.labs import deepspeed_config as D
+from course_utils.theory.config import preset
+from course_utils.theory.memory import GB
+from course_utils.theory.planner import Choice, plan, recommend
+from course_utils.course.exercises import CAPSTONE_SCENARIOS
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 

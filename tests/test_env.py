@@ -1,10 +1,10 @@
-"""course_utils.env: the environment table and the backend plan."""
+"""course_utils.runtime.env: the environment table and the backend plan."""
 import sys
 
 import pytest
 
-import course_utils.launch as L
-from course_utils import env
+import course_utils.runtime.launch as L
+from course_utils.runtime import env
 
 
 def test_table_lists_machine_and_plan():

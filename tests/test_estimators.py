@@ -1,4 +1,4 @@
-"""course_utils.estimators: DeepSpeed's and accelerate's estimators, reimplemented exactly."""
+"""course_utils.theory.estimators: DeepSpeed's and accelerate's estimators, reimplemented exactly."""
 import contextlib
 import io
 import itertools
@@ -6,12 +6,12 @@ import textwrap
 
 import pytest
 
-from course_utils.config import PRESETS, TransformerConfig
-from course_utils.estimators import (
+from course_utils.theory.config import PRESETS, TransformerConfig
+from course_utils.theory.estimators import (
     ACCELERATE_DTYPES, Row, accelerate_convert_bytes, accelerate_peak, accelerate_total_size,
     accelerate_training_usage, compare, deepspeed_printout, deepspeed_zero2, deepspeed_zero3,
     table, why_nvidia_smi_differs)
-from course_utils.memory import GB, GiB, model_states
+from course_utils.theory.memory import GB, GiB, model_states
 
 # Exact parameter counts behind the documented examples. The docs print only "2851M" etc.;
 # these counts were obtained by building the models with transformers 5.23 on the meta

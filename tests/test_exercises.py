@@ -4,8 +4,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_utils import exercises
-from course_utils.exercises import check_gather_squares, check_rank_sum, compare, grade_on_ranks
+from course_utils.course import exercises
+from course_utils.course.exercises import check_gather_squares, check_rank_sum, compare, grade_on_ranks
 
 
 def test_right_answers_pass(capsys):

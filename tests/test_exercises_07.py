@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.distributed.fsdp import fully_shard
 
-from course_utils.exercises import check_accumulation, check_fsdp_wrap, check_sharded_clip
+from course_utils.course.exercises import check_accumulation, check_fsdp_wrap, check_sharded_clip
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 

@@ -1,4 +1,4 @@
-"""course_utils.experiments: "ddp" (from scratch) and "torch-ddp" give the losses of
+"""course_utils.harness.experiments: "ddp" (from scratch) and "torch-ddp" give the losses of
 "single", hold identical parameters on every rank, and send exactly the ring volume.
 
 Tolerance for losses: 1e-6 relative. Not bitwise, because the sum that forms a gradient
@@ -15,12 +15,14 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.comm import CommLedger, comm_volume
-from course_utils.experiments import (DEFAULT_BUCKET_BYTES, GLOBAL_BATCH, STRATEGIES, DataParallel,
-                                      RunResult, full_parameters, global_loss, make_adamw, register_strategy,
-                                      run, strategies, unwrap, wrap)
-from course_utils.launch import launch
-from course_utils.model import build_model, num_params
+from course_utils.theory.comm import comm_volume
+from course_utils.runtime.ledger import CommLedger
+from course_utils.harness.experiments import GLOBAL_BATCH, RunResult, full_parameters, global_loss, make_adamw, run, unwrap, wrap
+from course_utils.harness.strategies import STRATEGIES, register_strategy, strategies
+from course_utils.impl.common import DEFAULT_BUCKET_BYTES
+from course_utils.impl.ddp import DataParallel
+from course_utils.runtime.launch import launch
+from course_utils.harness.model import build_model, num_params
 from toys import DIM, TOY_TRAINABLE, Toy, toy_batch, toy_optimizer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")

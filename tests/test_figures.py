@@ -4,11 +4,12 @@ timeline against Zero3.timeline measured on 2 and 3 ranks, the tables against th
 import pytest
 import torch.distributed as dist
 
-from course_utils import figures
-from course_utils.comm import CommLedger, collective_calls, comm_volume
-from course_utils.launch import launch
-from course_utils.memory import GB, model_states
-from course_utils.zero3 import predicted_timeline
+from course_utils.course import figures
+from course_utils.theory.comm import collective_calls, comm_volume
+from course_utils.runtime.ledger import CommLedger
+from course_utils.runtime.launch import launch
+from course_utils.theory.memory import GB, model_states
+from course_utils.theory.timeline import predicted_timeline
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -59,7 +60,7 @@ TIMELINE_KEYS = ("phase", "unit", "event", "alive_units", "alive_bytes")
 
 
 def _collectives_on_ranks():
-    from course_utils import collectives as C
+    from course_utils.impl import collectives as C
 
     out = {}
     for name in ("broadcast", "all_reduce", "reduce_scatter", "all_gather"):
@@ -87,9 +88,9 @@ def test_collectives_figure_is_what_the_demos_do_and_send():
 
 
 def _zero3_timelines():
-    from course_utils.experiments import make_adamw
-    from course_utils.model import SyntheticData, build_model
-    from course_utils.zero3 import Zero3
+    from course_utils.harness.experiments import make_adamw
+    from course_utils.harness.model import SyntheticData, build_model
+    from course_utils.impl.zero3 import Zero3
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
@@ -136,7 +137,7 @@ def test_zero3_predicted_timeline_validates():
 
 
 def test_comm_table_numbers():
-    from course_utils.config import preset
+    from course_utils.theory.config import preset
 
     d = figures.data("comm_table")
     cfg = preset(d["preset"]).config

@@ -1,8 +1,8 @@
-"""course_utils.fmt: measured floats printed so that the text is the same on every machine."""
+"""course_utils.runtime.fmt: measured floats printed so that the text is the same on every machine."""
 import pytest
 import torch
 
-from course_utils import fmt
+from course_utils.runtime import fmt
 
 
 def test_num_and_nums_round_to_three_significant_digits():

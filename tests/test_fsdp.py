@@ -1,4 +1,4 @@
-"""course_utils.fsdp: torch FSDP2 (fully_shard) gives the losses of "single" and "zero3",
+"""course_utils.impl.fsdp: torch FSDP2 (fully_shard) gives the losses of "single" and "zero3",
 sends exactly the bytes its per-parameter dim-0 padding predicts, and holds exactly its
 local shards.
 
@@ -25,14 +25,15 @@ from fractions import Fraction
 import pytest
 import torch.distributed as dist
 
-import course_utils.fsdp  # noqa: F401  (registers "torch-fsdp" and "torch-fsdp-zero2")
-from course_utils.comm import CommLedger
-from course_utils.experiments import GLOBAL_BATCH, STRATEGIES, make_adamw, run
-from course_utils.fsdp import (calls_per_step, comm_bytes_per_step, expected_state_bytes,
+import course_utils.impl.fsdp  # noqa: F401  (registers "torch-fsdp" and "torch-fsdp-zero2")
+from course_utils.runtime.ledger import CommLedger
+from course_utils.harness.experiments import GLOBAL_BATCH, make_adamw, run
+from course_utils.harness.strategies import STRATEGIES
+from course_utils.impl.fsdp import (calls_per_step, comm_bytes_per_step, expected_state_bytes,
                                fsdp_state_bytes, message_numels, wrap_torch_fsdp)
-from course_utils.launch import launch
-from course_utils.model import SyntheticData, build_model
-from course_utils.zero3 import padded_numel as zero3_padded
+from course_utils.runtime.launch import launch
+from course_utils.harness.model import SyntheticData, build_model
+from course_utils.theory.layout import padded_numel as zero3_padded
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 

@@ -1,4 +1,4 @@
-"""course_utils.fsdp_options: FSDP2's options run on gloo ranks, measured against predictions.
+"""course_utils.labs.fsdp_options: FSDP2's options run on gloo ranks, measured against predictions.
 
 Each option is run for real (2-4 gloo ranks) and checked against numbers derived by hand
 below, independently of the module's own prediction code:
@@ -22,8 +22,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from course_utils import fsdp_options as fo
-from course_utils.fsdp_options import Check, OptionResult
+from course_utils.labs import fsdp_options as fo
+from course_utils.labs.fsdp_options import Check, OptionResult
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -75,7 +75,7 @@ def test_arguments_are_checked(call, error):
 
 
 def test_shard_model_needs_torch_distributed():
-    from course_utils.model import build_model
+    from course_utils.harness.model import build_model
 
     with pytest.raises(RuntimeError, match="launch"):
         fo.shard_model(build_model())

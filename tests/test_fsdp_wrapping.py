@@ -1,4 +1,4 @@
-"""course_utils.fsdp_wrapping: wrapping granularity, FSDP1 -> FSDP2, seed 001's common issues.
+"""course_utils.labs.fsdp_wrapping: wrapping granularity, FSDP1 -> FSDP2, seed 001's common issues.
 
 Four launches, shared by the tests through module-scoped fixtures: the granularity run
 (2 ranks, four wrappings), the FSDP1 auto-wrap comparison (2 ranks), the ShardingStrategy
@@ -18,9 +18,10 @@ import math
 import pytest
 from torch import nn
 
-from course_utils import compat, fsdp_wrapping as fw
-from course_utils.fsdp import padded_numel
-from course_utils.model import build_model
+from course_utils.runtime import compat
+from course_utils.labs import fsdp_wrapping as fw
+from course_utils.theory.layout import dim0_padded_numel
+from course_utils.harness.model import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -49,7 +50,7 @@ def seeding():
 
 
 def _padded_model_bytes(world_size):
-    return 4 * sum(padded_numel(p.shape, world_size) for p in build_model(device="meta").parameters())
+    return 4 * sum(dim0_padded_numel(p.shape, world_size) for p in build_model(device="meta").parameters())
 
 
 # ----------------------------------------------------------------- 1. granularity

@@ -13,10 +13,11 @@ import sys
 
 import pytest
 
-from course_utils import experiments
-from course_utils.badges import ROOT
-from course_utils.config import TransformerConfig
-from course_utils.memory import per_gpu
+from course_utils.harness import experiments
+from course_utils.harness import strategies
+from course_utils.course.badges import ROOT
+from course_utils.theory.config import TransformerConfig
+from course_utils.theory.memory import per_gpu
 
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
@@ -43,8 +44,8 @@ def test_without_a_gpu_it_says_so_lists_its_plan_and_exits_0():
     assert "1 NCCL rank, one GPU each" in one and "vs memory.per_gpu" in one
     assert "2 gloo ranks on CPU next to a visible GPU" in one and "NCCL ranks" not in one
     assert "4 NCCL ranks, one GPU each" in several
-    for name in experiments.strategies():
-        if experiments.STRATEGIES[name].distributed:
+    for name in strategies.strategies():
+        if strategies.STRATEGIES[name].distributed:
             assert f"{name}: losses = one process's" in several, name
 
 
@@ -176,8 +177,8 @@ def test_memory_check_holds_for_a_cpu_stand_in(gpu_check):
     config with the GPU config's proportions (hidden, vocab and seq / 4, the same layers
     and micro-batch: every term scales by 1/16): every row is ok, and the peak's gap is
     the one peak_gap_terms explains."""
-    from course_utils.model import SyntheticData, build_model
-    from course_utils.precision import make_training, memtracker_bytes, state_bytes, train_step
+    from course_utils.harness.model import SyntheticData, build_model
+    from course_utils.harness.precision import make_training, memtracker_bytes, state_bytes, train_step
 
     big, b = gpu_check.MEMORY_CONFIG, gpu_check.MEMORY_MICRO_BATCH
     cfg = dataclasses.replace(big, hidden=big.hidden // 4, heads=big.heads // 4,

@@ -2,7 +2,7 @@
 
 ``torch.cuda.is_available()`` asks the CUDA runtime, which initialises the CUDA driver in
 the calling process; a rank forked after that cannot use the GPU. The course counts GPUs
-with ``course_utils.launch.gpu_count()`` (``torch.cuda.device_count()``: NVML first). These
+with ``course_utils.runtime.launch.gpu_count()`` (``torch.cuda.device_count()``: NVML first). These
 tests hold on a CPU-only machine too: ``is_available`` and CUDA's initialisation are
 replaced by functions that raise, so any detection path that reached them fails.
 """
@@ -15,9 +15,9 @@ import textwrap
 import pytest
 import torch
 
-import course_utils.launch as L
-from course_utils import env
-from course_utils.badges import ROOT
+import course_utils.runtime.launch as L
+from course_utils.runtime import env
+from course_utils.course.badges import ROOT
 
 _FORBID_CUDA = """
 import torch
@@ -42,7 +42,10 @@ def test_detection_leaves_cuda_uninitialised(gpus):
     interpreter: CUDA is still uninitialised afterwards, and the launcher would fork."""
     patch = "" if gpus is None else f"torch.cuda.device_count = lambda: {gpus}"
     out = _run(patch + textwrap.dedent("""
-        from course_utils import env, launch, precision, train  # importing must not touch CUDA
+        from course_utils.runtime import env
+        from course_utils.runtime import launch
+        from course_utils.harness import precision
+        from course_utils.harness import train  # importing must not touch CUDA
         n = launch.gpu_count()
         launch.resolve_backend(1)
         launch.resolve_backend(2, "gloo")
@@ -94,4 +97,4 @@ def test_no_code_of_the_course_calls_cuda_is_available():
         cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
         found.update({f"{nb.name} cell {i}": "is_available" for i, c in enumerate(cells)
                       if c["cell_type"] == "code" and "cuda.is_available(" in "".join(c["source"])})
-    assert found == {}, f"use course_utils.launch.gpu_count() instead, at {found}"
+    assert found == {}, f"use course_utils.runtime.launch.gpu_count() instead, at {found}"

@@ -1,4 +1,4 @@
-"""course_utils.hangs: every broken scenario is caught within its timeout (a hang by the
+"""course_utils.labs.hangs: every broken scenario is caught within its timeout (a hang by the
 launcher's timeout, a crash or an error at once), the diagnosis names the rank, the
 collective and the line from the stacks and messages, every fixed version completes with
 the right result, TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprint check is captured, and the
@@ -14,8 +14,9 @@ import re
 
 import pytest
 
-from course_utils import compat, hangs
-from course_utils.exercises import Verdict
+from course_utils.runtime import compat
+from course_utils.labs import hangs
+from course_utils.course.exercises import Verdict
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 

@@ -1,4 +1,4 @@
-"""course_utils.hsdp: FSDP2 on a 2-D (replicate, shard) mesh gives the losses of "single",
+"""course_utils.impl.hsdp: FSDP2 on a 2-D (replicate, shard) mesh gives the losses of "single",
 sends exactly what its shard-group / replicate-group formula predicts, on the groups it
 should, and holds FSDP's shards for the shard-group size; the cost model's crossover is
 where full sharding and HSDP take equally long; FSDP1's HYBRID_SHARD without a mesh
@@ -15,10 +15,13 @@ from fractions import Fraction
 
 import pytest
 
-from course_utils import hsdp
-from course_utils.experiments import STRATEGIES, run
-from course_utils.fsdp import comm_bytes_per_step, expected_state_bytes, message_numels
-from course_utils.model import build_model
+from course_utils.impl import hsdp
+from course_utils.labs import hsdp_lab
+from course_utils.theory import multinode
+from course_utils.harness.experiments import run
+from course_utils.harness.strategies import STRATEGIES
+from course_utils.impl.fsdp import comm_bytes_per_step, expected_state_bytes, message_numels
+from course_utils.harness.model import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -109,7 +112,7 @@ def _rows(world, shards, rank, m):
 @pytest.mark.parametrize("world, shards", [(4, 2), (2, 1), (2, 2)])
 def test_each_collective_runs_on_its_group(world, shards, single):
     m = build_model()
-    out = hsdp.measure_hsdp(world, shards, steps=1)
+    out = hsdp_lab.measure_hsdp(world, shards, steps=1)
     for r in out:
         assert r["by_group"] == _rows(world, shards, r["rank"], m)
         assert r["losses"] == pytest.approx(single.losses[:1], rel=REL)
@@ -121,7 +124,7 @@ def test_cost_model_crossover():
     alpha_a, alpha_e = 5e-6, 10e-6
     psi, g, n, intra = 7e9, 8, 4, 450e9
     m, N = 2 * psi, g * n
-    c = hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, 50e9)
+    c = multinode.hsdp_vs_fsdp_time(psi, g, n, intra, 50e9)
     assert c.fsdp_s == pytest.approx(3 * (N - 1) * alpha_e + 3 * (N - 1) / N * m / 50e9, rel=1e-12)
     assert c.hsdp_s == pytest.approx(3 * (g - 1) * alpha_a + 3 * (g - 1) / g * m / intra
                                      + 2 * (n - 1) * alpha_e + 2 * (n - 1) / n * (m / g) / 50e9,
@@ -129,31 +132,31 @@ def test_cost_model_crossover():
     assert c.fsdp_inter_bytes == pytest.approx(3 * (N - 1) / N * m)
     assert c.hsdp_inter_bytes == pytest.approx(2 * (n - 1) / n * m / g)
     assert c.states_hsdp == 4 * c.states_fsdp          # sharded 8 ways instead of 32
-    cross = hsdp.crossover_inter_bw(psi, g, n, intra)
-    at = hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, cross)
+    cross = multinode.crossover_inter_bw(psi, g, n, intra)
+    at = multinode.hsdp_vs_fsdp_time(psi, g, n, intra, cross)
     assert at.fsdp_s == pytest.approx(at.hsdp_s, rel=1e-9)
-    assert hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, cross * 0.9).faster == "HSDP"
-    assert hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, cross * 1.1).faster == "full sharding"
+    assert multinode.hsdp_vs_fsdp_time(psi, g, n, intra, cross * 0.9).faster == "HSDP"
+    assert multinode.hsdp_vs_fsdp_time(psi, g, n, intra, cross * 1.1).faster == "full sharding"
     assert intra < cross < 2 * intra                   # only a network faster than NVLink loses
-    speedups = [hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, bw).speedup for bw in hsdp.DEFAULT_INTER_BWS]
+    speedups = [multinode.hsdp_vs_fsdp_time(psi, g, n, intra, bw).speedup for bw in multinode.DEFAULT_INTER_BWS]
     assert speedups == sorted(speedups, reverse=True)
-    table = hsdp.crossover_table(psi, g, n, intra)
-    faster = [line.split()[-1] for line in table.splitlines()[2:2 + len(hsdp.DEFAULT_INTER_BWS)]]
-    flips = [bw > cross for bw in hsdp.DEFAULT_INTER_BWS]
+    table = multinode.crossover_table(psi, g, n, intra)
+    faster = [line.split()[-1] for line in table.splitlines()[2:2 + len(multinode.DEFAULT_INTER_BWS)]]
+    flips = [bw > cross for bw in multinode.DEFAULT_INTER_BWS]
     assert faster == ["sharding" if f else "HSDP" for f in flips] and any(flips) and not all(flips)
     assert f"above {cross / 1e9:.0f} GB/s" in table
-    one_node = hsdp.hsdp_vs_fsdp_time(psi, g, 1, intra, 50e9)
+    one_node = multinode.hsdp_vs_fsdp_time(psi, g, 1, intra, 50e9)
     assert one_node.fsdp_s == pytest.approx(one_node.hsdp_s) and one_node.hsdp_inter_bytes == 0
     with pytest.raises(ValueError, match="nodes >= 2"):
-        hsdp.crossover_inter_bw(psi, g, 1, intra)
+        multinode.crossover_inter_bw(psi, g, 1, intra)
     with pytest.raises(ValueError):
-        hsdp.hsdp_vs_fsdp_time(psi, g, n, intra, 0)
+        multinode.hsdp_vs_fsdp_time(psi, g, n, intra, 0)
     with pytest.raises(TypeError):
-        hsdp.hsdp_vs_fsdp_time(psi, 8.0, n, intra, 50e9)
+        multinode.hsdp_vs_fsdp_time(psi, 8.0, n, intra, 50e9)
 
 
 def test_fsdp1_hybrid_shard_without_a_mesh_stops_synchronising():
-    r = hsdp.fsdp1_hybrid_without_mesh()
+    r = hsdp_lab.fsdp1_hybrid_without_mesh()
     assert r["where"] == "2 gloo ranks on CPU"
     assert r["shard_group_size"] == 1 and r["all_reduce_group_sizes"] == [1]
     assert r["diverged"] is True

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import rank_fns
-from course_utils.launch import (LaunchError, LaunchTimeout, RankResults, choose_start_method,
+from course_utils.runtime.launch import (LaunchError, LaunchTimeout, RankResults, choose_start_method,
                                  describe_plan, launch, resolve_backend)
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
@@ -97,7 +97,7 @@ def test_spawn_refuses_what_cannot_travel_with_a_clear_message():
 
 
 def test_start_method_can_be_forced_from_the_environment(monkeypatch, capsys):
-    from course_utils.exercises import check_rank_sum
+    from course_utils.course.exercises import check_rank_sum
 
     monkeypatch.setenv("COURSE_START_METHOD", "spawn")
     assert choose_start_method() == "spawn"
@@ -119,7 +119,7 @@ def test_gloo_connected_lines_are_not_rank_output(tmp_path):
     path = tmp_path / "rank0.out"
     path.write_bytes(b"[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of "
                      b"connected peer ranks is : 3\nhello\n[Gloo] is mine\n")
-    from course_utils.launch import _read
+    from course_utils.runtime.launch import _read
     assert _read(str(path)) == "hello\n[Gloo] is mine\n"
     assert _read(str(tmp_path / "missing")) == ""
 
@@ -229,7 +229,7 @@ def test_fn_must_be_callable():
 
 
 def test_auto_backend_uses_nccl_only_with_a_gpu_per_rank(monkeypatch):
-    import course_utils.launch as L
+    import course_utils.runtime.launch as L
 
     monkeypatch.setattr(L, "gpu_count", lambda: 0)
     assert resolve_backend(4) == "gloo"
@@ -246,7 +246,7 @@ def _script(body: str, tmp_path) -> subprocess.Popen:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         import rank_fns
-        from course_utils.launch import launch
+        from course_utils.runtime.launch import launch
         {body}
     """)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
@@ -312,7 +312,7 @@ def test_a_launch_listens_on_loopback_only(world_size, start_method):
 def test_an_interrupt_while_ranks_start_is_held_until_all_are_started():
     """Ctrl-C inside Process.start(), after its fork, would orphan that rank: it is held
     and raised once the ranks are started; where SIGINT is ignored, it stays ignored."""
-    from course_utils.launch import _interrupts_held
+    from course_utils.runtime.launch import _interrupts_held
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a kernel
     try:

@@ -1,4 +1,4 @@
-"""course_utils.comm.CommLedger and course_utils.compat: every collective recorded, bytes exact.
+"""course_utils.theory.comm.CommLedger and course_utils.runtime.compat: every collective recorded, bytes exact.
 
 Multi-rank tests run on gloo ranks (CPU), forked from this process: what they import is
 imported here first, so each rank does not import it again. Bytes follow CommLedger's definitions: M is the
@@ -20,9 +20,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from course_utils import compat
-from course_utils.comm import CommLedger, CommRecord, collective_bytes, comm_volume, ddp_comm_hook
-from course_utils.launch import launch
+from course_utils.runtime import compat
+from course_utils.theory.comm import collective_bytes, comm_volume
+from course_utils.runtime.ledger import CommLedger, CommRecord, ddp_comm_hook
+from course_utils.runtime.launch import launch
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 

@@ -2,7 +2,7 @@
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from course_utils.magics import ranks
+from course_utils.runtime.magics import ranks
 
 
 def test_ranks_returns_result_by_rank():

@@ -1,7 +1,7 @@
-"""course_utils.memory contract: RECIPES and model_states."""
+"""course_utils.theory.memory contract: RECIPES and model_states."""
 import pytest
 
-from course_utils.memory import GB, GiB, RECIPES, fmt_bytes, model_states, to_unit
+from course_utils.theory.memory import GB, GiB, RECIPES, fmt_bytes, model_states, to_unit
 
 
 def test_recipes_contract():
@@ -50,8 +50,8 @@ def test_bad_input_gets_clear_errors(kwargs, exc, words):
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_utils.config import PRESETS
-from course_utils.memory import activation_bytes, per_gpu, placement
+from course_utils.theory.config import PRESETS
+from course_utils.theory.memory import activation_bytes, per_gpu, placement
 
 psi = st.integers(min_value=1, max_value=10**12)
 ranks = st.integers(min_value=1, max_value=4096)

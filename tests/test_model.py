@@ -1,12 +1,12 @@
-"""course_utils.model: exact parameter counts, deterministic init, forward, data."""
+"""course_utils.harness.model: exact parameter counts, deterministic init, forward, data."""
 import dataclasses
 import math
 
 import pytest
 import torch
 
-from course_utils.config import COURSE_CONFIG, PRESETS, TransformerConfig
-from course_utils.model import GPT, Block, SyntheticData, build_model, num_params
+from course_utils.theory.config import COURSE_CONFIG, PRESETS, TransformerConfig
+from course_utils.harness.model import GPT, Block, SyntheticData, build_model, num_params
 
 TINY = dict(hidden=48, layers=2, heads=6, vocab=97, seq=16)
 EXTRA_CONFIGS = {

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from course_utils.badges import notebook_paths
+from course_utils.course.badges import notebook_paths
 
 NOTEBOOKS = notebook_paths()
 SKELETON = ["You will learn", "Prerequisites", "Runs in", "## Summary", "## Quiz",
@@ -58,7 +58,7 @@ def test_portability_kernel_really_runs_on_four_threads(tmp_path):
     import subprocess
     import sys
 
-    from course_utils.badges import ROOT
+    from course_utils.course.badges import ROOT
 
     ipython_dir = tmp_path / "ipython"            # a copy: IPython writes its state there
     shutil.copytree(ROOT / "tests" / "ipython_threads", ipython_dir)

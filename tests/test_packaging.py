@@ -9,7 +9,7 @@ except ModuleNotFoundError:            # Python 3.10: the same parser, as pip ve
 import yaml
 from packaging.requirements import Requirement
 
-from course_utils.badges import ROOT
+from course_utils.course.badges import ROOT
 
 CONDA_TO_PIP = {"pytorch": "torch"}
 
@@ -41,7 +41,7 @@ def test_environment_yml_lists_the_same_packages_as_pyproject():
 
 
 def test_torch_is_a_range_in_the_package_and_pinned_in_make():
-    from course_utils.compat import MIN_TORCH
+    from course_utils.runtime.compat import MIN_TORCH
     assert _pip_requirements()["torch"] == ">=" + ".".join(map(str, MIN_TORCH))
     makefile = (ROOT / "Makefile").read_text()
     assert '"torch==2.13.0"' in makefile
@@ -51,7 +51,7 @@ def test_torch_is_a_range_in_the_package_and_pinned_in_make():
 
 
 def test_the_compat_target_installs_the_oldest_supported_torch():
-    from course_utils.compat import MIN_TORCH
+    from course_utils.runtime.compat import MIN_TORCH
     makefile = (ROOT / "Makefile").read_text()
     pinned = re.search(r"^COMPAT_TORCH \?= (\d+)\.(\d+)\.\d+$", makefile, re.MULTILINE)
     assert pinned and (int(pinned[1]), int(pinned[2])) == MIN_TORCH

@@ -1,13 +1,13 @@
-"""course_utils.precision: the three recipes hold exactly memory.model_states' bytes."""
+"""course_utils.harness.precision: the three recipes hold exactly memory.model_states' bytes."""
 import dataclasses
 
 import pytest
 import torch
 
-from course_utils.config import COURSE_CONFIG
-from course_utils.memory import RECIPES, model_states
-from course_utils.model import SyntheticData, build_model, num_params
-from course_utils.precision import (MasterWeightsAdamW, make_training, memtracker_bytes, state_bytes,
+from course_utils.theory.config import COURSE_CONFIG
+from course_utils.theory.memory import RECIPES, model_states
+from course_utils.harness.model import SyntheticData, build_model, num_params
+from course_utils.harness.precision import (MasterWeightsAdamW, make_training, memtracker_bytes, state_bytes,
                                     train_step)
 
 PSI = 129_350           # COURSE_CONFIG.num_params()

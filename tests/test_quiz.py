@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from course_utils import quiz
-from course_utils.quiz import Feedback, MultiChoice, Numeric, Quiz, SingleChoice
-from course_utils.quizbank import QUIZZES
+from course_utils.course import quiz
+from course_utils.course.quiz import Feedback, MultiChoice, Numeric, Quiz, SingleChoice
+from course_utils.course.quizbank import QUIZZES
 
 single = SingleChoice("Which backend runs on CPU?", ["nccl", "gloo", "mpi-gpu"], "b", "gloo.")
 multi = MultiChoice("Which does ZeRO-3 shard?", ["params", "grads", "activations"], "a,b")
@@ -163,7 +163,7 @@ def test_every_course_quiz_accepts_its_own_answer_key(key):
 
 
 def test_quiz_00_numbers_come_from_the_calculator():
-    from course_utils.memory import GB, model_states
+    from course_utils.theory.memory import GB, model_states
 
     q4 = quiz.get("00").question(4)
     assert q4.answer == model_states(7e9, world_size=4, stage=3).total / GB == 28

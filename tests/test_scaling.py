@@ -1,7 +1,7 @@
 """Step-time arithmetic behind notebook 02's explanation of the seeds' gpt2-xl runs."""
 import pytest
 
-from course_utils.scaling import (GPT2XL_RUNS, allreduce_seconds, implied_bandwidth, overhead_share,
+from course_utils.theory.scaling import (GPT2XL_RUNS, allreduce_seconds, implied_bandwidth, overhead_share,
                                   split_accumulation)
 
 S = GPT2XL_RUNS

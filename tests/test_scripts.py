@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-from course_utils.badges import ROOT
+from course_utils.course.badges import ROOT
 
 
 def test_hello_ranks_under_torchrun():

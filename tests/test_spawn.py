@@ -5,10 +5,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_utils import collectives, exercises, experiments
-from course_utils.fmt import LOSS_RTOL
-from course_utils.launch import describe_plan, launch
-from course_utils.magics import ranks
+from course_utils.impl import collectives
+from course_utils.course import exercises
+from course_utils.harness import experiments
+from course_utils.runtime.fmt import LOSS_RTOL
+from course_utils.runtime.launch import describe_plan, launch
+from course_utils.runtime.magics import ranks
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +43,7 @@ def test_a_grader_runs_a_learner_function_defined_in_a_cell(capsys):
 
 def test_a_zero3_grader_with_a_cell_defined_forward():
     def zero3_forward(shard, numel, shape, x):
-        from course_utils.compat import all_gather_into_tensor
+        from course_utils.runtime.compat import all_gather_into_tensor
 
         full = torch.empty(shard.numel() * dist.get_world_size())
         all_gather_into_tensor(full, shard)

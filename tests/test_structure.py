@@ -1,6 +1,6 @@
 """Every notebook of the series has the same skeleton, in the same order.
 
-For each notebook of ``course_utils._course.NOTEBOOKS`` that exists (07 and 08 join the
+For each notebook of ``course_utils.course.paths.NOTEBOOKS`` that exists (07 and 08 join the
 checks when they are written), as notebooks 00-06 write it:
 
 * cell 0, markdown: ``# NN · <title from _course>...``, then its own Open-in-Colab badge,
@@ -21,8 +21,8 @@ import re
 
 import pytest
 
-from course_utils import _course
-from course_utils.badges import ROOT, notebook_paths
+from course_utils.course import paths as _course
+from course_utils.course.badges import ROOT, notebook_paths
 
 EXISTING = [(name, title) for name, title, _ in _course.NOTEBOOKS if (ROOT / "notebooks" / name).exists()]
 TAIL = ["Summary", "Quiz", "Exercises", "Further reading"]
@@ -58,7 +58,7 @@ def test_the_series_has_notebooks_and_lists_them_all():
     assert EXISTING, "no notebook of _course.NOTEBOOKS exists"
     listed = {name for name, _, _ in _course.NOTEBOOKS}
     strays = [p.name for p in notebook_paths() if p.name not in listed]
-    assert not strays, f"add {strays} to course_utils/_course.py NOTEBOOKS (file, title, one line)"
+    assert not strays, f"add {strays} to course_utils/course/paths.py NOTEBOOKS (file, title, one line)"
 
 
 @pytest.mark.parametrize("name,title", EXISTING, ids=[n for n, _ in EXISTING])

@@ -1,4 +1,4 @@
-"""course_utils.train: the torchrun training script reproduces experiments.run("single")."""
+"""course_utils.harness.train: the torchrun training script reproduces experiments.run("single")."""
 import json
 import os
 import subprocess
@@ -6,8 +6,10 @@ import sys
 
 import pytest
 
-from course_utils import experiments, train
-from course_utils.badges import ROOT
+from course_utils.harness import experiments
+from course_utils.harness import strategies
+from course_utils.harness import train
+from course_utils.course.badges import ROOT
 
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -73,7 +75,7 @@ def test_unknown_strategy_names_the_known_ones(capsys):
     assert e.value.code != 0
     err = capsys.readouterr().err
     assert "zero9" in err
-    for name in experiments.strategies():
+    for name in strategies.strategies():
         assert name in err
 
 

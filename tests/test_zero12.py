@@ -1,4 +1,4 @@
-"""course_utils.zero: ZeRO-1 and ZeRO-2 from scratch, and torch's ZeroRedundancyOptimizer.
+"""course_utils.impl.zero: ZeRO-1 and ZeRO-2 from scratch, and torch's ZeroRedundancyOptimizer.
 
 Losses are compared with "single" to 1e-6 relative (fp32; the gradient sums are done in
 a different order, as for "ddp": see tests/test_experiments.py). Parameters are compared
@@ -17,13 +17,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import course_utils.zero as zero
-from course_utils import exercises
-from course_utils.comm import CommLedger, collective_bytes
-from course_utils.experiments import GLOBAL_BATCH, full_parameters, global_loss, run, unwrap, wrap
-from course_utils.launch import launch
-from course_utils.memory import model_states
-from course_utils.model import build_model, num_params
+import course_utils.impl.zero as zero
+from course_utils.course import exercises
+from course_utils.theory.comm import collective_bytes
+from course_utils.runtime.ledger import CommLedger
+from course_utils.harness.experiments import GLOBAL_BATCH, full_parameters, global_loss, run, unwrap, wrap
+from course_utils.runtime.launch import launch
+from course_utils.harness.strategies import STRATEGIES
+from course_utils.theory.memory import model_states
+from course_utils.harness.model import build_model, num_params
 from toys import DIM, TOY_TRAINABLE, Toy, toy_batch, toy_optimizer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
@@ -103,28 +105,28 @@ def test_torch_zero_redundancy_optimizer_matches_single(world_size, single):
 
 
 def test_variants_mixed_and_peak_gradient_memory():
-    ref = zero.run_zero(2, stage=1, quiet=True)
-    allreduce = zero.run_zero(2, stage=1, variant="allreduce", quiet=True)
+    ref = run("zero1", 2, steps=STEPS, quiet=True)
+    allreduce = run("zero1", 2, steps=STEPS, variant="allreduce", quiet=True)
     assert [r.param_digest for r in allreduce] == [r.param_digest for r in ref]  # same result
     assert allreduce[0].comm_bytes["all_reduce"] == 2 * ref[0].comm_bytes["reduce_scatter"]
     assert allreduce[0].comm_bytes == zero.expected_comm_bytes([PSI], 2, STEPS, variant="allreduce")
     # ZeRO-1 always holds the flat gradient buffer, 4·P bytes
-    assert ref[0].peak_grad_bytes == 4 * PSI
+    assert ref[0].extra["peak_grad_bytes"] == 4 * PSI
     # ZeRO-2 with one bucket per parameter: the shard + about one bucket in flight
-    small = zero.run_zero(2, stage=2, bucket_bytes=0, quiet=True)
-    biggest = 4 * max(zero.padded_numel(k, 2) for k in small[0].bucket_numels)
-    shard = 4 * sum(zero.padded_numel(k, 2) for k in small[0].bucket_numels) // 2
+    small = run("zero2", 2, steps=STEPS, bucket_bytes=0, quiet=True)
+    biggest = 4 * max(zero.padded_numel(k, 2) for k in small[0].extra["bucket_numels"])
+    shard = 4 * sum(zero.padded_numel(k, 2) for k in small[0].extra["bucket_numels"]) // 2
     for r in small:
-        assert shard < r.peak_grad_bytes <= shard + 2 * biggest
-        assert ref[0].peak_grad_bytes - r.peak_grad_bytes >= 4 * PSI // 2 - 2 * biggest
-        buckets = len(r.bucket_numels)
-        assert r.state_bytes == zero.expected_state_bytes(r.bucket_numels, 2, 2)
+        assert shard < r.extra["peak_grad_bytes"] <= shard + 2 * biggest
+        assert ref[0].extra["peak_grad_bytes"] - r.extra["peak_grad_bytes"] >= 4 * PSI // 2 - 2 * biggest
+        buckets = len(r.extra["bucket_numels"])
+        assert r.state_bytes == zero.expected_state_bytes(r.extra["bucket_numels"], 2, 2)
         assert r.state_bytes["optimizer"] == 8 * PSI // 2 + 4 * buckets
-        assert r.comm_bytes == zero.expected_comm_bytes(r.bucket_numels, 2, STEPS)
+        assert r.comm_bytes == zero.expected_comm_bytes(r.extra["bucket_numels"], 2, STEPS)
         assert r.comm_calls["reduce_scatter"] == buckets * STEPS
         assert r.losses == pytest.approx(ref[0].losses, rel=REL)
     # mixed precision: bf16 model, fp32 master shard: the paper's 2 + 2 + 12 bytes
-    mixed = zero.run_zero(2, stage=2, mixed=True, quiet=True)
+    mixed = run("zero2", 2, steps=STEPS, mixed=True, quiet=True)
     assert mixed[0].state_bytes == zero.expected_state_bytes([PSI], 2, 2, mixed=True)
     assert mixed[0].state_bytes == {"params": 2 * PSI, "grads": PSI, "optimizer": 6 * PSI + 4}
     assert mixed[0].comm_bytes == zero.expected_comm_bytes([PSI], 2, STEPS, bytes_per_elem=2)
@@ -139,8 +141,8 @@ TOY_STEPS = 3
 def _toy_train(strategy, rank=0, world_size=1, bucket_bytes=64):
     torch.manual_seed(rank)                      # ranks start different: wrap broadcasts rank 0's
     model = Toy()
-    model, opt = wrap(strategy, model, toy_optimizer,
-                      bucket_bytes=bucket_bytes)
+    options = {"bucket_bytes": bucket_bytes} if "bucket_bytes" in STRATEGIES[strategy].options else {}
+    model, opt = wrap(strategy, model, toy_optimizer, **options)
     b = GLOBAL_BATCH // world_size
     losses, snaps, after_backward = [], [full_parameters(model)], []
     with CommLedger() as ledger:
@@ -206,8 +208,8 @@ def test_toy_frozen_tied_odd_unused(world_size):
 
 def _zero2_after_backward():
     model = build_model(seed=0)
-    from course_utils.experiments import make_adamw
-    from course_utils.model import SyntheticData
+    from course_utils.harness.experiments import make_adamw
+    from course_utils.harness.model import SyntheticData
 
     opt = zero.ZeroOptimizer(model, make_adamw, stage=2, bucket_bytes=16 * 1024)
     x, y = SyntheticData(global_batch=12, seed=0).shard(0, dist.get_rank(), dist.get_world_size())
@@ -232,7 +234,7 @@ def test_zero2_frees_full_gradients_during_backward():
 # ------------------------------------------------------------------ exercises
 
 def _good_zero1_step(flat_param, flat_grad, lr):
-    from course_utils.compat import all_gather_into_tensor, reduce_scatter_tensor
+    from course_utils.runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 
     n, r = dist.get_world_size(), dist.get_rank()
     s = flat_param.numel() // n
@@ -244,7 +246,7 @@ def _good_zero1_step(flat_param, flat_grad, lr):
 
 
 def _bad_zero1_step(flat_param, flat_grad, lr):          # forgets to average
-    from course_utils.compat import all_gather_into_tensor, reduce_scatter_tensor
+    from course_utils.runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 
     n, r = dist.get_world_size(), dist.get_rank()
     s = flat_param.numel() // n
@@ -255,7 +257,7 @@ def _bad_zero1_step(flat_param, flat_grad, lr):          # forgets to average
 
 
 def _good_bucket(params):
-    from course_utils.compat import reduce_scatter_tensor
+    from course_utils.runtime.compat import reduce_scatter_tensor
 
     n = dist.get_world_size()
     flat = zero.flatten_and_pad([p.grad for p in params], n)

@@ -1,4 +1,4 @@
-"""course_utils.zero3: ZeRO-3 from scratch gives the losses of "single", keeps every rank's
+"""course_utils.impl.zero3: ZeRO-3 from scratch gives the losses of "single", keeps every rank's
 full parameters bit-identical, holds exactly its shards, sends exactly the predicted
 bytes, and never has more than root + 1 (root + 2 with prefetch) units gathered.
 
@@ -14,11 +14,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.comm import CommLedger, collective_bytes, collective_calls, comm_volume
-from course_utils.experiments import GLOBAL_BATCH, STRATEGIES, global_loss, make_adamw, run, wrap
-from course_utils.launch import launch
-from course_utils.model import SyntheticData, build_model, num_params
-from course_utils.zero3 import Zero3, gather_full_parameters, max_alive, padded_numel
+from course_utils.theory.comm import collective_bytes, collective_calls, comm_volume
+from course_utils.runtime.ledger import CommLedger
+from course_utils.harness.experiments import GLOBAL_BATCH, global_loss, make_adamw, run, wrap
+from course_utils.harness.experiments import full_parameters
+from course_utils.harness.strategies import STRATEGIES
+from course_utils.runtime.launch import launch
+from course_utils.harness.model import SyntheticData, build_model, num_params
+from course_utils.impl.zero3 import Zero3
+from course_utils.theory.layout import padded_numel
+from course_utils.theory.timeline import max_alive
 from toys import DIM, VOCAB, toy_batch, toy_optimizer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
@@ -96,7 +101,7 @@ def _train_course(prefetch, reshard_root=False, steps=STEPS):
     z = Zero3(model, prefetch=prefetch, reshard_root=reshard_root)
     opt = make_adamw(z.shard_parameters())
     at_rest = [p.numel() for p in model.parameters()]
-    snaps, losses, timelines = [gather_full_parameters(z)], [], []
+    snaps, losses, timelines = [full_parameters(z)], [], []
     with CommLedger() as ledger:
         for step in range(steps):
             x, y = data.shard(step, rank, world)
@@ -107,7 +112,7 @@ def _train_course(prefetch, reshard_root=False, steps=STEPS):
             timelines.append(list(z.timeline))
             with ledger.pause():
                 losses.append(global_loss(loss))
-                snaps.append(gather_full_parameters(z))
+                snaps.append(full_parameters(z))
     return {"losses": losses, "snaps": snaps, "timelines": timelines, "counts": ledger.counts(),
             "totals": ledger.totals(), "at_rest": at_rest,
             "after": [p.numel() for p in model.parameters()]}
@@ -219,8 +224,9 @@ def _toy(seed):
 
 def _toy_train(strategy, rank=0, world_size=1):
     model = _toy(seed=rank)                           # different starts: rank 0's must win
-    model, opt = wrap(strategy, model, toy_optimizer, overlap=world_size != 3)  # prefetch off on 3 ranks
-    snaps = [gather_full_parameters(model)]
+    options = {"overlap": world_size != 3} if "overlap" in STRATEGIES[strategy].options else {}  # prefetch off on 3 ranks
+    model, opt = wrap(strategy, model, toy_optimizer, **options)
+    snaps = [full_parameters(model)]
     b = GLOBAL_BATCH // world_size
     losses, units = [], None
     with CommLedger() as ledger:
@@ -232,7 +238,7 @@ def _toy_train(strategy, rank=0, world_size=1):
             opt.zero_grad()
             with ledger.pause():
                 losses.append(global_loss(loss))
-                snaps.append(gather_full_parameters(model))
+                snaps.append(full_parameters(model))
         counts = ledger.counts()
         extra = None
         if world_size > 1:
@@ -243,7 +249,7 @@ def _toy_train(strategy, rank=0, world_size=1):
             extra = [u.shard.grad.clone() for u in model.units]
             opt.step()
             opt.zero_grad()
-            snaps.append(gather_full_parameters(model))
+            snaps.append(full_parameters(model))
     m = model.module if world_size > 1 else model
     tied = m.head.weight is m.emb.weight and m.layers[2].lin.weight is m.layers[1].lin.weight
     counts = {k: v for k, v in counts.items() if v}
@@ -280,7 +286,7 @@ def test_toy_frozen_tied_odd_unused():
 # ------------------------------------------------------------------ exercise, registry
 
 def _correct(shard, numel, shape, x):
-    from course_utils.compat import all_gather_into_tensor
+    from course_utils.runtime.compat import all_gather_into_tensor
 
     full = torch.empty(shard.numel() * dist.get_world_size())
     all_gather_into_tensor(full, shard)
@@ -292,7 +298,7 @@ _KEPT = []
 
 
 def _keeps_buffer(shard, numel, shape, x):
-    from course_utils.compat import all_gather_into_tensor
+    from course_utils.runtime.compat import all_gather_into_tensor
 
     full = torch.empty(shard.numel() * dist.get_world_size())
     all_gather_into_tensor(full, shard)
@@ -313,7 +319,7 @@ def _gathers_twice(shard, numel, shape, x):
 
 
 def test_exercise_checker(capsys):
-    from course_utils.exercises import check_zero3_forward
+    from course_utils.course.exercises import check_zero3_forward
 
     assert check_zero3_forward(_correct)
     assert not check_zero3_forward(_no_unpad)
@@ -323,7 +329,7 @@ def test_exercise_checker(capsys):
 
 
 def test_keeping_the_buffer_is_rejected(capsys):
-    from course_utils.exercises import check_zero3_forward
+    from course_utils.course.exercises import check_zero3_forward
 
     assert not check_zero3_forward(_keeps_buffer)
     assert "still alive" in capsys.readouterr().out

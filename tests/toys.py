@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.experiments import GLOBAL_BATCH
+from course_utils.harness.experiments import GLOBAL_BATCH
 
 VOCAB, DIM, SEQ = 11, 6, 5
 

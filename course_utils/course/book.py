@@ -1,0 +1,241 @@
+"""The course as a static HTML book, for reading offline: ``make book``.
+
+Not taught in a notebook: this is how the notebooks are published. ``python -m
+course_utils.course.book [--out _build/book]`` turns every notebook of the sequence
+(:data:`course_utils.course.paths.NOTEBOOKS`) that exists in ``notebooks/`` into one HTML page,
+with its committed outputs (nothing is re-executed), and writes an ``index.html`` that
+lists them in order with their titles; notebooks not written yet are listed as such.
+Figures of ``vis/`` that a markdown cell references (``../vis/<name>.svg``) are copied
+to ``<out>/vis/``. The same notebooks give the same bytes.
+
+Offline-safe by construction (nbconvert's ``lab`` template, trimmed):
+
+* no ``<script>`` at all: the template's require.js, MathJax, Mermaid and
+  jupyter-widgets loaders, all fetched from CDNs, are dropped. The notebooks use no
+  LaTeX math and no Mermaid; a notebook that adds ``$...$`` math would show it as raw
+  TeX here;
+* widget outputs (quizzes, the calculator, sliders) are shown as their text form,
+  which every course widget carries (``text/plain``); their interactive forms need a
+  live kernel (``make lab`` or Colab);
+* images are inline: SVG outputs as SVG, PNG outputs as ``data:`` URIs, CSS inlined.
+
+What stays online-only: the Open-in-Colab badge image and its link at the top of each
+page (without a network the badge shows its alt text, "Open In Colab").
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import html
+import re
+import shutil
+from pathlib import Path
+
+from . import paths
+from .badges import ROOT, notebook_paths
+
+__all__ = ["BOOK_DIR", "Page", "Book", "build", "main"]
+
+BOOK_DIR = ROOT / "_build" / "book"
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_VIS_REF = re.compile(r"(?P<prefix>\.\./|\./)?vis/(?P<file>[A-Za-z0-9_.-]+\.(?:svg|png))")
+_TEMPLATE = "course_book.html.j2"
+_TEMPLATE_SOURCE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block extra_css -%}<style type="text/css">
+nav.book-nav { max-width: 1100px; margin: 0.6em auto; font-family: var(--jp-ui-font-family);
+               display: flex; justify-content: space-between; gap: 1em; }
+</style>{%- endblock extra_css -%}
+{%- block body_header -%}{{ super() }}{{ resources.book_nav }}{%- endblock body_header -%}
+{% block body_footer %}{{ resources.book_nav }}{{ super() }}{% endblock body_footer %}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """One notebook of the sequence: ``path`` is its HTML page, None if not written yet."""
+
+    notebook: str
+    title: str
+    line: str
+    path: Path | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Book:
+    """What :func:`build` wrote: the index, one :class:`Page` per notebook, copied figures."""
+
+    out_dir: Path
+    index: Path
+    pages: list
+    figures: list
+
+    @property
+    def missing(self) -> list[str]:
+        """Notebooks of the sequence that do not exist yet."""
+        return [p.notebook for p in self.pages if p.path is None]
+
+    def describe(self) -> str:
+        written = [p for p in self.pages if p.path is not None]
+        text = f"wrote {self.index} and {len(written)} pages"
+        if self.missing:
+            text += f" ({', '.join(self.missing)} not written yet)"
+        return text
+
+
+def _sequence(root: Path) -> list[tuple[str, str, str, Path | None]]:
+    """(notebook, title, line, source path or None) in course order; notebooks present
+    but not in the sequence come last, titled by their file name."""
+    present = {p.name: p for p in notebook_paths(root)}
+    out = [(name, title, line, present.get(name)) for name, title, line in paths.NOTEBOOKS]
+    listed = {name for name, _, _ in paths.NOTEBOOKS}
+    out += [(name, Path(name).stem, "", present[name]) for name in sorted(set(present) - listed)]
+    return out
+
+
+def _heading(notebook: str, title: str) -> str:
+    return f"{notebook[:2]} · {title}"
+
+
+def _offline_notebook(nb, vis_dir: Path, out_dir: Path, copied: set):
+    """A copy of ``nb`` ready for offline HTML: widget views replaced by their text form,
+    figures referenced from ``vis/`` copied next to the pages and re-pointed."""
+    nb = copy.deepcopy(nb)
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            def repoint(m):
+                src = vis_dir / m.group("file")
+                if not src.is_file():
+                    return m.group(0)
+                (out_dir / "vis").mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, out_dir / "vis" / src.name)
+                copied.add(out_dir / "vis" / src.name)
+                return f"vis/{src.name}"
+            cell.source = _VIS_REF.sub(repoint, "".join(cell.source))
+        elif cell.cell_type == "code":
+            outputs = []
+            for out in cell.get("outputs", []):
+                data = out.get("data")
+                if data is not None and _WIDGET_VIEW in data:
+                    del data[_WIDGET_VIEW]
+                    if not data:           # a widget with no text form: nothing to show offline
+                        continue
+                outputs.append(out)
+            cell.outputs = outputs
+    return nb
+
+
+def _nav(pages: list[Page], i: int) -> str:
+    def link(page: Page | None, label: str) -> str:
+        if page is None or page.path is None:
+            return "<span></span>"
+        return f'<a href="{page.path.name}">{html.escape(label)}</a>'
+
+    prev = next((p for p in reversed(pages[:i]) if p.path is not None), None)
+    nxt = next((p for p in pages[i + 1:] if p.path is not None), None)
+    return ('<nav class="book-nav">'
+            + link(prev, f"← {_heading(prev.notebook, prev.title)}" if prev else "")
+            + '<a href="index.html">contents</a>'
+            + link(nxt, f"{_heading(nxt.notebook, nxt.title)} →" if nxt else "")
+            + "</nav>")
+
+
+def _index_html(pages: list[Page]) -> str:
+    rows = []
+    for p in pages:
+        head = html.escape(_heading(p.notebook, p.title))
+        line = html.escape(p.line)
+        if p.path is None:
+            rows.append(f"<li><span class=\"missing\">{head}</span> <em>(not written yet)</em>"
+                        f"<br><small>{line}</small></li>")
+        else:
+            rows.append(f"<li><a href=\"{p.path.name}\">{head}</a><br><small>{line}</small></li>")
+    body = "\n".join(rows)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8" />
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<title>ZeRO to FSDP</title>
+<style type="text/css">
+body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 46em;
+       margin: 2em auto; padding: 0 1em; line-height: 1.5; color: #222; }}
+li {{ margin: 0.6em 0; }}
+.missing {{ color: #777; }}
+small {{ color: #555; }}
+</style>
+</head>
+<body>
+<h1>ZeRO to FSDP</h1>
+<p>From data parallelism through ZeRO-1, ZeRO-2 and ZeRO-3 to PyTorch FSDP. These pages are
+the course notebooks with their saved outputs, for reading offline. To run the code, open the
+notebooks (<code>make lab</code>, or the Open-in-Colab badge at the top of each page).</p>
+<ol start="0">
+{body}
+</ol>
+<p><small>Quizzes and widgets appear here as text; their interactive forms need a running
+notebook.</small></p>
+</body>
+</html>
+"""
+
+
+def build(out_dir: Path | str = BOOK_DIR, *, root: Path | str = ROOT) -> Book:
+    """Write the HTML book of the notebooks in ``<root>/notebooks`` into ``out_dir``.
+
+    Returns a :class:`Book`: ``index`` (``out_dir/index.html``), ``pages`` (one
+    :class:`Page` per notebook of the sequence, ``path=None`` for those not written yet)
+    and ``figures`` (the ``vis/`` files copied because a notebook references them).
+    Nothing is executed: the pages show the outputs saved in the notebooks.
+    """
+    import nbformat
+    from jinja2 import DictLoader
+    from nbconvert import HTMLExporter
+
+    if not isinstance(out_dir, (str, Path)):
+        raise TypeError(f"out_dir must be a path such as '_build/book', got {type(out_dir).__name__}")
+    if not isinstance(root, (str, Path)):
+        raise TypeError(f"root must be the course's folder (a path), got {type(root).__name__}")
+    out_dir, root = Path(out_dir), Path(root)
+    if not (root / "notebooks").is_dir():
+        raise ValueError(f"{root} has no notebooks/ folder: pass root=<the course's folder>")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    sequence = _sequence(root)
+    pages = [Page(name, title, line, out_dir / f"{Path(name).stem}.html" if src else None)
+             for name, title, line, src in sequence]
+    exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({_TEMPLATE: _TEMPLATE_SOURCE})])
+    exporter.template_file = _TEMPLATE
+    copied: set = set()
+    for i, ((name, title, _line, src), page) in enumerate(zip(sequence, pages)):
+        if src is None:
+            continue
+        nb = _offline_notebook(nbformat.read(src, as_version=4), root / "vis", out_dir, copied)
+        nb.metadata["title"] = _heading(name, title)
+        body, _ = exporter.from_notebook_node(nb, resources={
+            "metadata": {"name": src.stem, "path": str(src.parent)}, "book_nav": _nav(pages, i)})
+        page.path.write_text(body, encoding="utf-8")
+    index = out_dir / "index.html"
+    index.write_text(_index_html(pages), encoding="utf-8")
+    return Book(out_dir=out_dir, index=index, pages=pages, figures=sorted(copied))
+
+
+def main(argv=None) -> Book:
+    parser = argparse.ArgumentParser(prog="python -m course_utils.course.book",
+                                     description="Build the static HTML book of the notebooks (make book).")
+    parser.add_argument("--out", default=str(BOOK_DIR.relative_to(ROOT)),
+                        help="output folder, relative to the course folder (default: _build/book)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    book = build(out if out.is_absolute() else ROOT / out)
+    print(book.describe())
+    return book
+
+
+if __name__ == "__main__":  # python -m course_utils.course.book  (what `make book` runs)
+    main()

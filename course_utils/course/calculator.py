@@ -1,0 +1,345 @@
+"""The interactive memory calculator: which ZeRO stage fits on your GPUs?
+
+Taught in ``notebooks/03_memory_anatomy.ipynb``. Pick a model (preset or a custom size),
+the number of GPUs, the recipe, offload, micro-batch, sequence length and recomputation;
+see one stacked bar per stage (params / grads / optimizer / activations) against the
+GPU's memory, and which stages fit.
+
+In JupyterLab or Colab the calculator is a live widget. Where widgets cannot render
+(nbval, GitHub), the same display shows a figure and a text table of the default
+setting, so the notebook's saved output is deterministic.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+
+from ..theory import planner
+from ..theory.config import PRESETS
+from ..theory.memory import GB, RECIPES, STAGE_NAMES, GpuMemory, per_gpu
+
+__all__ = ["Setting", "GPU_MEMORY", "rows", "table", "plot", "Calculator", "show"]
+
+GPU_MEMORY = {"40 GB": 40 * GB, "80 GB": 80 * GB, "141 GB": 141 * GB}
+_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "activations": "#C44E52"}
+CUSTOM = "custom size"
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One calculator setting. ``model``: a preset name, or CUSTOM with ``custom_billions``."""
+
+    model: str = "llama-2-7b"
+    custom_billions: float = 7.0
+    gpus: int = 4
+    stage: int = 3
+    recipe: str = "mixed"
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    micro_batch: int = 1
+    seq: int = 2048
+    attention: str = "flash"
+    recompute: str = "none"
+    gpu_memory: str = "80 GB"
+
+    def __post_init__(self):
+        if self.model != CUSTOM and self.model not in PRESETS:
+            raise ValueError(f"model must be one of {sorted(PRESETS)} or {CUSTOM!r}, got {self.model!r}")
+        if self.gpu_memory not in GPU_MEMORY:
+            raise ValueError(f"gpu_memory must be one of {list(GPU_MEMORY)}, got {self.gpu_memory!r}")
+        if self.model == CUSTOM and not (isinstance(self.custom_billions, (int, float))
+                                         and self.custom_billions > 0):
+            raise ValueError("custom_billions must be a positive number of billions of parameters")
+
+    @property
+    def has_architecture(self) -> bool:
+        return self.model != CUSTOM and PRESETS[self.model].config is not None
+
+    def model_arg(self):
+        return PRESETS[self.model] if self.model != CUSTOM else self.custom_billions * 1e9
+
+    def label(self) -> str:
+        name = self.model if self.model != CUSTOM else f"{self.custom_billions:g}B custom"
+        return f"{name}, {self.gpus} GPU{'s' if self.gpus > 1 else ''}, {self.recipe}"
+
+
+def _stage_options(s: Setting, stage: int) -> dict:
+    """Offload options that make sense at this stage (see memory.placement)."""
+    return {"offload_optimizer": (s.offload_optimizer or s.offload_params) and stage >= 1,
+            "offload_params": s.offload_params and stage == 3}
+
+
+def rows(setting: Setting) -> list[tuple[int, GpuMemory]]:
+    """Per-GPU memory for stages 0-3 under ``setting``."""
+    out = []
+    for stage in (0, 1, 2, 3):
+        mem = per_gpu(setting.model_arg(), world_size=setting.gpus, stage=stage, recipe=setting.recipe,
+                      micro_batch=setting.micro_batch if setting.has_architecture else None,
+                      seq=setting.seq, attention=setting.attention, recompute=setting.recompute,
+                      **_stage_options(setting, stage))
+        out.append((stage, mem))
+    return out
+
+
+def table(setting: Setting) -> str:
+    """The per-stage numbers as a fixed-width text table, in GB (1e9 bytes)."""
+    cap = GPU_MEMORY[setting.gpu_memory]
+    acts = "activations" if setting.has_architecture else "activations (n/a: no architecture)"
+    head = (f"{setting.label()}; micro-batch {setting.micro_batch}, seq {setting.seq}, "
+            f"{setting.attention} attention, recompute {setting.recompute}")
+    off = [n for n, on in (("optimizer", setting.offload_optimizer or setting.offload_params),
+                           ("params", setting.offload_params)) if on]
+    lines = [head, f"offload: {', '.join(off) if off else 'none'}; GPU: {setting.gpu_memory}; "
+                   f"GB per GPU (1 GB = 1e9 bytes); {acts}",
+             f"{'stage':<8}{'params':>9}{'grads':>9}{'optim':>9}{'activ':>9}{'total':>9}"
+             f"{'on host':>9}  fits?"]
+    for stage, m in rows(setting):
+        mark = "<-" if stage == setting.stage else ""
+        lines.append(f"{STAGE_NAMES[stage]:<8}{m.params / GB:9.2f}{m.grads / GB:9.2f}"
+                     f"{m.optimizer / GB:9.2f}{m.activations / GB:9.2f}{m.total / GB:9.2f}"
+                     f"{m.cpu / GB:9.2f}  {'yes' if m.fits(cap) else 'no'} {mark}".rstrip())
+    fitting = [STAGE_NAMES[st] for st, m in rows(setting) if m.fits(cap)]
+    lines.append(f"fits in {setting.gpu_memory}: {', '.join(fitting) if fitting else 'no stage'}")
+    return "\n".join(lines)
+
+
+def plot(setting: Setting):
+    """Stacked bars per stage against the GPU-memory line; the chosen stage is outlined."""
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    cap = GPU_MEMORY[setting.gpu_memory]
+    data = rows(setting)
+    fig = Figure(figsize=(7.5, 3.6))
+    ax = fig.subplots()
+    for i, (stage, m) in enumerate(data):
+        bottom = 0.0
+        for part in ("params", "grads", "optimizer", "activations"):
+            value = getattr(m, part) / GB
+            ax.bar(i, value, bottom=bottom, color=_COLORS[part], label=part if i == 0 else None,
+                   edgecolor="black" if stage == setting.stage else "none",
+                   linewidth=2 if stage == setting.stage else 0)
+            bottom += value
+        ax.text(i, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.axhline(cap / GB, color="black", linestyle="--", linewidth=1)
+    ax.text(-0.45, cap / GB, f"{setting.gpu_memory} GPU", ha="left", va="bottom", fontsize=8)
+    ax.set_xticks(range(4), [STAGE_NAMES[s] for s, _ in data])
+    ax.set_ylabel("GB per GPU")
+    ax.set_title(setting.label() + f", micro-batch {setting.micro_batch}, seq {setting.seq}", fontsize=9)
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    del plt
+    return fig
+
+
+def _stream(text: str) -> dict:
+    return {"output_type": "stream", "name": "stdout", "text": text}
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    return buf.getvalue()
+
+
+class Calculator:
+    """The widget. ``Calculator(setting)``; display it in a notebook (or call :func:`show`)."""
+
+    def __init__(self, setting: Setting | None = None):
+        import ipywidgets as w
+
+        self.setting = setting or Setting()
+        s = self.setting
+        style = {"description_width": "120px"}
+        self.controls = {
+            "model": w.Dropdown(options=list(PRESETS) + [CUSTOM], value=s.model, description="model", style=style),
+            "custom_billions": w.BoundedFloatText(value=s.custom_billions, min=0.001, max=10000, step=0.5,
+                                                  description="custom (billions)", style=style),
+            "gpus": w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=s.gpus,
+                               description="GPUs", style=style),
+            "stage": w.ToggleButtons(options=[(STAGE_NAMES[i], i) for i in range(4)], value=s.stage,
+                                     description="stage", style={**style, "button_width": "80px"}),
+            "recipe": w.Dropdown(options=["mixed", "mixed-fp32-grads", "fp32"], value=s.recipe,
+                                 description="recipe", style=style),
+            "offload_optimizer": w.Checkbox(value=s.offload_optimizer, description="offload optimizer to CPU",
+                                            indent=False, layout=w.Layout(width="auto")),
+            "offload_params": w.Checkbox(value=s.offload_params, description="offload params to CPU (ZeRO-3)",
+                                         indent=False, layout=w.Layout(width="auto")),
+            "micro_batch": w.IntSlider(value=s.micro_batch, min=1, max=64, description="micro-batch", style=style),
+            "seq": w.Dropdown(options=[512, 1024, 2048, 4096, 8192, 16384], value=s.seq,
+                              description="sequence length", style=style),
+            "attention": w.Dropdown(options=["standard", "flash"], value=s.attention,
+                                    description="attention", style=style),
+            "recompute": w.Dropdown(options=["none", "selective", "full"], value=s.recompute,
+                                    description="recomputation", style=style),
+            "gpu_memory": w.ToggleButtons(options=list(GPU_MEMORY), value=s.gpu_memory,
+                                          description="GPU memory", style={**style, "button_width": "80px"}),
+        }
+        self.out = w.Output()
+        for c in self.controls.values():
+            c.observe(self._changed, names="value")
+        self.box = w.VBox([w.HBox([w.VBox(list(self.controls.values())[:6]),
+                                   w.VBox(list(self.controls.values())[6:])]), self.out])
+        self._render()
+
+    def _changed(self, _):
+        try:
+            self.setting = Setting(**{k: c.value for k, c in self.controls.items()})
+        except ValueError as exc:
+            self.out.outputs = (_stream(f"Change the inputs: {exc}\n"),)
+            return
+        self._render()
+
+    def _render(self):
+        # Set the Output widget's content directly (synced through the widget, not printed
+        # into the cell), so no frontend or test runner sees stray cell output.
+        import base64
+
+        png = base64.b64encode(_png(plot(self.setting))).decode()
+        self.out.outputs = (
+            {"output_type": "display_data", "metadata": {},
+             "data": {"image/png": png, "text/plain": "<calculator figure>"}},
+            _stream(table(self.setting) + "\n"),
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        got = self.box._repr_mimebundle_(include=include, exclude=exclude)
+        bundle = dict(got[0] if isinstance(got, tuple) else got)
+        # Without a widget frontend: a static figure and the text table of this setting.
+        import base64
+
+        bundle["image/png"] = base64.b64encode(_png(plot(self.setting))).decode()
+        bundle["text/plain"] = table(self.setting)
+        return bundle
+
+
+def show(setting: Setting | None = None):
+    """Display the calculator."""
+    from IPython.display import display
+
+    display(Calculator(setting))
+
+
+# ============================================================ the planner's widget
+
+_GPU_MEM = {"24 GB": 24.0, "40 GB": 40.0, "80 GB": 80.0, "141 GB": 141.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerSetting:
+    """The widget's inputs (a subset of :func:`plan`'s arguments)."""
+
+    model: str = "llama-2-13b"
+    gpu_memory: str = "80 GB"
+    gpus_per_node: int = 8
+    nodes: int = 2
+    intra_bw_gbps: float = 450.0
+    inter_bw_gbps: float = 50.0
+    seq_len: int = 4096
+    global_batch: int = 128
+    recipe: str = "mixed"
+    mfu: float = 0.4
+    overlap: float = 0.0
+
+    def __post_init__(self):
+        if self.model not in PRESETS or PRESETS[self.model].config is None:
+            usable = sorted(k for k, p in PRESETS.items() if p.config is not None)
+            raise ValueError(f"model must be one of {usable}, got {self.model!r}")
+        if self.gpu_memory not in _GPU_MEM:
+            raise ValueError(f"gpu_memory must be one of {list(_GPU_MEM)}, got {self.gpu_memory!r}")
+        world = self.gpus_per_node * self.nodes
+        if self.global_batch % world:
+            raise ValueError(f"global batch {self.global_batch} is not a multiple of the "
+                             f"{world} GPUs: change the global batch or the GPUs")
+
+    def plan(self) -> planner.Plan:
+        return planner.plan(self.model, gpu_mem_gb=_GPU_MEM[self.gpu_memory], gpus_per_node=self.gpus_per_node,
+                    nodes=self.nodes, intra_bw_gbps=self.intra_bw_gbps, inter_bw_gbps=self.inter_bw_gbps,
+                    seq_len=self.seq_len, global_batch=self.global_batch, recipe=self.recipe,
+                    mfu=self.mfu, overlap=self.overlap)
+
+    def text(self) -> str:
+        rows = self.plan()
+        return planner.table(rows) + "\nrecommendation: " + planner.recommend(rows).reason
+
+
+def _png_b64(fig) -> str:
+    import base64
+
+    return base64.b64encode(_png(fig)).decode()
+
+
+class PlannerWidget:
+    """The planner as a form: sliders and dropdowns in, a table and a bar plot out.
+
+    Display it in a notebook; without a widget frontend (nbval, GitHub) the display is
+    the PNG plot and the text table of the current setting, deterministically.
+    """
+
+    def __init__(self, setting: PlannerSetting | None = None):
+        import ipywidgets as w
+
+        if setting is not None and not isinstance(setting, PlannerSetting):
+            raise TypeError("setting must be a PlannerSetting")
+        self.setting = setting or PlannerSetting()
+        s = self.setting
+        style = {"description_width": "130px"}
+        models = [k for k, p in PRESETS.items() if p.config is not None]
+        self.controls = {
+            "model": w.Dropdown(options=models, value=s.model, description="model", style=style),
+            "gpu_memory": w.ToggleButtons(options=list(_GPU_MEM), value=s.gpu_memory,
+                                          description="GPU memory", style={**style, "button_width": "70px"}),
+            "gpus_per_node": w.Dropdown(options=[1, 2, 4, 8], value=s.gpus_per_node,
+                                        description="GPUs per node", style=style),
+            "nodes": w.IntSlider(value=s.nodes, min=1, max=64, description="nodes", style=style),
+            "intra_bw_gbps": w.FloatSlider(value=s.intra_bw_gbps, min=10, max=900, step=10,
+                                           description="intra-node GB/s", style=style),
+            "inter_bw_gbps": w.FloatSlider(value=s.inter_bw_gbps, min=1, max=100, step=1,
+                                           description="inter-node GB/s", style=style),
+            "seq_len": w.Dropdown(options=[512, 1024, 2048, 4096, 8192], value=s.seq_len,
+                                  description="sequence length", style=style),
+            "global_batch": w.IntText(value=s.global_batch, description="global batch", style=style),
+            "recipe": w.Dropdown(options=list(RECIPES), value=s.recipe, description="recipe", style=style),
+            "mfu": w.FloatSlider(value=s.mfu, min=0.1, max=0.8, step=0.05, description="MFU", style=style),
+            "overlap": w.FloatSlider(value=s.overlap, min=0.0, max=1.0, step=0.1,
+                                     description="comm overlap", style=style),
+        }
+        self.out = w.Output()
+        for c in self.controls.values():
+            c.observe(self._changed, names="value")
+        items = list(self.controls.values())
+        self.box = w.VBox([w.HBox([w.VBox(items[:6]), w.VBox(items[6:])]), self.out])
+        self._render()
+
+    def _changed(self, _):
+        try:
+            self.setting = PlannerSetting(**{k: c.value for k, c in self.controls.items()})
+        except (ValueError, TypeError) as exc:
+            self.out.outputs = (_stream(f"Change the inputs: {exc}\n"),)
+            return
+        self._render()
+
+    def _render(self):
+        # The Output widget's content is set directly (never `with out: print`), so
+        # nothing leaks into the cell's saved output.
+        self.out.outputs = (
+            {"output_type": "display_data", "metadata": {},
+             "data": {"image/png": _png_b64(planner.plot(self.setting.plan())), "text/plain": "<planner figure>"}},
+            _stream(self.setting.text() + "\n"),
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        got = self.box._repr_mimebundle_(include=include, exclude=exclude)
+        bundle = dict(got[0] if isinstance(got, tuple) else got)
+        bundle["image/png"] = _png_b64(planner.plot(self.setting.plan()))
+        bundle["text/plain"] = self.setting.text()
+        return bundle
+
+
+def planner_widget(setting: PlannerSetting | None = None, **fields) -> PlannerWidget:
+    """The planner widget; ``planner_widget(model="llama-2-70b", nodes=4)`` starts there."""
+    if setting is not None and fields:
+        raise TypeError("pass either a PlannerSetting or field values, not both")
+    return PlannerWidget(setting or PlannerSetting(**fields))

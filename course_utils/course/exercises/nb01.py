@@ -1,0 +1,99 @@
+"""Exercises of ``notebooks/01_collectives.ipynb``: all-reduce from reduce-scatter + all-gather, and a ring all-reduce."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ...harness.grading import Verdict, grade_on_ranks, refuse_non_function
+
+__all__ = ["NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce"]
+
+
+class NotAllowed(RuntimeError):
+    """Raised on a rank when an exercise's function calls a collective it must build itself."""
+
+
+# Collectives the learner may not call (looked up on ``torch.distributed`` at call time).
+_REDUCTIONS = ("all_reduce", "all_reduce_coalesced", "reduce")
+_NOT_IN_RS_AG = _REDUCTIONS + ("broadcast", "scatter", "gather", "all_to_all", "all_to_all_single",
+                               "send", "recv", "isend", "irecv", "batch_isend_irecv")
+_NOT_IN_RING = _REDUCTIONS + ("broadcast", "scatter", "gather", "all_to_all", "all_to_all_single",
+                              "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
+                              "_reduce_scatter_base", "all_gather", "all_gather_single",
+                              "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced")
+
+
+def _exercise_input(rank: int, numel: int, device=None):
+    """Rank r's input: ``100*(r+1) + i`` at position i, float32 (sums are exact)."""
+    import torch
+
+    return torch.arange(numel, dtype=torch.float32, device=device) + 100.0 * (rank + 1)
+
+
+def _exercise_sum(world_size: int, numel: int):
+    """The all-reduce (sum over ranks) of :func:`_exercise_input`."""
+    return sum(_exercise_input(r, numel) for r in range(world_size))
+
+
+def _run_without(fn: Callable, numel: int, forbidden: tuple, rule: str):
+    """Rank side: call ``fn`` on this rank's input while the ``forbidden`` collectives raise.
+
+    Returns what ``fn`` returned, or its (in-place modified) input when it returned None.
+    """
+    import torch.distributed as dist
+
+    from ...runtime.launch import rank_device
+
+    def refuse(name):
+        def blocked(*args, **kwargs):
+            raise NotAllowed(f"dist.{name} is not allowed in this exercise: {rule}")
+        return blocked
+
+    saved = {name: getattr(dist, name) for name in forbidden if hasattr(dist, name)}
+    tensor = _exercise_input(dist.get_rank(), numel, rank_device())  # the CPU: graders run gloo
+    for name in saved:
+        setattr(dist, name, refuse(name))
+    try:
+        result = fn(tensor)
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
+    return tensor if result is None else result
+
+
+def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: str, name: str) -> Verdict:
+    """Grade ``fn(tensor) -> all-reduced tensor`` on 2, 3 and 4 ranks for each size in ``numels``."""
+    if (refused := refuse_non_function(fn, name)) is not None:
+        return refused
+    passed = True
+    for numel in numels:
+        print(f"tensors of {numel} elements (rank r holds 100*(r+1) + i at position i):")
+        verdict = grade_on_ranks(_run_without, lambda r, n, numel=numel: _exercise_sum(n, numel),
+                                 world_sizes=(2, 3, 4), name=name, args=(fn, numel, forbidden, rule),
+                                 atol=0, timeout_s=20)
+        passed &= bool(verdict)
+    return Verdict(name, passed)
+
+
+def check_all_reduce_from_rs_ag(fn: Callable) -> Verdict:
+    """Exercise 01.1: ``fn(tensor)`` returns the all-reduce (sum over ranks) of ``tensor``,
+    built from a reduce-scatter and an all-gather only.
+
+    Checked on 2, 3 and 4 ranks with 10 elements (not a multiple of 3 or 4: pad, then
+    strip). The results are compared exactly: the inputs are small integers in float32.
+    ``dist.all_reduce`` and the other collectives raise :class:`NotAllowed` meanwhile.
+    """
+    return _grade_sums(fn, numels=(10,), forbidden=_NOT_IN_RS_AG, name="all_reduce_from_rs_ag",
+                       rule="use only reduce-scatter and all-gather")
+
+
+def check_ring_all_reduce(fn: Callable) -> Verdict:
+    """Exercise 01.2: ``fn(tensor)`` sums ``tensor`` over ranks with a ring of
+    ``dist.send``/``dist.recv`` (or ``isend``/``irecv``); return the tensor (in place is fine).
+
+    Checked on 2, 3 and 4 ranks with 5, 7 and 13 elements (not multiples of the world
+    size; 5 on 4 ranks also catches ``tensor.chunk(n)`` without padding, which then
+    returns fewer than n chunks), exactly. Every collective raises :class:`NotAllowed`
+    meanwhile.
+    """
+    return _grade_sums(fn, numels=(5, 7, 13), forbidden=_NOT_IN_RING, name="ring_all_reduce",
+                       rule="use only send/recv (or isend/irecv) between neighbours")

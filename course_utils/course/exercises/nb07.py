@@ -1,0 +1,190 @@
+"""Exercises of ``notebooks/07_fsdp.ipynb``: wrapping, sharded clipping, gradient accumulation."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ...harness.experiments import full_grads, reference_grads
+from ...harness.grading import Verdict, launch_or_report, on_world_sizes, refuse_non_function, report_problems
+from ...runtime.fmt import bound, num
+
+__all__ = ["check_fsdp_wrap", "check_sharded_clip", "check_accumulation"]
+
+
+def _grad_problem(got: dict, want: dict, rtol: float = 1e-5, atol: float = 1e-7) -> str:
+    """'' when every gradient matches, else the first parameter that differs and by how much."""
+    import torch
+
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None:
+            return f"{name} has no gradient"
+        if not torch.allclose(g, w, rtol=rtol, atol=atol):
+            return (f"{name}: largest difference {(g - w).abs().max().item():.3g} "
+                    f"(gradient norm {w.norm().item():.3g})")
+    return ""
+
+
+def _fsdp_wrap_on_rank(fn: Callable) -> dict:
+    """Rank side of :func:`check_fsdp_wrap`."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    from ...harness.experiments import GLOBAL_BATCH, global_loss
+    from ...harness.model import SyntheticData, build_model
+    from ...runtime.ledger import CommLedger
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = build_model(seed=0)
+    out = fn(model)
+    model = model if out is None else out
+    units = [name or "<root>" for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+    blocks = [f"blocks.{i}" for i in range(len(model.blocks))]
+    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, rank, world)
+    with CommLedger() as ledger:
+        loss = model(x, y)
+        loss.backward()
+    return {"units": units, "blocks": blocks, "counts": ledger.counts(),
+            "loss": global_loss(loss)}
+
+
+def check_fsdp_wrap(fn: Callable) -> Verdict:
+    """Exercise 07.1: ``fn(model)`` shards the course GPT the way FSDP1's
+    ``transformer_auto_wrap_policy`` with ``transformer_layer_cls={Block}`` would: one
+    ``fully_shard`` per block, then one on the root (returns the model or None).
+    Checked on 2 and 3 ranks: the FSDP units, the all-gathers and reduce-scatters of one
+    forward + backward (9 and 5), and the loss of one process on the global batch."""
+    name = "fsdp_wrap"
+    if (refused := refuse_non_function(fn, name, '(model) -> model')) is not None:
+        return refused
+    loss, _, _ = reference_grads()
+    all_right = True
+    for n, values in (runs := on_world_sizes(_fsdp_wrap_on_rank, (2, 3), fn, timeout_s=60)):
+        v = values[0]
+        problems = []
+        missing = [b for b in v["blocks"] if b not in v["units"]]
+        extra = [u for u in v["units"] if u not in v["blocks"] and u != "<root>"]
+        if "<root>" not in v["units"]:
+            problems.append("the root is not sharded: the embeddings and final norm stay whole on "
+                            "every rank (call fully_shard(model) last)")
+        if missing:
+            problems.append(f"not sharded on their own: {', '.join(missing)}")
+        if extra:
+            problems.append(f"sharded too finely: {', '.join(extra[:3])}"
+                            f"{' ...' if len(extra) > 3 else ''} (one unit per block is enough)")
+        if not problems and v["counts"].get("all_gather") != 9:
+            problems.append(f"{v['counts'].get('all_gather')} all-gathers in one forward + backward, "
+                            "expected 9 (use the default reshard_after_forward=True on the blocks)")
+        if not problems and abs(v["loss"] - loss) > 1e-6 * abs(loss):
+            problems.append(f"loss {v['loss']:.7g}, one process gives {loss:.7g}")
+        all_right &= report_problems(
+            f"{n} ranks", problems,
+            f"units {', '.join(v['units'])}; {v['counts']['all_gather']} all-gathers, "
+            f"{v['counts']['reduce_scatter']} reduce-scatters; loss {num(v['loss'])} = one process "
+            f"(rel. {bound(abs(v['loss'] - loss) / abs(loss), 1e-6)})")
+    return Verdict(name, all_right and runs.completed)
+
+
+def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
+    """Rank side of :func:`check_sharded_clip`: the course GPT under "torch-fsdp", one
+    backward on this rank's rows, then the learner's clipping."""
+    import torch.distributed as dist
+
+    from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
+    from ...harness.model import SyntheticData, build_model
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, _ = wrap("torch-fsdp", build_model(seed=0), make_adamw)
+    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, rank, world)
+    model(x, y).backward()
+    norm = fn(model, max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    norm = float(norm) if norm is not None else None
+    return {"norm": norm, "grads": {k: v.tolist() for k, v in full_grads(model).items()}}
+
+
+def check_sharded_clip(fn: Callable) -> Verdict:
+    """Exercise 07.2: ``fn(model, max_norm)`` clips the sharded gradients of an FSDP2 model
+    to a *global* norm of ``max_norm`` and returns the norm before clipping. Checked on
+    2 and 3 ranks against one process clipping the whole gradient (1e-5 relative)."""
+    import torch
+
+    name = "sharded_clip"
+    if (refused := refuse_non_function(fn, name, '(model, max_norm) -> norm')) is not None:
+        return refused
+    max_norm = 0.5
+    _, norm, grads = reference_grads(max_norm=max_norm)
+    all_right = True
+    for n, values in (runs := on_world_sizes(_clip_on_rank, (2, 3), fn, max_norm, timeout_s=60)):
+        wrong = 0
+        for rank, v in enumerate(values):
+            if v["norm"] is None:
+                wrong += 1
+                print(f"  rank {rank}: differs: returned None; return the total norm before "
+                      f"clipping (one process gets {num(norm)})")
+                continue
+            if abs(v["norm"] - norm) > 1e-5 * norm:
+                wrong += 1
+                print(f"  rank {rank}: differs: returned norm {v['norm']}, the global norm is "
+                      f"{num(norm)} (a norm of the local shards only is smaller and differs per rank)")
+                continue
+            why = _grad_problem({k: torch.tensor(g) for k, g in v["grads"].items()}, grads)
+            if why:
+                wrong += 1
+                print(f"  rank {rank}: norm right, clipped gradients differ: {why}")
+            else:
+                print(f"  rank {rank}: right (norm {num(v['norm'])} = one process's, "
+                      f"gradients scaled by {num(max_norm / norm)})")
+        all_right &= wrong == 0
+        print(f"{n} ranks: {'all right' if not wrong else f'{wrong} of {n} ranks differ'}")
+    return Verdict(name, all_right and runs.completed)
+
+
+def _accumulate_on_rank(fn: Callable, k: int) -> dict:
+    """Rank side of :func:`check_accumulation`."""
+    import torch.distributed as dist
+
+    from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
+    from ...harness.model import SyntheticData, build_model
+    from ...runtime.ledger import CommLedger
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, _ = wrap("torch-fsdp", build_model(seed=0), make_adamw)
+    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, rank, world)
+    micro = list(zip(x.chunk(k), y.chunk(k)))
+    with CommLedger() as ledger:
+        fn(model, micro)
+    return {"counts": ledger.counts(), "grads": {n: g.tolist() for n, g in full_grads(model).items()}}
+
+
+def check_accumulation(fn: Callable) -> Verdict:
+    """Exercise 07.3: ``fn(model, micro_batches)`` runs forward + backward on each
+    ``(x, y)`` of this rank's micro-batches of an FSDP2 model so that the gradients are
+    reduce-scattered once, after the last one (``set_requires_gradient_sync``), and end
+    equal to the full-batch gradient (scale each micro-batch's loss by 1/k). Checked on
+    2 ranks with k = 2 and 3 micro-batches: 5 reduce-scatters (one per unit), gradients
+    within 1e-5 relative of one process on the whole batch."""
+    import torch
+
+    name = "accumulation"
+    if (refused := refuse_non_function(fn, name, '(model, micro_batches)')) is not None:
+        return refused
+    _, _, grads = reference_grads()
+    all_right = True
+    for k in (2, 3):
+        values = launch_or_report(_accumulate_on_rank, 2, fn, k, timeout_s=60)
+        if values is None:
+            all_right = False
+            continue
+        v = values[0]
+        rs = v["counts"].get("reduce_scatter", 0)
+        problems = []
+        if rs != 5:
+            problems.append(f"{rs} reduce-scatters, expected 5 (one per unit, only after the last "
+                            f"micro-batch; turn gradient sync off for the first {k - 1})")
+        why = _grad_problem({n: torch.tensor(g) for n, g in v["grads"].items()}, grads)
+        if why:
+            problems.append(f"gradients differ from the full batch's: {why}")
+        all_right &= report_problems(f"k = {k} micro-batches on 2 ranks", problems,
+                                     f"{rs} reduce-scatters, gradients = full batch")
+    return Verdict(name, all_right)

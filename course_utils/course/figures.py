@@ -1,0 +1,524 @@
+"""The figures in ``vis/``, each drawn by code here; ``make figures`` redraws them all.
+
+Taught in ``notebooks/00_orientation.ipynb`` (the course map); each figure is shown in
+the notebook that teaches it (``figures.show(name)``): ``collectives`` and
+``ring_all_reduce`` in 01, ``ddp_redundancy`` and ``memory_vs_gpus`` in 03,
+``zero3_timeline`` and ``comm_table`` in 06. A figure is two
+functions: ``data()`` returns the numbers it draws (plain JSON-able values, computed by
+``course_utils``), ``draw(data)`` returns a matplotlib figure. The SVG written to
+``vis/`` carries the SHA-256 of that data in its metadata, so
+``tests/test_figures.py`` can tell when a committed figure no longer matches the
+code, without comparing pixels (which change with matplotlib versions).
+
+Add a figure: write ``_<name>_data`` and ``_<name>_draw``, register them in
+``FIGURES``, run ``make figures``, commit the SVG.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+from ..theory.memory import GB, STAGE_NAMES, model_states
+
+__all__ = ["FIGURES", "VIS_DIR", "data", "data_hash", "draw", "save", "make_all",
+           "stale", "show", "path"]
+
+VIS_DIR = Path(__file__).resolve().parents[2] / "vis"
+_HASH_RE = re.compile(r"data-sha256=([0-9a-f]{64})")
+
+
+# ------------------------------------------------------------------- zero_stages
+
+def _zero_stages_data() -> dict:
+    """Per-GPU model states for 7B params on 4 GPUs, mixed-precision Adam (a common worked example)."""
+    num_params, gpus, recipe = 7_000_000_000, 4, "mixed"
+    stages = []
+    for stage in (0, 1, 2, 3):
+        ms = model_states(num_params, world_size=gpus, stage=stage, recipe=recipe)
+        stages.append({"name": STAGE_NAMES[stage], "stage": stage,
+                       "params_GB": ms.params / GB, "grads_GB": ms.grads / GB,
+                       "optimizer_GB": ms.optimizer / GB, "total_GB": ms.total / GB})
+    return {"num_params": num_params, "gpus": gpus, "recipe": recipe, "stages": stages,
+            "sharded": {"DDP": [], "ZeRO-1": ["optimizer"], "ZeRO-2": ["optimizer", "grads"],
+                        "ZeRO-3": ["optimizer", "grads", "params"]}}
+
+
+def _zero_stages_draw(d: dict):
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    colors = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+    fig, ax = plt.subplots(figsize=(8.0, 3.6))
+    names = [s["name"] for s in d["stages"]][::-1]
+    stages = d["stages"][::-1]
+    for y, s in enumerate(stages):
+        left = 0.0
+        for part in ("params", "grads", "optimizer"):
+            width = s[f"{part}_GB"]
+            sharded = part in d["sharded"][s["name"]]
+            ax.barh(y, width, left=left, color=colors[part], edgecolor="black", linewidth=0.6,
+                    hatch="//" if sharded else None, alpha=0.9)
+            if width >= 6:
+                ax.text(left + width / 2, y, f"{width:g}", ha="center", va="center",
+                        color="white", fontsize=8, fontweight="bold")
+            left += width
+        ax.text(left + 1.5, y, f"{s['total_GB']:g} GB", va="center", fontsize=9)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlim(0, max(s["total_GB"] for s in stages) * 1.18)
+    ax.set_xlabel("GB per GPU (1 GB = 10^9 bytes)")
+    ax.set_title(f"Model states per GPU: {d['num_params'] / 1e9:g}B parameters, "
+                 f"{d['gpus']} GPUs, mixed-precision Adam (2 + 2 + 12 bytes/param)", fontsize=9)
+    handles = [Patch(facecolor=c, edgecolor="black", label=p) for p, c in colors.items()]
+    handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="sharded 1/N"))
+    ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ ddp_redundancy
+
+def _ddp_redundancy_data() -> dict:
+    """DDP on 4 GPUs, 7B params, mixed-precision Adam: every GPU holds the same 112 GB."""
+    num_params, gpus = 7_000_000_000, 4
+    ms = model_states(num_params, world_size=gpus, stage=0, recipe="mixed")
+    z3 = model_states(num_params, world_size=gpus, stage=3, recipe="mixed")
+    return {"num_params": num_params, "gpus": gpus,
+            "parts_GB": {"params": ms.params / GB, "grads": ms.grads / GB, "optimizer": ms.optimizer / GB},
+            "per_gpu_GB": ms.total / GB, "cluster_GB": gpus * ms.total / GB,
+            "unique_GB": ms.total / GB, "zero3_per_gpu_GB": z3.total / GB}
+
+
+def _ddp_redundancy_draw(d: dict):
+    import matplotlib.pyplot as plt
+
+    colors = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+    fig, ax = plt.subplots(figsize=(8.0, 3.4))
+    for g in range(d["gpus"]):
+        bottom = 0.0
+        for part, value in d["parts_GB"].items():
+            ax.bar(g, value, bottom=bottom, color=colors[part], edgecolor="black", linewidth=0.6,
+                   alpha=1.0 if g == 0 else 0.45, label=part if g == 0 else None)
+            ax.text(g, bottom + value / 2, f"{value:g}", ha="center", va="center", fontsize=8, color="white")
+            bottom += value
+        ax.text(g, bottom + 2, "unique" if g == 0 else "copy", ha="center", fontsize=8)
+    ax.axhline(d["zero3_per_gpu_GB"], color="black", linestyle=":", linewidth=1)
+    ax.text(d["gpus"] - 0.5, d["zero3_per_gpu_GB"] + 2, f"ZeRO-3: {d['zero3_per_gpu_GB']:g} GB per GPU",
+            ha="right", fontsize=8)
+    ax.set_xticks(range(d["gpus"]), [f"GPU {g}" for g in range(d["gpus"])])
+    ax.set_ylabel("GB per GPU")
+    ax.set_title(f"DDP keeps {d['gpus']} identical copies: {d['cluster_GB']:g} GB in the cluster, "
+                 f"{d['unique_GB']:g} GB of it unique ({d['num_params'] / 1e9:g}B params)", fontsize=9)
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def _ring_data() -> dict:
+    from ..impl.ring import ring_figure_data
+
+    return ring_figure_data(4)
+
+
+def _ring_draw(d: dict):
+    from ..impl.ring import ring_figure_draw
+
+    return ring_figure_draw(d)
+
+
+# ------------------------------------------------------------------- collectives
+
+_COLLECTIVES = (  # (demo name in course_utils.impl.collectives, title, what it does)
+    ("broadcast", "broadcast", "rank 0's tensor is copied to every rank"),
+    ("all_reduce", "all-reduce", "every rank gets the element-wise sum"),
+    ("reduce_scatter", "reduce-scatter", "the sum, cut in N pieces: rank r keeps piece r"),
+    ("all_gather", "all-gather", "every rank gets every rank's piece, in rank order"),
+)
+_RANK_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
+_SUM_COLOR = "#F6D55C"
+
+
+def _collectives_data(world_size: int = 4) -> dict:
+    """Before/after of the four collectives on ``world_size`` ranks, from
+    :func:`course_utils.impl.collectives.expected` (what the live demos of notebook 01 return),
+    and the bytes each rank sends under the ring model, from the convention the
+    :class:`~course_utils.comm.CommLedger` records (:func:`course_utils.comm.sent_bytes`)."""
+    from ..impl.collectives import ROOT, expected
+    from ..theory.comm import sent_bytes
+
+    rows = []
+    for name, title, what in _COLLECTIVES:
+        ranks = [expected(name, r, world_size) for r in range(world_size)]
+        before = [[float(x) for x in e["before"].tolist()] for e in ranks]
+        after = [[float(x) for x in e["after"].tolist()] for e in ranks]
+        chunk = len(before[0])
+        # where each value comes from: a rank (its colour) or "sum" (of every rank)
+        if name == "broadcast":
+            sources = [[ROOT] * len(a) for a in after]
+        elif name == "all_gather":
+            sources = [[i // chunk for i in range(len(a))] for a in after]
+        else:
+            sources = [["sum"] * len(a) for a in after]
+        element = 4  # float32
+        # M: the full tensor (broadcast, all-reduce), the unreduced input (reduce-scatter),
+        # the gathered output (all-gather): the CommLedger's convention
+        message = element * (len(after[0]) if name == "all_gather" else len(before[0]))
+        own = element * len(before[0])
+        sent = [sent_bytes(name, message, world_size, r, ROOT, own) for r in range(world_size)]
+        rows.append({"name": name, "title": title, "what": what, "before": before, "after": after,
+                     "after_sources": sources, "message_bytes": message, "sent_bytes": sent})
+    return {"world_size": world_size, "root": ROOT, "element_bytes": 4, "collectives": rows}
+
+
+_COLLECTIVE_FORMULAS = {"broadcast": "M, 0 on the ring's last rank",
+                        "all_reduce": "2(N-1)/N·M", "reduce_scatter": "(N-1)/N·M",
+                        "all_gather": "(N-1)/N·M"}
+
+
+def _collectives_draw(d: dict):
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    n = d["world_size"]
+    cell, row_h, gap = 0.5, 0.45, 0.9
+    width = max(len(v) for c in d["collectives"] for v in c["before"] + c["after"]) * cell
+    x_before, x_after = 0.6, 0.6 + width + 1.6
+    x_text = x_after + width + 0.4
+    block = n * row_h
+    fig, ax = plt.subplots(figsize=(10.0, 8.0))
+
+    def cells(x0, y_top, values, sources):
+        for r, (vals, srcs) in enumerate(zip(values, sources)):
+            y = y_top - (r + 1) * row_h
+            ax.text(x0 - 0.12, y + row_h / 2, f"r{r}", ha="right", va="center", fontsize=8)
+            for i, (v, src) in enumerate(zip(vals, srcs)):
+                face = _SUM_COLOR if src == "sum" else _RANK_COLORS[src % len(_RANK_COLORS)]
+                alpha = 1.0 if src == "sum" else 0.35
+                ax.add_patch(Rectangle((x0 + i * cell, y + 0.04), cell - 0.04, row_h - 0.08,
+                                       facecolor=face, alpha=alpha, edgecolor="black", linewidth=0.5))
+                ax.text(x0 + i * cell + (cell - 0.04) / 2, y + row_h / 2, f"{v:g}", ha="center",
+                        va="center", fontsize=7.5)
+
+    y = 0.0
+    for c in d["collectives"]:
+        ax.text(0.0, y, c["title"], fontsize=11, fontweight="bold", va="bottom")
+        ax.text(0.0 + 0.22 * len(c["title"]) + 0.3, y + 0.02, c["what"], fontsize=9, va="bottom",
+                color="#333333")
+        top = y - 0.15
+        before_sources = [[r] * len(v) for r, v in enumerate(c["before"])]
+        cells(x_before, top, c["before"], before_sources)
+        cells(x_after, top, c["after"], c["after_sources"])
+        mid = top - block / 2
+        ax.add_patch(FancyArrowPatch((x_before + width + 0.25, mid), (x_after - 0.55, mid),
+                                     arrowstyle="-|>", mutation_scale=14, color="black", linewidth=1.2))
+        sent = c["sent_bytes"]
+        same = len(set(sent)) == 1
+        sent_text = (f"{sent[0]:g} B" if same else ", ".join(f"{s:g}" for s in sent) + " B")
+        ax.text(x_text, top - 0.35, f"M = {c['message_bytes']} B", fontsize=8.5, va="center")
+        ax.text(x_text, top - 0.85, f"sent per rank: {sent_text}", fontsize=8.5, va="center")
+        ax.text(x_text, top - 1.35, f"= {_COLLECTIVE_FORMULAS[c['name']]}", fontsize=8.5, va="center",
+                color="#333333")
+        y = top - block - gap
+    ax.text(x_before, 0.55, "before", fontsize=10, fontstyle="italic")
+    ax.text(x_after, 0.55, "after", fontsize=10, fontstyle="italic")
+    ax.text(x_text, 0.55, "ring model, float32", fontsize=10, fontstyle="italic")
+    ax.set_xlim(-0.2, x_text + 3.6)
+    ax.set_ylim(y + gap - 0.2, 1.0)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"The four collectives of ZeRO and FSDP on {n} ranks: rank r starts from 10·r + i; "
+                 "colour = the rank a value comes from, yellow = a sum over all ranks", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------- memory_vs_gpus
+
+def _memory_vs_gpus_data() -> dict:
+    """Model states per GPU for 7B params, mixed-precision Adam, N = 1 ... 64 GPUs."""
+    num_params, recipe = 7_000_000_000, "mixed"
+    gpus = [2 ** k for k in range(7)]
+    stages = []
+    for stage in (0, 1, 2, 3):
+        totals = [model_states(num_params, world_size=n, stage=stage, recipe=recipe).total / GB
+                  for n in gpus]
+        one = model_states(num_params, world_size=1, stage=stage, recipe=recipe)
+        # what stays whole however many GPUs: the unsharded parts
+        floor = {0: one.total, 1: one.params + one.grads, 2: one.params, 3: 0}[stage] / GB
+        stages.append({"name": STAGE_NAMES[stage], "stage": stage, "total_GB": totals,
+                       "floor_GB": floor})
+    return {"num_params": num_params, "recipe": recipe, "gpus": gpus, "stages": stages}
+
+
+def _memory_vs_gpus_draw(d: dict):
+    import matplotlib.pyplot as plt
+
+    colors = ("#333333", "#4C72B0", "#DD8452", "#55A868")
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
+    gpus = d["gpus"]
+    for s, color in zip(d["stages"], colors):
+        ax.plot(gpus, s["total_GB"], "o-", color=color, label=s["name"], linewidth=1.6, markersize=4)
+        for n, v in zip(gpus, s["total_GB"]):
+            if n in (gpus[2], gpus[-1]):
+                ax.annotate(f"{v:.3g}", (n, v), textcoords="offset points",
+                            xytext=(-12, -12) if s["stage"] == 3 else (0, 6),
+                            ha="center", fontsize=7.5, color=color)
+        if 0 < s["floor_GB"] < s["total_GB"][0]:
+            ax.axhline(s["floor_GB"], color=color, linestyle=":", linewidth=1)
+            ax.text(gpus[0], s["floor_GB"] + 1.5, f"{s['name']} never below {s['floor_GB']:g} GB "
+                    "(the parts it keeps whole)", fontsize=7.5, color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(gpus, [str(n) for n in gpus])
+    ax.set_xlabel("GPUs N (data-parallel ranks)")
+    ax.set_ylabel("GB per GPU (1 GB = 10^9 bytes)")
+    ax.set_ylim(0, max(d["stages"][0]["total_GB"]) * 1.15)
+    ax.set_title(f"Model states per GPU vs N: {d['num_params'] / 1e9:g}B parameters, "
+                 "mixed-precision Adam (2 + 2 + 12 bytes/param); ZeRO-3 alone falls as 1/N", fontsize=9)
+    ax.legend(fontsize=8, frameon=False, loc="center right")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ zero3_timeline
+
+def _zero3_timeline_data(world_size: int = 2) -> dict:
+    """The ZeRO-3 timeline of the course GPT on ``world_size`` ranks, without and with prefetch."""
+    from ..theory.config import COURSE_CONFIG
+    from ..theory.layout import padded_numel
+    from ..theory.timeline import predicted_timeline, unit_numels
+
+    numels = unit_numels(COURSE_CONFIG)
+    padded = [padded_numel(m, world_size) for m in numels]
+    return {"world_size": world_size, "num_params": COURSE_CONFIG.num_params(),
+            "unit_numels": numels, "padded_numels": padded,
+            "full_model_bytes": 4 * COURSE_CONFIG.num_params(),
+            "shard_bytes": 4 * sum(padded) // world_size,
+            "timelines": {str(p).lower(): predicted_timeline(world_size, prefetch=p)
+                          for p in (False, True)}}
+
+
+def _zero3_timeline_draw(d: dict):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0), sharey=True)
+    for ax, (key, tl) in zip(axes, d["timelines"].items()):
+        kb = [e["alive_bytes"] / 1e3 for e in tl]
+        x = range(len(tl))
+        ax.step(x, kb, where="post", color="#4C72B0", linewidth=1.6, label="full parameters gathered")
+        first_bwd = next(i for i, e in enumerate(tl) if e["phase"] == "backward")
+        ax.axvspan(first_bwd - 0.5, len(tl) - 0.5, color="#DD8452", alpha=0.12, label="backward")
+        ax.axhline(d["full_model_bytes"] / 1e3, color="#333333", linestyle=":", linewidth=1,
+                   label=f"the whole model, as DDP keeps it: {d['full_model_bytes'] / 1e3:g} KB")
+        ax.axhline(d["shard_bytes"] / 1e3, color="#55A868", linestyle="--", linewidth=1,
+                   label=f"this rank's shard of the parameters: {d['shard_bytes'] / 1e3:g} KB")
+        peak = max(tl, key=lambda e: e["alive_bytes"])
+        ax.annotate(f"peak {peak['alive_bytes'] / 1e3:g} KB\n({peak['alive_units']} units)",
+                    (tl.index(peak), peak["alive_bytes"] / 1e3), textcoords="offset points",
+                    xytext=(8, 14), fontsize=7.5, arrowprops={"arrowstyle": "-", "linewidth": 0.6})
+        ax.set_xticks(list(x), [f"{e['event']} {e['unit'].replace('blocks.', 'b')}" for e in tl],
+                      rotation=90, fontsize=7)
+        ax.set_xlim(-0.5, len(tl) - 0.5)
+        ax.set_title(f"prefetch={key.capitalize()}", fontsize=9)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes[0].set_ylabel("KB of full fp32 parameters alive")
+    axes[0].set_ylim(0, d["full_model_bytes"] / 1e3 * 1.15)
+    axes[0].legend(fontsize=7.5, frameon=False, loc="center", bbox_to_anchor=(0.5, 0.68))
+    fig.suptitle(f"ZeRO-3 (course_utils.impl.zero3) on the course GPT, {d['world_size']} ranks: one training "
+                 "step, gather by gather (root = embeddings + final norm, b0..b3 = blocks)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------- comm_table
+
+def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
+                     bytes_per_elem: int = 2) -> dict:
+    """Bytes one rank sends per step, and the calls, for DDP, ZeRO-1/2/3 and FSDP2 on a real
+    model: :func:`~course_utils.comm.comm_volume` and
+    :func:`~course_utils.comm.collective_calls` for DDP and ZeRO; for ``fully_shard``
+    (one unit per block plus the root, kept gathered between forward and backward)
+    :func:`course_utils.impl.fsdp.comm_bytes_per_step` and :func:`course_utils.impl.fsdp.calls_per_step`."""
+    from fractions import Fraction
+
+    from ..harness.model import build_model
+    from ..impl.fsdp import calls_per_step, comm_bytes_per_step, fsdp_units
+    from ..theory.comm import OPS, collective_calls, comm_volume, paper_volume
+    from ..theory.config import preset
+
+    p = preset(preset_name)
+    psi = p.num_params
+    model = build_model(p.config, device="meta")
+    layers = len(fsdp_units(model))
+    rows = []
+    for stage in (0, 1, 2, 3):
+        vol = comm_volume(psi, world_size=world_size, stage=stage, bytes_per_elem=bytes_per_elem)
+        calls = collective_calls(stage, num_layers=layers + 1)
+        rows.append({"name": STAGE_NAMES[stage] + (" (all units twice)" if stage == 3 else ""),
+                     "bytes": {op: vol[op] for op in OPS}, "total": vol["total"], "calls": calls,
+                     "calls_per": "bucket" if stage < 3 else "step",
+                     "paper_elements": paper_volume(psi, stage=stage)})
+
+    def exact(x: Fraction):
+        return int(x) if x.denominator == 1 else float(x)
+
+    fsdp_bytes = {op: exact(v) for op, v in comm_bytes_per_step(
+        model, world_size, bytes_per_elem=bytes_per_elem).items()}
+    rows.append({"name": "FSDP2 (root kept gathered)", "bytes": fsdp_bytes,
+                 "total": sum(fsdp_bytes.values()), "calls": calls_per_step(layers),
+                 "calls_per": "step", "paper_elements": None})
+    ddp = rows[0]["total"]
+    for r in rows:
+        r["x_ddp"] = r["total"] / ddp
+    return {"preset": preset_name, "num_params": psi, "layers": layers, "world_size": world_size,
+            "bytes_per_elem": bytes_per_elem, "rows": rows}
+
+
+def _comm_table_draw(d: dict):
+    import matplotlib.pyplot as plt
+
+    colors = {"all_reduce": "#4C72B0", "reduce_scatter": "#DD8452", "all_gather": "#55A868"}
+    fig, (ax, tab) = plt.subplots(2, 1, figsize=(9.0, 6.0), gridspec_kw={"height_ratios": [1.25, 1]})
+    rows = d["rows"][::-1]
+    for y, r in enumerate(rows):
+        left = 0.0
+        for op, color in colors.items():
+            v = r["bytes"][op] / GB
+            ax.barh(y, v, left=left, color=color, edgecolor="black", linewidth=0.6,
+                    label=op.replace("_", "-") if y == 0 else None)
+            left += v
+        ax.text(left + 0.3, y, f"{r['total'] / GB:.2f} GB = {r['x_ddp']:.3f}× DDP", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=8)
+    ax.set_xlim(0, max(r["total"] for r in rows) / GB * 1.6)
+    ax.set_xlabel("GB one rank sends per step (ring algorithms, 1 GB = 10^9 bytes)", fontsize=8)
+    ax.legend(fontsize=8, frameon=False, loc="upper right")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(f"Communication per step: {d['preset']} (Ψ = {d['num_params']:,}, {d['layers']} blocks), "
+                 f"{d['world_size']} ranks, {8 * d['bytes_per_elem']}-bit messages", fontsize=9)
+
+    def calls(r, op):
+        c = r["calls"][op]
+        return "-" if c == 0 else (f"{c} per bucket" if r["calls_per"] == "bucket" else str(c))
+
+    cells = [[r["name"], calls(r, "all_reduce"), calls(r, "reduce_scatter"), calls(r, "all_gather"),
+              "-" if r["paper_elements"] is None else f"{r['paper_elements'] / d['num_params']:g}Ψ"]
+             for r in d["rows"]]
+    tab.axis("off")
+    table = tab.table(cellText=cells, colLabels=["calls per step", "all-reduce", "reduce-scatter",
+                                                 "all-gather", "ZeRO paper"],
+                      loc="center", cellLoc="center", colWidths=[0.3, 0.16, 0.16, 0.16, 0.12])
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+    table.scale(1, 1.35)
+    tab.set_title(f"L = {d['layers']} blocks + the root. ZeRO-3 as in the paper gathers every unit in forward "
+                  "and again in backward: 2L+2.\nFSDP2 keeps the root gathered between forward and backward: "
+                  "2L+1.\nThe paper counts elements and drops (N-1)/N: 2Ψ vs 3Ψ.", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES: dict[str, tuple[Callable[[], dict], Callable[[dict], object]]] = {
+    "zero_stages": (_zero_stages_data, _zero_stages_draw),
+    "ddp_redundancy": (_ddp_redundancy_data, _ddp_redundancy_draw),
+    "ring_all_reduce": (_ring_data, _ring_draw),   # notebook 01: the ring all-reduce, step by step
+    "collectives": (_collectives_data, _collectives_draw),            # notebook 01
+    "memory_vs_gpus": (_memory_vs_gpus_data, _memory_vs_gpus_draw),   # notebook 03
+    "zero3_timeline": (_zero3_timeline_data, _zero3_timeline_draw),   # notebook 06
+    "comm_table": (_comm_table_data, _comm_table_draw),               # notebook 06
+}
+
+
+# ------------------------------------------------------------------- machinery
+
+def _check(name: str) -> None:
+    if name not in FIGURES:
+        raise ValueError(f"unknown figure {name!r}; known figures: {sorted(FIGURES)}")
+
+
+def path(name: str, vis_dir: Path | str | None = None) -> Path:
+    """Where figure ``name`` lives (``vis/<name>.svg``)."""
+    _check(name)
+    return Path(vis_dir or VIS_DIR) / f"{name}.svg"
+
+
+def data(name: str) -> dict:
+    """The numbers figure ``name`` draws."""
+    _check(name)
+    return FIGURES[name][0]()
+
+
+def data_hash(name: str) -> str:
+    """SHA-256 of the figure's data (canonical JSON)."""
+    blob = json.dumps(data(name), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def draw(name: str):
+    """A matplotlib figure of ``name``, drawn now from code."""
+    _check(name)
+    data_fn, draw_fn = FIGURES[name]
+    return draw_fn(data_fn())
+
+
+def save(name: str, vis_dir: Path | str | None = None) -> Path:
+    """Draw ``name`` and write it as a deterministic SVG tagged with its data hash."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    target = path(name, vis_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with matplotlib.rc_context({"svg.hashsalt": "zero-to-fsdp", "svg.fonttype": "none"}):
+        fig = draw(name)
+        fig.savefig(target, format="svg", metadata={
+            "Date": None, "Creator": None,
+            "Title": name, "Description": f"data-sha256={data_hash(name)}"})
+    plt.close(fig)
+    return target
+
+
+def make_all(vis_dir: Path | str | None = None) -> list[Path]:
+    """Redraw every registered figure (``make figures``)."""
+    return [save(name, vis_dir) for name in FIGURES]
+
+
+def stale(vis_dir: Path | str | None = None) -> dict[str, str]:
+    """Figures whose committed SVG is missing or drawn from other data: name -> why."""
+    problems = {}
+    for name in FIGURES:
+        p = path(name, vis_dir)
+        if not p.exists():
+            problems[name] = f"{p} is missing: run `make figures`"
+            continue
+        m = _HASH_RE.search(p.read_text(encoding="utf-8"))
+        if not m:
+            problems[name] = f"{p} carries no data hash: run `make figures`"
+        elif m.group(1) != data_hash(name):
+            problems[name] = f"{p} was drawn from other data than the code gives now: run `make figures`"
+    return problems
+
+
+def show(name: str):
+    """Display figure ``name`` in a notebook (the committed SVG; drawn live if absent)."""
+    from IPython.display import SVG, display
+
+    p = path(name)
+    if p.exists():
+        display(SVG(filename=str(p)))
+    else:  # e.g. a non-editable install without the repo's vis/ folder
+        display(draw(name))
+
+
+if __name__ == "__main__":  # python -m course_utils.course.figures  (what `make figures` runs)
+    for written in make_all():
+        print(f"wrote {written}")

@@ -1,0 +1,494 @@
+"""The quiz of each notebook. Numbers in answers are computed by ``course_utils``.
+
+Each entry builds its :class:`~course_utils.course.questions.Quiz` on demand:
+``quiz.show("00")`` in notebook 00, ``quiz.check("00", 3, "28")`` in tests.
+"""
+from __future__ import annotations
+
+from ..theory.memory import GB, model_states
+from .questions import MultiChoice, Numeric, Quiz, SingleChoice
+
+
+def quiz_00() -> Quiz:
+    zero3 = model_states(7e9, world_size=4, stage=3, recipe="mixed")
+    ddp = model_states(7e9, world_size=4, stage=0, recipe="mixed")
+    return Quiz("00 orientation", [
+        SingleChoice(
+            "On a laptop with no GPU, launch(fn, 4) runs the 4 ranks with which backend?",
+            ["NCCL, one GPU per rank", "gloo, on CPU processes", "a single process, simulated"],
+            "b",
+            "backend='auto' picks NCCL only when there is one GPU per rank; otherwise each rank "
+            "is a real CPU process talking gloo.",
+        ),
+        SingleChoice(
+            "Inside a function run by launch, how does a rank learn which rank it is?",
+            ["It reads a global variable set by the notebook", "dist.get_rank()",
+             "It counts the processes with os.getpid()"],
+            "b",
+            "launch initialises the default process group in every rank before calling fn, "
+            "exactly as a torchrun script does after init_process_group.",
+        ),
+        MultiChoice(
+            "Which model states does ZeRO-2 shard across the data-parallel ranks?",
+            ["optimizer states", "gradients", "parameters", "activations"],
+            "a,b",
+            "ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the "
+            "parameters. No ZeRO stage shards activations.",
+        ),
+        Numeric(
+            "From the course map: a 7B-parameter model on 4 GPUs with ZeRO-3 and mixed-precision "
+            "Adam (2 + 2 + 12 bytes per parameter). Model states per GPU?",
+            zero3.total / GB, unit="GB", tol=0.5, minimum=0,
+            explanation=f"16 bytes x 7e9 / 4 = {zero3.total / GB:g} GB, against "
+                        f"{ddp.total / GB:g} GB per GPU for plain DDP.",
+        ),
+        SingleChoice(
+            "Why are the ranks forked from the notebook's process when possible?",
+            ["Forking is required by gloo",
+             "It starts in about 0.1 s and functions defined in the notebook work",
+             "Forked ranks share one GPU"],
+            "b",
+            "Spawning starts fresh interpreters (seconds) that can only run importable "
+            "functions; forking copies this process, so the ranks already know your cells.",
+        ),
+    ])
+
+
+QUIZZES = {"00": quiz_00}
+
+
+def quiz_03() -> Quiz:
+    from ..theory.comm import comm_volume
+    from ..theory.config import PRESETS
+
+    z2_13b = model_states(13e9, world_size=8, stage=2)
+    ratio = comm_volume(1e9, world_size=8, stage=3)["total"] / comm_volume(1e9, world_size=8, stage=0)["total"]
+    gpt2 = PRESETS["gpt2-xl"].num_params
+    return Quiz("03 where the memory goes", [
+        Numeric("Mixed-precision training with Adam, no sharding: how many bytes of model states "
+                "per parameter (the ZeRO paper's 2 + 2 + K)?",
+                model_states(1, recipe="mixed").total, unit="bytes", tol=0, minimum=0,
+                explanation="2 (bf16/fp16 weights) + 2 (their gradients) + 12 (fp32 master copy, "
+                            "Adam's momentum and variance) = 16."),
+        Numeric("A classic exercise: a 13B model on 8 GPUs with ZeRO-2 (mixed precision, K = 12). "
+                "Model states per GPU?",
+                z2_13b.total / GB, unit="GB", tol=0.05, minimum=0,
+                explanation=f"Params stay whole: 2 x 13 = 26 GB; gradients and optimizer states are "
+                            f"sharded: (2 + 12) x 13 / 8 = 22.75 GB; total {z2_13b.total / GB:g} GB."),
+        SingleChoice("A tutorial draws DDP for 7B parameters as 14 + 14 + 56 = 84 GB per GPU, then "
+                     "tabulates 112 GB. What does the 84 GB drawing leave out?",
+                     ["The activations", "The fp32 master copy of the weights (4 bytes/param)",
+                      "The CUDA context", "Nothing: both are right for different GPUs"],
+                     "b",
+                     "Adam's m and v are 8 bytes per parameter (56 GB); mixed precision also keeps "
+                     "an fp32 copy of the weights, 4 more bytes (28 GB): 14 + 14 + 84 = 112 GB."),
+        MultiChoice("Which of these reduce activation memory per GPU?",
+                    ["ZeRO-3", "Activation recomputation", "A fused (flash) attention kernel",
+                     "A smaller micro-batch"],
+                    "b,c,d",
+                    "ZeRO shards model states, not activations: each rank's activations come from its "
+                    "own data and are not redundant. Recomputation, flash attention and smaller "
+                    "micro-batches all shrink them."),
+        SingleChoice("DeepSpeed's estimator prints '... GB' per GPU. What unit is that?",
+                     ["10^9 bytes", "2^30 bytes (GiB)", "10^6 bytes"],
+                     "b",
+                     "It divides by 2**30, like nvidia-smi's MiB/GiB; the ZeRO paper's GB are 10^9 "
+                     "bytes, 7% smaller."),
+        Numeric("With ring collectives on 8 ranks, ZeRO-3 sends how many times the bytes DDP "
+                "sends per step?", ratio, tol=0.01, minimum=0,
+                explanation="DDP: all-reduce = 2(N-1)/N·M. ZeRO-3: all-gather in forward and in "
+                            "backward plus a reduce-scatter = 3(N-1)/N·M: 1.5x."),
+        Numeric("gpt2-xl has how many billion parameters (to two decimals)?", round(gpt2 / 1e9, 2),
+                unit="billion", tol=0.005, minimum=0,
+                explanation=f"Exactly {gpt2:,}: 48 blocks of h = 1600, a 50257-token vocabulary "
+                            "and 1024 learned positions."),
+    ])
+
+
+QUIZZES["03"] = quiz_03
+
+
+def quiz_01() -> Quiz:
+    from ..theory.comm import collective_bytes
+
+    m = 1e9  # a 1 GB message
+    return Quiz("01 collectives", [
+        SingleChoice("After dist.all_reduce(t) with the default op on 4 ranks, what does each rank hold?",
+                     ["Its own tensor, unchanged", "The sum of the 4 tensors",
+                      "A quarter of the sum", "The tensor of rank 0"],
+                     "b", "all_reduce replaces every rank's tensor with the elementwise sum (op=SUM)."),
+        SingleChoice("Which pair of collectives, run one after the other, equals an all-reduce?",
+                     ["broadcast then reduce", "reduce-scatter then all-gather",
+                      "scatter then gather", "all-gather then reduce-scatter"],
+                     "b", "Reduce-scatter leaves each rank with the sum of one shard; all-gather then gives "
+                          "every rank every summed shard. That is exactly how the ring all-reduce works."),
+        Numeric("Ring all-reduce of a 1 GB message on 4 ranks: how many GB does each rank send?",
+                collective_bytes("all_reduce", m, 4) / 1e9, unit="GB", tol=0.01, minimum=0,
+                explanation="2(N-1)/N x M = 2 x 3/4 x 1 GB = 1.5 GB: N-1 steps of reduce-scatter and "
+                            "N-1 of all-gather, each sending M/N."),
+        Numeric("And for a reduce-scatter of the same 1 GB message on 8 ranks?",
+                collective_bytes("reduce_scatter", m, 8) / 1e9, unit="GB", tol=0.01, minimum=0,
+                explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N."),
+        MultiChoice("In the alpha-beta model t = alpha x steps + bytes / bandwidth, which are true?",
+                    ["Small messages are dominated by the latency term alpha",
+                     "Large messages are dominated by the bandwidth term",
+                     "Bucketing many small tensors into one message reduces the number of alpha terms paid",
+                     "The ring all-reduce sends fewer bytes per rank as N grows"],
+                    "a,b,c",
+                    "The ring sends 2(N-1)/N x M per rank: that grows towards 2M with N, it does not shrink. "
+                    "Latency dominates small messages, which is why DDP buckets gradients."),
+    ])
+
+
+def quiz_02() -> Quiz:
+    from ..theory.comm import comm_volume
+
+    gpt2 = 1.56e9
+    vol = comm_volume(gpt2, world_size=4, stage=0, bytes_per_elem=4)["all_reduce"]
+    return Quiz("02 data parallelism", [
+        SingleChoice("Four ranks each compute the mean loss on their 2 samples of an 8-sample global "
+                     "batch. To match one process on all 8 samples, the gradients are...",
+                     ["summed across ranks", "averaged across ranks", "taken from rank 0",
+                      "averaged, then multiplied by 8"],
+                     "b", "The mean over 8 samples is the average of the 4 per-rank means (equal "
+                          "shares), so the gradient of the global loss is the average of the gradients."),
+        SingleChoice("Why does DDP broadcast rank 0's parameters when it wraps the model?",
+                     ["To save memory", "So every rank starts from the same weights; otherwise the "
+                      "replicas drift apart even with averaged gradients", "To warm up the network",
+                      "It does not"],
+                     "b", "Averaged gradients keep equal replicas equal; they cannot make unequal ones equal."),
+        Numeric("gpt2-xl (1.56B params) with fp32 gradients on 4 GPUs: GB each GPU sends in the "
+                "gradient all-reduce per step (ring)?", vol / 1e9, unit="GB", tol=0.05, minimum=0,
+                explanation="2(N-1)/N x 4 bytes x 1.56e9 = 1.5 x 6.24 GB = 9.36 GB, whatever the batch "
+                            "size: that is why the overhead shrinks as the batch grows."),
+        MultiChoice("What do DDP's gradient buckets buy?",
+                    ["Fewer, larger messages: less latency overhead",
+                     "Communication that starts while backward is still running (overlap)",
+                     "Less communication volume",
+                     "Less gradient memory"],
+                    "a,b", "The bytes are the same; buckets trade many small all-reduces for a few large "
+                           "ones and let them overlap with the rest of backward."),
+        SingleChoice("Gradient accumulation over 4 micro-batches of 15 on one GPU took 3.7x the step "
+                     "time of one micro-batch of 15, not 4x. Why?",
+                     ["The GPU warmed up", "The optimizer step (and other per-step work) runs once, "
+                      "not 4 times", "Accumulation skips the backward pass",
+                      "Communication was overlapped"],
+                     "b", "4 x (forward + backward) + 1 x optimizer step: with the published gpt2-xl numbers, about "
+                          "359 ms per forward+backward and 34 ms for the step."),
+    ])
+
+
+QUIZZES["01"] = quiz_01
+QUIZZES["02"] = quiz_02
+
+
+def quiz_04() -> Quiz:
+    from ..impl.zero import padded_numel
+    from ..theory.comm import collective_bytes
+    from ..theory.config import COURSE_CONFIG
+
+    psi = COURSE_CONFIG.num_params()                    # the course GPT
+    n = 3
+    pad = padded_numel(psi, n)
+    opt = model_states(pad, world_size=n, stage=1, recipe="fp32").optimizer + 4
+    seven = [model_states(7e9, world_size=3, stage=s).total / model_states(7e9, world_size=3).total
+             for s in (1, 2, 3)]
+    rs = collective_bytes("reduce_scatter", 4 * psi, 4)
+    ar = collective_bytes("all_reduce", 4 * psi, 4)
+    return Quiz("04 ZeRO-1", [
+        MultiChoice(
+            "Which states does each rank keep for its own 1/N shard only, in ZeRO-1 (mixed "
+            "precision, as in the ZeRO paper)?",
+            ["Adam's m and v", "the fp32 master weights", "the bf16 parameters", "the gradients"],
+            "a,b",
+            "ZeRO-1 shards all K = 12 bytes of optimizer state: m, v and the fp32 master copy. "
+            "A popular notebook's calculator shards only m and v (8 bytes); that under-counts the saving.",
+        ),
+        Numeric(
+            f"The course GPT (Ψ = {psi:,}) on {n} ranks with fp32 AdamW and ZeRO-1 (one bucket): "
+            "optimizer bytes one rank holds, including AdamW's step counter?",
+            opt, unit="bytes", tol=0.5, minimum=0,
+            explanation=f"Ψ is padded to {pad:,} (a multiple of 3); 8 bytes x {pad:,} / 3 = "
+                        f"{opt - 4:,} bytes of m and v, plus one 4-byte float32 step counter.",
+        ),
+        SingleChoice(
+            "Compared with DDP's all-reduce of the gradients, what does ZeRO-1 send per step "
+            "(ring algorithms, Ψ divisible by N)?",
+            ["half as much", "the same bytes: a reduce-scatter and an all-gather",
+             "1.5 times as much", "N times less"],
+            "b",
+            "An all-reduce is a reduce-scatter followed by an all-gather. ZeRO-1 does the same two "
+            "halves, with the optimizer step in between. With padding it sends slightly more.",
+        ),
+        Numeric(
+            "All-reduce then keep your slice, instead of a reduce-scatter: on 4 ranks with the "
+            "course GPT in fp32, how many times the bytes of the gradient part does one rank send?",
+            ar / rs, tol=0.01, minimum=0,
+            explanation=f"all-reduce 2(N-1)/N·M = {ar:,.0f} bytes against reduce-scatter "
+                        f"(N-1)/N·M = {rs:,.0f}: the all-gather half of the all-reduce gives every "
+                        "rank gradients it throws away.",
+        ),
+        SingleChoice(
+            "A widely shared cheat sheet says ZeRO-1/2/3 use about 75% / 50% / 33% of DDP's memory. For a 7B model on "
+            "3 GPUs with mixed-precision Adam (16 bytes per parameter), what are the real shares?",
+            [f"{100 * seven[0]:.0f}% / {100 * seven[1]:.0f}% / {100 * seven[2]:.0f}%",
+             "75% / 50% / 33%", "33% / 33% / 33%", "50% / 25% / 12%"],
+            "a",
+            "Model states per GPU: ZeRO-1 2 + 2 + 12/3 = 8 bytes, ZeRO-2 2 + 14/3 = 6.7, ZeRO-3 16/3 "
+            "= 5.3, against 16 for DDP. The cheat sheet's numbers fit no single setting.",
+        ),
+        SingleChoice(
+            "Why must the flat buffer be padded to a multiple of the world size?",
+            ["For speed only", "Reduce-scatter and all-gather on one flat tensor need equal "
+             "chunks on every rank (gloo refuses uneven sizes)", "Adam needs even sizes",
+             "To align to 128 bytes"],
+            "b", "Each rank owns exactly P/N elements; the last shard ends in padding zeros, which "
+                 "get zero gradients and stay zero.",
+        ),
+    ])
+
+
+def quiz_05() -> Quiz:
+    from ..impl.zero import padded_numel
+    from ..theory.config import COURSE_CONFIG
+    from ..theory.memory import per_gpu
+
+    psi = COURSE_CONFIG.num_params()
+    n = 4
+    padded = padded_numel(psi, n)
+    ddp = per_gpu("gpt2-xl", world_size=4, stage=0, recipe="mixed-fp32-grads", micro_batch=15,
+                  seq=1024, attention="flash")
+    z1 = per_gpu("gpt2-xl", world_size=4, stage=1, recipe="mixed-fp32-grads", micro_batch=15,
+                 seq=1024, attention="flash")
+    return Quiz("05 ZeRO-2", [
+        SingleChoice(
+            "What does ZeRO-2 shard that ZeRO-1 keeps whole on every rank?",
+            ["the parameters", "the gradients", "the activations", "the input batch"],
+            "b", "ZeRO-1 shards the optimizer states; ZeRO-2 also the gradients. Parameters wait for "
+                 "ZeRO-3; activations are never sharded by ZeRO.",
+        ),
+        SingleChoice(
+            "Which collective does ZeRO-2 use on the gradients during backward?",
+            ["an all-reduce of every gradient", "a reduce-scatter of each bucket",
+             "a broadcast from rank 0", "none, gradients stay local"],
+            "b", "Some lecture notes say an all-reduce; that would hand every rank the full gradient, the "
+                 "very thing ZeRO-2 avoids. The ledger of notebook 05 shows reduce-scatters only.",
+        ),
+        Numeric(
+            f"Course GPT (Ψ = {psi:,}), fp32, ZeRO-2 on {n} ranks: bytes of gradient each rank "
+            "keeps after backward (one bucket)?",
+            4 * padded / n, unit="bytes", tol=0.5, minimum=0,
+            explanation=f"Ψ padded to {padded:,}; 4 bytes x {padded:,} / {n} = {4 * padded // n:,} bytes "
+                        "(the shard's gradient); the full gradients were freed bucket by bucket.",
+        ),
+        SingleChoice(
+            "In ZeRO-3, when does a rank hold a layer's full parameters?",
+            ["always", "only while that layer runs, gathered just before (forward and backward)",
+             "only during the optimizer step", "never"],
+            "b", "ZeRO-3 all-gathers a layer's parameters when it is needed and frees them after.",
+        ),
+        SingleChoice(
+            "Once parameters, gradients and optimizer states are all sharded, what usually "
+            "dominates a GPU's memory in large-batch training?",
+            ["the optimizer states", "the gradients", "the activations", "the CUDA kernels"],
+            "c", "ZeRO shards model states, not activations; they grow with batch and sequence "
+                 "length. Recomputation or tensor/sequence parallelism address them.",
+        ),
+        SingleChoice(
+            "What hides ZeRO-3's parameter gathers behind computation?",
+            ["prefetching the next layer's all-gather while the current one computes",
+             "compressing the gradients", "quantizing the weights", "a larger learning rate"],
+            "a", "Issuing the next gather early overlaps communication with computation.",
+        ),
+        Numeric(
+            "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
+            "fp32 Adam states (Megatron). A published benchmark measured 79 -> 65 GB when sharding was turned on. "
+            "How many GB does sharding the optimizer states alone save, by the calculator?",
+            (ddp.total - z1.total) / GB, unit="GB", tol=0.2, minimum=0,
+            explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the benchmark's "
+                        "14 GB drop matches ZeRO-1's saving; sharding the fp32 gradients too would "
+                        "save 4.7 GB more.",
+        ),
+    ])
+
+
+QUIZZES["04"] = quiz_04
+QUIZZES["05"] = quiz_05
+
+
+def quiz_06() -> Quiz:
+    from ..theory.comm import collective_calls, comm_volume
+
+    units = 5                                  # the course GPT: 4 blocks + the root
+    calls = collective_calls(3, num_layers=units, skip_last_regather=True)
+    z3 = comm_volume(7e9, world_size=4, stage=3)["total"]
+    ddp = comm_volume(7e9, world_size=4, stage=0)["total"]
+    states = model_states(7e9, world_size=4, stage=3, recipe="mixed")
+    return Quiz("06 ZeRO-3", [
+        Numeric("The course GPT is sharded as 5 units (4 blocks + the root, which stays gathered "
+                "from its forward to the end of backward). How many all-gathers per training step?",
+                calls["all_gather"], tol=0, minimum=0,
+                explanation=f"Each block is gathered in forward and again in backward (2 x 4), the root "
+                            f"once: {calls['all_gather']} = 2L - 1 with L = 5 units."),
+        Numeric("And how many reduce-scatters per step?", calls["reduce_scatter"], tol=0, minimum=0,
+                explanation="One per unit: every unit's gradients are reduce-scattered as soon as its "
+                            "backward is done (a popular exercise counts one, for one layer: wrong)."),
+        Numeric("Ring volume per rank of ZeRO-3 divided by DDP's (same model, same N, every unit "
+                "gathered twice)?", z3 / ddp, tol=0.01, minimum=0,
+                explanation="All-gather in forward + all-gather in backward + reduce-scatter = 3 x "
+                            "(N-1)/N x M, against 2 x (N-1)/N x M for the all-reduce: 1.5x."),
+        Numeric("7B parameters, mixed-precision Adam (16 B/param), ZeRO-3 on 4 GPUs: GB of model "
+                "states per GPU?", states.total / GB, unit="GB", tol=0.5, minimum=0,
+                explanation=f"16 x 7e9 / 4 = {states.total / GB:g} GB (a tutorial's '~21 GB' drops a "
+                            "part; its own table says 28)."),
+        SingleChoice("Why does backward need the parameters gathered again?",
+                     ["To recompute the loss",
+                      "The gradient of a layer's input is grad_output @ W: backward needs W, which "
+                      "forward freed",
+                      "To average the parameters across ranks",
+                      "It does not: only gradients are needed"],
+                     "b", "Forward freed the full W to save memory; the input gradient (and the "
+                          "chain rule through the layer) needs it, so it is gathered a second time."),
+        SingleChoice("With prefetching on, how many units' full parameters are alive at once at most "
+                     "(the course's Zero3, root included)?",
+                     ["1", "root + 1", "root + 2", "all of them"],
+                     "c", "The unit computing and the next one whose all-gather is in flight, plus the "
+                          "root: root + 2, against root + 1 without prefetch."),
+    ])
+
+
+QUIZZES["06"] = quiz_06
+
+
+def quiz_07() -> Quiz:
+    from ..harness.model import build_model
+    from ..impl.fsdp import calls_per_step, message_numels
+
+    units = 4                                  # the course GPT's blocks; the root comes on top
+    full = calls_per_step(units)
+    zero2 = calls_per_step(units, reshard_after_forward=False)
+    m_root = message_numels(build_model(device="meta"), 4)[0]
+    return Quiz("07 FSDP in PyTorch", [
+        SingleChoice("FSDP1's ShardingStrategy.SHARD_GRAD_OP is which FSDP2 call?",
+                     ["fully_shard(module)",
+                      "fully_shard(module, reshard_after_forward=False)",
+                      "fully_shard(module, mesh=init_device_mesh('cpu', (2, 2)))",
+                      "FSDP2 has no equivalent"],
+                     "b", "SHARD_GRAD_OP keeps a unit's parameters gathered from its forward to its "
+                          "backward (ZeRO-2 behaviour for parameters): reshard_after_forward=False."),
+        Numeric("fully_shard on each of the course GPT's 4 blocks, then on the root (kept gathered "
+                "between forward and backward): all-gathers per training step?",
+                full["all_gather"], tol=0, minimum=0,
+                explanation=f"Each block twice (forward, then again for backward), the root once: "
+                            f"2 x 4 + 1 = {full['all_gather']}, exactly the course's zero3."),
+        Numeric("The same with reshard_after_forward=False on the blocks?", zero2["all_gather"],
+                tol=0, minimum=0,
+                explanation=f"Once per unit: {zero2['all_gather']}. The bytes drop by a third; the "
+                            "gathered blocks stay alive until their backward."),
+        Numeric("FSDP2 shards every parameter on dim 0, padded to a multiple of N. The root of the "
+                "course GPT holds the 101 x 50 token embedding, the 32 x 50 position embedding and "
+                "the final LayerNorm (2 x 50). How many elements does its all-gather move on 4 ranks?",
+                m_root, tol=0, minimum=0,
+                explanation=f"101 rows pad to 104: 104 x 50 + 32 x 50 + 2 x 52 (each 50-element "
+                            f"LayerNorm vector pads to 52) = {m_root}; the course's zero3 pads the "
+                            "flat unit once: 6752."),
+        SingleChoice("After backward on an FSDP2 model, how do you clip gradients to a global norm of 1?",
+                     ["torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0): the gradients are "
+                      "DTensors, so the norm is reduced over all shards",
+                      "model.clip_grad_norm_(1.0), as with FSDP1",
+                      "Clip each rank's local shard to norm 1/N",
+                      "Clipping is impossible on sharded gradients"],
+                     "a", "FSDP2 modules have no clip_grad_norm_ method; the plain utility sees "
+                          "DTensor gradients and all-reduces the squared norms. Clipping each "
+                          "shard by its local norm gives a different (wrong) scale per rank."),
+        SingleChoice("Each rank calls torch.manual_seed(seed + rank) and builds the model, then "
+                     "fully_shard. What happens?",
+                     ["Nothing: fully_shard broadcasts rank 0's weights",
+                      "An error: the shapes differ",
+                      "Each rank keeps its own initialisation's rows: the full model is a mix of N "
+                      "different inits, and the losses differ from one process",
+                      "The ranks hang"],
+                     "c", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
+                          "sync_module_states=True). Seed the model the same on every rank, or "
+                          "broadcast from rank 0 before sharding."),
+        Numeric("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
+                "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
+                full["reduce_scatter"], tol=0, minimum=0,
+                explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
+                            f"{full['reduce_scatter']}, instead of 4 x {full['reduce_scatter']}. The "
+                            "price: unsharded gradients stay allocated between micro-batches."),
+        SingleChoice("A sharded checkpoint written by torch.distributed.checkpoint on 4 ranks is "
+                     "loaded on 2 ranks. What happens?",
+                     ["It fails: the world size must match",
+                      "Only rank 0 loads it and broadcasts",
+                      "It loads, but the optimizer state is lost",
+                      "Each of the 2 ranks reads the parts of every tensor that its new shards "
+                      "cover: the state is resharded on load, bit-exact"],
+                     "d", "The checkpoint's metadata records which slice of each tensor each file "
+                          "holds; on load every rank reads exactly the slices of its new shards, "
+                          "optimizer states included."),
+    ])
+
+
+QUIZZES["07"] = quiz_07
+
+
+def quiz_08() -> Quiz:
+    from ..theory.multinode import hsdp_vs_fsdp_time
+
+    cost = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)
+    psi = 1_557_686_400                       # gpt2-xl with Megatron's padded vocabulary
+    drop = 12 * psi * 3 / 4 / 1e9             # optimizer states sharded 4 ways
+    return Quiz("08 Beyond one box", [
+        Numeric("7B parameters in bf16, 4 nodes of 8 GPUs, HSDP sharded inside each node: how many "
+                "GB does one GPU send over the inter-node network per step?",
+                cost.hsdp_inter_bytes / 1e9, unit="GB", tol=0.1, minimum=0,
+                explanation=f"Only the all-reduce of its 1/8 gradient shard crosses nodes: 2 x (4-1)/4 x "
+                            f"2 B x 7e9 / 8 = {cost.hsdp_inter_bytes / 1e9:.3f} GB, against "
+                            f"{cost.fsdp_inter_bytes / 1e9:.2f} GB with full sharding over 32 GPUs."),
+        SingleChoice("On a 2 x 2 mesh (2 replicas x 2 shards), which collectives run across the "
+                     "replicas?",
+                     ["The all-gathers of the parameters",
+                      "The reduce-scatters of the gradients",
+                      "An all-reduce of each rank's gradient shard",
+                      "None: replicas never communicate"],
+                     "c", "All-gathers and reduce-scatters stay inside the shard group; the replicas "
+                          "then all-reduce the reduced gradient shards so that they stay identical."),
+        Numeric("A published Megatron-LM benchmark turns on the distributed optimizer at DP=4 for gpt2-xl "
+                "(1,557,686,400 parameters with its padded vocabulary) and sees 79 -> 65 GB. How many "
+                "GB does sharding only the 12 B/param optimizer states 4 ways save?",
+                drop, unit="GB", tol=0.3, minimum=0,
+                explanation=f"12 B x 3/4 x Psi = {drop:.2f} GB: the measured 14 GB. Sharding the fp32 "
+                            "gradients too (real ZeRO-2) would save 18.7 GB: the benchmark's 'ZeRO-2' "
+                            "run has ZeRO-1 memory."),
+        SingleChoice("Which DeepSpeed setting is ZeRO-Infinity's parameter offload?",
+                     ['"zero_optimization": {"stage": 2, "offload_param": {"device": "nvme"}}',
+                      '"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", '
+                      '"nvme_path": "/local_nvme"}}',
+                      '"offload": true at the top level',
+                      '"fp16": {"enabled": "nvme"}'],
+                     "b", "Parameter offload exists only in stage 3 (stage 2 keeps full parameters on "
+                          "each GPU); NVMe needs a path."),
+        SingleChoice("Under torch DDP, rank 1's data loader has one batch fewer than rank 0's. What "
+                     "happens at the end of the epoch?",
+                     ["Rank 1 raises StopIteration on every rank",
+                      "DDP skips the missing batch",
+                      "Rank 0 waits forever in its last backward, whose gradient all-reduce rank 1 "
+                      "never joins",
+                      "The losses are averaged over fewer ranks"],
+                     "c", "Rank 1 leaves the loop; rank 0's backward starts the bucket all-reduces "
+                          "and blocks. Fix: agree on the number of steps, pad the data "
+                          "(DistributedSampler), or torch's Join."),
+        MultiChoice("Which mistakes does TORCH_DISTRIBUTED_DEBUG=DETAIL turn into an error naming "
+                    "both ranks' collectives?",
+                    ["Two ranks call all-reduce on tensors of different shapes",
+                     "One rank calls all-reduce while the other calls broadcast",
+                     "Two ranks all-reduce two same-shaped tensors in opposite orders",
+                     "A rank computes a wrong loss before the all-reduce"],
+                    "a,b", "DETAIL compares each collective's fingerprint (operation, shapes, dtypes) "
+                           "across ranks before running it. Two same-shaped tensors swapped look "
+                           "identical to it, and it knows nothing about the values."),
+    ])
+
+
+QUIZZES["08"] = quiz_08

@@ -1,0 +1,644 @@
+"""Saving and loading FSDP2 checkpoints: sharded (DCP), full (one file), resharded, resumed.
+
+Taught in ``notebooks/07_fsdp.ipynb``. Two ways to write a model trained with
+``fully_shard`` (``experiments.wrap("torch-fsdp", ...)``, also ``"torch-fsdp-zero2"``,
+``"single"``, ``"ddp"`` and ``"torch-ddp"``) and its AdamW state:
+
+* **Sharded** (:func:`save_sharded` / :func:`load_sharded`): PyTorch Distributed
+  Checkpoint (``torch.distributed.checkpoint``, DCP). Every rank writes only its own
+  shards, into its own file ``__<rank>_0.distcp``, in parallel; nobody ever holds the
+  full model. Rank 0 also writes ``.metadata``: for every key (``model.<name>``,
+  ``optim.state.<name>.exp_avg``...) its global shape and where each chunk of it lies
+  (file, byte offset, length). That index is what makes a checkpoint *reshardable*:
+  loading reads, for every rank's new shard, only the saved chunks that overlap it and
+  copies the overlapping rows, so a checkpoint saved by 4 ranks loads on 2 ranks, or
+  into one plain process with no process group at all (:func:`reshard_roundtrip`
+  checks all three bit for bit). Values every rank holds whole (AdamW's ``step``, the
+  hyperparameters) are written once, by one rank; DCP spreads them over the ranks.
+* **Full** (:func:`full_state_dict`, :func:`save_full`, :func:`load_full`): the
+  consolidated, unsharded tensors, gathered to CPU on rank 0 only
+  (``StateDictOptions(full_state_dict=True, cpu_offload=True)``; every other rank gets
+  ``{}``), written by rank 0 with ``torch.save``. The export format: a plain
+  ``build_model().load_state_dict(torch.load(path)["model"])`` reads it. Gathering it
+  needs the full model in rank 0's CPU memory, which is exactly what sharding avoids,
+  so at scale train with sharded checkpoints and export a full one at the end.
+
+Both go through ``torch.distributed.checkpoint.state_dict``: ``get_state_dict(model,
+optimizer)`` names every tensor as in the *unwrapped* module (``tok_emb.weight``, no
+wrapper prefixes) and keys the optimizer state by those names instead of by position,
+so the same keys exist at any world size; ``set_state_dict`` puts loaded values back
+(resharding full tensors where needed). AdamW's state for a parameter is
+``exp_avg`` and ``exp_avg_sq`` (sharded like the parameter) and ``step`` (a 0-d tensor
+every rank holds whole: DCP writes it once).
+
+:func:`resume_matches` stops a run, saves, tears the ranks down, starts new ones,
+loads and continues: the losses equal those of the uninterrupted
+``experiments.run(...)`` bit for bit at the same world size.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import warnings
+from numbers import Integral
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..checks import check_int, check_timeout, distributed
+from . import experiments
+from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest, unwrap, wrap
+
+__all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load_full",
+           "describe_checkpoint", "checkpoint_keys", "reshard_roundtrip", "resume_matches",
+           "optimizer_tensors", "METADATA_FILE", "CHECKPOINTABLE"]
+
+#: The index file DCP's coordinator (rank 0) writes next to the per-rank shard files.
+METADATA_FILE = ".metadata"
+_SHARD_SUFFIX = ".distcp"
+_NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+
+
+# ------------------------------------------------------------------ checks and small helpers
+
+def _rank() -> int:
+    return dist.get_rank() if distributed() else 0
+
+
+def _check_path(path) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike (e.g. a pathlib.Path), "
+                        f"got {type(path).__name__}")
+    return os.fspath(path)
+
+
+def _check_world(name: str, world_size) -> None:
+    check_int(name, world_size, 1)
+    if GLOBAL_BATCH % world_size:
+        fits = [n for n in range(1, GLOBAL_BATCH + 1) if GLOBAL_BATCH % n == 0]
+        raise ValueError(f"{name}={world_size} does not split the global batch of {GLOBAL_BATCH} "
+                         f"rows evenly; use one of {fits}")
+
+
+def _pair(model, optimizer):
+    """The user's module (wrappers of "ddp"/"torch-ddp" removed) and the real torch
+    optimizer (``.inner`` of a wrapper), checked to be something DCP can name."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    from ..impl.zero3 import Zero3
+
+    if isinstance(model, Zero3):
+        raise TypeError("the course's own 'zero3' keeps each unit as one flat shard that DCP "
+                        "cannot name; checkpoint a model wrapped with 'torch-fsdp' (fully_shard)")
+    module = unwrap(model)
+    if optimizer is None:
+        return module, None
+    inner = getattr(optimizer, "inner", optimizer)
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer (e.g. make_adamw(...)) or "
+                        f"None, got {type(optimizer).__name__}")
+    own = {id(p) for p in module.parameters()}
+    if any(id(p) not in own for g in inner.param_groups for p in g["params"]):
+        raise TypeError("the optimizer updates tensors that are not parameters of the model "
+                        "(the flat shards of the course's 'zero1'/'zero2'?): checkpoint a model "
+                        "and optimizer from wrap('torch-fsdp', ...), 'single', 'ddp' or 'torch-ddp'")
+    return module, inner
+
+
+@contextlib.contextmanager
+def _quiet_no_dist():
+    """DCP warns every time it runs without a process group; that is the point here. torch
+    2.10's DCP also warns about its own use of ``tensor.storage()`` (fixed in later torch)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+        yield
+
+
+def _check_stepped(optim) -> None:
+    """Refuse to save an optimizer that has taken no step: ``get_state_dict`` would first
+    initialise its state by running ``step()`` with zero gradients and lr 0, which sets
+    AdamW's ``step`` to 1, so the first real update would use step 2's bias correction
+    and training would silently change."""
+    if optim is not None and not optim.state:
+        raise ValueError("the optimizer has no state yet (no step() taken): saving it would make "
+                         "torch initialise it with a zero step and change the next update; save "
+                         "with optimizer=None before training, or after the first step")
+
+
+def _state(module, optimizer, *, full: bool = False) -> dict:
+    """``{"model": ..., "optim": ...}`` from ``get_state_dict`` (sharded DTensors, or the
+    full tensors on CPU on rank 0 with ``full=True``)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
+    if optimizer is None:
+        return {"model": get_model_state_dict(module, options=options)}
+    msd, osd = get_state_dict(module, optimizer, options=options)
+    return {"model": msd, "optim": osd}
+
+
+def optimizer_tensors(optim_state: dict) -> dict[str, torch.Tensor]:
+    """``{"<param name>.<state name>": tensor}`` of an optimizer state dict keyed by
+    parameter names (what ``get_state_dict`` / :func:`full_state_dict` return), in its
+    order: ``tok_emb.weight.step``, ``tok_emb.weight.exp_avg``, ... for AdamW."""
+    if not isinstance(optim_state, dict) or "state" not in optim_state:
+        raise TypeError("optim_state must be an optimizer state dict with a 'state' entry, e.g. "
+                        "full_state_dict(model, optimizer)['optimizer']")
+    out = {}
+    for name, per_param in optim_state["state"].items():
+        for key, value in per_param.items():
+            if isinstance(value, torch.Tensor):
+                out[f"{name}.{key}"] = value
+    return out
+
+
+def _step_count(optim) -> int | None:
+    """Optimizer steps taken (AdamW's ``step`` of its first parameter); None without optimizer."""
+    if optim is None:
+        return None
+    steps = [s["step"] for s in optim.state.values() if "step" in s]
+    return int(steps[0]) if steps else 0
+
+
+def _digest(tensors: dict) -> str:
+    """SHA-256 of names and bytes (experiments' digest; 0-d tensors made 1-d first)."""
+    return param_digest({k: t.reshape(-1) for k, t in tensors.items()})
+
+
+# ------------------------------------------------------------------ what is on disk
+
+def _read_metadata(path: str):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if os.path.isfile(path):
+        raise ValueError(f"{path!r} is a file, not a DCP checkpoint directory (a save_full "
+                         "export? read it with load_full)")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}: the directory does not exist "
+                                "(write one with save_sharded(model, optimizer, path))")
+    if not os.path.isfile(os.path.join(path, METADATA_FILE)):
+        raise FileNotFoundError(f"no DCP checkpoint at {path!r}: it has no {METADATA_FILE} file "
+                                "(save_sharded writes one; an interrupted save leaves none)")
+    return FileSystemReader(path).read_metadata()
+
+
+def checkpoint_keys(path) -> dict[str, tuple | None]:
+    """Every key of the DCP checkpoint at ``path`` -> its global shape (a tuple), or None
+    for a non-tensor value (e.g. ``optim.param_groups.0.lr``); sorted by key. Reads only
+    the ``.metadata`` index, no shard."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = _read_metadata(_check_path(path))
+    return {k: (tuple(v.size) if isinstance(v, TensorStorageMetadata) else None)
+            for k, v in sorted(meta.state_dict_metadata.items())}
+
+
+def _kind(key: str) -> str:
+    if key.startswith("model."):
+        return "model_chunks"
+    if key.startswith("optim.state."):
+        return "optimizer_chunks"
+    return "objects"
+
+
+def _chunk_data_bytes(meta, index) -> int:
+    """Raw bytes of the tensor data of one stored item (0 for a pickled object)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    entry = meta.state_dict_metadata[index.fqn]
+    if not isinstance(entry, TensorStorageMetadata):
+        return 0
+    size = torch.empty((), dtype=entry.properties.dtype).element_size()
+    for chunk in entry.chunks:
+        if tuple(chunk.offsets) == tuple(index.offset or ()):
+            return math.prod(chunk.sizes) * size
+    raise ValueError(f"the index of this checkpoint lists no chunk of {index.fqn!r} at "
+                     f"{tuple(index.offset)}: a damaged .metadata")
+
+
+def describe_checkpoint(path) -> list[dict]:
+    """What a DCP checkpoint directory holds, one row per file, sorted by name.
+
+    Row keys: ``file``; ``bytes`` (its size on disk); ``model_chunks``,
+    ``optimizer_chunks`` and ``objects`` (tensor chunks of model parameters, of optimizer
+    states, and pickled non-tensor values, e.g. the optimizer's hyperparameters, stored in
+    that file; for ``.metadata``: indexed in the whole checkpoint); ``payload_bytes``
+    (bytes of those stored items) and ``data_bytes`` (the raw tensor data in them: DCP
+    ``torch.save``-s each chunk separately, about 1.5 kB of framing each, so a 4-byte
+    ``step`` takes 1,577 bytes); ``role``. No timestamps, so the same checkpoint
+    is described the same way on every run (``.metadata`` also records the directory's
+    path, so its size changes with the length of the path).
+    """
+    path = _check_path(path)
+    meta = _read_metadata(path)
+    empty = {"model_chunks": 0, "optimizer_chunks": 0, "objects": 0, "payload_bytes": 0,
+             "data_bytes": 0}
+    per_file: dict[str, dict] = {}
+    totals = dict(empty)
+    for index, info in meta.storage_data.items():
+        row = per_file.setdefault(info.relative_path, dict(empty))
+        for counts in (row, totals):
+            counts[_kind(index.fqn)] += 1
+            counts["payload_bytes"] += int(info.length)
+            counts["data_bytes"] += _chunk_data_bytes(meta, index)
+    rows = []
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if not os.path.isfile(full):
+            continue
+        if name == METADATA_FILE:
+            counts = dict(totals, payload_bytes=0, data_bytes=0)
+            role = (f"index: {len(meta.state_dict_metadata)} keys, their global shapes and "
+                    f"where each of {len(meta.storage_data)} stored items lies")
+        elif name in per_file:
+            counts = per_file[name]
+            rank = name[2:].split("_")[0] if name.startswith("__") else "?"
+            role = f"the items rank {rank} wrote"
+        else:
+            counts = dict(empty)
+            role = "not part of this checkpoint"
+        rows.append({"file": name, "bytes": os.path.getsize(full), **counts, "role": role})
+    return rows
+
+
+# ------------------------------------------------------------------ sharded: DCP
+
+def _clear_checkpoint(path: str, overwrite: bool) -> None:
+    """Make ``path`` an empty-enough directory for a new checkpoint (rank 0 deletes, then
+    every rank waits): stale shard files of an earlier, larger world would look like part
+    of the new checkpoint."""
+    ours = [n for n in (os.listdir(path) if os.path.isdir(path) else [])
+            if n == METADATA_FILE or n.endswith(_SHARD_SUFFIX)]
+    if ours and not overwrite:
+        raise ValueError(f"{path!r} already holds a checkpoint ({len(ours)} files); pass "
+                         "overwrite=True to replace it, or choose a new directory")
+    if _rank() == 0:
+        os.makedirs(path, exist_ok=True)
+        for name in ours:
+            os.remove(os.path.join(path, name))
+    if distributed():
+        dist.barrier()
+
+
+def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) -> dict:
+    """Write ``model``'s (and ``optimizer``'s, unless None) state to the directory ``path``
+    with DCP: each rank writes only its own shards. A collective: call it on every rank.
+
+    Returns what this rank wrote: ``{"rank", "files" (sorted names), "bytes"}``; rank 0's
+    files include ``.metadata``. ``overwrite=False`` refuses a directory that already
+    holds a checkpoint.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    module, optim = _pair(model, optimizer)
+    path = _check_path(path)
+    _check_stepped(optim)
+    _clear_checkpoint(path, overwrite)
+    state = _state(module, optim)
+    with _quiet_no_dist():
+        dcp.save(state, checkpoint_id=path, no_dist=not distributed())
+    rank = _rank()
+    mine = sorted(n for n in os.listdir(path)
+                  if n.startswith(f"__{rank}_") or (rank == 0 and n == METADATA_FILE))
+    return {"rank": rank, "files": mine,
+            "bytes": sum(os.path.getsize(os.path.join(path, n)) for n in mine)}
+
+
+def _check_compatible(path: str, meta, state: dict, strict: bool) -> None:
+    """Compare what will be loaded with the checkpoint's index; a ValueError naming the first
+    key that does not fit. The same on every rank (global shapes), so no rank hangs."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = meta.state_dict_metadata
+    if "optim" in state and not any(k.startswith("optim.") for k in saved):
+        raise ValueError(f"the checkpoint at {path!r} has no optimizer state (it was saved with "
+                         "optimizer=None): pass optimizer=None to load only the model, or save "
+                         "the optimizer too")
+    wanted = {}
+    for key, value in state["model"].items():
+        wanted[f"model.{key}"] = value
+    for key, value in optimizer_tensors(state.get("optim", {"state": {}})).items():
+        wanted[f"optim.state.{key}"] = value
+    for key, value in wanted.items():
+        if key not in saved:
+            raise ValueError(f"the checkpoint at {path!r} has no {key!r}: it was saved from a "
+                             "different model or optimizer (keys: checkpoint_keys(path))")
+        entry = saved[key]
+        if isinstance(value, torch.Tensor):
+            if not isinstance(entry, TensorStorageMetadata):
+                raise ValueError(f"{key!r} is a tensor here but not in the checkpoint at {path!r}")
+            if tuple(entry.size) != tuple(value.shape):
+                raise ValueError(f"shape mismatch for {key!r}: the checkpoint at {path!r} holds "
+                                 f"{tuple(entry.size)}, the model here has {tuple(value.shape)}; "
+                                 "build the model with the config the checkpoint was saved from")
+    if strict:
+        extra = sorted(k for k in saved if (k.startswith("model.") or (
+            "optim" in state and k.startswith("optim.state."))) and k not in wanted)
+        if extra:
+            raise ValueError(f"the checkpoint at {path!r} holds {len(extra)} keys the model here "
+                             f"lacks, e.g. {extra[0]!r}: it was saved from a larger model "
+                             "(strict=False loads the common keys only)")
+
+
+def load_sharded(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict:
+    """Load the DCP checkpoint at ``path`` into ``model`` (and ``optimizer``, unless None),
+    in place, at any world size: each rank reads the saved chunks that overlap its shards.
+
+    A collective when torch.distributed is initialised; without a process group it loads
+    into a plain (unwrapped) model in this one process (``no_dist``). Raises
+    FileNotFoundError for a missing checkpoint and ValueError naming the key for a
+    checkpoint that does not fit (no optimizer state, another shape, a missing key, or,
+    with ``strict``, keys this model lacks). Returns ``{"rank", "keys" (tensors loaded), "step"}``: the
+    optimizer's step count (None without optimizer), i.e. where to resume the data.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    module, optim = _pair(model, optimizer)
+    path = _check_path(path)
+    meta = _read_metadata(path)
+    fresh = optim is not None and not optim.state
+    # get_state_dict gives a fresh optimizer its state (a step with zero grads and lr 0)
+    # so that DCP has tensors to load into; if loading fails, make it fresh again.
+    state = _state(module, optim)
+    try:
+        _check_compatible(path, meta, state, strict)
+        try:
+            with _quiet_no_dist():
+                dcp.load(state, checkpoint_id=path, no_dist=not distributed())
+        except CheckpointException as exc:      # a BaseException: one entry per failing rank
+            why = "; ".join(f"rank {r}: {type(e).__name__}" + (f": {e}" if str(e) else "")
+                            for r, (e, _trace) in sorted(exc.failures.items()))
+            raise ValueError(f"DCP could not load the checkpoint at {path!r} into this model "
+                             f"(a damaged or incomplete checkpoint?): {why}") from None
+    except BaseException:
+        if fresh:
+            optim.state.clear()
+        raise
+    if optim is None:
+        set_model_state_dict(module, state["model"])
+    else:
+        set_state_dict(module, optim, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+    keys = len(state["model"]) + (len(optimizer_tensors(state["optim"])) if optim else 0)
+    return {"rank": _rank(), "keys": keys, "step": _step_count(optim)}
+
+
+# ------------------------------------------------------------------ full: one file
+
+def full_state_dict(model: nn.Module, optimizer=None) -> dict:
+    """The consolidated state, unsharded, on CPU, on rank 0: ``{"model": {name: tensor},
+    "optimizer": {"state": {name: {...}}, "param_groups": [...]}}`` (no "optimizer" when
+    None); every other rank gets ``{}``. Names as in the unwrapped module. A collective
+    (the shards are all-gathered): call it on every rank."""
+    module, optim = _pair(model, optimizer)
+    _check_stepped(optim)
+    state = _state(module, optim, full=True)
+    if _rank() != 0:
+        return {}
+    out = {"model": state["model"]}
+    if optim is not None:
+        out["optimizer"] = state["optim"]
+    return out
+
+
+def save_full(model: nn.Module, optimizer, path) -> dict:
+    """:func:`full_state_dict` written by rank 0 with ``torch.save`` to the file ``path``
+    (the export format: ``build_model().load_state_dict(torch.load(path)["model"])``).
+    A collective; every rank returns once the file exists: ``{"rank", "bytes"}`` written
+    by this rank (0 except on rank 0)."""
+    path = _check_path(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{path!r} is a directory; save_full writes one file (e.g. 'model.pt')")
+    state = full_state_dict(model, optimizer)
+    written = 0
+    if _rank() == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        torch.save(state, path)
+        written = os.path.getsize(path)
+    if distributed():
+        dist.barrier()
+    return {"rank": _rank(), "bytes": written}
+
+
+def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict:
+    """Load a :func:`save_full` file into ``model`` (and ``optimizer``, unless None), plain
+    or sharded: every rank reads the file and keeps its own shards
+    (``set_state_dict(..., StateDictOptions(full_state_dict=True))``). At scale,
+    ``broadcast_from_rank0=True`` lets rank 0 alone read it. Returns ``{"rank", "step"}``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
+
+    module, optim = _pair(model, optimizer)
+    path = _check_path(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no file at {path!r} (write one with save_full(model, optimizer, path))")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or "model" not in state:
+        raise ValueError(f"{path!r} is not a file written by save_full (no 'model' entry)")
+    if optim is not None and "optimizer" not in state:
+        raise ValueError(f"{path!r} has no optimizer state (saved with optimizer=None): pass "
+                         "optimizer=None to load only the model")
+    here = _state(module, None)["model"]
+    for key, value in here.items():
+        saved = state["model"].get(key)
+        if saved is not None and tuple(saved.shape) != tuple(value.shape):
+            raise ValueError(f"shape mismatch for {key!r}: {path!r} holds {tuple(saved.shape)}, "
+                             f"the model here has {tuple(value.shape)}")
+    options = StateDictOptions(full_state_dict=True, strict=strict)
+    try:
+        if optim is None:
+            set_model_state_dict(module, state["model"], options=options)
+        else:
+            set_state_dict(module, optim, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"], options=options)
+    except (RuntimeError, KeyError) as exc:
+        raise ValueError(f"{path!r} does not fit this model/optimizer: {exc}") from exc
+    return {"rank": _rank(), "step": _step_count(optim)}
+
+
+# ------------------------------------------------------------------ demo drivers
+
+#: Strategies whose model and optimizer DCP can name (see :func:`_pair`).
+CHECKPOINTABLE = ("torch-fsdp", "torch-fsdp-zero2", "single", "ddp", "torch-ddp")
+
+
+def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
+             save_to: str | None, gather: bool) -> dict:
+    """One rank's life between two launches: build and wrap the course GPT, optionally load
+    a checkpoint (then resume the data at the optimizer's step), train up to step ``stop``
+    (None: no training), optionally save; rank 0 returns the full state when ``gather``."""
+    from ..runtime.launch import rank_device
+    from .model import SyntheticData, build_model
+
+    in_group = distributed()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if in_group else (0, 1)
+    device = rank_device() if in_group else torch.device("cpu")
+    # a model that loads starts from other weights, so a load that did nothing shows
+    model = build_model(seed=seed + 1 if load_from else seed, device=device)
+    model, optimizer = wrap(strategy, model, make_adamw)
+    start = load_sharded(model, optimizer, load_from)["step"] if load_from else 0
+    data = SyntheticData(global_batch=GLOBAL_BATCH, seed=seed)
+    losses, _ = experiments.train_steps(model, optimizer, data,
+                                        range(start, start if stop is None else stop),
+                                        rank=rank, world=world, device=device)
+    saved = save_sharded(model, optimizer, save_to, overwrite=True) if save_to else None
+    params = full_parameters(model)                       # collective
+    out = {"losses": losses, "start": start, "saved": saved,
+           "param_digest": param_digest(params)}
+    if gather:
+        full = full_state_dict(model, optimizer)          # collective; {} except on rank 0
+        if rank == 0:
+            out["params"] = dict(full["model"])
+            out["optim"] = optimizer_tensors(full["optimizer"])
+            out["full_is_full_parameters"] = _same(out["params"], params)
+    return out
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Same names, and every tensor equal bit for bit (``torch.equal``; dtype too)."""
+    return list(a) == list(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])
+                                      for k in a)
+
+
+def _preload() -> None:
+    """What every rank needs (DCP, FSDP2, DTensor), imported once here for the forked
+    ranks to inherit (:func:`~course_utils.harness.model.warm_up`)."""
+    from .model import warm_up
+
+    warm_up(imports=("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
+                     "torch.distributed.fsdp", "torch.distributed.tensor"))
+
+
+def _run_session(world_size: int, strategy: str, *args, timeout_s: float) -> tuple[dict, str]:
+    """``_session`` on ``world_size`` launched ranks (rank 0's result, where it ran), or in
+    this process with no process group for ``strategy="single"``."""
+    _preload()
+    if strategy == "single":
+        return _session(strategy, *args), "1 process, no process group"
+    from ..runtime.launch import launch, where
+
+    results = launch(_session, world_size, strategy, *args, quiet=True, timeout_s=timeout_s)
+    return results[0], where(results)
+
+
+def _check_strategy(strategy) -> None:
+    if strategy not in CHECKPOINTABLE:
+        raise ValueError(f"strategy must be one of {CHECKPOINTABLE}, got {strategy!r}")
+
+
+def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int = 2, *,
+                      strategy: str = "torch-fsdp", seed: int = 0,
+                      timeout_s: float = 120.0) -> dict:
+    """Save on ``save_world`` ranks, load on each of ``load_worlds``, compare bit for bit.
+
+    Trains the course GPT ``steps`` steps with ``strategy`` on ``save_world`` launched
+    ranks (the data and AdamW of ``experiments.run``), saves a DCP checkpoint into the
+    directory ``path`` (replacing one there) and gathers the full parameters and AdamW
+    state (``exp_avg``, ``exp_avg_sq``, ``step`` of every parameter, by name) on rank 0.
+    Then, for each world size in ``load_worlds``, a fresh model (other initial weights)
+    and a fresh AdamW load the checkpoint: ``N > 1`` on N launched ranks with
+    ``strategy``, ``1`` in this process as a plain ``build_model()`` + AdamW with no
+    process group at all. Their full state is compared with what was saved.
+
+    Returns ``{"steps", "strategy", "rows", "files", "all_equal"}``: one row per world
+    size (``world_size``, ``role`` "saved"/"loaded", ``where`` it ran, ``params_equal``,
+    ``optimizer_equal``, ``full_is_full_parameters``: rank 0's full state dict equals
+    ``experiments.full_parameters``, ``param_digest``, ``optimizer_digest``, SHA-256 of
+    names and bytes) and :func:`describe_checkpoint` of ``path``.
+    """
+    path = _check_path(path)
+    _check_strategy(strategy)
+    if strategy == "single":
+        raise ValueError("reshard_roundtrip saves from several ranks: use 'torch-fsdp' or "
+                         "'torch-fsdp-zero2'")
+    _check_world("save_world", save_world)
+    check_int("steps", steps, 1)
+    check_int("seed", seed, 0)
+    check_timeout(timeout_s)
+    if isinstance(load_worlds, Integral) or not all(not isinstance(n, bool) for n in load_worlds):
+        raise TypeError(f"load_worlds must be a sequence of world sizes such as (2, 1), got {load_worlds!r}")
+    load_worlds = tuple(load_worlds)
+    for n in load_worlds:
+        _check_world("every world size in load_worlds", n)
+
+    saved, where = _run_session(save_world, strategy, seed, steps, None, path, True,
+                                timeout_s=timeout_s)
+
+    def row(world, role, res, where):
+        return {"world_size": world, "role": role, "where": where,
+                "params_equal": _same(res["params"], saved["params"]),
+                "optimizer_equal": _same(res["optim"], saved["optim"]),
+                "full_is_full_parameters": res["full_is_full_parameters"],
+                "param_digest": _digest(res["params"]), "optimizer_digest": _digest(res["optim"])}
+
+    rows = [row(save_world, "saved", saved, where)]
+    for n in load_worlds:
+        res, where = _run_session(n, strategy if n > 1 else "single", seed, None, path, None,
+                                  True, timeout_s=timeout_s)
+        rows.append(row(n, "loaded", res, where))
+    return {"steps": steps, "strategy": strategy, "rows": rows,
+            "files": describe_checkpoint(path),
+            "all_equal": all(r["params_equal"] and r["optimizer_equal"] and
+                             r["full_is_full_parameters"] for r in rows)}
+
+
+def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, *,
+                   other_world_size: int | None = 1, strategy: str = "torch-fsdp",
+                   seed: int = 0, timeout_s: float = 120.0) -> dict:
+    """Does stopping, saving and resuming change training? Bit for bit, no.
+
+    1. ``experiments.run(strategy, world_size, steps=steps)``: the uninterrupted losses.
+    2. New ranks train ``stop_at`` steps the same way, save a DCP checkpoint into ``path``
+       (replacing one there) and exit.
+    3. New ranks build a fresh model (other initial weights) and AdamW, load the
+       checkpoint, continue the data at the loaded optimizer step and train to ``steps``.
+    4. Step 3 again on ``other_world_size`` ranks (None: skipped): the checkpoint
+       reshards, but the global batch is summed in another order, so the losses may
+       differ in the last bits; ``max_abs_diff`` says by how much.
+
+    Returns ``{"strategy", "world_size", "steps", "stop_at", "where", "uninterrupted",
+    "resumed", "bit_exact", "params_equal", "other"}``; ``bit_exact``: the resumed losses
+    equal the uninterrupted ones exactly; ``params_equal``: so do the final parameters'
+    digests; ``other``: ``{"world_size", "where", "losses", "max_abs_diff", "bit_exact"}``
+    or None.
+    """
+    path = _check_path(path)
+    _check_strategy(strategy)
+    _check_world("world_size", world_size)
+    check_int("steps", steps, 2)
+    check_int("stop_at", stop_at, 1)
+    if stop_at >= steps:
+        raise ValueError(f"stop_at must be < steps ({steps}) so that there is something to "
+                         f"resume, got {stop_at}")
+    check_int("seed", seed, 0)
+    check_timeout(timeout_s)
+    if other_world_size is not None:
+        _check_world("other_world_size", other_world_size)
+    if strategy == "single" and (world_size != 1 or other_world_size not in (None, 1)):
+        raise ValueError("'single' is one process: use world_size=1 and other_world_size=None")
+
+    _preload()                      # before run(), so that its ranks inherit the imports too
+    base = experiments.run(strategy, world_size, steps=steps, seed=seed, quiet=True,
+                           timeout_s=timeout_s)[0]
+    first, where = _run_session(world_size, strategy, seed, stop_at, None, path, False,
+                                timeout_s=timeout_s)
+    second, _ = _run_session(world_size, strategy, seed, steps, path, None, False,
+                             timeout_s=timeout_s)
+    resumed = first["losses"] + second["losses"]
+    report = {"strategy": strategy, "world_size": world_size, "steps": steps,
+              "stop_at": stop_at, "where": where, "uninterrupted": list(base.losses),
+              "resumed": resumed, "bit_exact": resumed == list(base.losses),
+              "params_equal": second["param_digest"] == base.param_digest, "other": None}
+    if other_world_size is not None:
+        other, other_where = _run_session(other_world_size, strategy, seed, steps, path, None,
+                                          False, timeout_s=timeout_s)
+        losses = first["losses"] + other["losses"]
+        report["other"] = {
+            "world_size": other_world_size, "where": other_where, "losses": losses,
+            "max_abs_diff": experiments.max_abs_diff(losses, base.losses),
+            "bit_exact": losses == list(base.losses)}
+    return report

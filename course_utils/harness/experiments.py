@@ -1,0 +1,349 @@
+"""Train a model with any strategy and measure it: ``wrap``, ``run`` and the one training loop.
+
+Taught from ``notebooks/02_data_parallelism.ipynb`` on. Every strategy of
+:mod:`course_utils.harness.strategies` keeps the same training loop::
+
+    model, optimizer = wrap(strategy, model, make_optimizer)
+    loss = model(x, y)           # x, y: this rank's shard of the global batch
+    loss.backward()              # gradient hooks may start communication here
+    optimizer.step()             # ... and it finishes here
+    optimizer.zero_grad()
+
+:func:`run` trains the course GPT for a few steps with one strategy and reports, per
+rank, the loss of the *global* batch at each step, what each collective sent (the
+:class:`~course_utils.runtime.ledger.CommLedger`'s ring model), the bytes of model states
+held, and the step times. The global batch (:data:`GLOBAL_BATCH` rows) does not depend
+on the number of ranks, so every strategy must reproduce the losses of ``"single"``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..checks import check_int, distributed, require_process_group
+from ..impl.common import check_bucket_bytes, storage_bytes, trainable
+from ..impl.ddp import DataParallel, unwrap
+from ..runtime.fmt import max_abs_diff, max_rel_diff
+from ..runtime.ledger import CommLedger
+from ..theory.config import COURSE_CONFIG, TransformerConfig
+from .strategies import STRATEGIES
+from .strategies import get as _get_strategy
+
+__all__ = ["train_steps", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "wrap",
+           "full_parameters", "run", "RunResult", "make_adamw", "unwrap", "max_abs_diff",
+           "max_rel_diff", "state_bytes", "param_digest", "reference_grads", "full_grads"]
+
+#: Rows in the global batch of :func:`run`: divisible by 1, 2, 3, 4, 6 and 12 ranks.
+GLOBAL_BATCH = 12
+#: AdamW hyperparameters of :func:`run` (fixed, so every strategy trains the same way).
+LR, BETAS, WEIGHT_DECAY = 1e-3, (0.9, 0.95), 0.01
+
+
+def make_adamw(params) -> torch.optim.AdamW:
+    """The optimizer of :func:`run`: ``AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)``."""
+    return torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+
+
+# ================================================================================ wrap
+
+def _check_options(spec, options: dict) -> None:
+    """A ``TypeError`` listing the strategy's options for any option it does not take."""
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        raise TypeError(f"strategy {spec.name!r} has no option {', '.join(unknown)}; its options: "
+                        f"{', '.join(spec.options) or 'none'}")
+    check_bucket_bytes(options.get("bucket_bytes"))
+
+
+def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):
+    """``(model, optimizer)`` for ``strategy``; train with the usual loop.
+
+    Args:
+        strategy: a name in :data:`~course_utils.harness.strategies.STRATEGIES`
+            (``"single"``, ``"ddp"``, ``"zero3"``, ``"torch-fsdp"``...).
+        model: any ``nn.Module``; the distributed strategies start every rank from rank
+            0's parameters and buffers. Frozen parameters are left alone, tied weights work.
+        make_optimizer: ``params -> optimizer``, called with the trainable parameters this
+            rank updates, e.g. :func:`make_adamw` or ``lambda ps: torch.optim.SGD(ps, lr=0.1)``.
+        options: passed to the strategy's wrap function (its keyword arguments, e.g.
+            ``bucket_bytes``, ``overlap``, ``group`` for "ddp"; ``Strategy.options`` lists them).
+    """
+    spec = _get_strategy(strategy)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(make_optimizer):
+        raise TypeError("make_optimizer must be a function params -> optimizer, e.g. "
+                        "course_utils.experiments.make_adamw")
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, (DataParallel, DistributedDataParallel)):
+        raise ValueError(f"model is already wrapped ({type(model).__name__}); pass the plain module")
+    if not trainable(model):
+        raise ValueError("the model has no trainable parameters (all have requires_grad=False)")
+    _check_options(spec, options)
+    if spec.distributed:
+        require_process_group(f"strategy {strategy!r}")
+    wrapped, optimizer = spec.wrap(model, make_optimizer, **options)
+    for name in ("step", "zero_grad"):
+        if not callable(getattr(optimizer, name, None)):
+            raise TypeError(f"make_optimizer returned a {type(optimizer).__name__} without "
+                            f"{name}(); return a torch.optim optimizer")
+    return wrapped, optimizer
+
+
+def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``{name: full tensor}`` (detached CPU clones) with the names of the unwrapped module
+    (``model.named_parameters()``: a tied Parameter under its first name), on every rank.
+
+    Sharded parameters (DTensors, as FSDP2 makes them) are gathered, which is a
+    collective: call it on every rank.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if callable(getattr(model, "full_parameters", None)):   # e.g. zero3.Zero3 gathers its shards
+        return model.full_parameters()
+    # No DTensor can exist unless torch.distributed.tensor was imported (importing it
+    # here would cost every rank about a second).
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    out = {}
+    for name, p in unwrap(model).named_parameters():
+        t = p.full_tensor() if dtensor is not None and isinstance(p, dtensor) else p
+        out[name] = t.detach().cpu().clone()
+    return out
+
+
+# ================================================================================= run
+
+@dataclasses.dataclass
+class RunResult:
+    """One rank's result of :func:`run`; fields also readable as keys (``r["losses"]``).
+
+    losses: loss of the global batch after each step's forward (same on every rank);
+    comm_bytes: op -> bytes this rank sent over the run (CommLedger; the loss averaging
+    for ``losses`` excluded); comm_calls: op -> calls; state_bytes: ``"params"``,
+    ``"grads"``, ``"optimizer"`` held right after the last ``optimizer.step()``, before
+    ``zero_grad()``; step_time_s: median of ``step_times_s`` (forward + backward + step
+    + zero_grad of each step); param_digest: SHA-256 of the final full parameters.
+    """
+
+    strategy: str
+    rank: int
+    world_size: int
+    losses: list
+    comm_bytes: dict
+    comm_calls: dict
+    state_bytes: dict
+    step_time_s: float
+    step_times_s: list
+    param_digest: str
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    def __getitem__(self, key: str):
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]
+
+    def get(self, key: str, default=None):
+        return getattr(self, key) if key in self.keys() else default
+
+    def __contains__(self, key) -> bool:
+        return key in self.keys()
+
+
+def state_bytes(model: nn.Module, optimizer) -> dict:
+    """Bytes of every parameter, ``.grad`` and optimizer-state tensor of this rank, each
+    storage once (as :func:`course_utils.harness.precision.state_bytes`). torch DDP's own
+    bucket buffers live in C++ and are not counted."""
+    inner = getattr(optimizer, "inner", optimizer)
+    params = list(unwrap(model).parameters())
+    seen: set = set()
+    out = {"params": storage_bytes(params, seen),
+           "grads": storage_bytes([p.grad for p in params], seen)}
+    state = [v for per_param in inner.state.values() for v in per_param.values()
+             if isinstance(v, torch.Tensor)]
+    out["optimizer"] = storage_bytes(state, seen)
+    return out
+
+
+def param_digest(params: dict) -> str:
+    """SHA-256 of ``{name: tensor}`` (names and exact bytes): equal digests, equal models."""
+    h = hashlib.sha256()
+    for name, t in params.items():
+        h.update(name.encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def global_loss(loss: torch.Tensor) -> float:
+    """The loss of the global batch from this rank's loss on its rows: the ranks' losses
+    summed in float64 and divided by the world size (every rank holds the same number of
+    rows). Collective when ``torch.distributed`` is initialised; one process: the loss."""
+    total = loss.detach().double()
+    if distributed() and dist.get_world_size() > 1:
+        dist.all_reduce(total)
+        return total.item() / dist.get_world_size()
+    return total.item()
+
+
+def reference_grads(max_norm: float | None = None):
+    """One process, whole global batch of step 0: (loss, total grad norm, {name: grad}) of
+    the course GPT, the reference the notebook-07 graders compare with (``max_norm``: the
+    norm is clipped as ``clip_grad_norm_`` would)."""
+    import torch
+
+    from .model import SyntheticData, build_model
+
+    model = build_model(seed=0)
+    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, 0, 1)
+    loss = model(x, y)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm else float("inf"))
+    return loss.item(), norm.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def full_grads(model) -> dict:
+    """``{name: full gradient}`` (sharded DTensor gradients gathered: a collective)."""
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for n, p in model.named_parameters() if p.grad is not None}
+
+
+def train_steps(model: nn.Module, optimizer, data, steps, *, rank: int, world: int, device,
+                ledger: CommLedger | None = None, before_step: Callable | None = None,
+                around: Callable | None = None, after_forward: Callable | None = None,
+                after_step: Callable | None = None,
+                on_step_end: Callable | None = None) -> tuple[list, list]:
+    """The training loop of the course, over the step numbers ``steps`` (e.g. ``range(2, 4)``
+    to resume at step 2). Each step: ``before_step(step)``; this rank's rows of the step's
+    global batch; forward, ``after_forward(step, loss)``, backward, all inside the context
+    manager ``around(step)`` returns (e.g. a probe, a FLOP counter); ``optimizer.step()``;
+    ``after_step(step)`` (e.g. measure the state before the gradients are dropped);
+    ``optimizer.zero_grad()``; ``on_step_end(step, loss, seconds)`` (e.g. a log line).
+
+    Returns ``(losses, times)``: the loss of the *global* batch per step (:func:`global_loss`;
+    that all-reduce is left out of ``ledger``, it is for the log only) and the seconds of
+    each step without the hooks (on a GPU the device is synchronised around the timed part).
+    """
+    losses, times = [], []
+    cuda = torch.device(device).type == "cuda"
+    for step in steps:
+        if before_step is not None:
+            before_step(step)
+        x, y = (t.to(device) for t in data.shard(step, rank, world))
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with around(step) if around is not None else nullcontext():
+            loss = model(x, y)
+            if after_forward is not None:
+                after_forward(step, loss)
+            loss.backward()
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        if after_step is not None:
+            after_step(step)
+        t2 = time.perf_counter()
+        optimizer.zero_grad()
+        times.append((t1 - t0) + (time.perf_counter() - t2))
+        with ledger.pause() if ledger is not None else nullcontext():
+            losses.append(global_loss(loss))
+        if on_step_end is not None:
+            on_step_end(step, losses[-1], times[-1])
+    return losses, times
+
+
+def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, global_batch: int,
+           options: dict) -> RunResult:
+    """One rank's training run (the body of :func:`run`)."""
+    from ..runtime.launch import rank_device
+    from .model import SyntheticData, build_model
+
+    spec = STRATEGIES[strategy]
+    rank, world = (dist.get_rank(), dist.get_world_size()) if spec.distributed else (0, 1)
+    device = rank_device() if spec.distributed else torch.device("cpu")
+    model = build_model(config, seed=seed, device=device)
+    data = SyntheticData(config, global_batch=global_batch, seed=seed)
+    model, optimizer = wrap(strategy, model, make_adamw, **options)
+    measure = spec.state_bytes or state_bytes
+    state, peaks = {}, []
+
+    def before(step):                       # optimizers that track a gradient peak (ZeRO)
+        if callable(getattr(optimizer, "reset_peak", None)):
+            optimizer.reset_peak()
+
+    def after(step):
+        if hasattr(optimizer, "peak_grad_bytes"):
+            peaks.append(optimizer.peak_grad_bytes)
+        if step == steps - 1:
+            state.update({k: int(v) for k, v in measure(model, optimizer).items()
+                          if k in ("params", "grads", "optimizer")})
+
+    ledger = CommLedger()
+    with ledger:
+        losses, times = train_steps(model, optimizer, data, range(steps), rank=rank, world=world,
+                                    device=device, ledger=ledger, before_step=before, after_step=after)
+        with ledger.pause():
+            digest = param_digest(full_parameters(model))
+    extra = dict(spec.extras(model, optimizer)) if spec.extras else {}
+    if peaks:
+        extra["peak_grad_bytes"] = max(peaks)
+    return RunResult(strategy=strategy, rank=rank, world_size=world, losses=losses,
+                     comm_bytes=ledger.totals(), comm_calls=ledger.counts(), state_bytes=state,
+                     step_time_s=statistics.median(times), step_times_s=times, param_digest=digest,
+                     extra=extra)
+
+
+def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
+        config: TransformerConfig = COURSE_CONFIG, global_batch: int = GLOBAL_BATCH,
+        backend: str = "auto", quiet: bool = False, timeout_s: float = 120.0,
+        **options) -> list[RunResult]:
+    """Train the course GPT with ``strategy`` on ``world_size`` ranks; one :class:`RunResult` per rank.
+
+    Same model (``build_model(config, seed=seed)``), data (``SyntheticData`` with
+    ``global_batch`` rows, split evenly over the ranks) and AdamW (:func:`make_adamw`, fp32)
+    for every strategy, so the losses are comparable with ``run("single", 1)``.
+    ``options`` go to the strategy's wrap function (:func:`wrap`), e.g.
+    ``run("ddp", 2, bucket_bytes=0)`` or ``run("zero1", 2, variant="allreduce")``.
+    ``"single"`` runs here, in this process, and needs ``world_size=1``; the others run
+    on ``world_size`` ranks through :func:`course_utils.launch.launch`, which prints
+    one line saying where (``quiet=True``: not even that). Communication is measured
+    over the ``steps`` training steps only: the start-up broadcast of rank 0's weights
+    and the all-reduce that averages the logged loss are not counted.
+    """
+    spec = _get_strategy(strategy)
+    check_int("world_size", world_size, 1)
+    check_int("steps", steps, 1)
+    check_int("seed", seed, 0)
+    check_int("global_batch", global_batch, 1)
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig (e.g. COURSE_CONFIG), got "
+                        f"{type(config).__name__}")
+    _check_options(spec, options)
+    if global_batch % world_size:
+        fits = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
+        raise ValueError(f"the global batch of {global_batch} rows cannot be split evenly over "
+                         f"{world_size} ranks; use world_size in {fits} (or another global_batch)")
+    if not spec.distributed:
+        if world_size != 1:
+            raise ValueError(f"strategy {strategy!r} is one process on the whole global batch; "
+                             "pass world_size=1")
+        return [_train(strategy, steps, seed, config, global_batch, options)]
+    from ..runtime.launch import launch
+    from .model import warm_up
+
+    warm_up(config)
+    return launch(_train, world_size, strategy, steps, seed, config, global_batch, options,
+                  backend=backend, quiet=quiet, timeout_s=timeout_s)

@@ -1,0 +1,176 @@
+"""The grading engine of every exercise: run the learner's function, compare, report.
+
+:func:`grade_on_ranks` launches the learner's function on N ranks (several world sizes,
+so a hard-coded answer fails), compares each rank's return value with the expected one
+and prints, per rank, what is right and what differs. It returns a :class:`Verdict`,
+truthy only when every rank of every world size is right; it never raises on a wrong
+answer. :func:`grade_cases` does the same for plain functions, case by case.
+
+Graders always run gloo ranks on the CPU (:data:`GRADER_BACKEND`), also on a machine with
+GPUs: the exercises are CPU-sized toys, and a learner's tensor made without a device
+(``torch.tensor([1.0])``, ``torch.empty(n)``) must be graded, not rejected by NCCL, which
+only takes tensors on the rank's GPU. The launch line each grader prints says so.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..runtime.fmt import show as _show
+from ..runtime.launch import LaunchError, LaunchTimeout, launch
+
+__all__ = ["GRADER_BACKEND", "Verdict", "compare", "launch_or_report", "on_world_sizes", "refuse_non_function", "report_problems", "report_ranks",
+           "grade_on_ranks", "grade_cases"]
+
+
+def compare(got, expected, *, atol: float = 1e-6) -> str:
+    """'' when ``got`` matches ``expected`` (numbers or tensors, within atol), else why not."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"got {_show(got)}, expected a tensor {_show(expected)}"
+        if got.shape != expected.shape:
+            return f"got shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+        if not torch.allclose(got.double(), expected.double(), atol=atol, rtol=0):
+            return f"got {_show(got)}, expected {_show(expected)}"
+        return ""
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            return f"got {_show(got)}, expected {_show(expected)}"
+        return "" if abs(got - expected) <= atol else f"got {_show(got)}, expected {_show(expected)}"
+    return "" if got == expected else f"got {_show(got)}, expected {_show(expected)}"
+
+
+class Verdict:
+    """What a ``check_*`` returns: truthy when passed; shows as one line in a notebook."""
+
+    def __init__(self, name: str, passed: bool):
+        self.name, self.passed = name, bool(passed)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        return f"{self.name}: {'PASSED' if self.passed else 'not yet, see the lines above'}"
+
+
+#: The backend of every grader's ranks, whatever GPUs are visible (see the module docstring).
+GRADER_BACKEND = "gloo"
+
+
+def launch_or_report(fn: Callable, world_size: int, *args, timeout_s: float):
+    """``launch(fn, world_size, *args)`` on gloo CPU ranks; on a failed or hung rank, print
+    one friendly line and return None (a learner's bug is reported, never raised)."""
+    try:
+        return launch(fn, world_size, *args, backend=GRADER_BACKEND, timeout_s=timeout_s)
+    except LaunchTimeout as exc:
+        print(f"{world_size} ranks: ranks {exc.rank} and maybe others never finished within "
+              f"{timeout_s:g} s. Do all ranks call the same collectives in the same order?")
+    except LaunchError as exc:
+        if exc.exc_type is None:     # killed by a signal (e.g. gloo aborted it): no Python error
+            print(f"{world_size} ranks: {str(exc).splitlines()[0]}")
+        else:
+            print(f"{world_size} ranks: rank {exc.rank} raised {exc.exc_type}: "
+                  f"{str(exc).splitlines()[0].split(': ', 1)[-1]}")
+    return None
+
+
+class on_world_sizes:
+    """``for n, values in (runs := on_world_sizes(rank_fn, (2, 3, 4), *args, timeout_s=30)):``
+    launches ``rank_fn(*args)`` on each world size in turn (:func:`launch_or_report`) and
+    yields the world sizes whose ranks all returned; ``runs.completed`` is False when one
+    of them failed or hung (that was printed)."""
+
+    def __init__(self, rank_fn: Callable, world_sizes: Sequence[int], *args, timeout_s: float):
+        self.rank_fn, self.world_sizes, self.args, self.timeout_s = rank_fn, world_sizes, args, timeout_s
+        self.completed = True
+
+    def __iter__(self):
+        for n in self.world_sizes:
+            values = launch_or_report(self.rank_fn, n, *self.args, timeout_s=self.timeout_s)
+            if values is None:
+                self.completed = False
+                continue
+            yield n, values
+
+
+def refuse_non_function(fn, name: str, signature: str = "") -> Verdict | None:
+    """A failed :class:`Verdict` (and one line saying why) when ``fn`` is not callable,
+    else None: the first thing every ``check_*`` does. ``signature``, e.g.
+    ``"(model) -> model"``, says what the function takes."""
+    if callable(fn):
+        return None
+    print(f"{name} should be a function{' ' + signature if signature else ''}, got {type(fn).__name__}: "
+          "define it with def, then check it.")
+    return Verdict(name, False)
+
+
+def report_problems(label: str, problems: list, right: str) -> bool:
+    """Print ``label: differs: ...`` for each problem, or ``label: right: <right>`` when
+    there is none; True when there is none."""
+    for p in problems:
+        print(f"{label}: differs: {p}")
+    if not problems:
+        print(f"{label}: right: {right}")
+    return not problems
+
+
+def report_ranks(label: str, findings) -> bool:
+    """Print one line per rank, ``right (detail)`` or ``differs: why``, from ``findings``
+    (per rank, ``(why, detail)``: ``why`` is '' when the rank is right), then one line
+    ``label: all right`` or ``label: k of n ranks differ``. True when every rank is right."""
+    findings = list(findings)
+    wrong = 0
+    for rank, (why, detail) in enumerate(findings):
+        wrong += bool(why)
+        print(f"  rank {rank}: " + (f"differs: {why}" if why else "right" + (f" ({detail})" if detail else "")))
+    print(f"{label}: {'all right' if not wrong else f'{wrong} of {len(findings)} ranks differ'}")
+    return wrong == 0
+
+
+def grade_on_ranks(fn: Callable, expected: Callable[[int, int], object], *,
+                   world_sizes: Sequence[int] = (2, 4), name: str = "your function",
+                   args: tuple = (), atol: float = 1e-6, timeout_s: float = 30) -> Verdict:
+    """Run ``fn(*args)`` on each world size; compare rank r's value with ``expected(r, n)``.
+
+    Prints one line per rank and per world size; returns a :class:`Verdict`
+    (truthy when everything matches).
+    """
+    if (refused := refuse_non_function(fn, name)) is not None:
+        return refused
+    all_right = True
+    for n, values in (runs := on_world_sizes(fn, world_sizes, *args, timeout_s=timeout_s)):
+        all_right &= report_ranks(f"{n} ranks", [(compare(value, expected(rank, n), atol=atol), _show(value))
+                                                 for rank, value in enumerate(values)])
+    return Verdict(name, all_right and runs.completed)
+
+
+def grade_cases(fn: Callable, cases: Sequence[dict], expected: Callable[..., object], *,
+                name: str = "your function", rel: float = 1e-9) -> Verdict:
+    """Call ``fn(**case)`` for each case; compare with ``expected(**case)``; print per case.
+
+    For exercises that are plain functions (no ranks), e.g. memory arithmetic.
+    """
+    if (refused := refuse_non_function(fn, name)) is not None:
+        return refused
+    wrong = 0
+    for case in cases:
+        args = ", ".join(f"{k}={v!r}" for k, v in case.items())
+        want = expected(**case)
+        try:
+            got = fn(**case)
+        except Exception as exc:  # noqa: BLE001 - report, never raise, on a learner's bug
+            wrong += 1
+            print(f"  {name}({args}): raised {type(exc).__name__}: {exc}")
+            continue
+        tol = rel * abs(want) if isinstance(want, (int, float)) and not isinstance(want, bool) else 0
+        why = compare(got, want, atol=tol)
+        if why:
+            wrong += 1
+            print(f"  {name}({args}): differs: {why}")
+        else:
+            print(f"  {name}({args}): right ({_show(got)})")
+    print(f"{len(cases) - wrong} of {len(cases)} cases right")
+    return Verdict(name, wrong == 0)

@@ -1,0 +1,317 @@
+"""The course model: a small GPT built from any :class:`~course_utils.config.TransformerConfig`.
+
+The course model, introduced in ``notebooks/03_memory_anatomy.ipynb`` and used by
+every later notebook. One :class:`GPT` class covers both GPT-2-style configs (learned
+positions, LayerNorm with biases, GELU MLP, tied embeddings) and Llama-style ones
+(RoPE, RMSNorm, SwiGLU, no biases, untied output layer, grouped-query attention), and
+its parameter count is exactly ``config.num_params()``.
+
+* :func:`build_model` gives the same weights, bit for bit, for the same seed in every
+  call and every process (it never touches the global random state), so every rank of
+  a data-parallel job starts from the same model. ``device="meta"`` builds shapes only:
+  count the parameters of a 70B config without allocating them.
+* :class:`SyntheticData` is a deterministic, learnable token stream: any world size
+  sees the same global batch, split into contiguous per-rank shards.
+
+Module names (what FSDP wrapping and the memory tables refer to)::
+
+    GPT
+      tok_emb            token embedding (also the output layer when tied)
+      pos_emb            learned positions (only with position="learned")
+      blocks[i]: Block   norm1, attn (q_proj, k_proj, v_proj, o_proj), norm2,
+                         mlp (up, down; swiglu adds gate)
+      norm_f             final norm
+      lm_head            output layer (only when untied)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checks import check_int
+from ..theory.config import COURSE_CONFIG, TransformerConfig
+
+__all__ = ["GPT", "Block", "Attention", "MLP", "build_model", "init_weights", "num_params", "warm_up",
+           "SyntheticData"]
+
+INIT_STD = 0.02  #: standard deviation of every linear / embedding weight (GPT-2's choice)
+
+
+def _check_config(config) -> None:
+    if not isinstance(config, TransformerConfig):
+        raise TypeError("config must be a course_utils.config.TransformerConfig "
+                        f"(e.g. COURSE_CONFIG), got {type(config).__name__}")
+
+
+# -- building blocks ------------------------------------------------------------------
+
+def _norm(config: TransformerConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.hidden, eps=1e-5)                  # weight only
+    return nn.LayerNorm(config.hidden, bias=config.bias)           # weight (+ bias)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rope(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of ``x`` [B, heads, T, head_dim]; no parameters."""
+    T, head_dim = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=x.device).float() / head_dim))
+    angles = torch.outer(torch.arange(T, device=x.device).float(), inv_freq)  # [T, head_dim/2]
+    angles = torch.cat((angles, angles), dim=-1)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    """Causal self-attention with separate q, k, v, o projections.
+
+    k and v have ``kv_heads * head_dim`` outputs; with fewer kv heads than heads
+    (grouped-query attention) each kv head is shared by ``heads // kv_heads`` query heads.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        h, kv = config.hidden, config.kv_heads_ * config.head_dim
+        self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads_, config.head_dim
+        self.rope = config.position == "rope"
+        self.q_proj = nn.Linear(h, h, bias=config.bias)
+        self.k_proj = nn.Linear(h, kv, bias=config.bias)
+        self.v_proj = nn.Linear(h, kv, bias=config.bias)
+        self.o_proj = nn.Linear(h, h, bias=config.bias)
+
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, heads, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, h = x.shape
+        q = self._split(self.q_proj(x), self.heads)
+        k = self._split(self.k_proj(x), self.kv_heads)
+        v = self._split(self.v_proj(x), self.kv_heads)
+        if self.rope:
+            q, k = apply_rope(q), apply_rope(k)
+        if self.kv_heads != self.heads:                     # grouped-query attention
+            repeat = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, h))
+
+
+class MLP(nn.Module):
+    """``down(GELU(up(x)))``, or SwiGLU ``down(SiLU(gate(x)) * up(x))``."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        h, f = config.hidden, config.ffn_
+        self.swiglu = config.mlp == "swiglu"
+        if self.swiglu:
+            self.gate = nn.Linear(h, f, bias=config.bias)
+        self.up = nn.Linear(h, f, bias=config.bias)
+        self.down = nn.Linear(f, h, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
+
+    The unit FSDP wraps (one all-gather per block in notebooks 06-07).
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm1 = _norm(config)
+        self.attn = Attention(config)
+        self.norm2 = _norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer for ``config``; see the module docstring for its names.
+
+    ``GPT(config)`` initialises with PyTorch's defaults (global random state); use
+    :func:`build_model` for the course's deterministic weights.
+    """
+
+    def __init__(self, config: TransformerConfig = COURSE_CONFIG):
+        super().__init__()
+        _check_config(config)
+        if config.position == "rope" and config.head_dim % 2:
+            raise ValueError(f"rope positions need an even head_dim; hidden/heads = "
+                             f"{config.hidden}/{config.heads} = {config.head_dim}: change heads or hidden")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab, config.hidden)
+        if config.position == "learned":
+            self.pos_emb = nn.Embedding(config.seq, config.hidden)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.norm_f = _norm(config)
+        if not config.tied_embeddings:
+            self.lm_head = nn.Linear(config.hidden, config.vocab, bias=False)
+
+    @staticmethod
+    def _check_tokens(name: str, t) -> None:
+        if isinstance(t, torch.Tensor) and t.dtype == torch.long and t.dim() == 2:
+            return
+        got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name} must be a LongTensor of shape [batch, seq], got {got}")
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab]; or, given ``targets`` [B, T], the mean cross-entropy
+        loss (an fp32 scalar even when the model is bf16)."""
+        self._check_tokens("idx", idx)
+        B, T = idx.shape
+        if T > self.config.seq:
+            raise ValueError(f"sequence length {T} is longer than config.seq={self.config.seq}; "
+                             f"pass at most {self.config.seq} tokens per row or use a config with a larger seq")
+        x = self.tok_emb(idx)
+        if self.config.position == "learned":
+            x = x + self.pos_emb(torch.arange(T, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm_f(x)
+        if self.config.tied_embeddings:
+            logits = F.linear(x, self.tok_emb.weight)     # the same Parameter, used twice
+        else:
+            logits = self.lm_head(x)
+        if targets is None:
+            return logits
+        self._check_tokens("targets", targets)
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, "
+                             f"got {tuple(targets.shape)}")
+        return F.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(B * T))
+
+
+# -- construction ----------------------------------------------------------------------
+
+@torch.no_grad()
+def init_weights(model: nn.Module, *, seed: int = 0) -> nn.Module:
+    """Deterministic init, in place: linear and embedding weights ~ N(0, 0.02), biases 0,
+    norm weights 1. Values are drawn on the CPU from a local generator, in module order,
+    so they are bit-identical on every call and every process, whatever the device."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_int("seed", seed, minimum=0)
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(p: torch.Tensor) -> None:
+        p.copy_(torch.empty(p.shape).normal_(0.0, INIT_STD, generator=gen))
+
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            normal(module.weight)
+        if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and module.weight is not None:
+            module.weight.fill_(1.0)
+        if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
+            module.bias.zero_()
+    return model
+
+
+def build_model(config: TransformerConfig = COURSE_CONFIG, *, seed: int = 0,
+                device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> GPT:
+    """The course's GPT for ``config``, with deterministic weights from ``seed``.
+
+    ``device="meta"`` gives shapes only (no memory, no init): enough to count the
+    parameters of any preset.
+    """
+    _check_config(config)
+    check_int("seed", seed, minimum=0)
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device such as 'cpu', got {type(device).__name__}")
+    device = torch.device(device)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32 or "
+                        f"torch.bfloat16, got {dtype!r}")
+    with torch.device("meta"):          # no allocation, no default init, no global RNG
+        model = GPT(config)
+    model = model.to(dtype=dtype)
+    if device.type == "meta":
+        return model
+    model = model.to_empty(device=device)
+    return init_weights(model, seed=seed)
+
+
+def num_params(model: nn.Module) -> int:
+    """Parameter count with shared (tied) Parameters counted once."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    unique = {id(p): p for _, p in model.named_parameters(remove_duplicate=False)}
+    return sum(p.numel() for p in unique.values())
+
+
+# -- data -------------------------------------------------------------------------------
+
+class SyntheticData:
+    """A learnable token stream: each next token is ``rule[token]`` (a fixed random
+    permutation of the vocabulary, chosen by ``seed``), except that a fraction ``noise``
+    of tokens are uniformly random. A model can learn the rule in a few dozen steps, so
+    the loss visibly falls from ln(vocab).
+
+    ``batch(step)`` is the global batch [global_batch, seq], the same in every process;
+    ``shard(step, rank, world_size)`` is rank's contiguous slice of it.
+    """
+
+    def __init__(self, config: TransformerConfig = COURSE_CONFIG, *, global_batch: int = 8,
+                 seed: int = 0, noise: float = 0.1):
+        _check_config(config)
+        check_int("global_batch", global_batch, minimum=1)
+        check_int("seed", seed, minimum=0)
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise <= 1:
+            raise ValueError(f"noise must be a number between 0 and 1, got {noise!r}")
+        self.config, self.global_batch, self.seed, self.noise = config, global_batch, seed, float(noise)
+        self.rule = torch.randperm(config.vocab, generator=torch.Generator().manual_seed(seed))
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), LongTensors [global_batch, seq]; targets are inputs shifted by one."""
+        check_int("step", step, minimum=0)
+        gen = torch.Generator().manual_seed((self.seed * 2**32 + step) % 2**64)  # one stream per (seed, step)
+        B, V = self.global_batch, self.config.vocab
+        tokens = torch.empty(B, self.config.seq + 1, dtype=torch.long)
+        tokens[:, 0] = torch.randint(V, (B,), generator=gen)
+        for t in range(1, self.config.seq + 1):
+            random = torch.randint(V, (B,), generator=gen)
+            is_noise = torch.rand(B, generator=gen) < self.noise
+            tokens[:, t] = torch.where(is_noise, random, self.rule[tokens[:, t - 1]])
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def shard(self, step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank's rows of ``batch(step)``: rows ``rank*b : (rank+1)*b`` with
+        ``b = global_batch // world_size``."""
+        check_int("world_size", world_size, minimum=1)
+        check_int("rank", rank, minimum=0)
+        if rank >= world_size:
+            raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
+        if self.global_batch % world_size:
+            raise ValueError(f"global_batch ({self.global_batch}) is not divisible by world_size "
+                             f"({world_size}); choose a global_batch that is a multiple of {world_size}")
+        b = self.global_batch // world_size
+        inputs, targets = self.batch(step)
+        return inputs[rank * b:(rank + 1) * b].clone(), targets[rank * b:(rank + 1) * b].clone()
+
+    def __repr__(self) -> str:
+        return (f"SyntheticData(global_batch={self.global_batch}, seq={self.config.seq}, "
+                f"vocab={self.config.vocab}, seed={self.seed}, noise={self.noise})")
+
+
+def warm_up(config: TransformerConfig = COURSE_CONFIG, *, imports=()) -> None:
+    """Do once, in the process that launches ranks, what every forked rank would do
+    again: import ``imports`` (module names, e.g. ``"torch.distributed.fsdp"``) and build
+    a model on the meta device (its first build imports torch's reference ops, 1-2 s).
+    Forked ranks inherit all of it; on 2 CPU cores this saves seconds per launch."""
+    import importlib
+
+    for name in imports:
+        importlib.import_module(name)
+    build_model(config, device="meta")

@@ -1,0 +1,243 @@
+"""Train the course GPT with any registered strategy, as a torchrun script.
+
+What :func:`course_utils.experiments.run` does inside a notebook, on a real cluster::
+
+    # one machine, 4 ranks (GPUs if every local rank has one, else gloo on CPU)
+    torchrun --standalone --nproc-per-node 4 -m course_utils.train --strategy zero2 --steps 20
+
+    # two machines with 8 GPUs each: run on every node, R = 0 on HOST, 1 on the other
+    torchrun --nnodes 2 --nproc-per-node 8 --node-rank R \\
+             --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+             -m course_utils.train --strategy zero2 --steps 20
+
+    # no torchrun: one process ("single", or any strategy on a world of size 1)
+    python -m course_utils.train --strategy single --steps 20
+
+Same model (``build_model(config, seed=seed)``), data (:class:`SyntheticData`, a global
+batch of ``--global-batch`` rows split evenly over the ranks) and AdamW
+(:func:`~course_utils.experiments.make_adamw`) as ``experiments.run``, so the per-step
+losses match ``run("single", 1)`` for every strategy and world size. Rank 0 logs the
+loss of the global batch, prints the bytes each collective sent (measured by
+:class:`~course_utils.comm.CommLedger`, on rank 0) and the model-state bytes each rank
+holds; ``--json PATH`` writes them.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..impl.common import DEFAULT_BUCKET_BYTES
+from ..runtime.launch import gpu_count
+from ..runtime.ledger import CommLedger
+from ..theory.config import COURSE_CONFIG, PRESETS, TransformerConfig
+from . import experiments, strategies
+from .model import SyntheticData, build_model
+
+__all__ = ["main", "parse_args", "model_config"]
+
+_EPILOG = """\
+commands:
+  one node, 4 ranks:
+    torchrun --standalone --nproc-per-node 4 -m course_utils.train --strategy ddp --steps 20
+  two nodes of 8 GPUs (run on each node; --node-rank 0 on HOST, 1 on the other):
+    torchrun --nnodes 2 --nproc-per-node 8 --node-rank R \\
+             --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+             -m course_utils.train --strategy ddp --steps 20
+  one process, no torchrun:
+    python -m course_utils.train --strategy single --steps 20
+
+Each rank uses NCCL on GPU LOCAL_RANK when the node has a GPU per local rank,
+gloo on CPU (one thread per rank) otherwise. The global batch does not depend on
+the number of ranks: it must be divisible by it (12 rows: 1, 2, 3, 4, 6, 12 ranks).
+"""
+
+
+def _config_names() -> list[str]:
+    return ["course"] + [name for name, p in PRESETS.items() if p.config is not None]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``: defaults to ``sys.argv[1:]``)."""
+    names = strategies.strategies()
+    p = argparse.ArgumentParser(
+        prog="python -m course_utils.train",
+        description="Train the course GPT with one strategy; run it under torchrun "
+                    "(one process per rank) or alone as one process.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--strategy", required=True, metavar="NAME",
+                   help=f"one of: {', '.join(names)}")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
+    p.add_argument("--global-batch", type=int, default=experiments.GLOBAL_BATCH,
+                   help=f"rows per step over all ranks (default {experiments.GLOBAL_BATCH}); "
+                        "must be divisible by the number of ranks")
+    p.add_argument("--config", default="course", choices=_config_names(),
+                   help="base model config (default: course, the course's small GPT)")
+    for field in ("hidden", "layers", "heads", "vocab", "seq", "ffn"):
+        p.add_argument(f"--{field}", type=int, default=None,
+                       help=f"override the config's {field}")
+    p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES,
+                   help="gradient bucket size of the bucketed strategies (0: one per parameter)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help='"ddp": communicate in step(), not during backward')
+    p.add_argument("--log-every", type=int, default=1, help="log every N steps (default 1)")
+    p.add_argument("--json", metavar="PATH", default=None,
+                   help="write losses, step times, comm and state bytes here (rank 0)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a collective may wait before the job fails (default 300)")
+    args = p.parse_args(argv)
+    if args.strategy not in names:
+        p.error(f"unknown strategy {args.strategy!r}; known strategies: {', '.join(names)}")
+    for name in ("steps", "global_batch", "log_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.seed < 0:
+        p.error(f"--seed must be >= 0, got {args.seed}")
+    if args.bucket_bytes < 0:
+        p.error(f"--bucket-bytes must be >= 0, got {args.bucket_bytes}")
+    try:
+        args.model_config = model_config(args)
+    except (TypeError, ValueError) as e:
+        p.error(f"invalid model config: {e}")
+    return args
+
+
+def model_config(args: argparse.Namespace) -> TransformerConfig:
+    """The config named by ``--config`` with the ``--hidden``... overrides applied."""
+    base = COURSE_CONFIG if args.config == "course" else PRESETS[args.config].config
+    overrides = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "vocab", "seq", "ffn")
+                 if getattr(args, k) is not None}
+    return dataclasses.replace(base, **overrides) if overrides else base
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def _setup(spec: strategies.Strategy, timeout_s: float):
+    """Initialise torch.distributed from torchrun's environment; ``(rank, world, device,
+    where)``, where ``where`` says where the job runs."""
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    world = _env_int("WORLD_SIZE", 1) if under_torchrun else 1
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    if not spec.distributed:
+        if world != 1:
+            raise SystemExit(f"error: strategy {spec.name!r} is one process on the whole global "
+                             f"batch; run it with --nproc-per-node 1 (or without torchrun), "
+                             f"not on {world} ranks")
+        return 0, 1, torch.device("cpu"), "1 process on CPU, no torch.distributed"
+    use_gpu = gpu_count() >= local_world         # NVML: CUDA stays uninitialised until set_device
+    backend = "nccl" if use_gpu else "gloo"
+    os.environ["COURSE_BACKEND"] = backend     # what course_utils.launch.rank_device reads
+    timeout = timedelta(seconds=timeout_s)
+    if use_gpu:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+    if under_torchrun:
+        dist.init_process_group(backend, timeout=timeout)
+    else:                                      # one rank, no rendezvous needed
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    nodes = max(1, world // max(local_world, 1))
+    kind = "NCCL" if use_gpu else "gloo on CPU"
+    ranks = f"{world} rank{'s' if world > 1 else ''}"
+    where = f"{ranks} on {nodes} nodes, {kind}" if nodes > 1 else f"{ranks}, {kind}"
+    return rank, world, device, where
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def _print(line: str) -> None:
+    sys.stdout.write(line + "\n")   # one write per line: ranks share the terminal
+    sys.stdout.flush()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    spec = strategies.get(args.strategy)
+    config: TransformerConfig = args.model_config
+    rank, world, device, where = _setup(spec, args.timeout)
+    distributed = spec.distributed
+    try:
+        if args.global_batch % world:
+            fits = [n for n in range(1, args.global_batch + 1) if args.global_batch % n == 0]
+            raise SystemExit(f"error: the global batch of {args.global_batch} rows cannot be split "
+                             f"evenly over {world} ranks; use a number of ranks in {fits} "
+                             f"or another --global-batch")
+        if rank == 0:
+            _print(f"{args.strategy}: {where}; {config.num_params():,} parameters, "
+                   f"global batch {args.global_batch} ({args.global_batch // world} rows per rank), "
+                   f"{args.steps} steps")
+        model = build_model(config, seed=args.seed, device=device)
+        data = SyntheticData(config, global_batch=args.global_batch, seed=args.seed)
+        options = {k: v for k, v in (("bucket_bytes", args.bucket_bytes), ("overlap", not args.no_overlap))
+                   if k in spec.options}          # the flags a strategy has no use for are ignored
+        model, optimizer = experiments.wrap(args.strategy, model, experiments.make_adamw, **options)
+        measure = spec.state_bytes or experiments.state_bytes
+        state = {}
+
+        def measure_last(step):
+            if step == args.steps - 1:
+                state.update({k: int(v) for k, v in measure(model, optimizer).items()
+                              if k in ("params", "grads", "optimizer")})
+
+        def log(step, loss, seconds):
+            done = step + 1
+            if rank == 0 and (done % args.log_every == 0 or done == args.steps):
+                _print(f"step {done} loss {loss:.4f} step_time {seconds * 1e3:.1f} ms")
+
+        ledger = CommLedger()
+        with ledger:
+            losses, times = experiments.train_steps(
+                model, optimizer, data, range(args.steps), rank=rank, world=world, device=device,
+                ledger=ledger, after_step=measure_last, on_step_end=log)
+        comm, calls = ledger.totals(), ledger.counts()
+        if rank == 0:
+            sent = ", ".join(f"{op} {_fmt_bytes(b)} ({calls.get(op, 0)} calls)"
+                             for op, b in comm.items() if b or calls.get(op, 0))
+            _print(f"sent by rank 0 over {args.steps} steps: {sent or 'nothing'}")
+            _print("model states on rank 0: " + ", ".join(f"{k} {_fmt_bytes(v)}"
+                                                         for k, v in state.items())
+                   + f" (total {_fmt_bytes(sum(state.values()))})")
+            _print(f"median step time {statistics.median(times) * 1e3:.1f} ms")
+            if args.json:
+                out = {"strategy": args.strategy, "world_size": world, "where": where,
+                       "steps": args.steps, "seed": args.seed, "global_batch": args.global_batch,
+                       "config": dataclasses.asdict(config), "losses": losses,
+                       "step_times_s": times, "step_time_s": statistics.median(times),
+                       "comm_bytes": {k: float(v) for k, v in comm.items()},
+                       "comm_calls": {k: int(v) for k, v in calls.items()},
+                       "state_bytes": state}
+                with open(args.json, "w") as f:
+                    json.dump(out, f, indent=1)
+                _print(f"wrote {args.json}")
+        if distributed:
+            dist.barrier()
+    finally:
+        if distributed and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

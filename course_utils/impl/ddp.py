@@ -1,0 +1,230 @@
+"""Data parallelism from scratch: :class:`DataParallel` does what
+``torch.nn.parallel.DistributedDataParallel`` does, in Python a learner can read.
+
+Taught in ``notebooks/02_data_parallelism.ipynb``. ``wrap("ddp", model, make_optimizer)``
+(:mod:`course_utils.harness.experiments`) returns a :class:`DataParallel` model and a
+:class:`DataParallelOptimizer`; ``wrap("torch-ddp", ...)`` the real DDP, for comparison.
+"""
+from __future__ import annotations
+
+import dataclasses
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..checks import require_process_group
+from ..runtime.ledger import CommLedger
+from .common import DEFAULT_BUCKET_BYTES, WrapsOptimizer, broadcast_from_rank0, mark_grad_ready, trainable
+
+__all__ = ["DataParallel", "DataParallelOptimizer", "wrap_ddp", "wrap_torch_ddp", "unwrap"]
+
+
+@dataclasses.dataclass
+class _Bucket:
+    """Gradients all-reduced together as one flat message."""
+
+    params: list[nn.Parameter]
+    numel: int
+    ready: set = dataclasses.field(default_factory=set)   # ids of params whose grad is in
+    flat: torch.Tensor | None = None                      # the message, reused every step
+    work: object = None                                   # its async work handle, in flight
+
+
+class DataParallel(nn.Module):
+    """Data parallelism from scratch: what ``torch.nn.parallel.DistributedDataParallel`` does.
+
+    1. At construction every parameter and buffer is broadcast from rank 0, so all
+       ranks start from the same model.
+    2. Trainable parameters are grouped into *buckets* of about ``bucket_bytes``, in
+       reverse registration order (roughly the order backward produces gradients).
+       ``bucket_bytes=0`` (or None): one bucket per parameter.
+    3. During backward a hook on each parameter marks its gradient ready. When every
+       gradient of the next bucket is ready, the bucket is flattened into one tensor and
+       an asynchronous all-reduce (SUM) is started: communication *overlaps* with the
+       rest of backward. Buckets are launched strictly in order, so every rank issues
+       the same collectives in the same order.
+    4. :meth:`finish_gradient_sync` (called by :class:`DataParallelOptimizer.step`)
+       launches whatever is left, waits for every all-reduce, divides by the world size
+       and copies the averages back into ``.grad``.
+
+    Like torch DDP's, the flat bucket buffers are allocated once and kept: one more
+    gradient-sized buffer per rank, outside what ``state_bytes`` counts.
+
+    ``overlap=False`` does all the communication in ``step()``, after backward (to
+    measure what overlapping buys). Inside :meth:`no_sync` (gradient accumulation) the
+    hooks do nothing and everything is reduced in the next ``step()``; without it, a
+    second backward before ``step()`` is an error (its gradients would miss the
+    all-reduce already in flight).
+
+    Frozen parameters (``requires_grad=False``) are broadcast once and never
+    communicated again; a tied Parameter (one object used twice) is one entry, so it is
+    communicated once. A parameter that got no gradient this step on some rank
+    contributes zeros there (every rank still sends every bucket, so the collectives stay
+    matched); after the average every rank has a ``.grad`` for it (zeros if no rank used
+    it, where torch DDP would leave ``None``).
+    """
+
+    def __init__(self, module: nn.Module, *, bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+                 overlap: bool = True, group=None):
+        super().__init__()
+        require_process_group("DataParallel")
+        self.module = module
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.overlap = bool(overlap)
+        self._sync_enabled = True
+        self._broadcast_from_rank0()
+        self.params = trainable(module)
+        self.buckets = self._make_buckets(self.params, bucket_bytes)
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
+        self._next = 0                      # the next bucket to launch
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    # -- 1. same start everywhere
+    def _broadcast_from_rank0(self) -> None:
+        broadcast_from_rank0(self.module, self.group)
+
+    # -- 2. buckets
+    @staticmethod
+    def _make_buckets(params, bucket_bytes) -> list[_Bucket]:
+        buckets: list[_Bucket] = []
+        current: list[nn.Parameter] = []
+        size = 0
+        for p in reversed(params):
+            if current and current[0].dtype != p.dtype:       # one dtype per flat message
+                buckets.append(_Bucket(current, sum(q.numel() for q in current)))
+                current, size = [], 0
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if not bucket_bytes or size >= bucket_bytes:
+                buckets.append(_Bucket(current, sum(q.numel() for q in current)))
+                current, size = [], 0
+        if current:
+            buckets.append(_Bucket(current, sum(q.numel() for q in current)))
+        return buckets
+
+    # -- 3. during backward
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        if not (self.overlap and self._sync_enabled):
+            return
+        mark_grad_ready(self.buckets[self._bucket_of[id(p)]], p,
+                        "a second backward before optimizer.step(): its gradients would miss the "
+                        "all-reduce already started. For gradient accumulation run the earlier "
+                        "backwards inside `with model.no_sync():`")
+        while self._next < len(self.buckets) and \
+                len(self.buckets[self._next].ready) == len(self.buckets[self._next].params):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+
+    def _launch(self, bucket: _Bucket) -> None:
+        if bucket.flat is None:         # allocated once, like torch DDP's bucket buffers
+            p0 = bucket.params[0]
+            bucket.flat = torch.empty(bucket.numel, dtype=p0.dtype, device=p0.device)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
+        torch.cat([g.reshape(-1) for g in grads], out=bucket.flat)
+        bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, group=self.group,
+                                      async_op=True)
+
+    # -- 4. in optimizer.step()
+    @torch.no_grad()
+    def finish_gradient_sync(self) -> None:
+        """Launch the buckets not launched yet, wait for all, write averaged grads to ``.grad``."""
+        for bucket in self.buckets[self._next:]:
+            self._launch(bucket)
+        for bucket in self.buckets:
+            bucket.work.wait()
+            bucket.flat.div_(self.world_size)
+            offset = 0
+            for p in bucket.params:
+                average = bucket.flat[offset:offset + p.numel()].view_as(p)
+                if p.grad is None:
+                    p.grad = average.clone()
+                else:
+                    p.grad.copy_(average)
+                offset += p.numel()
+            bucket.work = None
+            bucket.ready.clear()
+        self._next = 0
+
+    @contextmanager
+    def no_sync(self):
+        """Gradient accumulation: backwards inside this block start no communication;
+        the accumulated gradients are all-reduced by the next ``optimizer.step()``."""
+        previous, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks from the module's parameters."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def extra_repr(self) -> str:
+        sizes = [b.numel for b in self.buckets]
+        return (f"world_size={self.world_size}, buckets={len(sizes)} (elements {sizes}), "
+                f"overlap={self.overlap}")
+
+
+class DataParallelOptimizer(WrapsOptimizer):
+    """The optimizer ``wrap("ddp", ...)`` returns: ``step()`` first finishes the gradient
+    all-reduce of its :class:`DataParallel` model, then steps the real optimizer
+    (``.inner``). ``param_groups``, ``state``, ``zero_grad`` and ``state_dict`` are the
+    real optimizer's."""
+
+    def __init__(self, model: DataParallel, inner):
+        self.model, self.inner = model, inner
+
+    def step(self, closure=None):
+        self.model.finish_gradient_sync()
+        return self.inner.step() if closure is None else self.inner.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.inner.load_state_dict(state_dict)
+
+    def __repr__(self) -> str:
+        return f"DataParallelOptimizer({self.inner!r})"
+
+
+def wrap_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True,
+              group=None, **_options):
+    ddp = DataParallel(model, bucket_bytes=bucket_bytes, overlap=overlap, group=group)
+    return ddp, DataParallelOptimizer(ddp, make_optimizer(ddp.params))
+
+
+def wrap_torch_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, group=None,
+                    **_options):
+    from torch.nn.parallel import DistributedDataParallel
+
+    require_process_group("torch-ddp")
+    device = next(model.parameters()).device
+    device_ids = [device.index] if device.type == "cuda" else None
+    # bucket_bytes=0/None: a cap of one byte, i.e. one bucket per parameter, as in "ddp"
+    cap_mb = (bucket_bytes or 1) / 2**20
+    ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=group,
+                                  bucket_cap_mb=cap_mb)
+    # DDP's default averaging, but issued from Python, so a CommLedger sees each bucket.
+    CommLedger.attach_ddp(ddp)
+    return ddp, make_optimizer(trainable(model))
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside a wrapper (torch DDP's or :class:`DataParallel`'s ``.module``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    while isinstance(model, (DataParallel, DistributedDataParallel)):
+        model = model.module
+    return model

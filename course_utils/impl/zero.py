@@ -1,0 +1,469 @@
+"""ZeRO stages 1 and 2 written from scratch, next to PyTorch's ``ZeroRedundancyOptimizer``.
+
+Taught in ``notebooks/04_zero1.ipynb`` (ZeRO-1: optimizer-state sharding) and
+``notebooks/05_zero2.ipynb`` (ZeRO-2: gradient sharding during backward).
+
+Three strategies of :mod:`course_utils.harness.strategies` use it:
+
+``"zero1"``
+    Every rank keeps the full parameters and the full gradients, but the optimizer
+    (AdamW's m and v, and its step counter) only for its own 1/N shard.
+``"zero2"``
+    Like ``"zero1"``, but gradients are reduce-scattered *during* backward, bucket by
+    bucket, and each full ``.grad`` is freed as soon as its bucket is sent: a rank only
+    keeps the gradient of its own shard.
+``"torch-zero1"``
+    ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW inside) with the
+    gradient all-reduce of ``"ddp"``.
+
+The training loop is the one of every strategy::
+
+    model, optimizer = wrap("zero1", model, make_adamw)
+    loss = model(x, y); loss.backward(); optimizer.step(); optimizer.zero_grad()
+
+**Layout.** Trainable parameters (a tied Parameter once, frozen ones left out) are
+grouped into buckets of about ``bucket_bytes`` in reverse registration order, as in
+:class:`~course_utils.impl.ddp.DataParallel`. Each bucket of Ψ_b elements lives in
+one flat buffer padded with zeros to P_b = ceil(Ψ_b/N)·N elements, and the model's
+parameters become *views* of that buffer (so an all-gather into the buffer updates the
+model, no copy). Rank r owns the contiguous slice ``[r·P_b/N, (r+1)·P_b/N)`` of every
+bucket (:func:`shard_bounds`). The real optimizer (``make_optimizer``) is built over one
+*shard parameter* per bucket, a view of the rank's slice: its states are 1/N.
+
+**One step of ZeRO-1** (:meth:`ZeroOptimizer.step`), per bucket:
+
+1. the gradients, which backward accumulated into a flat gradient buffer (``.grad`` of
+   every parameter is a view of it), are reduce-scattered (SUM): rank r receives the
+   sum of slice r only, written in place into its own slice; then divided by N;
+2. the inner optimizer steps the shard parameter (that slice only);
+3. every rank all-gathers the updated slices into the flat parameter buffer.
+
+``variant="allreduce"`` replaces step 1 by an all-reduce of the whole buffer and keeps
+only the own slice: same result, twice the bytes for the gradient part.
+
+**ZeRO-2** does step 1 during backward: when every gradient of the next bucket is
+ready, the bucket is copied into a message, the full ``.grad`` tensors are freed
+(set to None), and an asynchronous reduce-scatter starts; its result is added into a
+shard-gradient buffer of P_b/N elements. :attr:`ZeroOptimizer.peak_grad_bytes` records
+the most gradient bytes this rank held at any moment (full ``.grad`` tensors alive +
+messages in flight + shard gradients).
+
+**Bytes held** (fp32, B buckets, P = Σ P_b the padded numel; :func:`zero_state_bytes`):
+params 4·P (the flat buffers: Ψ plus at most N-1 zeros per bucket); grads 4·P in
+ZeRO-1 (the flat gradient buffers), 4·P/N in ZeRO-2 (the shard gradients only);
+optimizer 8·P/N (m and v of the shard) + 4·B (AdamW keeps its step counter as a
+4-byte float32 tensor per parameter it updates, and it updates one shard parameter per
+bucket). That is ``model_states(P, world_size=N, stage=s, recipe="fp32")`` + 4·B
+(:func:`expected_state_bytes`). With ``mixed=True`` the model is bf16 (2·P params and
+grads in ZeRO-1, 2·P/N grads in ZeRO-2) and the optimizer holds an fp32 master copy
+of the shard: 12·P/N + 4·B, the paper's K = 12.
+
+**Bytes sent** per step, per rank: a reduce-scatter and an all-gather of every bucket,
+(N-1)/N·4·P_b each, which is DDP's all-reduce 2·(N-1)/N·4·Ψ exactly when every Ψ_b
+divides by N, and more by the padding otherwise (:func:`expected_comm_bytes`).
+
+Not covered (on purpose, to keep the code readable): gradient accumulation over several
+backwards (ZeRO-2 refuses a second backward before ``step()``), gradient clipping,
+checkpointing the sharded optimizer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..checks import require_process_group
+from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
+from ..theory.comm import collective_bytes
+from .common import (DEFAULT_BUCKET_BYTES, WrapsOptimizer, broadcast_from_rank0, flatten_and_pad,
+                     mark_grad_ready, padded_numel, shard_bounds, storage_bytes, trainable)
+from .ddp import DataParallel, DataParallelOptimizer, unwrap
+
+__all__ = ["padded_numel", "shard_bounds", "flatten_and_pad", "ZeroBucket", "ZeroOptimizer",
+           "zero_state_bytes", "zero_extras", "expected_state_bytes", "expected_comm_bytes",
+           "wrap_zero1", "wrap_zero2", "wrap_torch_zero1", "torch_zero1_state_bytes", "VARIANTS",
+           "STEP_COUNTER_BYTES"]
+
+#: How ZeRO-1 reduces the gradients: a reduce-scatter, or an all-reduce then keep a slice.
+VARIANTS = ("reduce_scatter", "allreduce")
+#: Bytes of AdamW's ``state["step"]``: a 0-dim float32 tensor per parameter it updates.
+STEP_COUNTER_BYTES = 4
+
+
+# ====================================================================== the optimizer
+
+@dataclasses.dataclass
+class ZeroBucket:
+    """One flat, padded group of parameters and this rank's shard of it.
+
+    numel: Ψ_b, the parameters' elements; padded: P_b; lo, hi: this rank's slice.
+    flat_params: P_b elements, the parameters are views of it. flat_grads: ZeRO-1 only,
+    P_b elements, every ``.grad`` is a view of it. shard: the Parameter the inner
+    optimizer updates (a view of ``flat_params[lo:hi]``, or an fp32 master copy when
+    mixed). shard_grad: the averaged gradient of the shard (a view of ``flat_grads`` in
+    ZeRO-1, its own P_b/N buffer in ZeRO-2).
+    """
+
+    params: list
+    offsets: list
+    numel: int
+    padded: int
+    lo: int
+    hi: int
+    flat_params: torch.Tensor
+    flat_grads: torch.Tensor | None
+    shard: nn.Parameter
+    shard_grad: torch.Tensor
+    ready: set = dataclasses.field(default_factory=set)
+    message: torch.Tensor | None = None      # ZeRO-2: the full gradients in flight
+    work: object = None
+
+    @property
+    def shard_numel(self) -> int:
+        return self.hi - self.lo
+
+
+class ZeroOptimizer(WrapsOptimizer):
+    """ZeRO-1 (``stage=1``) or ZeRO-2 (``stage=2``) around a real optimizer.
+
+    Args:
+        module: the model; its trainable parameters become views of flat buffers.
+        make_optimizer: ``params -> optimizer``; called once with this rank's shard
+            parameters (one per bucket), e.g. :func:`course_utils.experiments.make_adamw`.
+        stage: 1 or 2.
+        bucket_bytes: bucket size (0/None: one bucket per parameter).
+        variant: ZeRO-1's gradient reduction, ``"reduce_scatter"`` or ``"allreduce"``.
+        mixed: bf16 parameters and gradients in the model, fp32 master shard in the optimizer.
+        overlap: ZeRO-2 only; False reduce-scatters everything in ``step()``.
+        group: the process group (default: all ranks).
+    """
+
+    def __init__(self, module: nn.Module, make_optimizer: Callable, *, stage: int = 1,
+                 bucket_bytes: int | None = DEFAULT_BUCKET_BYTES, variant: str = "reduce_scatter",
+                 mixed: bool = False, overlap: bool = True, group=None):
+        require_process_group("ZeRO")
+        if stage not in (1, 2) or isinstance(stage, bool):
+            raise ValueError(f"stage must be 1 or 2 (ZeRO-3 is course_utils.impl.zero3), got {stage!r}")
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if variant == "allreduce" and stage != 1:
+            raise ValueError("variant='allreduce' is ZeRO-1's comparison; ZeRO-2 reduce-scatters")
+        if not callable(make_optimizer):
+            raise TypeError("make_optimizer must be a function params -> optimizer")
+        self.module, self.stage, self.variant = module, stage, variant
+        self.mixed, self.overlap, self.group = bool(mixed), bool(overlap), group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._broadcast_from_rank0()
+        self.params = trainable(module)
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.buckets = [self._make_bucket(b.params)
+                        for b in DataParallel._make_buckets(self.params, bucket_bytes)]
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
+        self.inner = make_optimizer([b.shard for b in self.buckets])
+        for name in ("step", "zero_grad"):
+            if not callable(getattr(self.inner, name, None)):
+                raise TypeError(f"make_optimizer returned a {type(self.inner).__name__} without {name}()")
+        # ZeRO-2 bookkeeping: the next bucket to send, and gradient bytes held
+        self._next = 0
+        self._live: dict[int, int] = {}     # id(param) -> bytes of its full .grad, still held
+        self.peak_grad_bytes = self.grad_bytes_now()
+        self._hooks = []
+        if stage == 2:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
+                           for p in self.params]
+
+    # -- same start everywhere (as DDP)
+    def _broadcast_from_rank0(self) -> None:
+        broadcast_from_rank0(self.module, self.group)
+
+    # -- flat buffers, views, shard
+    @torch.no_grad()
+    def _make_bucket(self, params) -> ZeroBucket:
+        n = self.world_size
+        offsets, numel = [], 0
+        for p in params:
+            offsets.append(numel)
+            numel += p.numel()
+        flat32 = flatten_and_pad([p.detach() for p in params], n, dtype=torch.float32)
+        lo, hi = shard_bounds(numel, n, self.rank)
+        dtype = torch.bfloat16 if self.mixed else params[0].dtype
+        flat_params = flat32.to(dtype) if dtype != flat32.dtype else flat32
+        for p, off in zip(params, offsets):          # the model now reads the flat buffer
+            p.data = flat_params[off:off + p.numel()].view_as(p)
+        flat_grads = None
+        if self.stage == 1:
+            flat_grads = torch.zeros_like(flat_params)
+            for p, off in zip(params, offsets):
+                p.grad = flat_grads[off:off + p.numel()].view_as(p)
+            shard_grad = flat_grads[lo:hi]
+        else:
+            shard_grad = torch.zeros(hi - lo, dtype=dtype, device=flat_params.device)
+        if self.mixed:      # fp32 master copy of the shard, taken before rounding to bf16
+            shard = nn.Parameter(flat32[lo:hi].clone())
+        else:               # a view: the optimizer updates the flat buffer in place
+            shard = nn.Parameter(flat_params[lo:hi])
+            shard.grad = shard_grad
+        return ZeroBucket(list(params), offsets, numel, flat_params.numel(), lo, hi,
+                          flat_params, flat_grads, shard, shard_grad)
+
+    # -- ZeRO-2: during backward
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        bucket = self.buckets[self._bucket_of[id(p)]]
+        mark_grad_ready(bucket, p, "ZeRO-2: a second backward before optimizer.step(); this course "
+                                   "implementation reduce-scatters once per step (accumulate the "
+                                   "loss instead, or call optimizer.step() in between)")
+        self._live[id(p)] = p.grad.numel() * p.grad.element_size()
+        self._note_peak()
+        if not self.overlap:
+            return
+        while self._next < len(self.buckets) and \
+                len(self.buckets[self._next].ready) == len(self.buckets[self._next].params):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+
+    @torch.no_grad()
+    def _launch(self, bucket: ZeroBucket) -> None:
+        """Copy the bucket's gradients into one message, free them, start the reduce-scatter."""
+        for earlier in self.buckets:                 # at most one message in flight
+            if earlier.work is not None:
+                self._finish(earlier)
+        message = torch.zeros(bucket.padded, dtype=bucket.flat_params.dtype,
+                              device=bucket.flat_params.device)
+        for p, off in zip(bucket.params, bucket.offsets):
+            if p.grad is not None:               # unused on this rank: zeros
+                message[off:off + p.numel()].copy_(p.grad.reshape(-1))
+            p.grad = None                        # the full gradient is gone
+            self._live.pop(id(p), None)
+        bucket.message = message
+        self._note_peak()
+        # in place: rank r's slice of the message receives the sum of everyone's slice r
+        bucket.work = reduce_scatter_tensor(message[bucket.lo:bucket.hi], message,
+                                            op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+    def _finish(self, bucket: ZeroBucket) -> None:
+        bucket.work.wait()
+        bucket.shard_grad.add_(bucket.message[bucket.lo:bucket.hi])
+        bucket.message, bucket.work = None, None
+        self._note_peak()
+
+    # -- gradient memory
+    def grad_bytes_now(self) -> int:
+        """Gradient bytes this rank holds now: ZeRO-1 the flat gradient buffers; ZeRO-2 the
+        full ``.grad`` tensors not sent yet + messages in flight + the shard gradients."""
+        if self.stage == 1:
+            return sum(b.flat_grads.numel() * b.flat_grads.element_size() for b in self.buckets)
+        held = sum(self._live.values())
+        for b in self.buckets:
+            held += b.shard_grad.numel() * b.shard_grad.element_size()
+            if b.message is not None:
+                held += b.message.numel() * b.message.element_size()
+        return held
+
+    def _note_peak(self) -> None:
+        self.peak_grad_bytes = max(self.peak_grad_bytes, self.grad_bytes_now())
+
+    def reset_peak(self) -> None:
+        """Start measuring :attr:`peak_grad_bytes` afresh."""
+        self.peak_grad_bytes = self.grad_bytes_now()
+
+    # -- ZeRO-1: gradients into the flat buffer (robust to model.zero_grad() etc.)
+    @torch.no_grad()
+    def _gather_local_grads(self, bucket: ZeroBucket) -> None:
+        for p, off in zip(bucket.params, bucket.offsets):
+            view = bucket.flat_grads[off:off + p.numel()].view_as(p)
+            if p.grad is None:
+                view.zero_()                     # unused, or grads set to None: zeros
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+            p.grad = view
+
+    # -- the step
+    @torch.no_grad()
+    def reduce_gradients(self) -> None:
+        """Leave the averaged gradient of this rank's shard in every ``bucket.shard_grad``."""
+        n = self.world_size
+        if self.stage == 1:
+            works = []
+            for b in self.buckets:
+                self._gather_local_grads(b)
+                if self.variant == "allreduce":    # everyone gets everything, keeps a slice
+                    works.append(dist.all_reduce(b.flat_grads, op=dist.ReduceOp.SUM,
+                                                 group=self.group, async_op=True))
+                else:                              # everyone gets only its slice
+                    works.append(reduce_scatter_tensor(b.flat_grads[b.lo:b.hi], b.flat_grads,
+                                                       op=dist.ReduceOp.SUM, group=self.group,
+                                                       async_op=True))
+            for w in works:
+                w.wait()
+        else:
+            for b in self.buckets[self._next:]:    # not sent during backward (or overlap=False)
+                self._launch(b)
+            for b in self.buckets:
+                if b.work is not None:
+                    self._finish(b)
+                b.ready.clear()
+            self._next = 0
+            for p in self.params:                  # no full gradient survives a ZeRO-2 step
+                p.grad = None
+            self._live.clear()
+        for b in self.buckets:
+            b.shard_grad.div_(n)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Reduce the gradients, step the real optimizer on the shard, all-gather the shards."""
+        if closure is not None:
+            raise ValueError("ZeroOptimizer.step does not take a closure")
+        self.reduce_gradients()
+        if self.mixed:
+            for b in self.buckets:                 # fp32 gradient of the master, for the step only
+                b.shard.grad = b.shard_grad.float()
+        self.inner.step()
+        works = []
+        for b in self.buckets:
+            if self.mixed:
+                b.shard.grad = None
+                b.flat_params[b.lo:b.hi].copy_(b.shard)   # round the master to bf16
+            # in place: rank r's slice is the input, the whole buffer the output
+            works.append(all_gather_into_tensor(b.flat_params, b.flat_params[b.lo:b.hi],
+                                                group=self.group, async_op=True))
+        for w in works:
+            w.wait()
+
+    @torch.no_grad()
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradient buffers. ZeRO-1 keeps ``.grad`` as views of its flat buffers
+        (``set_to_none`` is ignored, as for torch DDP's ``gradient_as_bucket_view``)."""
+        for b in self.buckets:
+            if self.stage == 1:
+                b.flat_grads.zero_()
+                for p, off in zip(b.params, b.offsets):
+                    p.grad = b.flat_grads[off:off + p.numel()].view_as(p)
+            else:
+                b.shard_grad.zero_()
+        if self.stage == 2:
+            for p in self.params:
+                p.grad = None
+            self._live.clear()
+
+    # -- optimizer look-alike (param_groups, state: WrapsOptimizer's)
+    def state_dict(self) -> dict:
+        """This rank's shard of the optimizer state (the inner optimizer's)."""
+        return self.inner.state_dict()
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def __repr__(self) -> str:
+        sizes = [(b.numel, b.padded) for b in self.buckets]
+        return (f"ZeroOptimizer(stage={self.stage}, world_size={self.world_size}, "
+                f"variant={self.variant!r}, mixed={self.mixed}, buckets (numel, padded)={sizes}, "
+                f"inner={type(self.inner).__name__})")
+
+
+# ======================================================================== measuring
+
+def zero_state_bytes(model: nn.Module, optimizer: ZeroOptimizer) -> dict:
+    """Bytes this rank holds, each storage once: params (the flat buffers and any frozen
+    parameters), grads (ZeRO-1: the flat gradient buffers; ZeRO-2: the shard gradients,
+    the full ones were freed), optimizer (the inner optimizer's states of the shard, its
+    step counters, and the fp32 master shard when mixed)."""
+    seen: set = set()
+    params = list(unwrap(model).parameters())
+    out = {"params": storage_bytes(params, seen)}
+    grads = [p.grad for p in params]
+    if optimizer.stage == 2:
+        grads += [b.shard_grad for b in optimizer.buckets]
+    out["grads"] = storage_bytes(grads, seen)
+    state = [v for s in optimizer.inner.state.values() for v in s.values()
+             if isinstance(v, torch.Tensor)]
+    if optimizer.mixed:
+        state += [b.shard for b in optimizer.buckets]
+    out["optimizer"] = storage_bytes(state, seen)
+    return out
+
+
+def expected_state_bytes(bucket_numels, world_size: int, stage: int, *, mixed: bool = False,
+                         frozen_bytes: int = 0) -> dict:
+    """The bytes :func:`zero_state_bytes` must find, from the buckets' sizes Ψ_b.
+
+    ``model_states(P, world_size=N, stage=stage, recipe)`` with P = Σ padded_numel(Ψ_b, N),
+    plus one 4-byte AdamW step counter per bucket, plus frozen parameters' bytes.
+    """
+    from ..theory.memory import model_states
+
+    padded = sum(padded_numel(k, world_size) for k in bucket_numels)
+    ms = model_states(padded, world_size=world_size, stage=stage,
+                      recipe="mixed" if mixed else "fp32")
+    return {"params": int(ms.params) + frozen_bytes, "grads": int(ms.grads),
+            "optimizer": int(ms.optimizer) + STEP_COUNTER_BYTES * len(bucket_numels)}
+
+
+def expected_comm_bytes(bucket_numels, world_size: int, steps: int = 1, *,
+                        variant: str = "reduce_scatter", bytes_per_elem: int = 4) -> dict:
+    """Bytes one rank sends over ``steps`` steps: per bucket one reduce-scatter (or, for
+    ``variant="allreduce"``, an all-reduce) and one all-gather of P_b elements."""
+    out = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
+    grad_op = "all_reduce" if variant == "allreduce" else "reduce_scatter"
+    for k in bucket_numels:
+        m = padded_numel(k, world_size) * bytes_per_elem
+        out[grad_op] += steps * collective_bytes(grad_op, m, world_size)
+        out["all_gather"] += steps * collective_bytes("all_gather", m, world_size)
+    return {k: int(v) if float(v).is_integer() else v for k, v in out.items()}
+
+
+# ====================================================================== strategies
+
+def wrap_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, variant="reduce_scatter",
+               mixed=False, overlap=True, group=None):
+    """The ``"zero1"`` strategy: the model itself and a :class:`ZeroOptimizer` of stage 1."""
+    return model, ZeroOptimizer(model, make_optimizer, stage=1, bucket_bytes=bucket_bytes,
+                                variant=variant, mixed=mixed, overlap=overlap, group=group)
+
+
+def wrap_zero2(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, mixed=False, overlap=True,
+               group=None):
+    """The ``"zero2"`` strategy: the model itself and a :class:`ZeroOptimizer` of stage 2."""
+    return model, ZeroOptimizer(model, make_optimizer, stage=2, bucket_bytes=bucket_bytes,
+                                mixed=mixed, overlap=overlap, group=group)
+
+
+def zero_extras(model, optimizer) -> dict:
+    """What a run reports besides the common fields: the buckets' sizes Ψ_b."""
+    return {"bucket_numels": [b.numel for b in optimizer.buckets]}
+
+
+def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True,
+                     group=None):
+    """torch's ZeroRedundancyOptimizer (whole parameters assigned to ranks, each rank
+    steps its own and broadcasts them) + the gradient all-reduce of "ddp"."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    ddp = DataParallel(model, bucket_bytes=bucket_bytes, overlap=overlap, group=group)
+    # make_optimizer tells which optimizer and hyperparameters (built on a dummy tensor)
+    probe = make_optimizer([torch.zeros(1, requires_grad=True)])
+    accepted = inspect.signature(type(probe).__init__).parameters
+    kwargs = {k: v for k, v in probe.defaults.items() if k in accepted}
+    zro = ZeroRedundancyOptimizer(ddp.params, optimizer_class=type(probe), process_group=group,
+                                  **kwargs)
+    return ddp, DataParallelOptimizer(ddp, zro)
+
+
+def torch_zero1_state_bytes(model, optimizer) -> dict:
+    """Bytes this rank holds under ``"torch-zero1"``: full parameters and gradients, and
+    the states of the optimizer over the parameters this rank owns."""
+    seen: set = set()
+    params = list(unwrap(model).parameters())
+    out = {"params": storage_bytes(params, seen), "grads": storage_bytes([p.grad for p in params], seen)}
+    local = optimizer.inner.optim          # the optimizer over this rank's parameters
+    out["optimizer"] = storage_bytes([v for s in local.state.values() for v in s.values()
+                                      if isinstance(v, torch.Tensor)], seen)
+    return out

@@ -1,0 +1,1022 @@
+"""FSDP2's options, each run on N ranks and measured against a prediction computed by code.
+
+Taught in ``notebooks/07_fsdp.ipynb``. Every ``measure_*`` function below launches a small
+real experiment (:func:`course_utils.launch.launch`: gloo ranks on CPU here, NCCL with one
+GPU per rank where there are enough GPUs) on the course GPT, sharded the way
+``course_utils.impl.fsdp``'s ``"torch-fsdp"`` strategy shards it (``fully_shard`` on every block,
+then on the root, which stays gathered from forward to backward; :func:`shard_model`), and
+returns an :class:`OptionResult`: a table of *checks* (measured, predicted, whether they
+agree), the raw measurements in ``details``, a note, and ``where`` it ran ("2 ranks, gloo
+on CPU"). Everything is seeded: a CPU run prints the same table every time.
+
+The options measured, one function each: :func:`measure_mixed_precision`
+(``MixedPrecisionPolicy``), :func:`measure_cpu_offload` (``CPUOffloadPolicy``),
+:func:`measure_reshard_after_forward` (``True``, ``False`` or an int),
+:func:`measure_prefetch` (``set_modules_to_forward_prefetch`` /
+``set_modules_to_backward_prefetch``), :func:`measure_activation_checkpointing`,
+:func:`measure_gradient_clipping` (``clip_grad_norm_`` on DTensor gradients) and
+:func:`measure_gradient_accumulation` (``set_requires_gradient_sync``). What each one
+shows, with its numbers, is in the notebook; ``tests/test_fsdp_options.py`` checks them.
+
+Which units are gathered and where the unsharded gradients wait is read from FSDP2's
+private ``FSDPParamGroup`` (through :mod:`course_utils.runtime.compat`); everything else
+is public API.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import math
+import textwrap
+from fractions import Fraction
+from numbers import Real
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..checks import check_int, require_process_group
+from ..harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
+                                   reference_grads, train_steps)
+from ..harness.model import Block, SyntheticData, build_model
+from ..impl import fsdp
+from ..impl.fsdp import (calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_state_bytes,
+                         fsdp_units, local_tensor, message_numels)
+from ..runtime import compat
+from ..runtime.fmt import num, sci
+from ..runtime.launch import launch, rank_device, where
+from ..runtime.ledger import CommLedger
+from ..theory.config import COURSE_CONFIG
+from ..theory.memory import activation_bytes
+
+__all__ = ["Check", "OptionResult", "shard_model", "measure_mixed_precision",
+           "measure_cpu_offload", "measure_reshard_after_forward", "measure_prefetch",
+           "measure_activation_checkpointing", "measure_gradient_clipping",
+           "measure_gradient_accumulation", "predicted_prefetch_order",
+           "predicted_saved_activation_bytes", "matmul_flops_per_step"]
+
+SEED = 0            #: model weights and data of every experiment here
+TIMEOUT_S = 180     #: per launch; 4 CPU ranks on 2 shared cores take a few seconds
+
+
+# ------------------------------------------------------------------ results
+
+_OPS = ("==", "<=", ">=", ">", "~")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One measured quantity next to its prediction. ``op``: ``"=="`` (equal),
+    ``"<="`` / ``">="`` / ``">"`` (a bound), ``"~"`` (within ``rel_tol`` of the prediction);
+    ``predicted=None``: nothing to compare with (e.g. a GPU-only figure on CPU)."""
+
+    quantity: str
+    measured: object
+    predicted: object
+    op: str = "=="
+    rel_tol: float = 0.0
+
+    def __post_init__(self):
+        if self.op not in _OPS:
+            raise ValueError(f"op must be one of {_OPS}, got {self.op!r}")
+
+    @property
+    def ok(self) -> bool | None:
+        """True / False: the measurement agrees with the prediction or not; None: no prediction."""
+        m, p = self.measured, self.predicted
+        if p is None or m is None:
+            return None
+        if self.op == "<=":
+            return m <= p
+        if self.op == ">=":
+            return m >= p
+        if self.op == ">":
+            return m > p
+        if self.op == "~":
+            return abs(m - p) <= self.rel_tol * abs(p)
+        return m == p
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, (list, tuple, dict)) and len(str(v)) > 48:
+        return f"[{len(v)} items]"          # long sequences: compared here, shown in details
+    if isinstance(v, Fraction):
+        v = int(v) if v.denominator == 1 else float(v)
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return num(v)
+    return str(v)
+
+
+_SYMBOL = {"<=": "≤", ">=": "≥", ">": ">"}
+
+
+def _fmt_measured(c: "Check") -> str:
+    """A measured float checked against a bound prints as the bound it meets (``≤ 1e-6``):
+    its own last digits differ from machine to machine. Everything else as :func:`_fmt`."""
+    if isinstance(c.measured, float) and c.op in _SYMBOL and c.ok:
+        return f"{_SYMBOL[c.op]} {_fmt_bound(c.predicted)}"
+    return _fmt(c.measured)
+
+
+def _exact_bound(v) -> bool:
+    """A bound the code chose (``1e-6``, ``2**-8``), not a measured value (a norm)."""
+    return isinstance(v, float) and v > 0 and (float(f"{v:.1g}") == v or math.log2(v).is_integer())
+
+
+def _fmt_bound(v) -> str:
+    return sci(v) if _exact_bound(v) else _fmt(v)
+
+
+def _fmt_predicted(c: "Check") -> str:
+    """A bound the code chose prints exactly (``0.00390625``, ``1e-6``)."""
+    return _fmt_bound(c.predicted) if c.op in _SYMBOL else _fmt(c.predicted)
+
+
+@dataclasses.dataclass(repr=False)
+class OptionResult:
+    """What a ``measure_*`` function returns: ``option`` (what was run), ``where`` (ranks and
+    backend), ``checks`` (measured vs predicted), ``details`` (every raw measurement, plain
+    Python values) and a ``note``. Its repr is :meth:`table`."""
+
+    option: str
+    where: str
+    checks: list
+    details: dict
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Every check with a prediction agrees."""
+        return all(c.ok is not False for c in self.checks)
+
+    def check(self, quantity: str) -> Check:
+        """The check named ``quantity``."""
+        named = {c.quantity: c for c in self.checks}
+        if quantity not in named:
+            raise KeyError(f"no check {quantity!r}; the checks are {list(named)}")
+        return named[quantity]
+
+    def table(self) -> str:
+        rows = [("quantity", "measured", "", "predicted", "")]
+        for c in self.checks:
+            mark = {True: "ok", False: "DIFFERS", None: ""}[c.ok]
+            op = c.op if c.op != "~" else f"~ (±{c.rel_tol:g})"
+            rows.append((c.quantity, _fmt_measured(c), op if c.predicted is not None else "",
+                         _fmt_predicted(c), mark))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [f"{self.option}: {self.where}"]
+        for i, r in enumerate(rows):
+            lines.append("  ".join(c.rjust(w) if j in (1, 3) else c.ljust(w)
+                                   for j, (c, w) in enumerate(zip(r, widths))).rstrip())
+            if i == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        if self.note:
+            lines += [textwrap.fill(par, 100) for par in self.note.split("\n")]
+        return "\n".join(lines)
+
+    __repr__ = table
+
+
+# ------------------------------------------------------------------ argument checks
+
+def _check_world_size(world_size) -> None:
+    check_int("world_size", world_size, minimum=2)           # sharding needs 2 ranks or more
+    if GLOBAL_BATCH % world_size:
+        raise ValueError(f"world_size must divide the global batch of {GLOBAL_BATCH} sequences "
+                         f"(2, 3, 4, 6 or 12), got {world_size}")
+
+
+# ------------------------------------------------------------------ sharding
+
+def shard_model(model: nn.Module, *, reshard_after_forward: bool | int = True, unit_types=None,
+                **fully_shard_kwargs) -> nn.Module:
+    """``fully_shard`` every unit of :func:`course_utils.impl.fsdp.fsdp_units` (the course GPT's
+    blocks), then the root, on a 1-D mesh of all ranks, after broadcasting rank 0's weights:
+    the layout of the ``"torch-fsdp"`` strategy, with any other ``fully_shard`` keyword
+    (``mp_policy=``, ``offload_policy=``) applied to every unit and the root.
+    ``reshard_after_forward`` (bool or an int dividing the world size) applies to the
+    units; the root keeps its parameters gathered from forward to backward. Returns the
+    model (sharded in place). Call inside a launched rank."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    require_process_group("shard_model")
+    _check_reshard(reshard_after_forward, dist.get_world_size())
+    return fsdp.wrap_fsdp2(model, lambda params: None, reshard_after_forward=reshard_after_forward,
+                      unit_types=unit_types, fully_shard_kwargs=fully_shard_kwargs)[0]
+
+
+def _check_reshard(value, world_size: int) -> None:
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, int):
+        raise TypeError(f"reshard_after_forward must be True, False or an int, got {value!r}")
+    if value < 2 or value >= world_size or world_size % value:
+        raise ValueError(f"an int reshard_after_forward is the group size to reshard to after "
+                         f"forward: a divisor of the world size ({world_size}) other than 1 and "
+                         f"{world_size}, got {value} (use True or False otherwise)")
+
+
+# ------------------------------------------------------------------ the rank side, shared
+
+def _course_model_and_data():
+    device = rank_device()
+    return (build_model(COURSE_CONFIG, seed=SEED, device=device),
+            SyntheticData(COURSE_CONFIG, global_batch=GLOBAL_BATCH, seed=SEED), device)
+
+
+def _rank_batch(data, step: int, device):
+    x, y = data.shard(step, dist.get_rank(), dist.get_world_size())
+    return x.to(device), y.to(device)
+
+
+def _train(model, data, device, steps: int, *, after_forward=None, after_step=None, around=None,
+           before_step=None, ledger: CommLedger | None = None):
+    """``steps`` AdamW steps of the course's training loop
+    (:func:`~course_utils.harness.experiments.train_steps`). Per step: the global-batch loss
+    and a :class:`CommLedger` summary of forward + backward + ``step()``.
+    ``after_forward(step)`` runs between forward and backward, ``after_step(step,
+    optimizer)`` before ``zero_grad()``, ``before_step(step)`` first, ``around(step)`` is
+    entered around forward and backward; ``ledger``: record with this one (reset at every step)."""
+    opt = make_adamw(model.parameters())
+    ledger = ledger if ledger is not None else CommLedger()
+    comms = []
+
+    def after(step):
+        comms.append({"counts": ledger.counts(), "totals": ledger.totals(),
+                      "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]})
+        if after_step is not None:
+            with ledger.pause():
+                after_step(step, opt)
+
+    with ledger:
+        losses, _ = train_steps(model, opt, data, range(steps), rank=dist.get_rank(),
+                                world=dist.get_world_size(), device=device, ledger=ledger,
+                                before_step=lambda step: (ledger.reset(), before_step and before_step(step)),
+                                around=around,
+                                after_forward=after_forward and (lambda step, loss: after_forward(step)),
+                                after_step=after)
+    return losses, comms
+
+
+def _calls(counts: dict) -> str:
+    return f"{counts['all_gather']} AG, {counts['reduce_scatter']} RS, {counts['all_reduce']} AR"
+
+
+# ================================================================== 1. mixed precision
+
+def _rank_mixed_precision(steps: int) -> dict:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    out = {}
+    policies = {"fp32": {}, "bf16": {"mp_policy": MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}}
+    for name, kwargs in policies.items():
+        model, data, device = _course_model_and_data()
+        model = shard_model(model, **kwargs)
+        inside: dict = {}
+
+        def spy(module, args, inside=inside):      # a block's first MLP layer, inside forward
+            inside.setdefault("weight", str(module.weight.dtype).replace("torch.", ""))
+            inside.setdefault("input", str(args[0].dtype).replace("torch.", ""))
+
+        model.blocks[0].mlp.up.register_forward_pre_hook(spy)
+        stored: dict = {}
+
+        def after_step(step, opt, model=model, stored=stored):
+            if step:
+                return
+            def dtypes(ts):
+                return sorted({str(local_tensor(t).dtype).replace("torch.", "") for t in ts})
+            stored["param"] = dtypes(model.parameters())
+            stored["grad"] = dtypes(p.grad for p in model.parameters())
+            stored["optimizer"] = dtypes(v for s in opt.state.values() for v in s.values()
+                                         if isinstance(v, torch.Tensor))
+
+        losses, comms = _train(model, data, device, steps, after_step=after_step)
+        out[name] = {"losses": losses, "comm": comms[0]["totals"], "counts": comms[0]["counts"],
+                     "same_every_step": all(c["totals"] == comms[0]["totals"] for c in comms),
+                     "inside_forward": inside, "stored": stored}
+    return out
+
+
+def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionResult:
+    """``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` on
+    every unit vs plain fp32, ``steps`` AdamW steps on ``world_size`` ranks: bytes of the
+    all-gathers (bf16, half) and reduce-scatters (fp32) per step against
+    :func:`course_utils.impl.fsdp.comm_bytes_per_step`, the dtypes stored and computed with, and
+    the losses of both runs."""
+    _check_world_size(world_size)
+    check_int("steps", steps, minimum=1)
+    res = launch(_rank_mixed_precision, world_size, steps, quiet=True, timeout_s=TIMEOUT_S)
+    r = res[0]
+    meta = build_model(COURSE_CONFIG, device="meta")
+    bf16_bytes = comm_bytes_per_step(meta, world_size, bytes_per_elem=2)
+    fp32_bytes = comm_bytes_per_step(meta, world_size, bytes_per_elem=4)
+    fp, bf = r["fp32"], r["bf16"]
+    diffs = [abs(a - b) for a, b in zip(bf["losses"], fp["losses"])]
+    bf16_unit = 2.0 ** -8          # bf16 keeps 8 significant bits: relative spacing 2^-8
+    checks = [
+        Check("all-gather B/step, fp32", fp["comm"]["all_gather"], fp32_bytes["all_gather"]),
+        Check("all-gather B/step, bf16 params", bf["comm"]["all_gather"], bf16_bytes["all_gather"]),
+        Check("reduce-scatter B/step, fp32 reduce", bf["comm"]["reduce_scatter"],
+              fp32_bytes["reduce_scatter"]),
+        Check("all-gather bf16 / fp32", Fraction(bf["comm"]["all_gather"], fp["comm"]["all_gather"]),
+              Fraction(1, 2)),
+        Check("collectives per step, bf16 vs fp32", _calls(bf["counts"]), _calls(fp["counts"])),
+        Check("sharded param dtype", ",".join(bf["stored"]["param"]), "float32"),
+        Check("sharded grad dtype", ",".join(bf["stored"]["grad"]), "float32"),
+        Check("optimizer state dtype", ",".join(bf["stored"]["optimizer"]), "float32"),
+        Check("block weight dtype in forward", bf["inside_forward"]["weight"], "bfloat16"),
+        Check("block input dtype in forward", bf["inside_forward"]["input"], "bfloat16"),
+        Check("max |loss bf16 - loss fp32|", max(diffs), 0.0, op=">"),
+        Check("max relative loss difference", max_rel_diff(bf["losses"], fp["losses"]),
+              bf16_unit, op="<="),
+    ]
+    details = {"losses_fp32": fp["losses"], "losses_bf16": bf["losses"], "loss_differences": diffs,
+               "comm_fp32": fp["comm"], "comm_bf16": bf["comm"],
+               "same_bytes_every_step": fp["same_every_step"] and bf["same_every_step"],
+               "inside_forward_fp32": fp["inside_forward"], "inside_forward_bf16": bf["inside_forward"],
+               "stored_bf16": bf["stored"]}
+    note = ("FSDP2 casts each unit's fp32 shard to bf16 before the all-gather (half the bytes) and "
+            "computes in bf16; the gradients are cast back to fp32 for the reduce-scatter, so the "
+            "fp32 shards, their gradients and AdamW's states are what the optimizer updates. The "
+            "losses differ from fp32 (not bit-equal: the matmuls round weights and activations to "
+            "8 significant bits) by far less than bf16's relative spacing 2^-8.")
+    return OptionResult("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)", where(res),
+                        checks, details, note)
+
+
+# ================================================================== 2. CPU offload
+
+def _offload_run(steps: int, **fully_shard_kwargs) -> dict:
+    """One run of :func:`_rank_cpu_offload`; returns after freeing its model (GPU bytes)."""
+    device = rank_device()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+    model, data, device = _course_model_and_data()
+    model = shard_model(model, **fully_shard_kwargs)
+    stored: dict = {}
+
+    def after_step(step, opt):
+        if step != steps - 1:
+            return
+        params = list(model.parameters())
+        state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        for key, ts in (("param", params), ("grad", [p.grad for p in params]), ("optimizer", state)):
+            stored[key] = sorted({str(local_tensor(t).device) for t in ts})
+        stored["bytes"] = fsdp_state_bytes(model, opt)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            stored["device_bytes"] = torch.cuda.memory_allocated(device) - base
+
+    losses, _ = _train(model, data, device, steps, after_step=after_step)
+    return {"losses": losses, "stored": stored}
+
+
+def _rank_cpu_offload(steps: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    out = {"no offload": _offload_run(steps),
+           "CPUOffloadPolicy": _offload_run(steps, offload_policy=CPUOffloadPolicy(pin_memory=False))}
+    device = rank_device()
+    try:                                    # the default pin_memory=True, on this machine
+        fully_shard(nn.Linear(4, 4, device=device), offload_policy=CPUOffloadPolicy(),
+                    mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+        out["pin_memory=True"] = "runs"
+    except Exception as exc:  # noqa: BLE001 - reported, it is the point
+        out["pin_memory=True"] = f"{type(exc).__name__}: {exc}"
+    out["device"] = device.type
+    return out
+
+
+def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
+    """``CPUOffloadPolicy(pin_memory=False)`` on every unit vs no offload, ``steps`` AdamW
+    steps: the losses, where the sharded parameters, gradients and optimizer states live
+    and their bytes; on GPUs also the device memory allocated after ``step()``, with and
+    without offload (on CPU there is no device memory to save)."""
+    _check_world_size(world_size)
+    check_int("steps", steps, minimum=1)
+    res = launch(_rank_cpu_offload, world_size, steps, quiet=True, timeout_s=TIMEOUT_S)
+    r = res[0]
+    base, off = r["no offload"], r["CPUOffloadPolicy"]
+    meta = build_model(COURSE_CONFIG, device="meta")
+    states = [expected_state_bytes(meta, world_size, rank) for rank in range(world_size)]
+    on_gpu = r["device"] == "cuda"
+    checks = [
+        Check(f"max |loss diff| over {steps} steps, offload vs not",
+              max_abs_diff(off["losses"], base["losses"]), 0.0),
+        Check("sharded params on", ",".join(off["stored"]["param"]), "cpu"),
+        Check("sharded grads on", ",".join(off["stored"]["grad"]), "cpu"),
+        Check("optimizer states on", ",".join(off["stored"]["optimizer"]), "cpu"),
+    ]
+    for rank, v in enumerate(res):
+        for key in ("params", "grads", "optimizer"):
+            measured = v["CPUOffloadPolicy"]["stored"]["bytes"][key]
+            checks.append(Check(f"rank {rank}: {key} B, offload", measured, states[rank][key]))
+    if on_gpu:   # each allocation rounds up (512 B blocks): at least the state bytes
+        saved = base["stored"]["device_bytes"] - off["stored"]["device_bytes"]
+        checks.append(Check("rank 0: device B saved >= its state B", saved, sum(states[0].values()),
+                            op=">="))
+    else:
+        checks.append(Check("device B saved (measured on GPUs only)", None, None))
+    details = {"losses": base["losses"], "losses_offload": off["losses"],
+               "stored_offload": off["stored"], "stored_no_offload": base["stored"],
+               "pin_memory=True": r["pin_memory=True"], "device": r["device"]}
+    if on_gpu:
+        note = ("Measured on GPUs: with offload the shards, gradients and AdamW states live in host "
+                "memory; each unit is copied to the GPU for its all-gather and the optimizer steps "
+                "on the CPU.")
+    else:
+        note = ("Measured on CPU, where every tensor already lives in host memory: the offload "
+                "policy runs the same code path (shards copied 'to the device' before each "
+                "all-gather, optimizer step on the CPU) and gives the same losses bit for bit, "
+                "but it cannot save device memory here; that saving (params + grads + optimizer "
+                "states, the 'state bytes' above) is measured with torch.cuda.memory_allocated "
+                "when this runs on GPUs. The default pin_memory=True needs an accelerator "
+                "(pinned host memory exists to speed up copies to a GPU): here it raises "
+                f"{r['pin_memory=True'].split(':')[0]}.")
+    return OptionResult("CPUOffloadPolicy(pin_memory=False)", where(res), checks, details, note)
+
+
+# ================================================================== 3. reshard_after_forward
+
+def _unsharded_param_bytes(model: nn.Module, sharded: set) -> int:
+    """Bytes of the parameter storages registered on the modules now that are not the
+    sharded parameters' own (``sharded``: their storage pointers), each storage once."""
+    seen: set = set()
+    total = 0
+    for p in model.parameters():
+        st = local_tensor(p).untyped_storage()
+        if st.data_ptr() not in sharded and st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total
+
+
+def _rank_reshard(settings: tuple, steps: int) -> dict:
+    out = {}
+    for setting in settings:
+        model, data, device = _course_model_and_data()
+        model = shard_model(model, reshard_after_forward=setting)
+        sharded = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
+        held: list = []
+        losses, comms = _train(model, data, device, steps,
+                               after_forward=lambda step: held.append(
+                                   _unsharded_param_bytes(model, sharded)))
+        group = compat.fsdp2_param_group(fsdp_units(model)[0])
+        post = group.post_forward_mesh_info
+        gathers = [(m, w) for op, m, w in comms[-1]["records"] if op == "all_gather"]
+        out[repr(setting)] = {
+            "losses": losses, "held": held, "counts": comms[-1]["counts"],
+            "totals": comms[-1]["totals"], "gathers": gathers,
+            "same_every_step": all(c["records"] == comms[0]["records"] for c in comms),
+            "backward_group": (None if post is None
+                               else dist.get_process_group_ranks(post.shard_process_group))}
+    return out
+
+
+def _reshard_prediction(setting, world_size: int) -> dict:
+    """All-gathers per step (calls, bytes one rank sends) and unsharded parameter bytes held
+    from forward to backward, for the course GPT sharded by :func:`shard_model`."""
+    meta = build_model(COURSE_CONFIG, device="meta")
+    m_root, *m_blocks = message_numels(meta, world_size)
+    layers = len(m_blocks)
+    if setting is True or setting is False:
+        calls = calls_per_step(layers, reshard_after_forward=setting)["all_gather"]
+        sent = comm_bytes_per_step(meta, world_size, reshard_after_forward=setting)["all_gather"]
+        held = 4 * (m_root + (0 if setting else sum(m_blocks)))
+        return {"calls": calls, "bytes": sent, "held": held, "group_sizes": [world_size] * calls}
+    k = setting      # forward: every unit over N ranks; backward: every block over k ranks
+    forward = Fraction(world_size - 1, world_size) * 4 * (m_root + sum(m_blocks))
+    backward = Fraction(k - 1, k) * 4 * sum(m_blocks)
+    return {"calls": 1 + 2 * layers, "bytes": forward + backward,
+            "held": 4 * m_root + 4 * sum(m_blocks) // k,
+            "group_sizes": [world_size] * (1 + layers) + [k] * layers}
+
+
+def _group_sizes(sizes: list) -> str:
+    """'5 over 4 ranks, 4 over 2 ranks': how many collectives ran on groups of each size."""
+    counts = {n: sizes.count(n) for n in sorted(set(sizes), reverse=True)}
+    return ", ".join(f"{c} over {n} ranks" for n, c in counts.items())
+
+
+def _groups(groups: list) -> str:
+    """'0,1 | 0,1 | 2,3 | 2,3': the ranks of each rank's group; 'none' for no group."""
+    if all(g is None for g in groups):
+        return "none"
+    return " | ".join(",".join(map(str, g)) if g is not None else "none" for g in groups)
+
+
+def _backward_group(rank: int, world_size: int, setting) -> list | None:
+    """The ranks a block's backward all-gather runs on: all for True, none for False, and for
+    an int k the k consecutive ranks containing ``rank`` (FSDP2 views the mesh as (N/k, k))."""
+    if setting is False:
+        return None
+    k = world_size if setting is True else setting
+    first = rank // k * k
+    return list(range(first, first + k))
+
+
+def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False, 2),
+                                  steps: int = 2) -> OptionResult:
+    """``reshard_after_forward`` on the blocks, one run per entry of ``settings`` (``True``,
+    ``False``, or an int dividing ``world_size``), ``steps`` steps each: all-gather calls and
+    bytes per step, the group a block's backward all-gather runs on, and the unsharded
+    parameter bytes held between forward and backward (measured at the end of forward)."""
+    _check_world_size(world_size)
+    check_int("steps", steps, minimum=1)
+    if not isinstance(settings, (tuple, list)) or not settings:
+        raise TypeError("settings must be a non-empty tuple such as (True, False, 2)")
+    for s in settings:
+        _check_reshard(s, world_size)
+    settings = tuple(settings)
+    res = launch(_rank_reshard, world_size, settings, steps, quiet=True, timeout_s=TIMEOUT_S)
+    checks = []
+    first = res[0][repr(settings[0])]["losses"]
+    for i, s in enumerate(settings):
+        m = res[0][repr(s)]
+        p = _reshard_prediction(s, world_size)
+        groups = [v[repr(s)]["backward_group"] for v in res]
+        checks += [
+            Check(f"{s!r}: all-gathers/step", m["counts"]["all_gather"], p["calls"]),
+            Check(f"{s!r}: all-gathers, over how many ranks", _group_sizes([w for _, w in m["gathers"]]),
+                  _group_sizes(p["group_sizes"])),
+            Check(f"{s!r}: all-gather B/step", m["totals"]["all_gather"], p["bytes"]),
+            Check(f"{s!r}: backward all-gather ranks, by rank", _groups(groups),
+                  _groups([_backward_group(r, world_size, s) for r in range(world_size)])),
+            Check(f"{s!r}: unsharded param B held fwd->bwd", max(m["held"]), p["held"]),
+        ]
+        if i:
+            checks.append(Check(f"{s!r}: max |loss diff| vs {settings[0]!r}",
+                                max_abs_diff(m["losses"], first), 0.0))
+    details = {repr(s): res[0][repr(s)] for s in settings}
+    ints = [s for s in settings if not isinstance(s, bool)]
+    note = ("True frees every block after its forward and gathers it again in backward (ZeRO-3); "
+            "False keeps it gathered (ZeRO-2-like: fewer all-gathers, the whole model's parameters "
+            "held until backward). ")
+    if ints:
+        k = ints[0]
+        note += (f"An int k={k}: after forward each rank keeps a copy of its 1/{k} slice of the "
+                 f"gathered parameters (no communication) and backward re-gathers them within its "
+                 f"group of {k} consecutive ranks (FSDP2 views the mesh as a ({world_size // k}, {k}) "
+                 f"mesh, like HSDP), moving the same message with a ({k}-1)/{k} ring factor instead "
+                 f"of ({world_size}-1)/{world_size}, for 1/{k} of the parameters held in between.")
+    return OptionResult("reshard_after_forward", where(res), checks, details, note)
+
+
+# ================================================================== 4. explicit prefetching
+
+def predicted_prefetch_order(num_blocks: int, forward_depth: int = 0, backward_depth: int = 1) -> list:
+    """The events of one step of the course GPT under :func:`shard_model` (blocks resharded
+    after forward) with each block prefetching ``forward_depth`` blocks ahead in forward and
+    ``backward_depth`` in backward (FSDP2's defaults: 0 and 1, the CPU issues the next
+    all-gather only when the next block starts): ``"fwd blockI"`` (a block's forward
+    starts), ``"bwd ..."`` (a unit's pre-backward), ``"AG ..."`` (an all-gather is issued),
+    ``"RS ..."`` (a reduce-scatter). The root's pre-backward, first of all, prefetches the
+    last block (the root sets no explicit list, so FSDP2's default applies to it)."""
+    for name, v in (("forward_depth", forward_depth), ("backward_depth", backward_depth)):
+        check_int(name, v, minimum=0)
+    check_int("num_blocks", num_blocks, minimum=1)
+    events, issued = ["AG root"], set()
+    for i in range(num_blocks):
+        events.append(f"fwd block{i}")
+        for j in range(i, min(num_blocks, i + 1 + forward_depth)):
+            if j not in issued:
+                issued.add(j)
+                events.append(f"AG block{j}")
+    events += ["bwd root", f"AG block{num_blocks - 1}"]     # the root prefetches the last block
+    issued = {num_blocks - 1}
+    for i in reversed(range(num_blocks)):
+        events.append(f"bwd block{i}")
+        for j in range(i, max(-1, i - 1 - backward_depth), -1):
+            if j not in issued:
+                issued.add(j)
+                events.append(f"AG block{j}")
+        events.append(f"RS block{i}")
+    return events + ["RS root"]
+
+
+def _timeline(label: str, events: list) -> str:
+    text = [e.replace("block", "") for e in events]
+    cut = text.index("bwd root") if "bwd root" in text else len(text)
+    return (f"{label}, forward: {', '.join(text[:cut])}\n"
+            f"{label}, backward: {', '.join(text[cut:])}")
+
+
+def _instrument(model: nn.Module, ledger: CommLedger):
+    """Record (events, peaks) of ``model`` sharded by :func:`shard_model`: every all-gather
+    and reduce-scatter a unit issues (seen by ``ledger``), every block forward, every
+    pre-backward; and the most units gathered at once (unsharded, or their all-gather
+    result waiting) in forward and in backward. Returns ``(events, peaks, reset, watch)``:
+    record inside ``with watch:``; ``reset()`` starts a new step."""
+    groups = {"root": compat.fsdp2_param_group(model),
+              **{f"block{i}": compat.fsdp2_param_group(u) for i, u in enumerate(fsdp_units(model))}}
+    labels = {"unshard": "AG", "pre_backward": "", "post_backward": "RS"}
+    events: list = []
+    peaks = {"forward": 0, "backward": 0}
+    phase = ["forward"]
+
+    def note_peak() -> None:
+        peaks[phase[0]] = max(peaks[phase[0]], sum(map(compat.fsdp2_is_gathered, groups.values())))
+
+    def on_call(name, group, method, call):
+        if method == "pre_backward":
+            phase[0] = "backward"
+            if compat.fsdp2_training_state(group) != "PRE_BACKWARD":
+                events.append(f"bwd {name}")
+        before = len(ledger.records)
+        out = call()
+        if labels[method] and len(ledger.records) > before:
+            events.append(f"{labels[method]} {name}")
+        note_peak()
+        return out
+
+    for i, block in enumerate(fsdp_units(model)):
+        block.register_forward_pre_hook(lambda m, a, i=i: events.append(f"fwd block{i}"), prepend=True)
+        block.register_forward_pre_hook(lambda m, a: note_peak())       # after FSDP's unshard
+
+    def reset():
+        events.clear()
+        peaks.update(forward=0, backward=0)
+        phase[0] = "forward"
+
+    return events, peaks, reset, compat.watch_fsdp2(groups, labels, on_call)
+
+
+def _rank_prefetch(depth: int, steps: int) -> dict:
+    out = {}
+    for name, d in (("default", 0), ("explicit", depth)):
+        model, data, device = _course_model_and_data()
+        model = shard_model(model)
+        blocks = fsdp_units(model)
+        if d:
+            for i, block in enumerate(blocks):
+                block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + d])
+                block.set_modules_to_backward_prefetch(blocks[max(0, i - d):i][::-1])
+        ledger = CommLedger()
+        events, peaks, reset, watch = _instrument(model, ledger)
+        with watch:
+            losses, _ = _train(model, data, device, steps, ledger=ledger, before_step=lambda step: reset())
+        out[name] = {"losses": losses, "events": list(events), "peaks": dict(peaks),
+                     "counts": ledger.counts()}
+    return out
+
+
+def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> OptionResult:
+    """FSDP2's default prefetching vs explicit ``set_modules_to_forward_prefetch`` /
+    ``set_modules_to_backward_prefetch`` of the next ``depth`` blocks: the order in which
+    all-gathers are issued relative to the blocks' forward and backward (last step), the
+    most units gathered at once, the losses."""
+    _check_world_size(world_size)
+    check_int("steps", steps, minimum=1)
+    layers = COURSE_CONFIG.layers
+    check_int("depth", depth, minimum=1)                     # 0 is FSDP2's default
+    if depth >= layers:
+        raise ValueError(f"depth must be < {layers} (the number of blocks), got {depth}")
+    res = launch(_rank_prefetch, world_size, depth, steps, quiet=True, timeout_s=TIMEOUT_S)
+    r = res[0]
+    default, explicit = r["default"], r["explicit"]
+
+    def gathered(d):             # the root + the current block + d prefetched blocks
+        return 1 + min(layers, 1 + d)
+
+    checks = [
+        Check("default: order of events", default["events"], predicted_prefetch_order(layers, 0, 1)),
+        Check(f"{depth} ahead: order of events", explicit["events"],
+              predicted_prefetch_order(layers, depth, depth)),
+        Check("default: units gathered at once, forward", default["peaks"]["forward"], gathered(0)),
+        Check("default: units gathered at once, backward", default["peaks"]["backward"], gathered(1)),
+        Check(f"{depth} ahead: units gathered at once, forward", explicit["peaks"]["forward"],
+              gathered(depth)),
+        Check(f"{depth} ahead: units gathered at once, backward", explicit["peaks"]["backward"],
+              gathered(depth)),
+        Check("collectives per step, explicit vs default", _calls(explicit["counts"]),
+              _calls(default["counts"])),
+        Check(f"max |loss diff| over {steps} steps",
+              max_abs_diff(explicit["losses"], default["losses"]), 0.0),
+    ]
+    note = ("A unit counts as gathered from the moment its all-gather is issued until it is "
+            "resharded; the root stays gathered throughout. By default the CPU issues a block's "
+            "all-gather in forward only when the block starts (on a GPU the CPU runs ahead of the "
+            "kernels, so that all-gather still overlaps the previous block's compute) and "
+            f"prefetches one block in backward. Prefetching {depth} ahead issues the all-gathers "
+            f"earlier and holds root + 1 + {depth} units; the same collectives, the same losses. "
+            "Measured order "
+            "(fwd i: block i's forward starts; bwd: pre-backward; AG/RS: all-gather/reduce-scatter "
+            "issued):\n" + _timeline("default", default["events"]) + "\n"
+            + _timeline(f"{depth} ahead", explicit["events"]))
+    return OptionResult(f"explicit prefetching, {depth} blocks ahead", where(res), checks,
+                        {"default": default, "explicit": explicit}, note)
+
+
+# ================================================================== 5. activation checkpointing
+
+def predicted_saved_activation_bytes(micro_batch: int, *, checkpointed: bool) -> dict:
+    """Bytes autograd saves for backward (parameters excluded) in one forward of the course
+    GPT (fp32, CPU kernels) on ``micro_batch`` sequences, from
+    :func:`course_utils.memory.activation_bytes`, whose per-layer formula counts 16-bit
+    activations and one-byte dropout masks:
+
+    * per block, no checkpointing: ``attention="flash"`` gives 34·s·b·h bytes, of which
+      2·s·b·h are the two dropout masks the course GPT does not have; the rest, 16 s·b·h
+      elements, doubles in fp32; plus what the formula leaves out: each LayerNorm's mean
+      and 1/std (2·b·s floats, two norms) and the attention's logsumexp (a·b·s floats);
+    * per block, checkpointed: ``recompute="full"`` keeps the block input, 2·s·b·h bytes in
+      16 bits, doubled in fp32;
+    * outside the blocks (the same either way): the final norm's and the output layer's
+      inputs (the formula's 2·2·s·b·h, doubled), the fp32 logits' log-softmax (4·s·b·V),
+      the final norm's statistics (2·b·s floats) and the int64 token ids, positions and
+      targets, and the loss's 4-byte total weight.
+    """
+    check_int("micro_batch", micro_batch, minimum=1)
+    cfg = COURSE_CONFIG
+    s, b, h, a = cfg.seq, micro_batch, cfg.hidden, cfg.heads
+    sbh = s * b * h
+    full = activation_bytes(cfg, micro_batch=b)
+    if checkpointed:
+        per_block = 2 * activation_bytes(cfg, micro_batch=b, recompute="full").per_layer
+    else:
+        flash = activation_bytes(cfg, micro_batch=b, attention="flash").per_layer
+        per_block = 2 * (flash - 2 * sbh) + 4 * (2 * 2 * b * s + a * b * s)
+    outside = (2 * (full.outside_layers - full.logits - sbh) + full.logits + 4 * 2 * b * s
+               + 8 * (b * s + s + b * s) + 4)
+    return {"per_block": per_block, "outside": outside, "total": cfg.layers * per_block + outside}
+
+
+def matmul_flops_per_step(micro_batch: int, *, checkpointed: bool) -> int:
+    """Matmul FLOPs (2·m·n·k each) of one forward + backward of the course GPT on
+    ``micro_batch`` sequences: backward twice forward; non-reentrant checkpointing (its
+    default early stop) recomputes every block matmul but the last (the MLP's down
+    projection, whose output nothing saves)."""
+    check_int("micro_batch", micro_batch, minimum=1)
+    cfg = COURSE_CONFIG
+    tokens, h, f = micro_batch * cfg.seq, cfg.hidden, cfg.ffn_
+    block = 4 * h * h + 2 * h * f                    # q, k, v, o; up, down
+    forward = 2 * tokens * (cfg.layers * block + cfg.vocab * h)
+    recompute = 2 * tokens * cfg.layers * (block - f * h) if checkpointed else 0
+    return 3 * forward + recompute
+
+
+def _apply_checkpointing(model: nn.Module, method: str) -> None:
+    checkpoint, apply_activation_checkpointing = compat.checkpoint_functions()
+    if method == "composable":
+        for block in fsdp_units(model):
+            checkpoint(block)
+    elif method == "wrapper":
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
+
+
+def _saved_tensor_counter(model: nn.Module):
+    """A (pack, unpack) pair for ``saved_tensors_hooks`` and the dict it fills: bytes of
+    the storages autograd saves, each once, split into parameters (a storage of a
+    parameter registered on the model at that moment) and activations."""
+    seen: dict = {}
+    counts = {"activations": 0, "parameters": 0}
+
+    def pack(t):
+        key = compat.storage_key(t)
+        if key not in seen:                  # the storage itself: data pointers get reused
+            seen[key] = t                    # keep it alive while counting
+            params = {compat.storage_key(p) for p in model.parameters()}
+            counts["parameters" if key in params else "activations"] += t.untyped_storage().nbytes()
+        return t
+
+    return pack, (lambda t: t), counts, seen
+
+
+def _rank_checkpointing(steps: int) -> dict:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    out = {}
+    for method in ("none", "composable", "wrapper"):
+        model, data, device = _course_model_and_data()
+        _apply_checkpointing(model, method)
+        model = shard_model(model)
+        starts = [0]
+        for m in model.modules():
+            if isinstance(m, Block):
+                m.norm1.register_forward_pre_hook(lambda mod, a: starts.__setitem__(0, starts[0] + 1))
+        seen = {}
+
+        @contextlib.contextmanager
+        def counted(step):
+            pack, unpack, seen["saved"], seen["keep"] = _saved_tensor_counter(model)
+            starts[0] = 0
+            with FlopCounterMode(display=False) as seen["flops"], \
+                    torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                yield
+            seen["keep"].clear()
+
+        ledger = CommLedger()
+        losses, _ = _train(model, data, device, steps, ledger=ledger, around=counted,
+                           after_forward=lambda step: seen.__setitem__("forward_starts", starts[0]))
+        flops, saved, forward_starts = seen["flops"], seen["saved"], seen["forward_starts"]
+        x, _ = data.shard(0, dist.get_rank(), dist.get_world_size())
+        matmul = sum(n for op, n in flops.get_flop_counts()["Global"].items()
+                     if str(op).split(".")[-1] in ("mm", "addmm", "bmm"))
+        out[method] = {"losses": losses, "saved": dict(saved), "counts": ledger.counts(),
+                       "block_forwards": {"forward": forward_starts, "step": starts[0]},
+                       "matmul_flops": matmul, "local_batch": x.shape[0], "device": device.type}
+    return out
+
+
+def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> OptionResult:
+    """Activation checkpointing of every block, applied before ``fully_shard`` two ways
+    that both work with FSDP2 in torch 2.13: ``torch.distributed._composable.checkpoint``
+    on each block (module structure and parameter names unchanged) and
+    ``apply_activation_checkpointing`` (``checkpoint_wrapper`` around each ``Block``).
+    Measured per step (last step): bytes autograd saves for backward (each storage once,
+    parameters apart), block forwards run, matmul FLOPs (``FlopCounterMode``), collectives,
+    and the losses, against no checkpointing."""
+    _check_world_size(world_size)
+    check_int("steps", steps, minimum=1)
+    res = launch(_rank_checkpointing, world_size, steps, quiet=True, timeout_s=TIMEOUT_S)
+    r = res[0]
+    b = r["none"]["local_batch"]
+    no_ac = predicted_saved_activation_bytes(b, checkpointed=False)
+    ac = predicted_saved_activation_bytes(b, checkpointed=True)
+    exact_kernels = r["none"]["device"] == "cpu"     # the kernels' saved tensors differ on GPUs
+    layers = COURSE_CONFIG.layers
+    checks = [Check("saved activation B, no checkpointing", r["none"]["saved"]["activations"],
+                    no_ac["total"], op="==" if exact_kernels else "~", rel_tol=0.05),
+              Check("matmul FLOPs/step, no checkpointing", r["none"]["matmul_flops"],
+                    matmul_flops_per_step(b, checkpointed=False))]
+    for method in ("composable", "wrapper"):
+        m = r[method]
+        checks += [
+            Check(f"{method}: saved activation B", m["saved"]["activations"], ac["total"]),
+            Check(f"{method}: block forwards/step", m["block_forwards"]["step"], 2 * layers),
+            Check(f"{method}: matmul FLOPs/step", m["matmul_flops"],
+                  matmul_flops_per_step(b, checkpointed=True)),
+            Check(f"{method}: collectives/step", _calls(m["counts"]), _calls(r["none"]["counts"])),
+            Check(f"{method}: max relative loss difference",
+                  max_rel_diff(m["losses"], r["none"]["losses"]), 1e-6, op="<="),
+        ]
+    saved = {method: r[method]["saved"]["activations"] for method in r}
+    details = {**r, "predicted_no_checkpointing": no_ac, "predicted_checkpointed": ac,
+               "saved_ratio": saved["composable"] / saved["none"],
+               "flops_ratio": r["composable"]["matmul_flops"] / r["none"]["matmul_flops"]}
+    note = (f"Per block, {no_ac['per_block']:,} B saved without checkpointing, {ac['per_block']:,} B "
+            f"(its input) with it; {no_ac['outside']:,} B outside the blocks either way. The "
+            "recomputation runs inside each block's backward, after FSDP2's pre-backward hook has "
+            "gathered it: no extra all-gathers. Parameters referenced by saved tensors "
+            "(unsharded weights, freed after forward and gathered again) are not activations "
+            "and are left out.")
+    return OptionResult("activation checkpointing of every block", where(res), checks, details, note)
+
+
+# ================================================================== 6. gradient clipping
+
+def _rank_clipping(max_norm: float) -> dict:
+    model, data, device = _course_model_and_data()
+    model = shard_model(model)
+    x, y = _rank_batch(data, 0, device)
+    model(x, y).backward()
+    local = torch.linalg.vector_norm(torch.stack(
+        [torch.linalg.vector_norm(local_tensor(p.grad)) for p in model.parameters()]))
+    with CommLedger() as ledger:
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    after = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    out = {"total_norm": float(total.full_tensor() if hasattr(total, "full_tensor") else total),
+           "total_norm_type": f"{type(total).__name__} {getattr(total, 'placements', '')}".strip(),
+           "norm_after": float(after.full_tensor() if hasattr(after, "full_tensor") else after),
+           "local_norm": local.item(), "counts": ledger.counts(), "totals": ledger.totals(),
+           "messages": ledger.message_bytes(),
+           "has_clip_method": hasattr(model, "clip_grad_norm_"),
+           "num_param_tensors": sum(1 for p in model.parameters() if p.grad is not None)}
+    grads = full_grads(model)
+    if dist.get_rank() == 0:
+        out["grads"] = {n: g.cpu() for n, g in grads.items()}
+    return out
+
+
+def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> OptionResult:
+    """One backward of the global batch on ``world_size`` ranks, then
+    ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`` on FSDP2's DTensor
+    gradients, against one process clipping the whole gradient of the whole batch: the
+    total norm, the clipped full gradients (gathered with ``full_tensor()``), the
+    collectives clipping issues; and the wrong way, each rank's norm of its local shards."""
+    _check_world_size(world_size)
+    if isinstance(max_norm, bool) or not isinstance(max_norm, Real) or not max_norm > 0:
+        raise ValueError(f"max_norm must be a positive number such as 0.5, got {max_norm!r}")
+    max_norm = float(max_norm)
+    res = launch(_rank_clipping, world_size, max_norm, quiet=True, timeout_s=TIMEOUT_S)
+    _, ref_norm, ref_grads = reference_grads(max_norm=max_norm)
+    r = res[0]
+    biggest = max(g.abs().max().item() for g in ref_grads.values())
+    grad_diff = max((r["grads"][n] - g).abs().max().item() for n, g in ref_grads.items()) / biggest
+    locals_ = [v["local_norm"] for v in res]
+    n_tensors = r["num_param_tensors"]
+    checks = [
+        Check("total norm vs one process", r["total_norm"], ref_norm, op="~", rel_tol=1e-6),
+        Check("same total norm on every rank", len({v["total_norm"] for v in res}), 1),
+        Check("clipped grads: max |diff| / max |grad|", grad_diff, 1e-6, op="<="),
+        Check("global norm after clipping", r["norm_after"], min(max_norm, ref_norm), op="~",
+              rel_tol=1e-5),
+        Check("all-reduces issued by clipping", r["counts"]["all_reduce"], 1),
+        Check("all-reduce message B (one norm per tensor)", r["messages"]["all_reduce"], 4 * n_tensors),
+        Check("sqrt(sum of local shard norms^2)", math.sqrt(sum(n * n for n in locals_)), ref_norm,
+              op="~", rel_tol=1e-6),
+        Check("largest local shard norm (wrong way)", max(locals_), ref_norm, op="<="),
+        Check("FSDP2 module has clip_grad_norm_", r["has_clip_method"], False),
+    ]
+    details = {"max_norm": max_norm, "total_norm": r["total_norm"], "reference_norm": ref_norm,
+               "total_norm_type": r["total_norm_type"], "local_shard_norms": locals_,
+               "clip_coefficient": min(1.0, max_norm / (ref_norm + 1e-6)),
+               "grad_max_rel_diff": grad_diff, "comm": r["totals"]}
+    note = ("clip_grad_norm_ sees DTensor gradients: each parameter's norm is a partial result "
+            "that one all-reduce of the squared norms (one float per tensor) completes, so every "
+            "rank gets the global norm and scales its shards by the same factor. A norm of the "
+            "local shards alone differs per rank and is too small (each rank would clip with its "
+            "own, wrong factor). A tutorial's advice to call model.clip_grad_norm_ is for FSDP1's "
+            "FullyShardedDataParallel; FSDP2 has no such method and needs none.")
+    return OptionResult(f"clip_grad_norm_(max_norm={max_norm:g}) on sharded gradients", where(res),
+                        checks, details, note)
+
+
+# ================================================================== 7. gradient accumulation
+
+def _rank_accumulation(micro_batches: int) -> dict:
+    out = {}
+    for name in ("sync every micro-batch", "sync on the last only"):
+        model, data, device = _course_model_and_data()
+        model = shard_model(model)
+        opt = make_adamw(model.parameters())
+        x, y = _rank_batch(data, 0, device)
+        per = []
+        for i, (xm, ym) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches))):
+            if name == "sync on the last only":
+                model.set_requires_gradient_sync(i == micro_batches - 1)
+            with CommLedger() as ledger:
+                (model(xm, ym) / micro_batches).backward()
+            per.append({"counts": ledger.counts(), "totals": ledger.totals(),
+                        "unsharded_grad_bytes": compat.fsdp2_unsharded_grad_bytes(model),
+                        "sharded_grad_bytes": fsdp_state_bytes(model, opt)["grads"]})
+        grads = full_grads(model)
+        out[name] = {"micro_batches": per}
+        if dist.get_rank() == 0:
+            out[name]["grads"] = {n: g.cpu() for n, g in grads.items()}
+    return out
+
+
+def measure_gradient_accumulation(world_size: int = 2, *, micro_batches: int = 3) -> OptionResult:
+    """Gradient accumulation over ``micro_batches`` micro-batches of each rank's rows of the
+    global batch, with ``set_requires_gradient_sync(False)`` on all but the last vs syncing
+    every micro-batch: collectives per micro-batch, gradient bytes held between
+    micro-batches, and the accumulated gradient against one process on the whole batch."""
+    _check_world_size(world_size)
+    check_int("micro_batches", micro_batches, minimum=2)
+    rows = GLOBAL_BATCH // world_size
+    if rows % micro_batches:
+        raise ValueError(f"each of the {world_size} ranks has {rows} sequences; micro_batches must "
+                         f"divide {rows}, got {micro_batches}")
+    res = launch(_rank_accumulation, world_size, micro_batches, quiet=True, timeout_s=TIMEOUT_S)
+    _, _, ref = reference_grads()
+    biggest = max(g.abs().max().item() for g in ref.values())
+    meta = build_model(COURSE_CONFIG, device="meta")
+    units = 1 + COURSE_CONFIG.layers
+    psi = sum(p.numel() for p in meta.parameters())
+    sharded = expected_state_bytes(meta, world_size, 0)["grads"]
+    k = micro_batches
+    nosync, sync = res[0]["sync on the last only"], res[0]["sync every micro-batch"]
+
+    def diff(run):
+        return max((run["grads"][n] - g).abs().max().item() for n, g in ref.items()) / biggest
+
+    mb = nosync["micro_batches"]
+    checks = [
+        Check("reduce-scatters per micro-batch, no sync", [m["counts"]["reduce_scatter"] for m in mb],
+              [0] * (k - 1) + [units]),
+        Check("reduce-scatters per micro-batch, sync", [m["counts"]["reduce_scatter"]
+                                                        for m in sync["micro_batches"]], [units] * k),
+        Check("all-gathers per micro-batch, no sync", [m["counts"]["all_gather"] for m in mb],
+              [calls_per_step(COURSE_CONFIG.layers)["all_gather"]] * k),
+        Check("unsharded grad B held between micro-batches", mb[0]["unsharded_grad_bytes"], 4 * psi),
+        Check("sharded grad B held between micro-batches, no sync", mb[0]["sharded_grad_bytes"], 0),
+        Check("sharded grad B held, sync every micro-batch",
+              sync["micro_batches"][0]["sharded_grad_bytes"], sharded),
+        Check("unsharded grad B after the last (reduced)", mb[-1]["unsharded_grad_bytes"], 0),
+        Check("sharded grad B after the last", mb[-1]["sharded_grad_bytes"], sharded),
+        Check("no sync: max |grad - full batch| / max |grad|", diff(nosync), 1e-6, op="<="),
+        Check("sync: max |grad - full batch| / max |grad|", diff(sync), 1e-6, op="<="),
+    ]
+    details = {"no_sync": mb, "sync": sync["micro_batches"], "grad_max_rel_diff_no_sync": diff(nosync),
+               "grad_max_rel_diff_sync": diff(sync), "num_params": psi}
+    note = (f"Tolerance: the largest gradient difference from one process on the whole batch, "
+            f"relative to the largest gradient, at most 1e-6 (fp32, another summation order). "
+            f"Without sync each rank keeps full-size gradients, 4 B x {psi:,} parameters, between "
+            f"micro-batches instead of its padded shard ({sharded:,} B on {world_size} ranks), and "
+            f"saves {k - 1} of the {k} rounds of reduce-scatters; the parameters are still gathered "
+            "again for every micro-batch (reshard_after_backward stays True).")
+    return OptionResult(f"set_requires_gradient_sync(False), {k} micro-batches", where(res),
+                        checks, details, note)

@@ -1,0 +1,123 @@
+"""HSDP measured: which group each collective runs on, and FSDP1's ``HYBRID_SHARD`` trap.
+
+Taught in ``notebooks/08_beyond_one_box.ipynb``.
+
+:func:`fsdp1_hybrid_without_mesh` measures a trap of the older FSDP1 API on CPU:
+``ShardingStrategy.HYBRID_SHARD`` without a mesh or process groups infers "one node =
+``device_count()`` devices", which is 1 on CPU, switches to ``NO_SHARD`` on a 1-rank
+group with only a warning, and never all-reduces across ranks: the ranks diverge.
+"""
+from __future__ import annotations
+
+from ..checks import check_int
+from ..harness import experiments
+from ..impl import fsdp
+from ..impl.hsdp import DEFAULT_SHARDS, mesh_shape, wrap_torch_hsdp
+
+__all__ = ["measure_hsdp", "fsdp1_hybrid_without_mesh"]
+
+
+def _measure_rank(shards: int, steps: int, seed: int) -> dict:
+    """One rank: train the course GPT with HSDP, record every collective with its group size."""
+    import torch.distributed as dist
+
+    from ..harness.model import SyntheticData, build_model
+    from ..runtime.launch import rank_device
+    from ..runtime.ledger import CommLedger
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = rank_device()
+    model, optimizer = wrap_torch_hsdp(build_model(seed=seed, device=device), experiments.make_adamw,
+                                       shards=shards)
+    data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
+    state = {}
+
+    def measure_last(step):
+        if step == steps - 1:
+            state.update(fsdp.fsdp_state_bytes(model, optimizer))
+
+    with CommLedger() as ledger:
+        losses, _ = experiments.train_steps(model, optimizer, data, range(steps), rank=rank,
+                                            world=world, device=device, ledger=ledger,
+                                            after_step=measure_last)
+    by_group: dict = {}
+    for rec in ledger.records:
+        key = (rec.op, rec.world_size, rec.rank)
+        row = by_group.setdefault(key, {"calls": 0, "message_bytes": 0})
+        row["calls"] += 1
+        row["message_bytes"] += rec.message_bytes
+    return {"rank": rank, "losses": losses, "totals": ledger.totals(), "counts": ledger.counts(),
+            "by_group": by_group, "state_bytes": {k: int(v) for k, v in state.items()}}
+
+
+def measure_hsdp(world_size: int = 4, shards: int = DEFAULT_SHARDS, *, steps: int = 1, seed: int = 0,
+                 timeout_s: float = 120.0) -> list[dict]:
+    """Train the course GPT with HSDP on ``world_size`` ranks; per rank: ``losses``,
+    ``totals``/``counts`` (CommLedger), ``by_group`` and ``state_bytes``.
+
+    ``by_group`` is ``{(op, group size, rank in the group): {"calls", "message_bytes"}}``:
+    which group each collective ran on. Global rank g sits at place ``g % shards`` of its
+    shard group and ``g // shards`` of its replicate group, so the key tells the groups
+    apart even when both have the same size (2 x 2).
+    """
+    from ..harness.model import warm_up
+    from ..runtime.launch import launch
+
+    mesh_shape(world_size, shards)
+    check_int("steps", steps, 1)
+    check_int("seed", seed, 0)
+    if experiments.GLOBAL_BATCH % world_size:
+        raise ValueError(f"the global batch of {experiments.GLOBAL_BATCH} rows cannot be split "
+                         f"over {world_size} ranks; use 2, 3, 4 or 6 ranks")
+    warm_up(imports=("torch.distributed.fsdp",))
+    return list(launch(_measure_rank, world_size, shards, steps, seed, quiet=True, timeout_s=timeout_s))
+
+
+def _fsdp1_hybrid_rank() -> dict:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from ..runtime.ledger import CommLedger
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wrapped = FSDP(model, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+                       auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+                       device_id=torch.device("cpu"))
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    x = torch.full((2, 4), float(rank + 1))           # each rank its own data
+    with CommLedger() as ledger:
+        wrapped(x).sum().backward()
+        opt.step()
+    with FSDP.summon_full_params(wrapped):
+        weight = model[0].weight.detach().reshape(-1).tolist()
+    groups = sorted({r.world_size for r in ledger.records})
+    return {"weight": weight, "shard_group_size": wrapped.process_group.size(),
+            "all_reduce_group_sizes": groups, "counts": ledger.counts(),
+            "warnings": sorted({str(w.message).split(" since ")[0] for w in caught
+                                if "HYBRID_SHARD" in str(w.message)})}
+
+
+def fsdp1_hybrid_without_mesh(world_size: int = 2) -> dict:
+    """FSDP1 ``HYBRID_SHARD`` with an auto-wrap policy but no mesh, on gloo CPU ranks that
+    each see different data, one SGD step: ``{"where", "shard_group_size",
+    "all_reduce_group_sizes", "diverged", "warnings"}``. Measured (torch 2.13): the shard
+    group has 1 rank, every all-reduce runs on a 1-rank group, the ranks' weights differ.
+    (Manual wrapping without a mesh raises a ValueError instead.)"""
+    from ..runtime.launch import launch, where
+
+    check_int("world_size", world_size, 2)
+    out = launch(_fsdp1_hybrid_rank, world_size, backend="gloo", quiet=True, timeout_s=60)
+    return {"where": where(out, backend_first=True),
+            "shard_group_size": out[0]["shard_group_size"],
+            "all_reduce_group_sizes": out[0]["all_reduce_group_sizes"],
+            "diverged": any(o["weight"] != out[0]["weight"] for o in out[1:]),
+            "warnings": out[0]["warnings"]}

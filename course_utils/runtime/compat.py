@@ -1,0 +1,284 @@
+"""Every difference between the torch versions the course supports, and every private
+torch API the course touches, in one place (``tests/test_architecture.py`` checks that
+no other module reaches into torch's private names).
+
+- The oldest torch it runs on (:data:`MIN_TORCH`; importing ``course_utils`` on an older
+  one raises one sentence naming the torch to install).
+- FSDP2's own data parallelism, ``replicate``, private and with a different signature
+  across versions (:func:`fsdp2_replicate`).
+- One spelling of the flat-buffer collectives, used by every piece of course code that
+  gathers or reduce-scatters one flat tensor (the collectives of notebook 01, the ZeRO
+  and FSDP code of notebooks 04-07). torch 2.13 renamed them and deprecated the old
+  names (a ``FutureWarning`` on every call)::
+
+    torch >= 2.13                          torch 2.10 - 2.12
+    dist.all_gather_single(out, inp)       dist.all_gather_into_tensor(out, inp)
+    dist.reduce_scatter_single(out, inp)   dist.reduce_scatter_tensor(out, inp)
+
+Course code calls :func:`all_gather_into_tensor` and :func:`reduce_scatter_tensor`
+from here: they call the new name when torch has it
+(no warning) and the old one otherwise. The functions are looked up on
+``torch.distributed`` at call time, so a :class:`~course_utils.comm.CommLedger`
+that is recording sees the call.
+
+Shapes: ``output`` of ``all_gather_into_tensor`` holds ``world_size`` times the
+elements of ``input`` (concatenated along dim 0); ``input`` of
+``reduce_scatter_tensor`` holds ``world_size`` times the elements of ``output``. With
+gloo, pad flat buffers to a multiple of the world size: uneven sizes fail.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_flatten, tree_unflatten  # private: the one place it is imported
+
+__all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "HAS_SINGLE_NAMES",
+           "ALL_GATHER_NAME", "REDUCE_SCATTER_NAME", "fsdp2_replicate",
+           "MIN_TORCH", "require_supported_torch",
+           "fsdp2_param_group", "fsdp2_param_groups", "fsdp2_training_state", "fsdp2_is_gathered",
+           "fsdp2_unsharded_bytes", "fsdp2_unsharded_grad_bytes", "watch_fsdp2", "queue_backward_callback", "storage_key",
+           "resolve_process_group", "functional_collectives", "mem_tracker",
+           "checkpoint_functions", "fsdp1_allow_cpu_sync_module_states", "tree_flatten", "tree_unflatten", "DDP_BUFFER_BROADCAST"]
+
+#: The oldest torch the course runs on (README, "Where it runs"). Measured on CPU/gloo:
+#: 2.10 passes every test and notebook; on 2.9 FSDP2's ``replicate`` and sharded
+#: gradient clipping differ, and on 2.7 FSDP2 reduces with ``ReduceOp.AVG``, which gloo
+#: lacks, so its gradients come out N times too large, silently.
+MIN_TORCH = (2, 10)
+
+
+def require_supported_torch(version: str | None = None) -> None:
+    """Raise ``ImportError`` naming the torch to install when ``version`` (default: this
+    torch's) is older than :data:`MIN_TORCH`; a version string it cannot read passes."""
+    version = torch.__version__ if version is None else version
+    if not isinstance(version, str):
+        raise TypeError(f"version must be a string like '2.10.0', got {type(version).__name__}")
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found and (int(found[1]), int(found[2])) < MIN_TORCH:
+        need = ".".join(map(str, MIN_TORCH))
+        raise ImportError(
+            f"ZeRO to FSDP needs torch >= {need}, and this is torch {version}: "
+            f"run `pip install 'torch>={need}'` and restart the kernel.")
+
+
+#: True when this torch has ``all_gather_single`` / ``reduce_scatter_single`` (2.13+).
+HAS_SINGLE_NAMES = hasattr(dist, "all_gather_single") and hasattr(dist, "reduce_scatter_single")
+#: The names of the two flat-tensor collectives on this torch (what a traceback shows).
+ALL_GATHER_NAME = "all_gather_single" if HAS_SINGLE_NAMES else "all_gather_into_tensor"
+REDUCE_SCATTER_NAME = "reduce_scatter_single" if HAS_SINGLE_NAMES else "reduce_scatter_tensor"
+
+
+def all_gather_into_tensor(output, input, group=None, async_op=False):
+    """Gather every rank's ``input`` into ``output`` (rank r's part at ``r*input.numel()``).
+
+    ``torch.distributed.all_gather_single`` where it exists, else
+    ``all_gather_into_tensor``. Returns a work handle when ``async_op=True``, else None.
+    """
+    if HAS_SINGLE_NAMES:
+        return dist.all_gather_single(output, input, group=group, async_op=async_op)
+    return dist.all_gather_into_tensor(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+    """Reduce ``input`` (``world_size`` chunks) over the ranks; rank r gets chunk r in ``output``.
+
+    ``torch.distributed.reduce_scatter_single`` where it exists, else
+    ``reduce_scatter_tensor``. Returns a work handle when ``async_op=True``, else None.
+    """
+    if HAS_SINGLE_NAMES:
+        return dist.reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
+    return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+
+
+def fsdp2_replicate(modules, group=None) -> bool:
+    """Apply FSDP2's own data parallelism (``replicate``) to each of ``modules``, in order,
+    over ``group`` (default: all ranks); False, changing nothing, where this torch has none.
+
+    ``replicate`` lives in the private
+    ``torch.distributed._composable.replicate_with_fsdp`` (torch >= 2.9). Its mesh is 1-D
+    and named ``("replicate",)``, as torch 2.13 names the mesh it builds itself; torch 2.10
+    refuses an unnamed one.
+    """
+    try:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+    except ImportError:
+        return False
+    from torch.distributed.device_mesh import DeviceMesh
+
+    modules = list(modules)
+    device_type = next(modules[-1].parameters()).device.type    # cpu on gloo ranks
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, device_type,
+                                 mesh_dim_names=("replicate",))
+    for module in modules:
+        replicate(module, mesh=mesh)
+    return True
+
+
+# ==================================================== private torch APIs, each named once
+# Not APIs: each may move in any release. The course reads FSDP2's private state only to
+# observe what it holds, never to change what it does.
+
+#: The private function of ``torch.distributed`` torch DDP broadcasts its buffers with
+#: (the ledger records it like the public collectives).
+DDP_BUFFER_BROADCAST = "_broadcast_coalesced"
+
+
+def fsdp2_param_group(module):
+    """The ``FSDPParamGroup`` of one module ``fully_shard`` was applied to: the flat
+    group of its own parameters that FSDP2 all-gathers and reduce-scatters as one unit
+    (``unshard``, ``reshard``, ``fsdp_params``, ``is_unsharded``...). None when the
+    module is not sharded or has no parameters of its own.
+    ``fully_shard.state(module)._fsdp_param_groups[0]`` (the course makes one group per
+    unit; before torch 2.10, ``._fsdp_param_group``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    state = fully_shard.state(module)
+    if state is None:
+        return None
+    groups = getattr(state, "_fsdp_param_groups", None)           # torch >= 2.10: a list
+    if groups is None:
+        return state._fsdp_param_group
+    return groups[0] if groups else None
+
+
+def fsdp2_param_groups(model) -> dict:
+    """``{unit name: FSDPParamGroup}`` (:func:`fsdp2_param_group`) of every ``fully_shard``
+    unit of ``model`` that has parameters, in module order: the root is ``"root"``, the
+    others their qualified names (``"blocks.0"``, ...)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, FSDPModule) and (group := fsdp2_param_group(m)) is not None:
+            out[name or "root"] = group
+    return out
+
+
+def fsdp2_training_state(group) -> str:
+    """What the unit is doing: ``"IDLE"``, ``"FORWARD"``, ``"PRE_BACKWARD"``, ``"POST_BACKWARD"``."""
+    return group._training_state.name
+
+
+def fsdp2_is_gathered(group) -> bool:
+    """Whether the unit's parameters are unsharded, or their all-gather has landed in its buffer."""
+    return group.is_unsharded or group._all_gather_result is not None
+
+
+def fsdp2_unsharded_bytes(groups) -> tuple[int, int]:
+    """``(parameter bytes, all-gather buffer bytes)`` unsharded right now over ``groups``:
+    the live storages of every ``FSDPParam.all_gather_outputs`` (the unsharded parameters
+    are views of them) and of every pending ``AllGatherResult.all_gather_output`` (one
+    flat buffer per unit), each storage once."""
+    groups = list(groups)
+    seen: set = set()
+    params = buffers = 0
+    for g in groups:
+        for fp in g.fsdp_params:
+            for t in getattr(fp, "all_gather_outputs", ()):
+                st = t.untyped_storage()
+                if st.nbytes() and st.data_ptr() not in seen:
+                    seen.add(st.data_ptr())
+                    params += st.nbytes()
+    results = [g._all_gather_result for g in groups]
+    for g in groups[:1]:          # the all-gather state is shared by all units
+        state = getattr(g.comm_ctx, "all_gather_state", None)
+        if state is not None:
+            results.append(state.all_gather_result)
+    for r in results:
+        if r is not None:
+            st = r.all_gather_output.untyped_storage()
+            if st.nbytes() and st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                buffers += st.nbytes()
+    return params, buffers
+
+
+def fsdp2_unsharded_grad_bytes(model) -> int:
+    """Bytes of the unsharded gradients FSDP2 keeps between micro-batches while gradient
+    sync is off (each ``FSDPParam``'s ``unsharded_accumulated_grad`` or
+    ``_unsharded_param.grad``), each storage once."""
+    seen: set = set()
+    total = 0
+    for group in fsdp2_param_groups(model).values():
+        for fp in group.fsdp_params:
+            unsharded = getattr(fp, "_unsharded_param", None)
+            for g in (getattr(fp, "unsharded_accumulated_grad", None),
+                      None if unsharded is None else unsharded.grad):
+                if g is not None and g.untyped_storage().data_ptr() not in seen:
+                    seen.add(g.untyped_storage().data_ptr())
+                    total += g.untyped_storage().nbytes()
+    return total
+
+
+@contextlib.contextmanager
+def watch_fsdp2(groups: dict, methods, on_call):
+    """While inside, each call of ``group.<method>()`` (for the ``FSDPParamGroup`` methods
+    ``methods``, e.g. ``"unshard"``, ``"reshard"``, ``"pre_backward"``) on the groups of
+    ``{name: group}`` runs ``on_call(name, group, method, call)``, where ``call()`` runs
+    FSDP2's own method and returns its result. The methods are restored on exit."""
+    methods = tuple(methods)
+    for name, group in groups.items():
+        for method in methods:
+            original = getattr(group, method)
+
+            def wrapper(*args, _name=name, _group=group, _method=method, _original=original, **kwargs):
+                return on_call(_name, _group, _method, lambda: _original(*args, **kwargs))
+
+            setattr(group, method, functools.wraps(original)(wrapper))   # FSDP2 calls self.<method>
+    try:
+        yield
+    finally:
+        for group in groups.values():
+            for method in methods:
+                group.__dict__.pop(method, None)      # back to the class's method
+
+
+def queue_backward_callback(fn) -> None:
+    """Run ``fn()`` once the current backward pass has finished (autograd's engine queue)."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+def storage_key(t) -> int:
+    """An id of the storage behind ``t`` that stays unique while the storage lives (data
+    pointers are reused after a free)."""
+    return t.untyped_storage()._cdata
+
+
+def resolve_process_group(group):
+    """The ``ProcessGroup`` behind ``group`` (a group, a group name, None for the default)."""
+    return dist.distributed_c10d._resolve_process_group(group)
+
+
+def functional_collectives():
+    """``torch.distributed._functional_collectives``: the collectives DTensor issues."""
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol
+
+
+def mem_tracker():
+    """PyTorch's ``MemTracker`` class (memory by category: parameters, gradients, ...)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    return MemTracker
+
+
+def checkpoint_functions():
+    """``(checkpoint, apply_activation_checkpointing)``: activation checkpointing as a
+    composable API on one module, and as a wrapper applied to the modules a test picks."""
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    return checkpoint, apply_activation_checkpointing
+
+
+def fsdp1_allow_cpu_sync_module_states():
+    """A context manager under which FSDP1's ``sync_module_states=True`` accepts CPU
+    tensors (its check in ``torch.distributed.fsdp._init_utils`` is NCCL's limit)."""
+    from unittest import mock
+
+    return mock.patch("torch.distributed.fsdp._init_utils._check_module_states_for_sync_module_states")

@@ -1,0 +1,152 @@
+"""Printing measured numbers so that a notebook shows the same text on every machine.
+
+float32 results differ in their last digits between machines: the CPU's vector unit
+(AVX2, AVX-512, ARM NEON), the number of threads and the BLAS library's settings all
+change the order in which sums are added. A loss printed as ``4.476453`` on one laptop
+is ``4.476452`` on another, and a difference to a reference, ``1.6e-07`` here, is
+``1.1e-07`` there. So every notebook prints
+
+* exact things exactly: bytes, counts, shapes, parameter counts (ints);
+* a measured float at :data:`SIG` significant digits (a loss: ``4.48``): enough to read
+  and compare by eye, and thousands of times coarser than the noise between machines
+  (~2e-7 relative), so that a value only rarely sits close enough to a rounding boundary
+  to print differently elsewhere (at 4 digits, three of the course's values did: the
+  seed+rank loss 33.454994, and 0.048544962 and 0.24255012 in the hang lab);
+* a difference that should be (nearly) zero as the bound it meets, ``≤ 1e-6 ✓``, not as
+  its raw value;
+* equality of tensors across ranks as a boolean, not as a digest of their bits.
+
+The exact checks (bitwise where they hold, a tolerance elsewhere) live in the tests.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["SIG", "LOSS_RTOL", "GRAD_ATOL", "num", "nums", "sci", "bound", "above", "near",
+           "losses_match", "max_abs_diff", "max_rel_diff", "show"]
+
+#: Significant digits of a measured float (a loss, a norm) in a notebook's output.
+SIG = 3
+
+#: Largest relative difference between two fp32 runs of the same training that differ
+#: only in how sums are split (ranks, buckets, shards): the course's "same losses".
+LOSS_RTOL = 1e-6
+
+#: Largest absolute difference between two fp32 gradients of the course GPT that differ
+#: only in how sums are split (accumulation, ranks): measured up to ~5e-8.
+GRAD_ATOL = 1e-6
+
+
+def _check_real(name: str, value) -> float:
+    if isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not isinstance(value, (int, float)):
+        try:
+            return float(value)            # a 0-d tensor, a numpy scalar
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
+    return float(value)
+
+
+def num(x, sig: int = SIG) -> str:
+    """``x`` at ``sig`` significant digits: ``num(4.4764528) == "4.48"``. A rounded value
+    keeps its trailing zeros (``num(29.965569) == "30.0"``), a value that is exact at
+    ``sig`` digits has none (``num(1.5) == "1.5"``, ``num(0.0) == "0"``)."""
+    x = _check_real("x", x)
+    if isinstance(sig, bool) or not isinstance(sig, int) or sig < 1:
+        raise ValueError(f"sig must be an int >= 1, got {sig!r}")
+    short = f"{x:.{sig}g}"
+    if not math.isfinite(x) or float(short) == x:
+        return short
+    text = f"{x:#.{sig}g}"
+    return text[:-1] if text.endswith(".") else text
+
+
+def nums(xs, sig: int = SIG) -> str:
+    """A list of floats at ``sig`` significant digits: ``"[4.63, 4.56, 4.48]"``."""
+    return "[" + ", ".join(num(x, sig) for x in xs) + "]"
+
+
+def sci(x) -> str:
+    """A limit in short scientific notation: ``sci(1e-6) == "1e-6"``, ``sci(0.5) == "0.5"``."""
+    x = _check_real("x", x)
+    if x == 0 or 1e-3 <= abs(x) < 1e4:
+        return f"{x:g}"
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def bound(value, limit) -> str:
+    """``"≤ 1e-6 ✓"`` when ``value <= limit``, else the value and a cross.
+
+    For a difference that should be (nearly) zero: the printed text is the same on every
+    machine as long as the check holds, and shows the number when it does not."""
+    value, limit = _check_real("value", value), _check_real("limit", limit)
+    if value <= limit:
+        return f"≤ {sci(limit)} ✓"
+    return f"= {value:.2g} > {sci(limit)} ✗"
+
+
+def above(value, limit=0.0) -> str:
+    """``"> 0 ✓"`` when ``value > limit`` (e.g. bf16 does change the losses), else a cross."""
+    value, limit = _check_real("value", value), _check_real("limit", limit)
+    if value > limit:
+        return f"> {sci(limit)} ✓"
+    return f"= {value:.2g} ≤ {sci(limit)} ✗"
+
+
+def near(value, target, tol) -> str:
+    """``"0.5 ± 1e-5 ✓"`` when ``|value - target| <= tol``, else the value and a cross."""
+    value, target, tol = (_check_real(n, v) for n, v in
+                          (("value", value), ("target", target), ("tol", tol)))
+    if abs(value - target) <= tol:
+        return f"{sci(target)} ± {sci(tol)} ✓"
+    return f"= {num(value, 7)}, not {sci(target)} ± {sci(tol)} ✗"
+
+
+def max_abs_diff(losses, reference) -> float:
+    """``max |a - b|`` over the pairs of ``losses`` and ``reference`` (e.g. a strategy's
+    losses and ``"single"``'s), step by step."""
+    return max(abs(a - b) for a, b in zip(losses, reference))
+
+
+def max_rel_diff(losses, reference) -> float:
+    """``max |a - b| / |b|`` over the pairs of ``losses`` and ``reference`` (the
+    reference in the denominator; 0 where both are 0), step by step."""
+    return max(abs(a - b) / abs(b) if b else (0.0 if a == b else math.inf)
+               for a, b in zip(losses, reference))
+
+
+def losses_match(losses, reference, rtol: float = LOSS_RTOL) -> str:
+    """``"≤ 1e-6 ✓"``: the largest relative difference of ``losses`` to ``reference``,
+    step by step (:func:`max_rel_diff`), as the bound it meets."""
+    losses, reference = list(losses), list(reference)
+    if len(losses) != len(reference) or not losses:
+        raise ValueError(f"need two equally long, non-empty loss lists, got "
+                         f"{len(losses)} and {len(reference)}")
+    return bound(max_rel_diff(losses, reference), rtol)
+
+
+def show(value) -> str:
+    """A value a rank returned, for a grader's message: a tensor as
+    ``tensor([0.0485, 0.398], shape=(2,))``, a float as ``0.123`` (at :data:`SIG` digits;
+    whole numbers as they are: ``300.0`` in a list, ``3`` alone), anything else as its
+    ``repr``."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch = None
+
+    def one(x, whole) -> str:
+        if isinstance(x, float) and not x.is_integer():
+            return num(x)
+        return whole(x)
+
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.numel() == 1 and value.dim() <= 1:
+            return f"tensor({one(value.reshape(-1)[0].item(), lambda x: f'{x:g}')})"
+        items = ", ".join(one(x, repr) for x in value.reshape(-1).tolist())
+        return f"tensor([{items}], shape={tuple(value.shape)})"
+    if isinstance(value, float):
+        return one(value, lambda x: f"{x:g}")
+    return repr(value)

@@ -1,0 +1,697 @@
+"""Run a function on N real processes, one per rank: the course's launcher.
+
+Taught in ``notebooks/00_orientation.ipynb``.  Every multi-process demo in the course
+goes through :func:`launch` (or the ``%%ranks`` cell magic built on it), so a demo
+cell behaves like the body of a ``torchrun`` script:
+
+* each rank is a separate OS process with ``torch.distributed`` already
+  initialised (``dist.get_rank()``, ``dist.get_world_size()`` work);
+* ``backend="auto"`` picks NCCL with one GPU per rank when the machine has at least
+  ``world_size`` GPUs, and gloo on CPU otherwise (laptops, CI, one-GPU Colab);
+* on Linux, when CUDA is not initialised in the caller, ranks are *forked* from the
+  caller (about 0.1 s for 4 ranks); otherwise (macOS, Windows, CUDA touched) they are
+  *spawned* as new interpreters (a few seconds), and ``fn`` and its arguments travel to
+  them *by value* with ``cloudpickle``, so a function defined in a notebook cell runs
+  either way (``COURSE_START_METHOD=spawn`` forces spawning, e.g. to test that);
+* what each rank prints is captured and shown afterwards in rank order, prefixed with
+  the rank, so the output of a cell is the same on every run;
+* a rank that raises fails the launch within a fraction of a second with a
+  :class:`LaunchError` naming that rank, even while the other ranks wait in a
+  collective; a rank that hangs is killed at ``timeout_s``; no child process outlives
+  the call (nor the caller: each rank dies with its parent on Linux);
+* nothing is opened to the network: the ranks meet through a ``FileStore`` in the
+  launch's private temporary folder (no port to pick, no listening socket), and gloo
+  binds to the loopback interface, so no other machine can reach a demo's ranks.
+  (A ``torchrun`` script keeps torchrun's own rendezvous, see the README.)
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import faulthandler
+import inspect
+import io
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from datetime import timedelta
+from typing import Callable
+
+from ..checks import check_int, check_timeout
+
+__all__ = [
+    "launch",
+    "LaunchError",
+    "LaunchTimeout",
+    "RankResults",
+    "resolve_backend",
+    "choose_start_method",
+    "rank_device",
+    "describe_plan",
+    "backend_label",
+    "where",
+    "loopback_interface",
+    "gpu_count",
+]
+
+BACKENDS = ("auto", "gloo", "nccl")
+DEFAULT_TIMEOUT_S = 60.0
+_KILL_GRACE_S = 1.0
+
+
+class LaunchError(RuntimeError):
+    """A rank failed (raised, crashed or hung). ``rank`` is the rank that failed first."""
+
+    def __init__(self, message: str, *, rank: int | None, exc_type: str | None = None,
+                 rank_traceback: str = "", outputs: dict[int, str] | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.exc_type = exc_type
+        self.rank_traceback = rank_traceback
+        self.outputs = outputs or {}
+        self.failed_ranks: list[int] = [] if rank is None else [rank]
+
+
+class LaunchTimeout(LaunchError):
+    """Some ranks were still running at ``timeout_s`` and were killed."""
+
+
+class RankResults(list):
+    """The list of return values, by rank, plus how the ranks were run."""
+
+    backend: str
+    start_method: str
+    world_size: int
+    outputs: dict[int, str]
+
+    def describe(self) -> str:
+        return describe_plan(self.world_size, self.backend, self.start_method)
+
+
+# --------------------------------------------------------------------------- planning
+
+def gpu_count() -> int:
+    """CUDA GPUs visible to this process, counted without initialising CUDA here.
+
+    The one GPU detection of the course: use it, never ``torch.cuda.is_available()``, in
+    code that runs before ranks are launched. ``is_available()`` asks the CUDA runtime
+    (``cudaGetDeviceCount``), which initialises the CUDA driver in this process (unless
+    ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), and a rank forked afterwards cannot use the GPU.
+    ``torch.cuda.device_count()`` asks NVML first, which leaves CUDA untouched (it falls
+    back to the runtime only where NVML is missing); 0 on a torch built without CUDA.
+    """
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def resolve_backend(world_size: int, backend: str = "auto") -> str:
+    """The process-group backend ``launch`` will use for ``world_size`` ranks.
+
+    ``"auto"``: ``"nccl"`` when there is one GPU per rank, else ``"gloo"`` (CPU).
+    """
+    check_int("world_size", world_size, 1)
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    gpus = gpu_count()
+    if backend == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(
+            f"backend='nccl' needs one GPU per rank: {world_size} ranks but {gpus} GPU(s) "
+            "visible. Use backend='gloo' (CPU) or fewer ranks."
+        )
+    return backend
+
+
+#: Environment variable that overrides the automatic start method ("fork" or "spawn").
+START_METHOD_ENV = "COURSE_START_METHOD"
+
+
+def choose_start_method() -> str:
+    """``"fork"`` on Linux while CUDA is not initialised in this process, else ``"spawn"``;
+    ``COURSE_START_METHOD=spawn`` (or ``fork``) in the environment overrides it.
+
+    Forking is fast; CUDA does not survive a fork, so once this process has touched the
+    GPU we must spawn (and macOS and Windows always spawn).
+    """
+    forced = os.environ.get(START_METHOD_ENV, "").strip()
+    if forced:
+        if forced not in ("fork", "spawn"):
+            raise ValueError(f"{START_METHOD_ENV} must be 'fork' or 'spawn', got {forced!r}")
+        if forced == "fork" and "fork" not in mp.get_all_start_methods():
+            raise ValueError(f"{START_METHOD_ENV}=fork: this platform ({sys.platform}) cannot fork")
+        return forced
+    import torch
+
+    if sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
+def backend_label(backend: str) -> str:
+    """Where ranks of this backend compute, in words."""
+    return "NCCL, one GPU per rank" if backend == "nccl" else "gloo on CPU"
+
+
+def where(ranks, backend: str | None = None, *, backend_first: bool = False) -> str:
+    """Where ``ranks`` ran, in words: the label the course's tables and reports print.
+
+    ``ranks``: the :class:`RankResults` a :func:`launch` returned (its length is the world
+    size, its ``.backend`` the backend unless ``backend`` is given), or a world size,
+    with ``backend`` (``"gloo"`` or ``"nccl"``, as :func:`resolve_backend` returns it).
+
+    ``"2 ranks, gloo on CPU"``, ``"1 rank, NCCL, one GPU per rank"`` (the words of
+    :func:`backend_label`); ``backend_first=True``: ``"2 gloo ranks on CPU"``,
+    ``"2 NCCL ranks, one GPU each"``.
+    """
+    n = ranks if isinstance(ranks, int) else len(ranks)
+    if backend is None:
+        if isinstance(ranks, int):
+            raise TypeError("where(world_size, backend): a world size needs its backend")
+        backend = ranks.backend
+    plural = "rank" if n == 1 else "ranks"
+    if backend_first:
+        return (f"{n} NCCL {plural}, one GPU each" if backend == "nccl"
+                else f"{n} gloo {plural} on CPU")
+    return f"{n} {plural}, {backend_label(backend)}"
+
+
+def _why_spawn() -> str:
+    if os.environ.get(START_METHOD_ENV, "").strip() == "spawn":
+        return f"{START_METHOD_ENV}=spawn"
+    if not sys.platform.startswith("linux"):
+        return f"{sys.platform} cannot fork safely"
+    import torch
+
+    return "CUDA is initialised in this process" if torch.cuda.is_initialized() else "asked for"
+
+
+def describe_plan(world_size: int, backend: str, method: str) -> str:
+    """The one line ``launch`` prints: how many ranks, which backend, fork or spawn."""
+    how = "forked from this process" if method == "fork" else "spawned as new interpreters"
+    return f"launch: {where(world_size, backend)}, {how}"
+
+
+def rank_device():
+    """The ``torch.device`` this rank should compute on (inside a launched rank)."""
+    import torch
+
+    if os.environ.get("COURSE_BACKEND") == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def loopback_interface() -> str | None:
+    """The loopback interface's name (``"lo"`` on Linux, ``"lo0"`` on macOS), or None
+    where this platform names none (Windows): gloo binds there when it is set."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except (OSError, AttributeError):  # pragma: no cover - platform without if_nameindex
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+# ------------------------------------------------------------------------- the rank side
+
+@dataclasses.dataclass
+class _Config:
+    world_size: int
+    backend: str
+    timeout_s: float
+    workdir: str
+    env: dict
+
+
+def _die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this rank if the launching process dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:  # pragma: no cover - best effort only
+        pass
+
+
+def _redirect_output(path_out: str, path_err: str):
+    """Point fds 1/2 and sys.stdout/sys.stderr at per-rank files."""
+    for fd, path in ((1, path_out), (2, path_err)):
+        with open(path, "wb", buffering=0) as f:
+            os.dup2(f.fileno(), fd)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0, closefd=False),
+                                  encoding="utf-8", line_buffering=True, write_through=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", buffering=0, closefd=False),
+                                  encoding="utf-8", line_buffering=True, write_through=True)
+
+
+def _to_portable(value):
+    """Tensors to detached CPU tensors (recursively), so any process can unpickle them."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return type(value)((k, _to_portable(v)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_to_portable(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_portable(v) for v in value)
+    return value
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class _ByValue:
+    """What a spawned rank runs: ``fn``, ``args`` and every rank's kwargs serialised with
+    ``cloudpickle``, which pickles a function defined in a notebook (``__main__``) by value:
+    its code, defaults and the globals it uses. A spawned interpreter has none of the
+    notebook's definitions, so plain pickle (by reference) would fail there."""
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+    @classmethod
+    def pack(cls, fn: Callable, args: tuple, rank_kwargs: list) -> "_ByValue":
+        try:
+            import cloudpickle
+        except ImportError:
+            raise LaunchError(f"ranks are spawned here ({_why_spawn()}) and need cloudpickle to "
+                              "receive fn: pip install cloudpickle", rank=None) from None
+
+        try:
+            return cls(cloudpickle.dumps((fn, args, rank_kwargs)))
+        except Exception as exc:
+            raise LaunchError(
+                f"ranks are spawned here ({_why_spawn()}), so fn and its arguments are sent to "
+                f"them by value, but {getattr(fn, '__qualname__', fn)!r} or an argument cannot "
+                f"be serialised ({type(exc).__name__}: {exc}). Pass plain values and tensors, "
+                "and leave out what belongs to this process (open files, locks, sockets).",
+                rank=None,
+            ) from None
+
+    def unpack(self, rank: int):
+        fn, args, rank_kwargs = pickle.loads(self.payload)
+        return fn, args, rank_kwargs[rank]
+
+
+def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict) -> None:
+    if signal.getsignal(signal.SIGINT) is _hold_interrupt:  # forked inside _interrupts_held
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    _die_with_parent()
+    base = os.path.join(cfg.workdir, f"rank{rank}")
+    _redirect_output(base + ".out", base + ".err")
+    if hasattr(signal, "SIGUSR1"):  # the launcher asks a hung rank for its stack
+        stack_file = open(base + ".stack", "wb", buffering=0)
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
+    code = 0
+    try:
+        os.environ.update({
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.world_size),
+            "LOCAL_WORLD_SIZE": str(cfg.world_size), "GROUP_RANK": "0",
+            "OMP_NUM_THREADS": "1", "COURSE_BACKEND": cfg.backend,
+        })
+        # gloo otherwise binds to the address the host name resolves to (often the LAN)
+        lo = loopback_interface()
+        if lo is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = lo
+        os.environ.update(cfg.env)
+        import torch
+        import torch.distributed as dist
+
+        # One intra-op thread per rank: N ranks share the cores (4 ranks on 2 cores ran
+        # ~30x faster this way), and CPU results do not depend on the core count.
+        torch.set_num_threads(1)
+        # torch read TORCH_DISTRIBUTED_DEBUG when the parent imported it, before env= applied
+        if hasattr(dist, "set_debug_level_from_env"):
+            dist.set_debug_level_from_env()
+        device_id = None
+        if cfg.backend == "nccl":  # rank r computes on GPU r (what rank_device() returns)
+            device_id = torch.device("cuda", rank)
+            torch.cuda.set_device(device_id)
+        # The rendezvous: a file in the launch's private folder, not a TCP store that
+        # would listen on every interface on a port picked by bind-and-release.
+        store = dist.FileStore(os.path.join(cfg.workdir, "store"), cfg.world_size)
+        # device_id binds the group to this rank's GPU: NCCL builds its communicator now
+        # (an NCCL problem fails here, not in fn's first collective) and the closing
+        # barrier runs on that GPU, not on a guessed one.
+        dist.init_process_group(cfg.backend, store=store, rank=rank,
+                                world_size=cfg.world_size,
+                                timeout=timedelta(seconds=cfg.timeout_s), device_id=device_id)
+        # Wait (on the file, no collective, no network) until every rank's group is built:
+        # otherwise a rank whose fn fails at once can exit while a peer is still connecting
+        # its gloo mesh, and that peer fails in init instead of in fn (seen in CI: "every
+        # rank raises" then reported rank 1, rank 0 having died in connectFullMesh).
+        store.set(f"course-ready-{rank}", "1")
+        store.wait([f"course-ready-{r}" for r in range(cfg.world_size)])
+        if isinstance(fn, _ByValue):
+            fn, args, kwargs = fn.unpack(rank)
+        result = fn(*args, **kwargs)
+        try:
+            payload = pickle.dumps(_to_portable(result))
+        except Exception as exc:
+            raise TypeError(
+                f"rank {rank} returned a {type(result).__name__} that cannot be pickled "
+                f"({exc}); return plain Python values or tensors"
+            ) from exc
+        _write_atomic(base + ".result", payload)
+        if dist.is_initialized():  # fn may have torn the group down itself
+            dist.barrier()
+            dist.destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - report everything to the parent
+        code = 1
+        info = {
+            "time": time.time(), "type": type(exc).__name__, "message": str(exc),
+            "traceback": traceback.format_exc(),
+        }
+        with contextlib.suppress(Exception):
+            _write_atomic(base + ".error", pickle.dumps(info))
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+    os._exit(code)
+
+
+# ----------------------------------------------------------------------- the parent side
+
+def _wants(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    p = params.get(name)
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+
+
+#: The line gloo itself writes to each rank's stdout when its connections are up, in
+#: torch 2.9 and 2.10 (later torch does not print it): a log line, not the rank's output.
+_GLOO_CONNECTED = re.compile(
+    r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+    r"Expected number of connected peer ranks is : \d+\r?\n?", re.MULTILINE)
+
+
+def _read(path: str) -> str:
+    """What a rank wrote to ``path``, less gloo's "connected" log lines."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return _GLOO_CONNECTED.sub("", text)
+
+
+_COMM_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
+_COMM_WORDS = ("Connection closed by peer", "Connection reset", "gloo/transport", "Broken pipe")
+
+
+def _secondary(info: dict) -> bool:
+    """An error a rank got because a peer died (connection closed), not a cause."""
+    return info["type"] in _COMM_ERRORS or any(w in info["message"] for w in _COMM_WORDS)
+
+
+#: Seconds the launcher waits, after a rank fails, for the others to exit by themselves;
+#: each rank that does exit in that time buys the rest as long again (a loaded machine
+#: schedules ranks late), up to _FAILURE_GRACE_MAX_S in all.
+_FAILURE_GRACE_S = 0.5
+_FAILURE_GRACE_MAX_S = 5.0
+
+
+def _root_cause(failures: dict[int, dict]) -> int:
+    """Among Python errors, the earliest; among those raised within 1 s of it, the
+    lowest rank (deterministic when every rank raises the same exception)."""
+    t0 = min(f["time"] for f in failures.values())
+    return min(r for r, f in failures.items() if f["time"] - t0 < 1.0)
+
+
+def _user_stack(dump: str) -> str:
+    """A faulthandler dump, innermost first, cut where the launcher's own frames begin."""
+    kept = []
+    for line in dump.splitlines():
+        if " in _rank_main" in line:
+            break
+        kept.append(line)
+    return "\n".join(kept).strip()
+
+
+_held_interrupts: list = []
+
+
+def _hold_interrupt(signum, frame) -> None:
+    _held_interrupts.append(signum)
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold back Ctrl-C (the kernel's Stop button) while the ranks are being started: an
+    interrupt raised inside ``Process.start()`` after its fork would leave a rank the
+    launcher does not know about (and that ``multiprocessing`` joins at exit). The
+    interrupt is raised once every rank is started, and the launch then stops them all.
+    Where SIGINT is ignored or not handled by Python, nothing changes."""
+    if (threading.current_thread() is not threading.main_thread()
+            or not callable(signal.getsignal(signal.SIGINT))):
+        yield
+        return
+    _held_interrupts.clear()
+    previous = signal.signal(signal.SIGINT, _hold_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if _held_interrupts:
+        _held_interrupts.clear()
+        raise KeyboardInterrupt
+
+
+def _stop(procs: list) -> None:
+    """Terminate every live rank, SIGKILL stragglers, and reap them all."""
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    deadline = time.monotonic() + _KILL_GRACE_S
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(Exception):
+                p.kill()
+    for p in procs:
+        p.join()
+        with contextlib.suppress(Exception):
+            p.close()
+
+
+def _stop_resource_tracker() -> None:
+    """Spawning starts multiprocessing's resource-tracker helper, which would outlive the
+    launch; nothing of ours is registered with it, so stop it (it restarts on demand)."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    if tracker is not None and hasattr(tracker, "_stop"):
+        with contextlib.suppress(Exception):
+            tracker._stop()
+
+
+def _print_outputs(outputs: dict[int, str], errors: dict[int, str]) -> None:
+    for rank in sorted(outputs):
+        for line in outputs[rank].splitlines():
+            print(f"[rank {rank}] {line}", file=sys.stdout)
+    sys.stdout.flush()
+    for rank in sorted(errors):
+        for line in errors[rank].splitlines():
+            print(f"[rank {rank}] {line}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
+           timeout_s: float = DEFAULT_TIMEOUT_S, env: dict | None = None,
+           quiet: bool = False, start_method: str = "auto", **kwargs) -> RankResults:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return its values by rank.
+
+    Inside ``fn`` the default process group is initialised, so ``dist.get_rank()``
+    and every collective work. If ``fn`` has a parameter called ``rank`` or
+    ``world_size`` (and you did not pass it), it is filled in for you.
+
+    Args:
+        fn: the function each rank runs: any function, one defined in a notebook cell
+            included (spawned ranks get it by value).
+        world_size: number of ranks (processes), >= 1.
+        backend: ``"auto"``, ``"gloo"`` or ``"nccl"``; see :func:`resolve_backend`.
+        timeout_s: ranks still running after this many seconds are killed and
+            :class:`LaunchTimeout` is raised; also the process-group timeout.
+        env: extra environment variables for the ranks
+            (e.g. ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}``).
+        quiet: do not print the one-line plan before the ranks' output.
+        start_method: ``"auto"`` (see :func:`choose_start_method`), ``"fork"`` or ``"spawn"``
+            (spawned ranks get ``fn`` and its arguments by value, with ``cloudpickle``).
+
+    Returns:
+        A :class:`RankResults` list (``results[r]`` is rank r's return value, tensors
+        moved to CPU) with ``.backend``, ``.start_method`` and ``.outputs``.
+
+    Raises:
+        LaunchError: a rank raised or crashed (``.rank`` names it, the message carries
+            its traceback). LaunchTimeout: ranks were still running at ``timeout_s``.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable (a function each rank runs), got {type(fn).__name__}")
+    check_int("world_size", world_size, 1)
+    check_timeout(timeout_s)
+    if env is not None and not (isinstance(env, dict)
+                                and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise TypeError("env must be a dict of str -> str environment variables")
+    chosen = resolve_backend(world_size, backend)
+    if start_method not in ("auto", "fork", "spawn"):
+        raise ValueError(f"start_method must be 'auto', 'fork' or 'spawn', got {start_method!r}")
+    if start_method == "fork" and "fork" not in mp.get_all_start_methods():
+        raise ValueError(f"this platform ({sys.platform}) cannot fork; use start_method='spawn'")
+    method = choose_start_method() if start_method == "auto" else start_method
+    if not quiet:
+        print(describe_plan(world_size, chosen, method), flush=True)
+
+    rank_kwargs = []
+    for r in range(world_size):
+        kw = dict(kwargs)
+        if "rank" not in kw and _wants(fn, "rank"):
+            kw["rank"] = r
+        if "world_size" not in kw and _wants(fn, "world_size"):
+            kw["world_size"] = world_size
+        rank_kwargs.append(kw)
+    if method == "spawn":          # fn, args, kwargs travel by value (notebook functions too)
+        fn, args, rank_kwargs = _ByValue.pack(fn, args, rank_kwargs), (), [{}] * world_size
+
+    workdir = tempfile.mkdtemp(prefix="course-launch-")
+    cfg = _Config(world_size, chosen, float(timeout_s), workdir, dict(env or {}))
+    ctx = mp.get_context(method)
+    procs = []
+    codes: list = [None] * world_size
+    timed_out = interrupted = False
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with _interrupts_held():
+            for r in range(world_size):
+                p = ctx.Process(target=_rank_main, args=(r, cfg, fn, args, rank_kwargs[r]),
+                                name=f"course-rank-{r}", daemon=False)
+                p.start()
+                procs.append(p)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.exitcode for p in procs]
+            if any(c not in (None, 0) for c in codes) or all(c == 0 for c in codes):
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            mp.connection.wait([p.sentinel for p in procs if p.exitcode is None],
+                               timeout=min(0.2, remaining))
+        if not timed_out and any(c not in (None, 0) for c in codes):
+            # A rank failed: give the others a moment to exit too (when every rank raises,
+            # the lowest one may still be writing its error), then stop whoever is left,
+            # e.g. ranks blocked in a collective with the dead one.
+            first = time.monotonic()
+            grace = first + _FAILURE_GRACE_S
+            running = sum(p.exitcode is None for p in procs)
+            while running and time.monotonic() < grace:
+                mp.connection.wait([p.sentinel for p in procs if p.exitcode is None],
+                                   timeout=max(0.0, grace - time.monotonic()))
+                still = sum(p.exitcode is None for p in procs)
+                if still < running:              # progress: the others get as long again
+                    grace = min(first + _FAILURE_GRACE_MAX_S, time.monotonic() + _FAILURE_GRACE_S)
+                running = still
+            codes = [p.exitcode for p in procs]
+        hung = [r for r, p in enumerate(procs) if p.exitcode is None]
+        if timed_out and hasattr(signal, "SIGUSR1"):
+            for r in hung:  # dump each hung rank's Python stack into its stderr file
+                with contextlib.suppress(Exception):
+                    os.kill(procs[r].pid, signal.SIGUSR1)
+            time.sleep(0.3)
+    except KeyboardInterrupt:  # the kernel's Stop button
+        interrupted = True
+    finally:
+        _stop(procs)
+        if method == "spawn":
+            _stop_resource_tracker()
+        if interrupted or sys.exc_info()[0] is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if interrupted:
+        raise KeyboardInterrupt(f"launch interrupted: all {world_size} ranks were stopped") from None
+
+    try:
+        base = [os.path.join(workdir, f"rank{r}") for r in range(world_size)]
+        outputs = {r: _read(base[r] + ".out") for r in range(world_size)}
+        errors = {r: _read(base[r] + ".err") for r in range(world_size)}
+        stacks_seen = {r: _user_stack(_read(base[r] + ".stack")) for r in range(world_size)}
+        _print_outputs(outputs, {r: e for r, e in errors.items() if e})
+        failures = {}
+        for r in range(world_size):
+            with contextlib.suppress(FileNotFoundError):
+                with open(base[r] + ".error", "rb") as f:
+                    failures[r] = pickle.loads(f.read())
+        results = []
+        missing = []
+        for r in range(world_size):
+            try:
+                with open(base[r] + ".result", "rb") as f:
+                    results.append(pickle.loads(f.read()))
+            except FileNotFoundError:
+                missing.append(r)
+                results.append(None)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    if timed_out:
+        stacks = "\n".join(f"--- rank {r} ---\n{stacks_seen[r]}" for r in hung if stacks_seen.get(r))
+        raise LaunchTimeout(
+            f"rank(s) {hung} still running after timeout_s={timeout_s:g} s and were killed "
+            f"(a hang: e.g. a rank waiting in a collective the others never call)."
+            + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""),
+            rank=hung[0], outputs=outputs,
+        )
+    # Ranks that died without a Python error (a signal, os._exit) before we stopped them.
+    crashed = [r for r in range(world_size) if codes[r] not in (None, 0) and r not in failures]
+    primary = {r: f for r, f in failures.items() if not _secondary(f)}
+    if primary or (failures and not crashed):
+        first = _root_cause(primary or failures)
+        info = failures[first]
+        err = LaunchError(
+            f"rank {first} raised {info['type']}: {info['message']}\n"
+            f"--- traceback of rank {first} ---\n{info['traceback']}",
+            rank=first, exc_type=info["type"], rank_traceback=info["traceback"], outputs=outputs,
+        )
+        err.failed_ranks = sorted(set(failures) | set(crashed))
+        raise err
+    if crashed or missing:
+        r = min(crashed or missing)
+        code = codes[r]
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        err = LaunchError(
+            f"rank {r} {how} without reporting a result (it crashed, was killed, e.g. out of "
+            "memory, or called sys.exit/os._exit)",
+            rank=r, outputs=outputs,
+        )
+        err.failed_ranks = sorted(set(failures) | set(crashed)) or [r]
+        raise err
+    out = RankResults(results)
+    out.backend, out.start_method, out.world_size, out.outputs = chosen, method, world_size, outputs
+    return out

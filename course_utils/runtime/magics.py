@@ -1,0 +1,86 @@
+"""The ``%%ranks N`` cell magic: run a notebook cell on N ranks.
+
+Taught in ``notebooks/00_orientation.ipynb``. Registered when ``course_utils`` is
+imported inside IPython (or with ``%load_ext course_utils``). In the cell, ``rank``,
+``world_size``, ``dist``, ``torch`` and ``device`` are defined, so it reads like the
+body of a torchrun script. Whatever each rank assigns to ``result`` comes back to the
+notebook as the list ``result`` (by rank)::
+
+    %%ranks 4
+    t = torch.tensor([rank + 1.0], device=device)   # this rank's GPU under NCCL, else the CPU
+    dist.all_reduce(t)
+    result = t.item()
+
+Options: ``--backend {auto,gloo,nccl}``, ``--timeout SECONDS``.
+Every rank sees the variables defined so far in the notebook (changes it makes stay in
+the rank). Forked ranks (Linux) inherit them all; spawned ranks (macOS, Windows, CUDA
+already initialised in the kernel) get a copy of each one that can be pickled
+(cloudpickle): an open file, a lock or a socket is left out.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from .launch import DEFAULT_TIMEOUT_S, choose_start_method, launch
+
+__all__ = ["run_cell", "ranks", "register"]
+
+
+def run_cell(source: str, namespace: dict | None = None):
+    """Rank side of ``%%ranks``: execute ``source`` and return its ``result``."""
+    import torch
+    import torch.distributed as dist
+
+    from .launch import rank_device
+
+    ns = dict(namespace or {})
+    ns.pop("result", None)
+    ns.update(rank=dist.get_rank(), world_size=dist.get_world_size(), dist=dist,
+              torch=torch, device=rank_device())
+    exec(compile(source, "<%%ranks cell>", "exec"), ns)  # noqa: S102 - the learner's cell
+    return ns.get("result")
+
+
+def _travels(value) -> bool:
+    """Whether ``value`` can be copied into a spawned rank."""
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="%%ranks", add_help=False)
+    p.add_argument("world_size", type=int)
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    return p
+
+
+def ranks(line: str, cell: str, user_ns: dict | None = None):
+    """Run ``cell`` on ranks as ``%%ranks`` does; return the list of ``result`` by rank."""
+    try:
+        opts = _parser().parse_args(shlex.split(line))
+    except SystemExit:
+        raise ValueError(
+            f"usage: %%ranks N [--backend auto|gloo|nccl] [--timeout SECONDS], got '%%ranks {line}'"
+        ) from None
+    ns = {k: v for k, v in (user_ns or {}).items()
+          if not k.startswith("_") and k not in ("In", "Out", "exit", "quit", "get_ipython")}
+    if choose_start_method() == "spawn":
+        ns = {k: v for k, v in ns.items() if _travels(v)}
+    return list(launch(run_cell, opts.world_size, cell, ns,
+                       backend=opts.backend, timeout_s=opts.timeout))
+
+
+def register(ipython) -> None:
+    """Register ``%%ranks`` in an IPython shell."""
+    def _ranks(line, cell):
+        ipython.user_ns["result"] = ranks(line, cell, ipython.user_ns)
+
+    _ranks.__doc__ = __doc__
+    ipython.register_magic_function(_ranks, magic_kind="cell", magic_name="ranks")

@@ -1,0 +1,432 @@
+"""Other people's memory estimators, reimplemented, and why they disagree with each other.
+
+Taught in ``notebooks/03_memory_anatomy.ipynb``.
+
+Pure-Python copies (no DeepSpeed or accelerate needed at run time) of:
+
+* DeepSpeed's ``estimate_zero2_model_states_mem_needs``
+  (``deepspeed/runtime/zero/stage_1_and_2.py``) and
+  ``estimate_zero3_model_states_mem_needs`` (``deepspeed/runtime/zero/stage3.py``),
+  checked against DeepSpeed 0.19.8 and the examples of its "Memory Requirements" page;
+* the "Training using Adam" column of ``accelerate estimate-memory``
+  (``estimate_training_usage`` in ``accelerate/commands/estimate.py``, accelerate 1.15.0).
+
+Three things to watch when reading their output next to ours:
+
+1. Their "GB" are GiB (2**30 bytes): DeepSpeed prints ``bytes / 2**30`` and accelerate's
+   ``convert_bytes`` divides by 1024 per step. The ZeRO paper and this course's
+   :mod:`course_utils.memory` use GB = 1e9 bytes.
+2. DeepSpeed's functions default to CPU offload *on* and return ``(cpu, gpu)``; ours
+   default to offload *off* and return ``(gpu_bytes, cpu_bytes)``.
+3. None of them counts activations, communication buffers, the CUDA context or the
+   caching allocator: see :func:`why_nvidia_smi_differs`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from numbers import Real
+
+from ..checks import check_bool, check_int, check_number
+from .memory import GB, STAGE_NAMES, GiB, model_states
+
+__all__ = ["deepspeed_zero2", "deepspeed_zero3", "deepspeed_printout",
+           "ACCELERATE_DTYPES", "accelerate_training_usage", "accelerate_peak",
+           "accelerate_total_size", "accelerate_convert_bytes",
+           "Row", "compare", "table", "why_nvidia_smi_differs"]
+
+
+# ----------------------------------------------------------------- validation
+
+def _resolve(model, largest_layer_params=None, *, need_largest: bool = False):
+    """(num_params, largest_layer_params) from a count, a TransformerConfig, a Preset or
+    a preset name."""
+    from .config import Preset, TransformerConfig, preset
+
+    if isinstance(model, str):
+        from .config import PRESETS
+
+        if model not in PRESETS:
+            raise ValueError(f"unknown preset {model!r}: pass a parameter count such as 7e9, a "
+                             f"TransformerConfig, or one of {sorted(PRESETS)}")
+        model = preset(model)
+    config = None
+    if isinstance(model, Preset):
+        num_params, config = model.num_params, model.config
+    elif isinstance(model, TransformerConfig):
+        num_params, config = model.num_params(), model
+    else:
+        num_params = model
+        check_number("num_params", num_params, above=0, example="7e9")
+    if largest_layer_params is None and config is not None:
+        largest_layer_params = config.largest_layer_params()
+    if largest_layer_params is None:
+        if need_largest:
+            raise ValueError(
+                "ZeRO-3 estimates need largest_layer_params (the parameters of the biggest "
+                "single module, usually the token embedding: vocab x hidden); pass "
+                "largest_layer_params=..., or pass a TransformerConfig instead of a number")
+    else:
+        check_number("largest_layer_params", largest_layer_params, above=0, example="32000 * 4096")
+        if largest_layer_params > num_params:
+            raise ValueError(f"largest_layer_params ({largest_layer_params}) cannot exceed "
+                             f"num_params ({num_params})")
+    return num_params, largest_layer_params
+
+
+def _check_cluster(gpus_per_node, nodes, additional_buffer_factor) -> None:
+    check_int("gpus_per_node", gpus_per_node, 1, what="GPUs in one machine")
+    check_int("nodes", nodes, 1, what="number of machines")
+    check_number("additional_buffer_factor", additional_buffer_factor, above=0, example="1.5 (DeepSpeed's default)")
+
+
+# ------------------------------------------------------------------ DeepSpeed
+
+def deepspeed_zero2(num_params, *, gpus_per_node: int = 1, nodes: int = 1,
+                    cpu_offload: bool = False, additional_buffer_factor: float = 1.5):
+    """DeepSpeed's ZeRO-2 model-states estimate: ``(gpu_bytes, cpu_bytes)`` per GPU / per node.
+
+    Same arithmetic, in the same order, as ``estimate_zero2_model_states_mem_needs``
+    (DeepSpeed 0.19.8, ``deepspeed/runtime/zero/stage_1_and_2.py``), with N = all GPUs:
+
+    * no offload: GPU = ``2Ψ + int(18Ψ/N)`` (fp16 params replicated; fp16 + fp32 grads,
+      fp32 master, Adam m and v sharded); CPU = ``Ψ·4·gpus_per_node·factor``, the fp32
+      model each local rank builds before DeepSpeed takes over.
+    * ``cpu_offload``: GPU = ``2Ψ``; CPU = ``Ψ·max(4N, 16)·factor``.
+
+    DeepSpeed returns ``(cpu, gpu)`` and defaults to ``cpu_offload=True``; we return
+    ``(gpu, cpu)`` and default to no offload. Before DeepSpeed PR #5099 (2024) the
+    no-offload GPU line was ``4Ψ + int(16Ψ/N)``; its docs' ZeRO-2 table still shows that.
+    """
+    num_params, _ = _resolve(num_params)
+    _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
+    check_bool("cpu_offload", cpu_offload)
+    total_params = num_params
+    total_gpus = nodes * gpus_per_node
+    if cpu_offload:
+        gpu_mem = 2 * total_params
+        cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
+        cpu_mem = total_params * 4 * gpus_per_node * additional_buffer_factor
+    return int(gpu_mem), int(cpu_mem)
+
+
+def deepspeed_zero3(num_params, largest_layer_params=None, *, gpus_per_node: int = 1,
+                    nodes: int = 1, cpu_offload: bool = False, cpu_offload_params: bool = False,
+                    zero_init: bool = True, additional_buffer_factor: float = 1.5):
+    """DeepSpeed's ZeRO-3 model-states estimate: ``(gpu_bytes, cpu_bytes)`` per GPU / per node.
+
+    Same arithmetic as ``estimate_zero3_model_states_mem_needs`` (DeepSpeed 0.19.8,
+    ``deepspeed/runtime/zero/stage3.py``). With L = largest layer's params, N = all GPUs,
+    g = gpus_per_node, f = additional_buffer_factor:
+
+    * no offload: GPU ``4L + int(18Ψ/N)``; CPU ``4·L·g·f`` with zero_init, else ``4·Ψ·g·f``.
+    * ``cpu_offload``: GPU ``4L + int(2Ψ/N)``; CPU ``16·Ψ/nodes·f`` with zero_init,
+      else ``Ψ·max(4g, 16/nodes)·f``.
+    * ``cpu_offload`` and ``cpu_offload_params``: GPU ``4L``; CPU ``18·Ψ/nodes·f`` with
+      zero_init, else ``Ψ·max(4g, 18/nodes)·f``.
+
+    ``4L``: the largest layer gathered as fp16 params plus its fp16 grads. ``largest_layer_params``
+    may be left out when a TransformerConfig (or a preset with one) is passed.
+    DeepSpeed returns ``(cpu, gpu, 4L)`` and defaults to both offloads on.
+    """
+    num_params, largest_layer_params = _resolve(num_params, largest_layer_params, need_largest=True)
+    _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
+    for name, flag in (("cpu_offload", cpu_offload), ("cpu_offload_params", cpu_offload_params),
+                       ("zero_init", zero_init)):
+        check_bool(name, flag)
+    if cpu_offload_params and not cpu_offload:
+        raise ValueError("DeepSpeed's estimator has no case for offloading parameters without "
+                         "the optimizer (it silently ignores cpu_offload_params then); "
+                         "set cpu_offload=True as well")
+    total_params, num_gpus_per_node, num_nodes = num_params, gpus_per_node, nodes
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest_layer_memory = (4 * largest_layer_params)
+    if cpu_offload:
+        # offloading the parameters too moves their fp16 copy (2 bytes) to the host: 18 vs 16
+        host = 18 if cpu_offload_params else 16
+        gpu_mem = largest_layer_memory + (0 if cpu_offload_params else int(2 * total_params / total_gpus))
+        if zero_init:
+            cpu_mem = total_params * host * gpus_factor * additional_buffer_factor
+        else:
+            cpu_mem = total_params * max(4 * num_gpus_per_node, host * gpus_factor) * additional_buffer_factor
+    else:
+        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+        if zero_init:
+            cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
+        else:
+            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(gpu_mem), int(cpu_mem)
+
+
+def deepspeed_printout(num_params, largest_layer_params=None, *, stage: int = 3,
+                       gpus_per_node: int = 1, nodes: int = 1,
+                       additional_buffer_factor: float = 1.5) -> str:
+    """The table ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` prints, as a string.
+
+    Same rows and number format (``bytes / 2**30`` with two decimals, labelled "GB": they
+    are GiB). The options column is written as DeepSpeed's docs show it
+    (``offload_param=cpu ,`` ...).
+    """
+    if stage not in (2, 3) or isinstance(stage, bool):
+        raise ValueError(f"stage must be 2 or 3 (DeepSpeed has estimators for ZeRO-2 and ZeRO-3), got {stage!r}")
+    num_params, largest_layer_params = _resolve(num_params, largest_layer_params,
+                                                need_largest=(stage == 3))
+    _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
+    cpu_str = f"{'cpu':4}"
+    nodes_str = "nodes" if nodes > 1 else "node"
+    gpus_str = "GPUs" if gpus_per_node > 1 else "GPU"
+    sw = f"SW: Model with {int(num_params / 1e6)}M total params"
+    if stage == 3:
+        sw += f", {int(largest_layer_params / 1e6)}M largest layer params"
+    lines = ["Estimated memory needed for params, optim states and gradients for a:",
+             f"HW: Setup with {nodes} {nodes_str}, {gpus_per_node} {gpus_str} per node.",
+             sw + ".", "  per CPU  |  per GPU |   Options"]
+    kw = dict(gpus_per_node=gpus_per_node, nodes=nodes, additional_buffer_factor=additional_buffer_factor)
+    if stage == 2:
+        for off in (True, False):
+            gpu, cpu = deepspeed_zero2(num_params, cpu_offload=off, **kw)
+            lines.append(f" {cpu / 2**30:7.2f}GB | {gpu / 2**30:6.2f}GB | "
+                         f"offload_optimizer={cpu_str if off else 'none'}")
+    else:
+        for off, off_params in ((True, True), (True, False), (False, False)):
+            for zi in (True, False):
+                gpu, cpu = deepspeed_zero3(num_params, largest_layer_params, cpu_offload=off,
+                                           cpu_offload_params=off_params, zero_init=zi, **kw)
+                opts = (f"offload_param={cpu_str if off_params else 'none'}, "
+                        f"offload_optimizer={cpu_str if off else 'none'}, zero_init={int(zi)}")
+                lines.append(f" {cpu / 2**30:7.2f}GB | {gpu / 2**30:6.2f}GB | {opts}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------- accelerate
+
+#: dtypes ``estimate_training_usage`` understands ("fp8" means without MS-AMP; the CLI
+#: itself offers float32, float16, int8, int4)
+ACCELERATE_DTYPES = ("float32", "float16", "bfloat16", "fp8", "int8", "int4")
+_LOAD_DIVISOR = {"float32": 1, "float16": 2, "bfloat16": 1, "fp8": 1, "int8": 4, "int4": 8}
+
+
+def _check_dtype(dtype) -> None:
+    if dtype not in ACCELERATE_DTYPES:
+        raise ValueError(f"dtype must be one of {ACCELERATE_DTYPES}, got {dtype!r}")
+
+
+def _fp32_model_bytes(num_params, buffer_bytes) -> int:
+    num_params, _ = _resolve(num_params)
+    if float(num_params) != int(num_params):
+        raise ValueError(f"num_params must be a whole number of parameters, got {num_params!r}")
+    if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 0:
+        raise ValueError(f"buffer_bytes must be an int >= 0 (bytes of the model's buffers), got {buffer_bytes!r}")
+    return 4 * int(num_params) + buffer_bytes
+
+
+def accelerate_training_usage(model_bytes: int, dtype: str = "float32") -> dict:
+    """accelerate's ``estimate_training_usage(bytes, mixed_precision)``, same keys and values.
+
+    ``model_bytes`` is the model's size in fp32 (4 bytes a parameter plus its buffers; the
+    CLI builds every model in fp32). Values, with M = model_bytes:
+
+    * ``float32``: model M, gradients M, optimizer 2M, step 4M.
+    * ``float16`` / ``bfloat16`` / ``fp8``: model M, gradients M + M//2, optimizer 2M, step 2M.
+    * ``int8`` / ``int4``: -1 everywhere (the CLI prints "N/A").
+
+    The CLI's "Training using Adam" is ``max()`` of these: the largest single stage, not a sum.
+    """
+    if isinstance(model_bytes, bool) or not isinstance(model_bytes, int) or model_bytes < 1:
+        raise ValueError(f"model_bytes must be an int >= 1 (the model's fp32 size in bytes), got {model_bytes!r}")
+    _check_dtype(dtype)
+    sizes = {"model": -1, "optimizer": -1, "gradients": -1, "step": -1}
+    fp32_size, fp16_size = model_bytes, model_bytes // 2
+    if dtype == "float32":
+        sizes.update(model=fp32_size, gradients=fp32_size, optimizer=fp32_size * 2, step=fp32_size * 4)
+    elif dtype in ("float16", "bfloat16", "fp8"):
+        sizes.update(model=fp32_size, gradients=fp32_size + fp16_size, optimizer=fp32_size * 2)
+        sizes["step"] = sizes["optimizer"]
+    return sizes
+
+
+def accelerate_peak(num_params, *, dtype: str = "float32", buffer_bytes: int = 0) -> int:
+    """``accelerate estimate-memory``'s "Training using Adam" in bytes: the max of its stages.
+
+    16 bytes a parameter in float32 (the optimizer step: weights + grads + Adam m, v) and
+    8 in float16/bfloat16 (the Adam states alone: the stages are not added up). Nothing
+    is divided by the number of GPUs. ``buffer_bytes``: the model's buffers, which the
+    CLI includes (e.g. 8192 for BERT's two int64 id tables of 512).
+    """
+    _check_dtype(dtype)
+    if dtype in ("int8", "int4"):
+        raise ValueError(f"accelerate reports no training estimate for {dtype} (it prints N/A); "
+                         "use dtype='float32', 'float16' or 'bfloat16'")
+    return max(accelerate_training_usage(_fp32_model_bytes(num_params, buffer_bytes), dtype).values())
+
+
+def accelerate_total_size(num_params, *, dtype: str = "float32", buffer_bytes: int = 0):
+    """The CLI's "Total Size" column (loading the weights only): the fp32 size divided by
+    2 (float16), 4 (int8) or 8 (int4). bfloat16 and fp8 are not CLI choices; they are
+    left undivided as ``gather_data`` would."""
+    _check_dtype(dtype)
+    size = _fp32_model_bytes(num_params, buffer_bytes)
+    div = _LOAD_DIVISOR[dtype]
+    return size / div if div > 1 else size
+
+
+def accelerate_convert_bytes(size) -> str:
+    """accelerate's ``convert_bytes``: divide by 1024 until below 1024; "GB" there means GiB."""
+    if isinstance(size, bool) or not isinstance(size, Real) or size < 0:
+        raise ValueError(f"size must be a number of bytes >= 0, got {size!r}")
+    for unit in ["bytes", "KB", "MB", "GB", "TB"]:
+        if size < 1024.0:
+            return f"{round(size, 2)} {unit}"
+        size /= 1024.0
+    return f"{round(size, 2)} PB"
+
+
+# -------------------------------------------------------------------- compare
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One estimator's answer for one model and cluster."""
+
+    name: str
+    stage: int | None          # ZeRO stage it models (None: no sharding at all)
+    gpu_bytes: int | float     # per GPU
+    unit_note: str             # which "GB" its own printout uses
+    counts: str                # what it counts, one line
+    ignores: str               # what it leaves out, one line
+    cpu_bytes: int | float = 0  # host memory per node (offload rows), else 0
+
+    @property
+    def gpu_gb(self) -> float:
+        return self.gpu_bytes / GB
+
+    @property
+    def gpu_gib(self) -> float:
+        return self.gpu_bytes / GiB
+
+
+_PAPER_NOTE = "GB = 1e9 bytes"
+_DS_NOTE = 'their "GB" = GiB'
+_ACC_NOTE = 'their "GB" = GiB (/1024 steps)'
+_IGNORED = "activations, comm buffers, CUDA context, allocator caching, padding"
+_SHARDED = {0: "nothing sharded", 1: "optimizer states sharded",
+            2: "optimizer states + grads sharded", 3: "optimizer states + grads + params sharded"}
+
+
+def compare(model, world_size: int, *, largest_layer_params=None,
+            gpus_per_node: int | None = None) -> list[Row]:
+    """Every estimator's per-GPU bytes for the same model on ``world_size`` GPUs.
+
+    ``model``: a parameter count Ψ, a TransformerConfig, a Preset or a preset name.
+    ``largest_layer_params`` (DeepSpeed's ZeRO-3 rows) defaults to
+    ``config.largest_layer_params()`` when the model has a config; with a bare number
+    you must give it. ``gpus_per_node`` (only changes DeepSpeed's CPU numbers) defaults
+    to ``world_size``: one node.
+    """
+    num_params, largest = _resolve(model, largest_layer_params, need_largest=True)
+    check_int("world_size", world_size, 1, what="number of data-parallel GPUs")
+    if gpus_per_node is None:
+        gpus_per_node = world_size
+    check_int("gpus_per_node", gpus_per_node, 1, what="GPUs in one machine")
+    if world_size % gpus_per_node:
+        raise ValueError(f"world_size ({world_size}) must be a multiple of gpus_per_node "
+                         f"({gpus_per_node}): DeepSpeed counts whole nodes")
+    nodes = world_size // gpus_per_node
+    rows = []
+    for recipe, label, what in (
+            ("mixed", "ZeRO paper, K=12", "2 B fp16 params + 2 B fp16 grads + 12 B fp32 master/m/v"),
+            ("mixed-fp32-grads", "fp32 grads (18 B)", "2 B fp16 params + 4 B fp32 grads + 12 B fp32 master/m/v")):
+        for stage in (0, 1, 2, 3):
+            ms = model_states(num_params, world_size=world_size, stage=stage, recipe=recipe)
+            rows.append(Row(f"{label}: {STAGE_NAMES[stage]}", stage, ms.total, _PAPER_NOTE,
+                            f"{what}; {_SHARDED[stage]}",
+                            _IGNORED))
+    kw = dict(gpus_per_node=gpus_per_node, nodes=nodes)
+    gpu, cpu = deepspeed_zero2(num_params, **kw)
+    rows.append(Row("DeepSpeed ZeRO-2", 2, gpu, _DS_NOTE,
+                    "2 B fp16 params replicated + 18 B/param sharded (fp16+fp32 grads, master, m, v)",
+                    "activations, reduce buckets, CUDA context; its CPU figure is init-time only", cpu))
+    gpu, cpu = deepspeed_zero2(num_params, cpu_offload=True, **kw)
+    rows.append(Row("DeepSpeed ZeRO-2 + offload_optimizer", 2, gpu, _DS_NOTE,
+                    "2 B fp16 params on GPU; fp32 states and grads in host RAM (x1.5 buffer)",
+                    "activations, fp16 grad buckets on GPU, pinned-memory limits", cpu))
+    gpu, cpu = deepspeed_zero3(num_params, largest, **kw)
+    rows.append(Row("DeepSpeed ZeRO-3", 3, gpu, _DS_NOTE,
+                    "4 B x largest layer (gathered fp16 param + grad) + 18 B/param sharded",
+                    "activations, prefetch/all-gather buckets beyond one layer, CUDA context", cpu))
+    gpu, cpu = deepspeed_zero3(num_params, largest, cpu_offload=True, **kw)
+    rows.append(Row("DeepSpeed ZeRO-3 + offload_optimizer", 3, gpu, _DS_NOTE,
+                    "4 B x largest layer + 2 B/param fp16 shard on GPU; 16 B/param in host RAM",
+                    "activations, prefetch buckets, CUDA context", cpu))
+    gpu, cpu = deepspeed_zero3(num_params, largest, cpu_offload=True, cpu_offload_params=True, **kw)
+    rows.append(Row("DeepSpeed ZeRO-3 + offload_param+opt", 3, gpu, _DS_NOTE,
+                    "only 4 B x largest layer on GPU; 18 B/param in host RAM",
+                    "activations, prefetch buckets, CUDA context, PCIe traffic", cpu))
+    for dtype, what in (("float32", "max over stages; fp32 step = 4 B weights + 4 grads + 8 Adam"),
+                        ("float16", "max over stages; mixed peak = 8 B Adam states alone")):
+        rows.append(Row(f"accelerate estimate-memory ({dtype})", None,
+                        accelerate_peak(int(num_params), dtype=dtype), _ACC_NOTE,
+                        f"{what}; whole model on one GPU",
+                        "world size and sharding, activations; stages are not summed"))
+    return rows
+
+
+_TABLE_UNITS = {"GB": ("GB", GB, "GiB", GiB), "MB": ("MB", 10**6, "MiB", 2**20)}
+
+
+def table(rows, unit: str = "GB", *, details: bool = False) -> str:
+    """A fixed-width text table of :func:`compare` rows, in decimal and binary units.
+
+    ``unit``: "GB" (columns GB = 1e9 B and GiB = 2**30 B) or "MB" (MB and MiB).
+    ``details=True`` adds each row's "counts" and "ignores" lines under it.
+    """
+    if unit not in _TABLE_UNITS:
+        raise ValueError(f"unit must be 'GB' or 'MB' (the table shows it next to GiB/MiB), got {unit!r}")
+    rows = list(rows)
+    if not rows or not all(isinstance(r, Row) for r in rows):
+        raise TypeError("table() takes the list of Row returned by compare(...)")
+    dec, dec_b, binu, bin_b = _TABLE_UNITS[unit]
+    name_w = max(len("estimator"), *(len(r.name) for r in rows))
+    note_w = max(len("its printout"), *(len(r.unit_note) for r in rows))
+    head = (f"{'estimator':<{name_w}}  {'stage':>5}  {'GPU ' + dec:>10}  {'GPU ' + binu:>10}  "
+            f"{'CPU ' + binu:>10}  {'its printout':<{note_w}}").rstrip()
+    out = [head, "-" * len(head)]
+    for r in rows:
+        stage = "-" if r.stage is None else str(r.stage)
+        cpu = f"{r.cpu_bytes / bin_b:10.2f}" if r.cpu_bytes else f"{'':>10}"
+        out.append(f"{r.name:<{name_w}}  {stage:>5}  {r.gpu_bytes / dec_b:10.2f}  "
+                   f"{r.gpu_bytes / bin_b:10.2f}  {cpu}  {r.unit_note:<{note_w}}".rstrip())
+        if details:
+            out.append(f"    counts:  {r.counts}")
+            out.append(f"    ignores: {r.ignores}")
+    out.append(f"{dec} = 10**{round(math.log10(dec_b))} bytes; {binu} = 2**{int(math.log2(bin_b))} bytes. "
+               f"CPU = host memory per node (DeepSpeed rows).")
+    return "\n".join(out)
+
+
+def why_nvidia_smi_differs() -> list[str]:
+    """Why a model-states estimate is not what ``nvidia-smi`` shows, one line each."""
+    return [
+        "CUDA context: each process using the GPU holds driver state and loaded kernels "
+        "(cuBLAS, cuDNN, NCCL) worth a few hundred MiB before any tensor exists.",
+        "Caching allocator: PyTorch keeps freed blocks for reuse, so nvidia-smi sees "
+        "torch.cuda.memory_reserved(), not memory_allocated().",
+        "Rounding: requests are rounded up to a multiple of 512 B and served from segments of "
+        "2 MiB (up to 1 MiB), 20 MiB (1-10 MiB) or a multiple of 2 MiB.",
+        "Fragmentation: free pieces scattered over segments cannot serve one large "
+        "request, so reserved memory grows past what live tensors need.",
+        "Activations: tensors saved for backward grow with batch x sequence and can "
+        "exceed the model states; no estimator here counts them.",
+        "Temporary buffers: gradient buckets, ZeRO all-gather/reduce-scatter and prefetch "
+        "buffers, and fp32 copies made for the optimizer step come and go each step.",
+        "NCCL buffers: NCCL allocates its own communication buffers per communicator "
+        "and channel, outside PyTorch's allocator and its statistics.",
+        "Padding: flat ZeRO/FSDP buffers are padded to a multiple of the world size "
+        "and of an alignment, a little more than num_params x bytes.",
+        "Units: nvidia-smi prints MiB; 1 GB = 1e9 bytes is 0.93 GiB, and DeepSpeed and "
+        "accelerate print GiB labelled \"GB\".",
+        "Whole device: nvidia-smi counts every process on the GPU (other ranks, a "
+        "notebook kernel), not only the one you estimated.",
+    ]

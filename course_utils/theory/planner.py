@@ -1,0 +1,981 @@
+"""Choosing a strategy: memory, communication and compute of every option, for a model and a cluster.
+
+Taught in ``notebooks/08_beyond_one_box.ipynb``.
+
+:func:`plan` puts every option side by side for one model on one cluster: DDP, ZeRO-1,
+ZeRO-2, ZeRO-3 and HSDP (shard inside a node, replicate across nodes; only when there
+is more than one node), each without and with CPU offload (optimizer states; for
+ZeRO-3 and HSDP also the parameters) and without and with full activation
+recomputation. For each option it gives
+
+* **memory per GPU** = model states on the GPU (:func:`course_utils.theory.memory.per_gpu`:
+  :func:`~course_utils.theory.memory.model_states` after :func:`~course_utils.theory.memory.placement`)
+  + activations (:func:`~course_utils.theory.memory.activation_bytes`, Korthikanti et al.)
+  + a stated **buffer allowance**: a fixed runtime overhead (CUDA context, library
+  workspaces, allocator cache), communication buffers (two gradient buckets for
+  stages 0-2; two gathered units of parameters and one of gradients for ZeRO-3/HSDP),
+  and an allocator slack proportional to the activations;
+* whether it fits, and the **largest micro-batch** that fits (memory is linear in it);
+* **time per optimizer step**: compute by the roofline ``6·Ψ·tokens`` FLOPs (``8·Ψ``
+  with recomputation) at ``gpu_flops × mfu``; communication by the alpha-beta model
+  (:func:`course_utils.theory.alpha_beta.ring_steps` latencies + ring volumes from
+  :func:`course_utils.theory.comm.comm_volume` over the bandwidth); a collective that crosses
+  nodes runs at the inter-node bandwidth; HSDP is hierarchical (ZeRO-3 inside the node,
+  an all-reduce of a 1/gpus_per_node gradient shard across nodes); offload adds host
+  transfers and the optimizer step on the host CPU.
+
+Every figure the model assumes is a field of :class:`Assumptions`, printed under the
+table. :func:`recommend` picks the fastest option that fits and says why.
+
+:func:`benchmark_comparison` checks the model against a published Megatron-LM benchmark (gpt2-xl with Megatron-LM
+on H100 80GB): predicted next to reported, with the gap explained on every row.
+The interactive form is :func:`course_utils.course.calculator.planner_widget`; the
+capstone exercise is graded by :func:`course_utils.course.exercises.check_capstone`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from numbers import Real
+from typing import Sequence
+
+from ..checks import check_int, check_number
+from .alpha_beta import ring_steps
+from .comm import comm_volume
+from .config import PRESETS, Preset, TransformerConfig, preset
+from .memory import GB, RECIPES, activation_bytes, per_gpu
+
+__all__ = [
+    "STRATEGIES", "OFFLOADS", "Choice", "as_choice", "Assumptions", "PlanRow", "Plan", "plan",
+    "table", "Recommendation", "recommend", "plot", "DEFAULT_OVERHEAD_GB",
+    "DEFAULT_ACTIVATION_SLACK", "NEAR_TIE", "GPT2XL_BENCHMARK", "megatron_param_count",
+    "megatron_weight_and_optimizer_bytes", "benchmark_config", "benchmark_plan",
+    "linear_model_bounds", "BenchmarkRow", "benchmark_comparison", "benchmark_table",
+]
+
+STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "HSDP")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+_STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3, "HSDP": 3}
+_OFFLOADS_OF = {"DDP": ("none",), "ZeRO-1": ("none", "optimizer"), "ZeRO-2": ("none", "optimizer"),
+                "ZeRO-3": OFFLOADS, "HSDP": OFFLOADS}
+
+#: Runtime overhead per GPU (GB) outside model states, activations and comm buffers:
+#: CUDA context, cuBLAS/NCCL workspaces, allocator cache. Fitted to the benchmark's R1
+#: (gpt2-xl, batch 1: 33321 MiB used) by ``tests/test_planner.py``, rounded.
+DEFAULT_OVERHEAD_GB = 3.6
+#: Allocator slack on activations: transient tensors of backward (e.g. the logits'
+#: gradient) and caching-allocator fragmentation, as a fraction of the saved activations.
+#: 15% makes one gpt2-xl sequence cost 3.32 GB (2.89 GB Korthikanti + slack), inside the
+#: 3.19-3.35 GB band that the benchmark's DP=8 maximum (21 per GPU) allows; the band of its
+#: one-GPU maximum (15) is 3.37-3.61 GB and the two do not overlap (:func:`linear_model_bounds`).
+DEFAULT_ACTIVATION_SLACK = 0.15
+#: Options within this fraction of the fastest step time are a near tie (the model's
+#: MFU and bandwidth assumptions are not more accurate than that).
+NEAR_TIE = 0.05
+
+
+# ----------------------------------------------------------------- validation
+
+# -------------------------------------------------------------------- choices
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One option: a strategy, what is offloaded to the host, and full recomputation.
+
+    ``strategy``: one of :data:`STRATEGIES`; ``offload``: "none", "optimizer" (ZeRO-1/2/3,
+    HSDP) or "optimizer+params" (ZeRO-3 and HSDP only: ZeRO-Infinity / FSDP's
+    ``CPUOffloadPolicy``); ``recompute``: full activation recomputation (checkpoint every
+    block, recompute it in backward).
+    """
+
+    strategy: str
+    offload: str = "none"
+    recompute: bool = False
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.offload not in OFFLOADS:
+            raise ValueError(f"offload must be one of {OFFLOADS}, got {self.offload!r}")
+        if self.offload not in _OFFLOADS_OF[self.strategy]:
+            if self.strategy == "DDP":
+                raise ValueError("DDP cannot offload: offload needs sharded optimizer states "
+                                 "(ZeRO-1 or higher); use offload='none' or a ZeRO strategy")
+            raise ValueError(f"{self.strategy} cannot offload parameters (only ZeRO-3 and HSDP "
+                             "shard them); use offload='optimizer' or strategy='ZeRO-3'")
+        if not isinstance(self.recompute, bool):
+            raise TypeError(f"recompute must be True or False, got {self.recompute!r}")
+
+    @property
+    def stage(self) -> int:
+        return _STAGE[self.strategy]
+
+    @property
+    def offload_optimizer(self) -> bool:
+        return self.offload != "none"
+
+    @property
+    def offload_params(self) -> bool:
+        return self.offload == "optimizer+params"
+
+    def label(self) -> str:
+        """E.g. ``"ZeRO-3 + offload optimizer+params + recompute"``."""
+        parts = [self.strategy]
+        if self.offload != "none":
+            parts.append(f"offload {self.offload}")
+        if self.recompute:
+            parts.append("recompute")
+        return " + ".join(parts)
+
+    def short(self) -> str:
+        """Compact label for plots: ``"ZeRO-3 +opt+par +rc"``."""
+        off = {"none": "", "optimizer": " +opt", "optimizer+params": " +opt+par"}[self.offload]
+        return f"{self.strategy}{off}{' +rc' if self.recompute else ''}"
+
+
+def as_choice(value) -> Choice:
+    """A :class:`Choice` from a Choice, a :class:`PlanRow`, a dict with the Choice fields,
+    a tuple ``(strategy, offload, recompute)`` or a strategy name alone."""
+    if isinstance(value, Choice):
+        return value
+    if isinstance(value, PlanRow):
+        return value.choice
+    if isinstance(value, str):
+        return Choice(value)
+    if isinstance(value, dict):
+        unknown = set(value) - {"strategy", "offload", "recompute"}
+        if unknown or "strategy" not in value:
+            raise ValueError("a choice dict needs 'strategy' and may have 'offload' and 'recompute'; "
+                             f"got keys {sorted(value)}")
+        return Choice(**value)
+    if isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
+        return Choice(*value)
+    raise TypeError("a choice is a Choice, a strategy name such as 'ZeRO-2', a dict "
+                    "{'strategy': ..., 'offload': ..., 'recompute': ...} or a tuple "
+                    f"(strategy, offload, recompute); got {type(value).__name__}")
+
+
+def _all_choices(nodes: int) -> list[Choice]:
+    out = []
+    for strategy in STRATEGIES:
+        if strategy == "HSDP" and nodes == 1:
+            continue
+        for offload in _OFFLOADS_OF[strategy]:
+            for recompute in (False, True):
+                out.append(Choice(strategy, offload, recompute))
+    return out
+
+
+# ---------------------------------------------------------------- assumptions
+
+@dataclasses.dataclass(frozen=True)
+class Assumptions:
+    """Every figure :func:`plan` assumes (units in the names; GB = 1e9 bytes)."""
+
+    model: str
+    num_params: int
+    gpu_mem_gb: float
+    gpus_per_node: int
+    nodes: int
+    intra_bw_gbps: float
+    inter_bw_gbps: float
+    alpha_intra_us: float
+    alpha_inter_us: float
+    seq_len: int
+    micro_batch: int | None
+    global_batch: int | None
+    recipe: str
+    attention: str
+    gpu_flops: float
+    mfu: float
+    overlap: float
+    overhead_gb: float
+    activation_slack: float
+    bucket_elems: int
+    bucket_buffers: int
+    unit_params: int
+    units: int
+    pcie_gbps: float
+    host_adam_params_per_s: float
+    host_mem_gb: float | None
+    max_micro_batch: int
+    has_architecture: bool
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def lines(self) -> list[str]:
+        """The assumptions, one sentence each, as printed under :func:`table`."""
+        p, g, o = RECIPES[self.recipe]
+        acts = (f"activations: Korthikanti et al., {self.attention} attention, 16-bit, fp32 logits; "
+                f"+{self.activation_slack:.0%} allocator slack; with recomputation each block keeps "
+                f"its input and one block is rematerialised at a time"
+                if self.has_architecture else
+                "activations: not counted (the model is a bare parameter count: pass a preset "
+                "or TransformerConfig to count them)")
+        lines = [
+            f"GPU memory {self.gpu_mem_gb:g} GB usable per GPU; {self.nodes} node(s) x "
+            f"{self.gpus_per_node} GPU(s) = {self.world_size} data-parallel ranks (no tensor/pipeline parallelism)",
+            f"model states: recipe {self.recipe} = {p} B params + {g} B grads + {o} B optimizer per "
+            f"parameter (memory.RECIPES); ZeRO shards the analytic share (memory.model_states)",
+            acts,
+            f"buffer allowance per GPU: {self.overhead_gb:g} GB runtime (CUDA context, workspaces, "
+            f"allocator cache) + comm buffers: stages 0-2 {self.bucket_buffers} bucket(s) of "
+            f"{self.bucket_elems:.3g} gradient elements, ZeRO-3/HSDP two gathered units of "
+            f"{self.unit_params:,} params + one unit of their gradients ({self.units} units)",
+            f"compute: 6 x params x tokens FLOPs (8 x with recomputation) at {self.gpu_flops / 1e12:g} "
+            f"TFLOP/s x MFU {self.mfu:g}; attention's s^2 FLOPs ignored",
+            f"communication: ring alpha-beta model, {self.intra_bw_gbps:g} GB/s per GPU inside a node "
+            f"(alpha {self.alpha_intra_us:g} us/step), {self.inter_bw_gbps:g} GB/s per GPU across nodes "
+            f"(alpha {self.alpha_inter_us:g} us/step); a collective spanning nodes runs at the slower; "
+            f"params gathered in {p} B, grads reduced in {g} B; HSDP: ZeRO-3 inside the node + "
+            f"all-reduce of a 1/{self.gpus_per_node} gradient shard across nodes",
+            "accumulation: DDP and ZeRO-1 reduce once per step; ZeRO-2 reduce-scatters every "
+            "micro-batch; ZeRO-3/HSDP gather and reduce-scatter every micro-batch (HSDP's "
+            "cross-node all-reduce once per step)",
+            f"overlap: {self.overlap:.0%} of compute time can hide communication "
+            f"(step = compute + offload + max(0, comm - overlap x compute))",
+            f"offload: host<->GPU at {self.pcie_gbps:g} GB/s per GPU; optimizer step on the host at "
+            f"{self.host_adam_params_per_s / 1e9:g}e9 params/s per node; transfers not overlapped"
+            + (f"; host memory {self.host_mem_gb:g} GB per node" if self.host_mem_gb is not None
+               else "; host memory not checked"),
+            "micro-batch: " + (f"{self.micro_batch} for every option" if self.micro_batch is not None
+                               else f"the largest that fits (at most {self.max_micro_batch})")
+            + "; global batch " + (f"{self.global_batch} sequences per step (accumulation fills it)"
+                                   if self.global_batch is not None else
+                                   "= ranks x micro-batch (no accumulation)"),
+        ]
+        if self.nodes == 1:
+            lines.append("HSDP rows left out: on one node HSDP is ZeRO-3")
+        return lines
+
+
+# ----------------------------------------------------------------------- rows
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    """One option of a :func:`plan`, in bytes per GPU and seconds per optimizer step."""
+
+    choice: Choice
+    shard_size: int            # ranks the model states are sharded over
+    world_size: int
+    gpus_per_node: int
+    micro_batch: int           # evaluated micro-batch (given, or the largest that fits; 1 if none fits)
+    max_micro_batch: int       # largest micro-batch that fits (0: not even 1)
+    grad_accum: int
+    fits: bool
+    why: str                   # why it does not fit ("" when it fits)
+    params: float              # model states on this GPU after offload, bytes
+    grads: float
+    optimizer: float
+    activations: float         # saved activations (Korthikanti) at micro_batch
+    buffers: float             # runtime overhead + comm buffers + allocator slack
+    host_bytes_per_node: float
+    compute_s: float
+    comm_s: float
+    offload_s: float
+    step_s: float
+    tokens_per_step: int       # over all GPUs
+    seq_len: int
+    recipe: str
+    comm_detail: dict          # bytes one rank sends per step: {"intra": .., "inter": ..}
+    config: TransformerConfig | None = None
+
+    @property
+    def strategy(self) -> str:
+        return self.choice.strategy
+
+    @property
+    def stage(self) -> int:
+        return self.choice.stage
+
+    @property
+    def states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.states + self.activations + self.buffers
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_s if self.step_s > 0 else math.inf
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step over all GPUs."""
+        return self.tokens_per_step // self.seq_len
+
+    def describe(self) -> str:
+        """One line: the option, its memory and time, and whether it fits."""
+        fit = "fits" if self.fits else f"does not fit ({self.why})"
+        return (f"{self.choice.label()}: {self.total / GB:.1f} GB per GPU at micro-batch "
+                f"{self.micro_batch} x {self.grad_accum} accumulation, {fit}; step "
+                f"{self.step_s:.3f} s (compute {self.compute_s:.3f}, comm {self.comm_s:.3f}, "
+                f"offload {self.offload_s:.3f})")
+
+
+class Plan(list):
+    """The rows of :func:`plan` (a list of :class:`PlanRow`) with their :class:`Assumptions`."""
+
+    def __init__(self, rows, assumptions: Assumptions):
+        super().__init__(rows)
+        self.assumptions = assumptions
+
+    def row(self, choice) -> PlanRow:
+        """The row of one option (a Choice, tuple, dict or strategy name)."""
+        choice = as_choice(choice)
+        for r in self:
+            if r.choice == choice:
+                return r
+        raise ValueError(f"{choice.label()} is not an option of this plan"
+                         + (" (HSDP needs more than one node)" if choice.strategy == "HSDP" else ""))
+
+    def table(self) -> str:
+        return table(self)
+
+    def recommend(self) -> "Recommendation":
+        return recommend(self)
+
+
+# ----------------------------------------------------------------------- plan
+
+def _resolve_model(model):
+    """(label, num_params, config or None)."""
+    if isinstance(model, str):
+        if model not in PRESETS:
+            raise ValueError(f"unknown model {model!r}: pass one of {sorted(PRESETS)}, a "
+                             "TransformerConfig or a parameter count such as 7e9")
+        model = preset(model)
+    if isinstance(model, Preset):
+        return model.name, int(model.num_params), model.config
+    if isinstance(model, TransformerConfig):
+        n = model.num_params()
+        return f"custom ({n / 1e9:.2f}B)", n, model
+    if isinstance(model, bool) or not isinstance(model, Real):
+        raise TypeError("model must be a preset name such as 'gpt2-xl', a TransformerConfig or a "
+                        f"parameter count such as 7e9; got {type(model).__name__}")
+    check_number("model (parameter count)", model, above=0, example="7e9")
+    if model < 1000:
+        raise ValueError(f"a parameter count of {model!r} looks like billions: pass {model}e9")
+    return f"{model / 1e9:g}B params", int(model), None
+
+
+def _unit_params(config: TransformerConfig | None, num_params: int) -> int:
+    """Parameters of the largest FSDP/ZeRO-3 unit: one block or the embedding (root)."""
+    if config is None:
+        return math.ceil(num_params / 32)
+    return max(config.block_params(), config.embedding_params())
+
+
+def _collective_s(op: str, volume: dict, world: int, calls: int, alpha_s: float, bw: float) -> float:
+    """Alpha-beta time of ``calls`` ring collectives sending ``volume[op]`` bytes in all."""
+    if world == 1 or volume[op] == 0:
+        return 0.0
+    return calls * ring_steps(op, world) * alpha_s + volume[op] / bw
+
+
+def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
+    """Seconds of communication per optimizer step, and bytes sent per rank (intra/inter)."""
+    psi = a.num_params
+    pb, gb, _ = RECIPES[a.recipe]
+    n, g, nodes = a.world_size, a.gpus_per_node, a.nodes
+    intra, inter = a.intra_bw_gbps * 1e9, a.inter_bw_gbps * 1e9
+    al_in, al_out = a.alpha_intra_us * 1e-6, a.alpha_inter_us * 1e-6
+    flat_bw, flat_alpha = (intra, al_in) if nodes == 1 else (min(intra, inter), max(al_in, al_out))
+    units, bucket = a.units, a.bucket_elems
+    if choice.strategy == "HSDP":
+        rs = comm_volume(psi, world_size=g, stage=3, bytes_per_elem=gb)
+        ag = comm_volume(psi, world_size=g, stage=3, bytes_per_elem=pb)
+        t_in = k * (_collective_s("all_gather", ag, g, 2 * units, al_in, intra)
+                    + _collective_s("reduce_scatter", rs, g, units, al_in, intra))
+        shard = psi / g
+        ar = comm_volume(shard, world_size=nodes, stage=0, bytes_per_elem=gb)
+        t_out = _collective_s("all_reduce", ar, nodes, max(1, math.ceil(shard / bucket)), al_out, inter)
+        detail = {"intra": k * (ag["all_gather"] + rs["reduce_scatter"]), "inter": ar["all_reduce"]}
+        return t_in + t_out, detail
+    stage = choice.stage
+    calls = max(1, math.ceil(psi / bucket))
+    if stage == 0:
+        v = comm_volume(psi, world_size=n, stage=0, bytes_per_elem=gb)
+        t = _collective_s("all_reduce", v, n, calls, flat_alpha, flat_bw)
+        sent = v["all_reduce"]
+    else:
+        rs = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=gb)
+        ag = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=pb)
+        if stage == 3:
+            t = k * (_collective_s("all_gather", ag, n, 2 * units, flat_alpha, flat_bw)
+                     + _collective_s("reduce_scatter", rs, n, units, flat_alpha, flat_bw))
+            sent = k * (ag["all_gather"] + rs["reduce_scatter"])
+        else:
+            rs_times = k if stage == 2 else 1
+            t = (rs_times * _collective_s("reduce_scatter", rs, n, calls, flat_alpha, flat_bw)
+                 + _collective_s("all_gather", ag, n, calls, flat_alpha, flat_bw))
+            sent = rs_times * rs["reduce_scatter"] + ag["all_gather"]
+    detail = {"intra": sent, "inter": 0} if nodes == 1 else {"intra": 0, "inter": sent}
+    return t, detail
+
+
+def _offload_s(choice: Choice, a: Assumptions, shard_size: int, k: int) -> float:
+    if choice.offload == "none":
+        return 0.0
+    pb, gb, _ = RECIPES[a.recipe]
+    shard = a.num_params / shard_size
+    if choice.offload_params:   # every micro-batch: params up for forward and backward, grads down
+        moved = k * shard * (2 * pb + gb)
+    else:                       # grads down (every micro-batch from stage 2 on), params up once
+        moved = (k if choice.stage >= 2 else 1) * shard * gb + shard * pb
+    pcie = moved / (a.pcie_gbps * 1e9)
+    adam = shard * a.gpus_per_node / a.host_adam_params_per_s
+    return pcie + adam
+
+
+def _memory(choice: Choice, a: Assumptions, model_arg, config, shard_size: int, mb: int):
+    """(GpuMemory-like parts, activations, buffers) at micro-batch ``mb``."""
+    recompute = "full" if choice.recompute else "none"
+    mem = per_gpu(model_arg, world_size=shard_size, stage=choice.stage, recipe=a.recipe,
+                  offload_optimizer=choice.offload_optimizer, offload_params=choice.offload_params,
+                  micro_batch=mb if config is not None else None, seq=a.seq_len,
+                  attention=a.attention, recompute=recompute)
+    acts = mem.activations
+    if config is not None and choice.recompute:   # one block rematerialised during its backward
+        acts += activation_bytes(config, micro_batch=mb, seq=a.seq_len, attention=a.attention,
+                                 recompute="none").per_layer
+    pb, gb, _ = RECIPES[a.recipe]
+    if choice.stage == 3:
+        comm_buf = a.unit_params * (2 * pb + gb)
+    else:
+        comm_buf = a.bucket_buffers * a.bucket_elems * gb
+    buffers = a.overhead_gb * GB + comm_buf + a.activation_slack * acts
+    return mem, acts, buffers
+
+
+def _row(choice: Choice, a: Assumptions, model_arg, config) -> PlanRow:
+    n = a.world_size
+    shard_size = a.gpus_per_node if choice.strategy == "HSDP" else n
+    cap = a.gpu_mem_gb * GB
+
+    def total(mb):
+        mem, acts, buf = _memory(choice, a, model_arg, config, shard_size, mb)
+        return mem.params + mem.grads + mem.optimizer + acts + buf
+
+    # memory is linear in the micro-batch: total(b) = fixed + per_seq * b
+    t1, t2 = total(1), total(2)
+    per_seq, fixed = t2 - t1, 2 * t1 - t2
+    if config is None or per_seq <= 0:
+        max_mb = a.max_micro_batch if t1 <= cap else 0
+    else:
+        max_mb = max(0, min(a.max_micro_batch, math.floor((cap - fixed) / per_seq)))
+        while max_mb > 0 and total(max_mb) > cap:      # guard against float rounding
+            max_mb -= 1
+        while max_mb < a.max_micro_batch and total(max_mb + 1) <= cap:
+            max_mb += 1
+
+    per_rank = (a.global_batch // n) if a.global_batch is not None else None
+    if a.micro_batch is not None:
+        mb = a.micro_batch
+        k = 1 if per_rank is None else per_rank // mb
+        seqs = mb * k
+    elif per_rank is None:
+        mb, k = max(1, max_mb), 1
+        seqs = mb
+    else:   # the largest micro-batch that fits and divides this rank's share of the batch
+        mb = max(d for d in range(1, min(max(1, max_mb), per_rank) + 1) if per_rank % d == 0)
+        k, seqs = per_rank // mb, per_rank
+    mem, acts, buf = _memory(choice, a, model_arg, config, shard_size, mb)
+    states = mem.params + mem.grads + mem.optimizer
+    used = states + acts + buf
+    host = mem.cpu * a.gpus_per_node
+    why = []
+    if used > cap:
+        why.append(f"needs {used / GB:.1f} GB > {a.gpu_mem_gb:g} GB at micro-batch {mb}"
+                   + (f"; model states alone {states / GB:.1f} GB" if states > cap else ""))
+    if a.host_mem_gb is not None and host > a.host_mem_gb * GB:
+        why.append(f"host needs {host / GB:.0f} GB > {a.host_mem_gb:g} GB per node")
+
+    tokens = seqs * a.seq_len                       # per GPU per optimizer step
+    compute = (8 if choice.recompute else 6) * a.num_params * tokens / (a.gpu_flops * a.mfu)
+    comm, detail = _comm(choice, a, k)
+    off = _offload_s(choice, a, shard_size, k)
+    step = compute + off + max(0.0, comm - a.overlap * compute)
+    return PlanRow(choice=choice, shard_size=shard_size, world_size=n, gpus_per_node=a.gpus_per_node,
+                   micro_batch=mb, max_micro_batch=max_mb, grad_accum=k, fits=not why,
+                   why="; ".join(why), params=mem.params, grads=mem.grads, optimizer=mem.optimizer,
+                   activations=acts, buffers=buf, host_bytes_per_node=host, compute_s=compute,
+                   comm_s=comm, offload_s=off, step_s=step, tokens_per_step=tokens * n,
+                   seq_len=a.seq_len, recipe=a.recipe, comm_detail=detail, config=config)
+
+
+def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
+         intra_bw_gbps: float, inter_bw_gbps: float, seq_len: int,
+         micro_batch: int | None = None, global_batch: int | None = None,
+         recipe: str = "mixed", attention: str = "flash",
+         gpu_flops: float = 989e12, mfu: float = 0.4, overlap: float = 0.0,
+         alpha_intra_us: float = 5.0, alpha_inter_us: float = 10.0,
+         overhead_gb: float = DEFAULT_OVERHEAD_GB, activation_slack: float = DEFAULT_ACTIVATION_SLACK,
+         bucket_elems: int = 50_000_000, bucket_buffers: int = 2, pcie_gbps: float = 25.0,
+         host_adam_params_per_s: float = 2e9, host_mem_gb: float | None = None,
+         max_micro_batch: int = 256, choices: Sequence | None = None) -> Plan:
+    """Every option for ``model`` on ``nodes`` x ``gpus_per_node`` GPUs: a :class:`Plan`.
+
+    Args:
+        model: a preset name (``"llama-2-7b"``), a TransformerConfig, or a parameter
+            count (then activations are not counted).
+        gpu_mem_gb: usable memory of one GPU, GB (1e9 bytes). An "80GB" H100 shows
+            81559 MiB = 85.5 GB in nvidia-smi.
+        gpus_per_node, nodes: the cluster; every GPU is a data-parallel rank.
+        intra_bw_gbps, inter_bw_gbps: GB/s one GPU can send inside its node (NVLink)
+            and to other nodes (its share of the network).
+        seq_len: tokens per sequence.
+        micro_batch: sequences per GPU per forward; None: the largest that fits (and,
+            with ``global_batch``, divides the sequences per GPU, so that micro-batch x
+            accumulation x GPUs is exactly the global batch, as DeepSpeed requires).
+        global_batch: sequences per optimizer step over all GPUs (a multiple of the
+            number of GPUs); None: GPUs x micro-batch, no accumulation.
+        recipe: a key of :data:`course_utils.memory.RECIPES`; attention: "flash" or
+            "standard" (stores the s x s scores).
+        gpu_flops, mfu: peak FLOP/s of one GPU (989e12: H100 SXM dense bf16) and the
+            fraction of it achieved.
+        overlap: fraction of compute time that can hide communication (0: none).
+        alpha_intra_us, alpha_inter_us: latency per ring step, microseconds.
+        overhead_gb, activation_slack, bucket_elems, bucket_buffers: the buffer
+            allowance (see :class:`Assumptions`); ``bucket_buffers=0`` when buckets are
+            views of a contiguous gradient buffer (Megatron, ``gradient_as_bucket_view``).
+        pcie_gbps, host_adam_params_per_s, host_mem_gb: offload costs; host memory per
+            node (None: not checked).
+        max_micro_batch: the largest micro-batch searched.
+        choices: only these options (Choice, tuples, dicts or names); default all.
+    """
+    label, num_params, config = _resolve_model(model)
+    check_number("gpu_mem_gb", gpu_mem_gb, above=0, example="80")
+    check_int("gpus_per_node", gpus_per_node, 1, what="GPUs in one machine")
+    check_int("nodes", nodes, 1, what="number of machines")
+    check_number("intra_bw_gbps", intra_bw_gbps, above=0, example="450 (NVLink 4)")
+    check_number("inter_bw_gbps", inter_bw_gbps, above=0, example="50 (400 Gb/s InfiniBand per GPU)")
+    check_int("seq_len", seq_len, 1, what="tokens per sequence")
+    if micro_batch is not None:
+        check_int("micro_batch", micro_batch, 1, what="sequences per GPU per forward; None: the largest that fits")
+    world = gpus_per_node * nodes
+    if global_batch is not None:
+        check_int("global_batch", global_batch, 1, what="sequences per optimizer step over all GPUs")
+        if global_batch % world:
+            raise ValueError(f"global_batch ({global_batch}) must be a multiple of the number of GPUs "
+                             f"({world}) so every rank gets the same number of sequences")
+        if micro_batch is not None and (global_batch // world) % micro_batch:
+            raise ValueError(f"global_batch / GPUs = {global_batch // world} sequences per GPU is not a "
+                             f"multiple of micro_batch ({micro_batch}); change one of them")
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
+    if attention not in ("standard", "flash"):
+        raise ValueError(f"attention must be 'standard' or 'flash', got {attention!r}")
+    check_number("gpu_flops", gpu_flops, above=0, example="989e12")
+    check_number("mfu", mfu, above=0, maximum=1, example="0.4")
+    check_number("overlap", overlap, minimum=0, maximum=1, example="0.5")
+    check_number("alpha_intra_us", alpha_intra_us, above=0, example="5")
+    check_number("alpha_inter_us", alpha_inter_us, above=0, example="10")
+    check_number("overhead_gb", overhead_gb, minimum=0, example="3.6")
+    check_number("activation_slack", activation_slack, minimum=0, example="0.15")
+    check_int("bucket_elems", bucket_elems, 1, what="gradient elements per communication bucket")
+    check_int("bucket_buffers", bucket_buffers, minimum=0, what="bucket-sized temporary buffers")
+    check_number("pcie_gbps", pcie_gbps, above=0, example="25")
+    check_number("host_adam_params_per_s", host_adam_params_per_s, above=0, example="2e9")
+    if host_mem_gb is not None:
+        check_number("host_mem_gb", host_mem_gb, above=0, example="1024")
+    check_int("max_micro_batch", max_micro_batch, 1)
+    a = Assumptions(model=label, num_params=num_params, gpu_mem_gb=gpu_mem_gb,
+                    gpus_per_node=gpus_per_node, nodes=nodes, intra_bw_gbps=intra_bw_gbps,
+                    inter_bw_gbps=inter_bw_gbps, alpha_intra_us=alpha_intra_us,
+                    alpha_inter_us=alpha_inter_us, seq_len=seq_len, micro_batch=micro_batch,
+                    global_batch=global_batch, recipe=recipe, attention=attention,
+                    gpu_flops=gpu_flops, mfu=mfu, overlap=overlap, overhead_gb=overhead_gb,
+                    activation_slack=activation_slack, bucket_elems=bucket_elems,
+                    bucket_buffers=bucket_buffers, unit_params=_unit_params(config, num_params),
+                    units=config.layers + 1 if config is not None else 32, pcie_gbps=pcie_gbps,
+                    host_adam_params_per_s=host_adam_params_per_s, host_mem_gb=host_mem_gb,
+                    max_micro_batch=max_micro_batch, has_architecture=config is not None)
+    if choices is None:
+        wanted = _all_choices(nodes)
+    else:
+        wanted = [as_choice(c) for c in choices]
+        if any(c.strategy == "HSDP" for c in wanted) and nodes == 1:
+            raise ValueError("HSDP needs nodes > 1 (on one node it is ZeRO-3)")
+    model_arg = config if config is not None else num_params
+    return Plan([_row(c, a, model_arg, config) for c in wanted], a)
+
+
+# ---------------------------------------------------------------------- table
+
+def table(rows: Plan) -> str:
+    """A fixed-width text table of a :func:`plan`, then its assumptions."""
+    if not isinstance(rows, Plan):
+        raise TypeError("table() takes the Plan returned by plan(...)")
+    a = rows.assumptions
+    head = (f"{a.model} ({a.num_params / 1e9:.2f}B params) on {a.nodes} node(s) x {a.gpus_per_node} "
+            f"GPU(s) of {a.gpu_mem_gb:g} GB, seq {a.seq_len}")
+    cols = (f"{'option':<46}{'mb':>4}{'acc':>4}{'states':>8}{'activ':>7}{'buffer':>7}{'total':>7}"
+            f"{'host':>7}  {'fits':<4}{'compute':>9}{'comm':>8}{'offload':>8}{'step s':>8}{'tok/s':>10}")
+    out = [head, "GB per GPU (host: GB per node); seconds per optimizer step", cols, "-" * len(cols)]
+    for r in rows:
+        out.append(f"{r.choice.label():<46}{r.micro_batch:>4}{r.grad_accum:>4}{r.states / GB:8.1f}"
+                   f"{r.activations / GB:7.1f}{r.buffers / GB:7.1f}{r.total / GB:7.1f}"
+                   f"{r.host_bytes_per_node / GB:7.0f}  {'yes' if r.fits else 'no':<4}"
+                   f"{r.compute_s:9.3f}{r.comm_s:8.3f}{r.offload_s:8.3f}{r.step_s:8.3f}"
+                   f"{r.tokens_per_s:10.0f}")
+    out.append("assumptions:")
+    out.extend(f"  - {line}" for line in a.lines())
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------- recommendation
+
+@dataclasses.dataclass(frozen=True)
+class Recommendation:
+    """The fastest option that fits, the reason, and the near ties."""
+
+    row: PlanRow | None
+    reason: str
+    near_ties: tuple = ()
+
+    @property
+    def choice(self) -> Choice | None:
+        return None if self.row is None else self.row.choice
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def _simplicity(r: PlanRow) -> tuple:
+    return (OFFLOADS.index(r.choice.offload), r.choice.recompute, STRATEGIES.index(r.strategy))
+
+
+def recommend(rows: Plan, *, near_tie: float = NEAR_TIE) -> Recommendation:
+    """The fastest option that fits (ties broken by fewer offloads, no recomputation,
+    a lower stage), with the reason in words."""
+    if not isinstance(rows, Plan):
+        raise TypeError("recommend() takes the Plan returned by plan(...)")
+    check_number("near_tie", near_tie, minimum=0, maximum=1)
+    fitting = [r for r in rows if r.fits]
+    if not fitting:
+        closest = min(rows, key=lambda r: r.total)
+        return Recommendation(None, (
+            f"nothing fits: the smallest option, {closest.choice.label()}, {closest.why}. "
+            "Add GPUs or nodes, shorten the sequences, or use a GPU with more memory."))
+    best = min(fitting, key=lambda r: (r.step_s, _simplicity(r)))
+    ties = tuple(r for r in fitting if r is not best and r.step_s <= best.step_s * (1 + near_tie))
+    head = (f"{best.choice.label()}: fits ({best.total / GB:.1f} of {rows.assumptions.gpu_mem_gb:g} GB "
+            f"per GPU at micro-batch {best.micro_batch}, {best.grad_accum} accumulation step(s)) and is "
+            f"the fastest option that fits: {best.step_s:.3f} s per step = compute "
+            f"{best.compute_s:.3f} + offload {best.offload_s:.3f} + exposed comm "
+            f"{best.step_s - best.compute_s - best.offload_s:.3f}.")
+    lower = [r for r in rows if not r.fits and r.stage <= best.stage and not r.choice.recompute
+             and r.choice.offload == "none"]
+    why_not = ""
+    if lower:
+        simplest = min(lower, key=lambda r: (r.stage, r.strategy))
+        why_not = f" {simplest.choice.label()} does not fit: {simplest.why}."
+    faster_unfit = [r for r in rows if not r.fits and r.step_s < best.step_s]
+    if faster_unfit and not why_not:
+        f = min(faster_unfit, key=lambda r: r.step_s)
+        why_not = f" {f.choice.label()} would be faster but does not fit: {f.why}."
+    others = [r for r in fitting if r.strategy != best.strategy and r not in ties]
+    if others:
+        o = min(others, key=lambda r: (r.step_s, _simplicity(r)))
+        why_not += (f" The best other strategy, {o.choice.label()}, is {o.step_s / best.step_s - 1:+.0%}: "
+                    f"compute {o.compute_s:.3f} + offload {o.offload_s:.3f} + exposed comm "
+                    f"{o.step_s - o.compute_s - o.offload_s:.3f} s.")
+    tie = ""
+    if ties:
+        tie = " Within {:.0%}: ".format(near_tie) + ", ".join(
+            f"{r.choice.label()} ({(r.step_s / best.step_s - 1):+.1%})" for r in ties) + "."
+    return Recommendation(best, head + why_not + tie, ties)
+
+
+# ----------------------------------------------------------------------- plot
+
+_PART_COLORS = {"states": "#4C72B0", "activations": "#C44E52", "buffers": "#8C8C8C",
+                "compute": "#55A868", "comm": "#DD8452", "offload": "#8172B2"}
+
+
+def plot(rows: Plan, *, highlight: Choice | None = None):
+    """Two panels, one bar per option: memory per GPU (states / activations / buffers,
+    with the GPU's memory as a line) and seconds per step (compute / comm / offload).
+    Options that do not fit are drawn pale; the recommended one is outlined."""
+    from matplotlib.figure import Figure
+
+    if not isinstance(rows, Plan):
+        raise TypeError("plot() takes the Plan returned by plan(...)")
+    a = rows.assumptions
+    rec = recommend(rows).choice if highlight is None else as_choice(highlight)
+    fig = Figure(figsize=(10.0, 0.28 * len(rows) + 1.6))
+    ax_mem, ax_t = fig.subplots(1, 2, sharey=True)
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows):
+        alpha = 1.0 if r.fits else 0.35
+        edge = dict(edgecolor="black", linewidth=1.5) if r.choice == rec else dict(linewidth=0)
+        left = 0.0
+        for part, value in (("states", r.states), ("activations", r.activations), ("buffers", r.buffers)):
+            ax_mem.barh(y, value / GB, left=left, color=_PART_COLORS[part], alpha=alpha,
+                        label=part if y == ys[0] else None, **edge)
+            left += value / GB
+        left = 0.0
+        exposed = r.step_s - r.compute_s - r.offload_s
+        for part, value in (("compute", r.compute_s), ("comm", exposed), ("offload", r.offload_s)):
+            ax_t.barh(y, value, left=left, color=_PART_COLORS[part], alpha=alpha,
+                      label=(part if part != "comm" else "exposed comm") if y == ys[0] else None, **edge)
+            left += value
+    ax_mem.axvline(a.gpu_mem_gb, color="black", linestyle="--", linewidth=1)
+    ax_mem.set_yticks(ys, [r.choice.short() + ("" if r.fits else " (no fit)") for r in rows], fontsize=7)
+    ax_mem.set_xlabel("GB per GPU")
+    ax_t.set_xlabel("seconds per optimizer step")
+    ax_mem.set_xlim(0, max(a.gpu_mem_gb * 1.6, 1.0))
+    ax_mem.legend(fontsize=7, frameon=False, loc="lower right")
+    ax_t.legend(fontsize=7, frameon=False, loc="lower right")
+    fig.suptitle(f"{a.model} on {a.nodes} x {a.gpus_per_node} GPUs of {a.gpu_mem_gb:g} GB, seq {a.seq_len}"
+                 + (f": recommended {rec.label()}" if rec else ": nothing fits"), fontsize=9)
+    for ax in (ax_mem, ax_t):
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+# ======================================== a published Megatron-LM benchmark
+#
+# gpt2-xl trained with Megatron-LM on H100 80GB (bf16 weights, fp32 gradients, Adam).
+
+#: What the benchmark reports (its runs R1..R12), with units as printed.
+GPT2XL_BENCHMARK = {
+    "params_b": 1.56,                 # "Total number of parameters in billions: 1.56"
+    "most_loaded_shard_b": 1.5554,
+    "weight_and_optimizer_mib": 26699.47,   # Megatron prints "MB": it divides by 1024*1024
+    "bytes_per_param": 18, "states_gb": 28.08,   # 1.56B x 18 B
+    "gpu_total_mib": 81559, "r1_used_mib": 33321,   # nvidia-smi, batch 1 on one GPU
+    "max_batch_one_gpu": 15,          # R3 fits 15, R7: 16 runs out of memory
+    "dp4_batch15_gb": 79, "dp4_batch15_distopt_gb": 65,   # R5 -> R6
+    "dp8_max_global_batch": 120, "dp8_max_global_batch_distopt": 168,   # R12
+    "r3_step_ms": 393, "r5_step_ms": 421, "r4_step_ms": 1470,   # batch 15; DP=4; 4 x 15 accumulated
+    "seq": 1024, "padded_vocab": 50304,
+}
+_BENCHMARK_GPU_GB = GPT2XL_BENCHMARK["gpu_total_mib"] * 2**20 / GB     # 85.52 GB: nvidia-smi's total
+
+
+def benchmark_config() -> TransformerConfig:
+    """gpt2-xl as Megatron builds it: the gpt2-xl preset with the vocabulary padded to
+    50304 (Megatron pads 50257 to a multiple of 128)."""
+    return dataclasses.replace(preset("gpt2-xl").config, vocab=GPT2XL_BENCHMARK["padded_vocab"])
+
+
+def megatron_param_count(config: TransformerConfig) -> dict:
+    """Megatron-LM's own parameter count (``theoretical_memory_usage.py``): linear
+    weights and LayerNorms of the blocks plus one token-embedding table; it leaves out
+    the linear layers' biases and the learned position embeddings."""
+    if not isinstance(config, TransformerConfig):
+        raise TypeError("megatron_param_count() takes a TransformerConfig")
+    h, layers, f = config.hidden, config.layers, config.ffn_
+    kv_ratio = config.kv_heads_ / config.heads
+    transformer = 2 * layers * h * h * ((1 + kv_ratio) + f / h * (1.5 if config.mlp == "swiglu" else 1)
+                                        + 2 / h + 1 / (layers * h))
+    embedding = h * config.vocab * (1 if config.tied_embeddings else 2)
+    return {"transformer": transformer, "embedding": embedding, "total": transformer + embedding,
+            "most_loaded_shard": transformer + embedding}
+
+
+def megatron_weight_and_optimizer_bytes(config: TransformerConfig, *, dp: int = 1,
+                                        distributed_optimizer: bool = False) -> float:
+    """Megatron's "weight and optimizer" figure in bytes: 18 B per parameter, or
+    ``6 + 12/dp`` with ``--use-distributed-optimizer`` (it shards the fp32 master copy
+    and Adam's moments, 12 B, and keeps the bf16 weights and the fp32 gradient buffer)."""
+    check_int("dp", dp, 1, what="data-parallel size")
+    per_param = 6 + 12 / dp if distributed_optimizer else 18
+    return megatron_param_count(config)["most_loaded_shard"] * per_param
+
+
+def benchmark_plan(*, gpus: int = 1, micro_batch: int | None = None, strategy: str = "DDP",
+                 overhead_gb: float = DEFAULT_OVERHEAD_GB,
+                 activation_slack: float = DEFAULT_ACTIVATION_SLACK,
+                 attention: str = "flash", recompute: bool = False) -> PlanRow:
+    """One planner row in the benchmark's setting: Megatron's gpt2-xl, seq 1024, bf16 weights
+    with fp32 gradients (``mixed-fp32-grads``, 18 B), the whole 81559 MiB of an H100,
+    ``gpus`` GPUs on one node (NVLink 4 at 450 GB/s), no recomputation (Megatron's
+    default), flash attention (Megatron-core's Transformer Engine default) and Megatron's
+    contiguous gradient buffer (its 40M-element buckets are views: no extra copy). ``strategy="ZeRO-1"`` is
+    Megatron's ``--use-distributed-optimizer``."""
+    rows = plan(benchmark_config(), gpu_mem_gb=_BENCHMARK_GPU_GB, gpus_per_node=gpus, nodes=1,
+                intra_bw_gbps=450, inter_bw_gbps=450, seq_len=GPT2XL_BENCHMARK["seq"], micro_batch=micro_batch,
+                recipe="mixed-fp32-grads", attention=attention, overhead_gb=overhead_gb,
+                activation_slack=activation_slack, bucket_elems=40_000_000, bucket_buffers=0, mfu=0.4,
+                choices=[Choice(strategy, "none", recompute)])
+    return rows[0]
+
+
+def linear_model_bounds() -> dict:
+    """Why no "overhead + per-sequence cost" model can hit every figure of the benchmark exactly.
+
+    With the overhead fitted to R1 (used(1) = 33321 MiB), used(b) = used(1) + c·(b-1)
+    where c is the GPU memory one more sequence costs. Then "15 fits, 16 does not" on one
+    GPU (18 B per parameter) needs c in (lo15, hi15], and "21 fits, 22 does not" per GPU
+    at DP=8 with the distributed optimizer (6 + 12/8 B) needs c in (lo21, hi21]. The
+    intervals do not overlap, so the two maxima cannot both be met: one is off by a
+    sequence whatever c is.
+    """
+    cfg = benchmark_config()
+    cap = GPT2XL_BENCHMARK["gpu_total_mib"] * 2**20
+    used1 = GPT2XL_BENCHMARK["r1_used_mib"] * 2**20
+    psi = cfg.num_params()
+    ddp, dist8 = 18 * psi, (6 + 12 / 8) * psi
+    # used(b) = used1 + c(b-1); the distributed optimizer saves ddp - dist8 at every b
+    lo15, hi15 = (cap - used1) / 15, (cap - used1) / 14
+    lo21, hi21 = (cap - used1 + ddp - dist8) / 21, (cap - used1 + ddp - dist8) / 20
+    return {"per_seq_gb_for_15": ((lo15 / GB), (hi15 / GB)),
+            "per_seq_gb_for_21": ((lo21 / GB), (hi21 / GB)),
+            "overlap": max(lo15, lo21) < min(hi15, hi21)}
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkRow:
+    """One figure of the benchmark: reported, predicted, tolerance, and the gap in words."""
+
+    quantity: str
+    reported: float
+    predicted: float
+    unit: str
+    tolerance: str
+    within: bool
+    explanation: str
+
+
+def _within_abs(pred, rep, tol):
+    return abs(pred - rep) <= tol
+
+
+def _within_rel(pred, rep, tol):
+    return abs(pred - rep) <= tol * abs(rep)
+
+
+def benchmark_comparison() -> list[BenchmarkRow]:
+    """The benchmark's figures next to the planner's, each with a tolerance and the gap explained.
+
+    Tolerances: parameter counts and Megatron's own formula exactly (to the printed
+    digits); memory in GB within 10% (the benchmark's "79GB"/"65GB" do not say whether
+    they are GB or GiB, and nvidia-smi shows the caching allocator's reserve, not the
+    tensors alive); largest batches within one sequence per GPU (:func:`linear_model_bounds`
+    proves no linear memory model can do better on both); step times within 10% for
+    compute (the MFU is an assumption) and 35% for communication (the bandwidth is).
+    """
+    cfg = benchmark_config()
+    hf = preset("gpt2-xl").config
+    meg = megatron_param_count(cfg)
+    rows: list[BenchmarkRow] = []
+
+    def add(q, rep, pred, unit, tol, within, why):
+        rows.append(BenchmarkRow(q, rep, pred, unit, tol, bool(within), why))
+
+    ours = hf.num_params()
+    add("parameters (billions)", GPT2XL_BENCHMARK["params_b"], ours / 1e9, "B", "same 2 decimals",
+        round(ours / 1e9, 2) == GPT2XL_BENCHMARK["params_b"],
+        f"our exact count of HF gpt2-xl is {ours:,}; Megatron's printout counts "
+        f"{meg['total']:,.0f} (no biases, no position table, vocab padded to 50304)")
+    add("Megatron's most loaded shard (billions)", GPT2XL_BENCHMARK["most_loaded_shard_b"],
+        meg["most_loaded_shard"] / 1e9, "B", "same 4 decimals",
+        round(meg["most_loaded_shard"] / 1e9, 4) == GPT2XL_BENCHMARK["most_loaded_shard_b"],
+        "Megatron's formula reimplemented; it includes the 80.5M-parameter embedding")
+    wo = megatron_weight_and_optimizer_bytes(cfg) / 2**20
+    add("Megatron 'weight and optimizer' (MiB, printed as MB)", GPT2XL_BENCHMARK["weight_and_optimizer_mib"],
+        wo, "MiB", "same 2 decimals", round(wo, 2) == GPT2XL_BENCHMARK["weight_and_optimizer_mib"],
+        f"= 18 B x {meg['most_loaded_shard']:,.0f} / 2**20, i.e. {wo * 2**20 / GB:.2f} GB: the number "
+        "looks smaller than 28.08 only because Megatron's MB is a MiB (2**20 bytes, 4.9% more than "
+        "1e6); the last 0.08 GB is 1.5554B rounded up to 1.56B. The benchmark's reason ('no embedding') "
+        "is wrong: the 80.5M embedding parameters are in it. (Megatron adds an activation figure "
+        "only under selective recomputation with sequence parallelism: the lone weight-and-"
+        "optimizer line says the run used neither)")
+    one = benchmark_plan(micro_batch=1)
+    add("model states, 18 B/param (GB)", GPT2XL_BENCHMARK["states_gb"], one.states / GB, "GB", "within 1%",
+        _within_rel(one.states / GB, GPT2XL_BENCHMARK["states_gb"], 0.01),
+        f"18 B x {cfg.num_params():,} (exact count, padded vocab); the benchmark multiplies the rounded 1.56B")
+    r1 = GPT2XL_BENCHMARK["r1_used_mib"] * 2**20 / GB
+    add("R1: one GPU, batch 1 (GB used)", r1, one.total / GB, "GB", "within 10% (calibration point)",
+        _within_rel(one.total / GB, r1, 0.10),
+        f"states {one.states / GB:.2f} + activations {one.activations / GB:.2f} + buffers "
+        f"{one.buffers / GB:.2f} GB; the {DEFAULT_OVERHEAD_GB} GB runtime overhead in the buffers "
+        "was fitted to this row (calibrate_overhead), so it checks consistency, not prediction")
+    single = benchmark_plan()
+    bounds = linear_model_bounds()
+    add("R3/R7: largest batch on one GPU", GPT2XL_BENCHMARK["max_batch_one_gpu"], single.max_micro_batch,
+        "sequences", "+-1", _within_abs(single.max_micro_batch, GPT2XL_BENCHMARK["max_batch_one_gpu"], 1),
+        f"one sequence costs {(benchmark_plan(micro_batch=2).total - one.total) / GB:.2f} GB "
+        f"(Korthikanti {one.activations / GB:.2f} GB with flash attention + "
+        f"{DEFAULT_ACTIVATION_SLACK:.0%} slack); with the overhead fitted to R1, the benchmark's 15 "
+        f"needs {bounds['per_seq_gb_for_15'][0]:.2f}-{bounds['per_seq_gb_for_15'][1]:.2f} GB per "
+        f"sequence but R12's 21 per GPU needs {bounds['per_seq_gb_for_21'][0]:.2f}-"
+        f"{bounds['per_seq_gb_for_21'][1]:.2f} GB: no single cost meets both (linear_model_bounds)")
+    std = benchmark_plan(attention="standard")
+    add("largest batch if the s x s scores were stored", GPT2XL_BENCHMARK["max_batch_one_gpu"],
+        std.max_micro_batch, "sequences", "must be < 10 (rules it out)", std.max_micro_batch < 10,
+        "with standard attention (no flash, no selective recomputation) every layer keeps "
+        "5·a·s²·b bytes of scores: batch 15 could not fit, so the run did not store them "
+        "(Megatron-core's Transformer Engine attention is fused; recomputation is off by default)")
+    dp4 = benchmark_plan(gpus=4, micro_batch=15)
+    dp4z = benchmark_plan(gpus=4, micro_batch=15, strategy="ZeRO-1")
+    add("R5: DP=4, batch 15 per GPU (GB)", GPT2XL_BENCHMARK["dp4_batch15_gb"], dp4.total / GB, "GB", "within 10%",
+        _within_rel(dp4.total / GB, GPT2XL_BENCHMARK["dp4_batch15_gb"], 0.10),
+        "same states as one GPU (DDP replicates them); the benchmark's '79GB' is read off nvidia-smi "
+        f"({dp4.total / 2**30:.1f} GiB predicted)")
+    add("R6: DP=4 + distributed optimizer (GB)", GPT2XL_BENCHMARK["dp4_batch15_distopt_gb"], dp4z.total / GB, "GB",
+        "within 10%", _within_rel(dp4z.total / GB, GPT2XL_BENCHMARK["dp4_batch15_distopt_gb"], 0.10),
+        "the planner's ZeRO-1 (fp32 master + Adam moments sharded, 2 + 4 + 12/4 B per parameter)")
+    drop = (dp4.total - dp4z.total) / GB
+    dp4z2 = benchmark_plan(gpus=4, micro_batch=15, strategy="ZeRO-2")
+    add("R5 -> R6 drop (GB)", GPT2XL_BENCHMARK["dp4_batch15_gb"] - GPT2XL_BENCHMARK["dp4_batch15_distopt_gb"], drop, "GB",
+        "within 10%", _within_rel(drop, 14, 0.10),
+        f"12 B x 3/4 x Psi = {drop:.2f} GB: optimizer states sharded, gradients not; sharding the "
+        f"fp32 gradients too (true ZeRO-2) would drop {(dp4.total - dp4z2.total) / GB:.1f} GB. "
+        "Megatron keeps its full fp32 gradient buffer (its own formula: 6 + 12/d bytes), so the "
+        "benchmark's 'ZeRO-2' measured ZeRO-1 memory")
+    dp8 = benchmark_plan(gpus=8)
+    dp8z = benchmark_plan(gpus=8, strategy="ZeRO-1")
+    dp8z2 = benchmark_plan(gpus=8, strategy="ZeRO-2")
+    add("R12: DP=8 largest global batch", GPT2XL_BENCHMARK["dp8_max_global_batch"], 8 * dp8.max_micro_batch,
+        "sequences", "+-8 (one per GPU)",
+        _within_abs(8 * dp8.max_micro_batch, GPT2XL_BENCHMARK["dp8_max_global_batch"], 8),
+        "8 x the one-GPU maximum: DDP memory does not depend on the number of GPUs")
+    add("R12: DP=8 + distributed optimizer, largest global batch",
+        GPT2XL_BENCHMARK["dp8_max_global_batch_distopt"], 8 * dp8z.max_micro_batch, "sequences",
+        "+-8 (one per GPU)",
+        _within_abs(8 * dp8z.max_micro_batch, GPT2XL_BENCHMARK["dp8_max_global_batch_distopt"], 8),
+        f"optimizer states sharded 8 ways free {(dp8.states - dp8z.states) / GB:.1f} GB = "
+        f"{dp8z.max_micro_batch - dp8.max_micro_batch} more sequences per GPU; with the gradients "
+        f"sharded too (true ZeRO-2) it would be {8 * dp8z2.max_micro_batch}: one sequence per GPU "
+        "apart, so the R5 -> R6 drop, not this row, tells the two apart")
+    r3 = benchmark_plan(micro_batch=15)
+    add("R3: step time, one GPU, batch 15 (ms)", GPT2XL_BENCHMARK["r3_step_ms"], r3.compute_s * 1e3, "ms",
+        "within 10%", _within_rel(r3.compute_s * 1e3, GPT2XL_BENCHMARK["r3_step_ms"], 0.10),
+        f"6 x Psi x 15360 tokens at 989 TFLOP/s x MFU 0.4; the benchmark's 393 ms means MFU "
+        f"{0.4 * r3.compute_s * 1e3 / GPT2XL_BENCHMARK['r3_step_ms']:.3f} (attention FLOPs and the optimizer "
+        "step are not in 6·Psi·tokens)")
+    add("R4: 4 x 15 accumulated on one GPU (ms)", GPT2XL_BENCHMARK["r4_step_ms"], 4 * r3.compute_s * 1e3, "ms",
+        "within 10%", _within_rel(4 * r3.compute_s * 1e3, GPT2XL_BENCHMARK["r4_step_ms"], 0.10),
+        "accumulation multiplies the forward+backward work by 4 and adds no communication")
+    r5 = benchmark_plan(gpus=4, micro_batch=15)
+    over = GPT2XL_BENCHMARK["r5_step_ms"] - GPT2XL_BENCHMARK["r3_step_ms"]
+    implied = (comm_volume(cfg.num_params(), world_size=4, stage=0, bytes_per_elem=4)["total"]
+               / (over * 1e-3) / 1e9)
+    add("R5 - R3: DP=4 all-reduce overhead (ms)", over, r5.comm_s * 1e3, "ms", "within 35%",
+        _within_rel(r5.comm_s * 1e3, over, 0.35),
+        f"ring all-reduce of the fp32 gradients (4 B x Psi) at the NVLink-4 450 GB/s we assume; "
+        f"the benchmark's 28 ms implies {implied:.0f} GB/s achieved (NCCL reaches ~75% of the link) "
+        "and no overlap (Megatron's default: no --overlap-grad-reduce)")
+    return rows
+
+
+def benchmark_table() -> str:
+    """:func:`benchmark_comparison` as a text table: reported, predicted, tolerance, verdict, why."""
+    out = [f"{'quantity':<56}{'reported':>10}{'predicted':>11}  {'unit':<10}{'tolerance':<32}ok",
+           "-" * 123]
+    digits = {"B": 4, "MiB": 2, "GB": 2, "ms": 1, "sequences": 0}
+    for r in benchmark_comparison():
+        d = digits[r.unit]
+        out.append(f"{r.quantity:<56}{r.reported:>10.{d if r.unit != 'GB' else 2}f}{r.predicted:>11.{d}f}  {r.unit:<10}"
+                   f"{r.tolerance:<32}{'yes' if r.within else 'NO'}")
+        out.append(f"    {r.explanation}")
+    return "\n".join(out)

@@ -1,0 +1,180 @@
+"""The package's architecture, read from its imports (ast, nothing is imported).
+
+``course_utils`` is cut into subpackages by role, and imports flow one way:
+
+    checks  <-  theory  <-  runtime  <-  impl  <-  harness  <-  labs  <-  course
+
+A module may import its own subpackage and the layers to its left, never one to its
+right; ``theory`` (arithmetic models) imports no ``torch.distributed`` at all. The
+top-level modules other than ``checks`` (``memory``, ``comm``, ``launch``,
+``experiments``, ``config``, ``train``) are thin re-exports kept at the import paths
+code outside the package uses: nothing inside the package imports them. No module
+imports a private name (``_x``) from another subpackage, and no import cycle exists,
+counting imports inside functions too.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+import course_utils
+
+PKG = Path(course_utils.__file__).parent
+LAYERS = ["checks", "theory", "runtime", "impl", "harness", "labs", "course"]
+SHIMS = {"memory", "comm", "launch", "experiments", "config", "train"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        parts = path.relative_to(PKG).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(("course_utils",) + parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path):
+    """(imported module, imported names, line) for every import in the file, resolved."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [a.name for a in node.names]
+            # `from pkg import module`: the module is what is imported
+            subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES]
+            if subs:
+                for sub in subs:
+                    yield sub, [], node.lineno
+                rest = [n for n in names if f"{target}.{n}" not in MODULES]
+                if rest:
+                    yield target, rest, node.lineno
+            else:
+                yield target, names, node.lineno
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None                                  # the package itself
+    return parts[1] if parts[1] in LAYERS else ("shim" if parts[1] in SHIMS else parts[1])
+
+
+EDGES = [(src, dst, names, line) for src, path in MODULES.items()
+         for dst, names, line in _imports(src, path) if dst.startswith("course_utils")]
+
+
+def test_the_tree_is_the_documented_one():
+    subpackages = sorted(p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert subpackages == sorted(LAYERS[1:])
+    top = sorted(p.stem for p in PKG.glob("*.py") if p.stem != "__init__")
+    assert top == sorted(SHIMS | {"checks"})
+
+
+def test_imports_flow_one_way():
+    wrong = []
+    for src, dst, _, line in EDGES:
+        a, b = _layer(src), _layer(dst)
+        if a is None or a == "shim":                 # the package __init__ and the shims may import anything
+            continue
+        if b == "shim" or b is None and dst != "course_utils":
+            wrong.append(f"{src}:{line} imports {dst} (a re-export for code outside the package)")
+        elif b in LAYERS and LAYERS.index(b) > LAYERS.index(a):
+            wrong.append(f"{src}:{line} ({a}) imports {dst} ({b}), a layer above it")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_theory_imports_no_distributed_code():
+    wrong = [f"{src}:{line} imports {dst}" for src, path in MODULES.items() if _layer(src) == "theory"
+             for dst, _, line in _imports(src, path) if dst.startswith("torch.distributed")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_private_name_crosses_a_subpackage():
+    wrong = [f"{src}:{line} imports {n} from {dst}" for src, dst, names, line in EDGES
+             for n in names if n.startswith("_") and not n.startswith("__") and _layer(src) != _layer(dst)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycle():
+    graph: dict[str, set] = {m: set() for m in MODULES}
+    for src, dst, _, _ in EDGES:
+        if dst in graph and dst != src and dst != "course_utils":
+            graph[src].add(dst)
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)
+
+
+@pytest.mark.parametrize("bad", [
+    ("course_utils.theory.memory", "course_utils.impl.zero"),
+    ("course_utils.impl.zero", "course_utils.harness.experiments"),
+])
+def test_the_direction_check_would_catch_an_upward_import(bad):
+    src, dst = bad
+    assert LAYERS.index(_layer(dst)) > LAYERS.index(_layer(src))
+
+
+FSDP2_PRIVATE = {"_training_state", "_all_gather_result", "_fsdp_param_group", "_fsdp_param_groups",
+                 "_unsharded_param", "all_gather_outputs", "comm_ctx", "_cdata", "_execution_engine"}
+
+
+def _dotted(node) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def test_private_torch_apis_only_in_compat():
+    """Every private torch name (a module or attribute starting with ``_`` under ``torch``,
+    and FSDP2's private state) is reached through ``runtime/compat.py`` only."""
+    wrong = []
+    for name, path in MODULES.items():
+        if name == "course_utils.runtime.compat":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                mods = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            for m in mods:
+                if m.startswith("torch") and any(p.startswith("_") for p in m.split(".")):
+                    wrong.append(f"{name}:{node.lineno} imports {m}")
+            if isinstance(node, ast.Attribute):
+                chain = _dotted(node)
+                head = chain.split(".")[0]
+                if node.attr in FSDP2_PRIVATE or (head in ("torch", "dist") and node.attr.startswith("_")
+                                                  and not node.attr.startswith("__")):
+                    wrong.append(f"{name}:{node.lineno} reads {chain or node.attr}")
+    assert not wrong, "\n".join(sorted(set(wrong)))
