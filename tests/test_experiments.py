@@ -165,51 +165,60 @@ def test_toy_with_frozen_and_tied_weights(strategy, world_size, toy_single):
 
 def _accumulate_and_unused(rank, world_size):
     model, opt = wrap("ddp", _toy(0), lambda ps: torch.optim.SGD(ps, lr=0.1))
+    assert isinstance(opt, torch.optim.SGD)             # the real optimizer: DDP syncs in backward
     x, y = (t[rank * 6:(rank + 1) * 6] for t in toy_batch(0))
     # this rank's gradient on its whole shard, for comparison (no communication, no step)
     with model.no_sync():
         model(x, y).backward()
     whole = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
     model.zero_grad()
-    # gradient accumulation: two micro-batches of 3 rows, communication only in step()
+    # gradient accumulation: two micro-batches of 3 rows, the all-reduce at the end of the last backward
     with CommLedger() as ledger:
         with model.no_sync():
             (model(x[:3], y[:3]) / 2).backward()
+        calls_in_no_sync = ledger.counts()["all_reduce"]
         (model(x[3:], y[3:]) / 2).backward()
-        calls_before_step = ledger.counts()["all_reduce"]
-        accumulated = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
+        calls_after_backward = ledger.counts()["all_reduce"]
+        averaged = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
         opt.step()
-    averaged = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
+        calls_in_step = ledger.counts()["all_reduce"] - calls_after_backward
     opt.zero_grad()
     # "extra" used on rank 0 only: the bucket is still sent by every rank (zeros on rank 1)
-    model(x, y, use_extra=(rank == 0)).backward()
+    with model.no_sync():
+        model(x, y, use_extra=(rank == 0)).backward()
     extra_local = None if model.module.extra.grad is None else model.module.extra.grad.clone()
-    opt.step()
+    model.zero_grad()
+    model(x, y, use_extra=(rank == 0)).backward()
     extra_after = model.module.extra.grad.clone()
+    opt.step()
     opt.zero_grad()
-    # a second backward before step() without no_sync is an error
-    model(x, y).backward()
-    try:
+    # two backwards without no_sync: the second adds its average to the first's, as torch DDP
+    with model.no_sync():
         model(x, y).backward()
-        error = ""
-    except RuntimeError as exc:
-        error = str(exc)
-    return (calls_before_step, accumulated, averaged, whole, extra_local, extra_after,
-            full_parameters(model), error)
+    local = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model(x, y).backward()
+    model(x, y).backward()
+    twice = {n: p.grad.clone() for n, p in model.module.named_parameters() if p.grad is not None}
+    opt.zero_grad()
+    return ((calls_in_no_sync, calls_after_backward, calls_in_step), averaged, whole, extra_local,
+            extra_after, full_parameters(model), twice, len(model.buckets), local)
 
 
 def test_gradient_accumulation_unused_parameters_and_double_backward():
     out = launch(_accumulate_and_unused, 2, quiet=True)
-    for r, (calls, accumulated, averaged, whole, extra_local, extra_after, params, error) in enumerate(out):
-        assert calls == 0                                   # no_sync + last backward: all in step()
-        for name in whole:
-            torch.testing.assert_close(accumulated[name], whole[name], rtol=1e-5, atol=1e-7)
-        assert averaged["hidden.weight"].equal(out[0][2]["hidden.weight"])
-        assert (extra_local is None) == (r == 1)
-        assert torch.equal(extra_after, out[0][4] / 2)       # (g + 0) / 2 on both ranks
+    for r, (calls, averaged, whole, extra_local, extra_after, params, twice, buckets, _) in enumerate(out):
+        assert calls == (0, buckets, 0)           # nothing in no_sync, all at backward's end, none in step
+        for name in whole:                        # averaged over the ranks when backward returns
+            mean = (out[0][2][name] + out[1][2][name]) / 2
+            torch.testing.assert_close(averaged[name], mean, rtol=1e-5, atol=1e-7)
+            twice_mean = out[0][8][name] + out[1][8][name]      # 2 x the mean over the 2 ranks
+            torch.testing.assert_close(twice[name], twice_mean, rtol=1e-5, atol=1e-6)
+        assert averaged["hidden.weight"].equal(out[0][1]["hidden.weight"])
+        assert (extra_local is None) == (r == 1), (r, extra_local)
+        assert torch.equal(extra_after, out[0][3] / 2)       # (g + 0) / 2 on both ranks
         for name, t in params.items():
-            assert torch.equal(t, out[0][6][name])
-        assert "no_sync" in error
+            assert torch.equal(t, out[0][5][name])
 
 
 # ------------------------------------------------------------------------------ validation

@@ -58,7 +58,7 @@ def test_padding_and_shards():
     with pytest.raises(ValueError, match="world_size must be >= 1"):
         zero.padded_numel(10, 0)
     with pytest.raises(RuntimeError, match="torch.distributed initialised"):
-        zero.ZeroOptimizer(nn.Linear(2, 2), torch.optim.SGD)
+        zero.ZeroOptimizer(nn.Linear(2, 2).parameters(), torch.optim.SGD)
 
 
 # ------------------------------------------------------------------ the course model
@@ -208,10 +208,10 @@ def test_toy_frozen_tied_odd_unused(world_size):
 
 def _zero2_after_backward():
     model = build_model(seed=0)
-    from course_utils.harness.experiments import make_adamw
+    from course_utils.harness.experiments import LR
     from course_utils.harness.model import SyntheticData
 
-    opt = zero.ZeroOptimizer(model, make_adamw, stage=2, bucket_bytes=16 * 1024)
+    opt = zero.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, bucket_bytes=16 * 1024, lr=LR)
     x, y = SyntheticData(global_batch=12, seed=0).shard(0, dist.get_rank(), dist.get_world_size())
     model(x, y).backward()
     held = [n for n, p in model.named_parameters() if p.grad is not None]

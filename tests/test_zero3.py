@@ -33,10 +33,20 @@ STEPS = 3
 PSI = 129_350
 BLOCK, ROOT, LAYERS = 30_650, 6_750, 4          # numels: 4 blocks + root (tok_emb, pos_emb, norm_f)
 UNITS = LAYERS + 1
+N_TENSORS = len([p for p in build_model().parameters() if p.requires_grad])   # AdamW: a step counter each
 
 
 def _pads(n):
     return [padded_numel(ROOT, n)] + [padded_numel(BLOCK, n)] * LAYERS
+
+
+def _owned(n, rank):
+    """Elements of real parameters (padding excluded) in rank ``rank``'s shards."""
+    total = 0
+    for numel, padded in zip([ROOT] + [BLOCK] * LAYERS, _pads(n)):
+        size = padded // n
+        total += max(0, min(numel, (rank + 1) * size) - rank * size)
+    return total
 
 
 def test_course_model_unit_sizes():
@@ -81,10 +91,11 @@ def test_course_model_matches_single_bytes_and_state(world_size, single):
             2 * collective_bytes("all_gather", p * 4, n) for p in pads[1:])
         assert r.comm_bytes["all_gather"] == pytest.approx(per_step_ag * STEPS, rel=1e-15)
         assert r.comm_calls == {k: v * STEPS for k, v in calls.items()}
-        # state: exactly the shards (padding included), 2 Adam states, 5 step counters
+        # state: exactly the shards (padding included); AdamW's 2 states of the Parameters'
+        # pieces (padding belongs to no Parameter, so it has no state) and a step counter each
         shard = sum(pads) // n
         assert r.state_bytes == {"params": 4 * shard, "grads": 4 * shard,
-                                 "optimizer": 8 * shard + 4 * UNITS}
+                                 "optimizer": 8 * _owned(n, r.rank) + 4 * N_TENSORS}
     # against DDP: 3 (N-1)/N Psi·4 minus one root gather, plus padding
     ddp = 2 * Fraction(n - 1, n) * 4 * PSI * STEPS
     ratio = (ag + rs) / ddp
@@ -113,7 +124,7 @@ def _train_course(prefetch, reshard_root=False, steps=STEPS):
             with ledger.pause():
                 losses.append(global_loss(loss))
                 snaps.append(full_parameters(z))
-    return {"losses": losses, "snaps": snaps, "timelines": timelines, "counts": ledger.counts(),
+    return {"rank": rank, "losses": losses, "snaps": snaps, "timelines": timelines, "counts": ledger.counts(),
             "totals": ledger.totals(), "at_rest": at_rest,
             "after": [p.numel() for p in model.parameters()]}
 
@@ -134,9 +145,11 @@ def test_bitwise_across_ranks_timeline_and_prefetch(world_size, single):
     on = launch(_train_course, world_size, True, quiet=True)
     off = launch(_train_course, world_size, False, quiet=True)
     ref = _single_params()
+    pads = _pads(world_size)
     for res in (on, off):
         for r in res:
-            assert r["at_rest"] == [0] * len(r["at_rest"]) == r["after"]   # only shards stored
+            # at rest each Parameter is its piece of this rank's shard: only the shard is stored
+            assert r["at_rest"] == r["after"] and sum(r["at_rest"]) == _owned(world_size, r["rank"])
             assert r["losses"] == pytest.approx(single.losses, rel=REL)
             for step, snap in enumerate(r["snaps"]):                      # bitwise across ranks
                 assert list(snap) == list(ref)
@@ -246,7 +259,7 @@ def _toy_train(strategy, rank=0, world_size=1):
             # "extra" used on rank 0 only: collectives stay matched, rank 1 sends zeros
             x, y = (t[rank * b:(rank + 1) * b] for t in toy_batch(0))
             model(x, y, use_extra=(rank == 0)).backward()
-            extra = [u.shard.grad.clone() for u in model.units]
+            extra = [u.shard_grad.clone() for u in model.units]
             opt.step()
             opt.zero_grad()
             snaps.append(full_parameters(model))

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..checks import check_int, distributed, require_process_group
-from ..impl.common import check_bucket_bytes, storage_bytes, trainable
+from ..impl.common import check_bucket_bytes, grad_owners, storage_bytes, trainable
 from ..impl.ddp import DataParallel, unwrap
 from ..runtime.fmt import max_abs_diff, max_rel_diff
 from ..runtime.ledger import CommLedger
@@ -40,7 +40,8 @@ from .strategies import get as _get_strategy
 
 __all__ = ["train_steps", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "wrap",
            "full_parameters", "run", "RunResult", "make_adamw", "unwrap", "max_abs_diff",
-           "max_rel_diff", "state_bytes", "param_digest", "reference_grads", "full_grads"]
+           "max_rel_diff", "state_bytes", "param_digest", "reference_grads", "full_grads",
+           "clip_grad_norm_"]
 
 #: Rows in the global batch of :func:`run`: divisible by 1, 2, 3, 4, 6 and 12 ranks.
 GLOBAL_BATCH = 12
@@ -119,6 +120,34 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
         t = p.full_tensor() if dtensor is not None and isinstance(p, dtensor) else p
         out[name] = t.detach().cpu().clone()
     return out
+
+
+def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for a model of any strategy: clips the gradients
+    to a *global* norm of ``max_norm`` in place and returns that norm before clipping (a
+    0-dim float tensor, the same on every rank). Call it between ``backward()`` and
+    ``optimizer.step()``, as torch's.
+
+    Where each rank holds full averaged gradients ("single", "ddp", "torch-ddp",
+    "torch-zero1") it is torch's own; FSDP2's DTensor gradients are handled by torch's too
+    (the norm gathered to a plain tensor). Where the averaged gradients are shards torch
+    cannot see ("zero1", "zero2": the optimizer's shard buffers; "zero3": the units'
+    shards), their owner reduces the norm over the ranks (a collective on every rank).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module (the wrapped model), got {type(model).__name__}")
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+        raise ValueError(f"max_norm must be a number > 0, got {max_norm!r}")
+    params = list(model.parameters())
+    owners = grad_owners(params)
+    if len(owners) > 1:
+        raise ValueError(f"the model's gradients are held by {len(owners)} sharded optimizers; "
+                         "clip each one with its own clip_grad_norm_")
+    if owners:
+        return owners[0].clip_grad_norm_(max_norm, norm_type)
+    norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm,
+                                          norm_type=norm_type)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 # ================================================================================= run

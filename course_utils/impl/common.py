@@ -4,6 +4,9 @@ a set of tensors really holds.
 """
 from __future__ import annotations
 
+import inspect
+import weakref
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -12,18 +15,20 @@ from ..theory.layout import padded_numel, shard_bounds
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "broadcast_from_rank0", "trainable", "padded_numel", "shard_bounds",
            "flatten_and_pad", "mark_grad_ready", "free_storage", "alloc_storage", "storage_bytes", "check_bucket_bytes",
-           "WrapsOptimizer"]
+           "WrapsOptimizer", "register_grad_owner", "grad_owners", "clip_sharded_", "real_optimizer"]
 
 #: Gradient bucket size of ``"ddp"``, ``"torch-ddp"`` and ZeRO-1/2: 25 MiB, torch DDP's default.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 @torch.no_grad()
-def broadcast_from_rank0(module: nn.Module, group=None) -> None:
+def broadcast_from_rank0(module, group=None) -> None:
     """Copy rank 0's parameters and buffers into every rank's ``module`` (in place), so all
-    replicas start equal: the first thing DDP, ZeRO and FSDP do."""
+    replicas start equal: the first thing DDP, ZeRO and FSDP do. ``module`` may also be
+    a list of tensors (e.g. an optimizer's parameters)."""
     src = 0 if group is None else dist.get_global_rank(group, 0)
-    for t in list(module.parameters()) + list(module.buffers()):
+    tensors = list(module.parameters()) + list(module.buffers()) if isinstance(module, nn.Module) else module
+    for t in tensors:
         dist.broadcast(t.data, src=src, group=group)
 
 
@@ -84,17 +89,19 @@ def storage_bytes(tensors, seen: set) -> int:
 
 
 def check_bucket_bytes(bucket_bytes) -> None:
+    """``bucket_bytes`` as torch DDP's ``bucket_cap_mb`` means it: a bucket is closed once it
+    holds that many bytes; None is the default (25 MiB) and 0 one bucket per parameter."""
     if bucket_bytes is None:
         return
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
-        raise ValueError(f"bucket_bytes must be an int >= 0 (0 or None: one bucket per parameter), "
-                         f"got {bucket_bytes!r}")
+        raise ValueError(f"bucket_bytes must be an int >= 0 (0: one bucket per parameter; None: "
+                         f"torch's default, {DEFAULT_BUCKET_BYTES // 2**20} MiB), got {bucket_bytes!r}")
 
 
 class WrapsOptimizer:
-    """Base of the course's optimizer wrappers (``DataParallelOptimizer``,
-    ``ZeroOptimizer``, ``MasterWeightsAdamW``): the real optimizer is ``self.inner``, and
-    ``param_groups`` (change ``lr`` there) and ``state`` are its."""
+    """Base of an optimizer wrapper whose real optimizer is ``self.inner``
+    (``harness.precision.MasterWeightsAdamW``): ``param_groups`` (change ``lr`` there) and
+    ``state`` are its."""
 
     inner: torch.optim.Optimizer
 
@@ -105,3 +112,66 @@ class WrapsOptimizer:
     @property
     def state(self):
         return self.inner.state
+
+
+def real_optimizer(model: nn.Module, make_optimizer) -> tuple[list, type, dict]:
+    """What ``make_optimizer`` asks for, to rebuild it sharded: ``(param_groups, class,
+    defaults)`` of ``make_optimizer(trainable parameters)`` (built once and dropped; torch's
+    optimizers allocate their states at the first step, so that costs no memory)."""
+    real = make_optimizer(trainable(model))
+    if not isinstance(real, torch.optim.Optimizer):
+        raise TypeError(f"make_optimizer must return a torch.optim.Optimizer for a sharded "
+                        f"strategy, got {type(real).__name__}")
+    accepted = inspect.signature(type(real).__init__).parameters
+    defaults = {k: v for k, v in real.defaults.items() if k in accepted}
+    return [dict(g) for g in real.param_groups], type(real), defaults
+
+
+# ------------------------------------------------------------- who holds the gradients
+# A sharded implementation keeps the averaged gradients where torch's clip_grad_norm_
+# cannot see them (ZeRO-1/2: shard buffers of the optimizer; ZeRO-3: the unit's shard).
+# It registers itself here for its parameters, and harness.experiments.clip_grad_norm_
+# asks it to clip: ``owner.clip_grad_norm_(max_norm, norm_type)``.
+_OWNER_ATTR = "_course_grad_owner"      # on the Parameter: a weak reference to its owner
+
+
+def register_grad_owner(params, owner) -> None:
+    """Say that ``owner`` (it has ``clip_grad_norm_(max_norm, norm_type)``) holds the
+    gradients of ``params``."""
+    for p in params:
+        setattr(p, _OWNER_ATTR, weakref.ref(owner))
+
+
+def grad_owners(params) -> list:
+    """The distinct live owners registered for any of ``params``, in order of first appearance."""
+    out = []
+    for p in params:
+        ref = getattr(p, _OWNER_ATTR, None)
+        owner = ref() if ref is not None else None
+        if owner is not None and not any(owner is o for o in out):
+            out.append(owner)
+    return out
+
+
+@torch.no_grad()
+def clip_sharded_(shards, max_norm: float, norm_type: float = 2.0, group=None) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for gradients sharded over ranks: ``shards`` are
+    this rank's pieces (disjoint across ranks, padding zeros allowed); the norm is taken over
+    every rank's pieces (a collective), each piece is scaled by ``max_norm / (norm + 1e-6)``
+    if that is below 1. Returns the global norm (float32) before clipping."""
+    norm_type = float(norm_type)
+    shards = [g for g in shards if g is not None]
+    device = shards[0].device if shards else torch.device("cpu")
+    norms = [torch.linalg.vector_norm(g.float(), norm_type) for g in shards]
+    local = torch.linalg.vector_norm(torch.stack(norms), norm_type) if norms else torch.zeros((), device=device)
+    if norm_type == float("inf"):
+        dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+        total = local
+    else:
+        powered = local.double() ** norm_type
+        dist.all_reduce(powered, group=group)
+        total = (powered ** (1.0 / norm_type)).float()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in shards:
+        g.mul_(coef.to(g.dtype))
+    return total

@@ -2,8 +2,10 @@
 ``torch.nn.parallel.DistributedDataParallel`` does, in Python a learner can read.
 
 Taught in ``notebooks/02_data_parallelism.ipynb``. ``wrap("ddp", model, make_optimizer)``
-(:mod:`course_utils.harness.experiments`) returns a :class:`DataParallel` model and a
-:class:`DataParallelOptimizer`; ``wrap("torch-ddp", ...)`` the real DDP, for comparison.
+(:mod:`course_utils.harness.experiments`) returns a :class:`DataParallel` model and the
+real optimizer ``make_optimizer`` built: as with torch DDP, the gradients are averaged by
+the end of ``backward()``, so clipping, LR schedulers and any optimizer work unchanged.
+``wrap("torch-ddp", ...)`` the real DDP, for comparison.
 """
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..checks import require_process_group
+from ..runtime.compat import queue_backward_callback
 from ..runtime.ledger import CommLedger
-from .common import DEFAULT_BUCKET_BYTES, WrapsOptimizer, broadcast_from_rank0, mark_grad_ready, trainable
+from .common import DEFAULT_BUCKET_BYTES, broadcast_from_rank0, check_bucket_bytes, mark_grad_ready, trainable
 
-__all__ = ["DataParallel", "DataParallelOptimizer", "wrap_ddp", "wrap_torch_ddp", "unwrap"]
+__all__ = ["DataParallel", "wrap_ddp", "wrap_torch_ddp", "unwrap"]
 
 
 @dataclasses.dataclass
@@ -39,24 +42,28 @@ class DataParallel(nn.Module):
        ranks start from the same model.
     2. Trainable parameters are grouped into *buckets* of about ``bucket_bytes``, in
        reverse registration order (roughly the order backward produces gradients).
-       ``bucket_bytes=0`` (or None): one bucket per parameter.
+       ``bucket_bytes=None`` means torch DDP's default, 25 MiB; ``bucket_bytes=0`` one
+       bucket per parameter (a bucket is closed as soon as it holds ``bucket_bytes``).
     3. During backward a hook on each parameter marks its gradient ready. When every
        gradient of the next bucket is ready, the bucket is flattened into one tensor and
        an asynchronous all-reduce (SUM) is started: communication *overlaps* with the
        rest of backward. Buckets are launched strictly in order, so every rank issues
        the same collectives in the same order.
-    4. :meth:`finish_gradient_sync` (called by :class:`DataParallelOptimizer.step`)
-       launches whatever is left, waits for every all-reduce, divides by the world size
-       and copies the averages back into ``.grad``.
+    4. The first hook also queues a callback that autograd runs when backward ends:
+       :meth:`finish_gradient_sync` launches whatever is left, waits for every
+       all-reduce, divides by the world size and copies the averages back into
+       ``.grad``. So when ``loss.backward()`` returns, every ``.grad`` is the average
+       over ranks, as with torch DDP: ``clip_grad_norm_``, an LR scheduler and any
+       optimizer built over ``model.parameters()`` work unchanged.
 
     Like torch DDP's, the flat bucket buffers are allocated once and kept: one more
     gradient-sized buffer per rank, outside what ``state_bytes`` counts.
 
-    ``overlap=False`` does all the communication in ``step()``, after backward (to
-    measure what overlapping buys). Inside :meth:`no_sync` (gradient accumulation) the
-    hooks do nothing and everything is reduced in the next ``step()``; without it, a
-    second backward before ``step()`` is an error (its gradients would miss the
-    all-reduce already in flight).
+    ``overlap=False`` starts no all-reduce during backward: everything is sent in the
+    end-of-backward callback (to measure what overlapping buys). Inside :meth:`no_sync`
+    (gradient accumulation) the hooks do nothing and the next backward outside it
+    all-reduces the accumulated gradients. Two backwards without ``no_sync`` also work
+    (as in torch DDP): the second adds the average of its gradients to the first's.
 
     Frozen parameters (``requires_grad=False``) are broadcast once and never
     communicated again; a tied Parameter (one object used twice) is one entry, so it is
@@ -75,6 +82,8 @@ class DataParallel(nn.Module):
         self.world_size = dist.get_world_size(group)
         self.overlap = bool(overlap)
         self._sync_enabled = True
+        self._callback_queued = False
+        check_bucket_bytes(bucket_bytes)
         self._broadcast_from_rank0()
         self.params = trainable(module)
         self.buckets = self._make_buckets(self.params, bucket_bytes)
@@ -92,6 +101,8 @@ class DataParallel(nn.Module):
     # -- 2. buckets
     @staticmethod
     def _make_buckets(params, bucket_bytes) -> list[_Bucket]:
+        if bucket_bytes is None:
+            bucket_bytes = DEFAULT_BUCKET_BYTES
         buckets: list[_Bucket] = []
         current: list[nn.Parameter] = []
         size = 0
@@ -101,7 +112,7 @@ class DataParallel(nn.Module):
                 current, size = [], 0
             current.append(p)
             size += p.numel() * p.element_size()
-            if not bucket_bytes or size >= bucket_bytes:
+            if size >= bucket_bytes:
                 buckets.append(_Bucket(current, sum(q.numel() for q in current)))
                 current, size = [], 0
         if current:
@@ -110,12 +121,16 @@ class DataParallel(nn.Module):
 
     # -- 3. during backward
     def _grad_ready(self, p: nn.Parameter) -> None:
-        if not (self.overlap and self._sync_enabled):
+        if not self._sync_enabled:
+            return
+        if not self._callback_queued:       # average everything when backward ends
+            queue_backward_callback(self.finish_gradient_sync)
+            self._callback_queued = True
+        if not self.overlap:
             return
         mark_grad_ready(self.buckets[self._bucket_of[id(p)]], p,
-                        "a second backward before optimizer.step(): its gradients would miss the "
-                        "all-reduce already started. For gradient accumulation run the earlier "
-                        "backwards inside `with model.no_sync():`")
+                        "a gradient arrived twice in one backward (a parameter used by two "
+                        "autograd graphs?); DataParallel all-reduces each once per backward")
         while self._next < len(self.buckets) and \
                 len(self.buckets[self._next].ready) == len(self.buckets[self._next].params):
             self._launch(self.buckets[self._next])
@@ -130,10 +145,12 @@ class DataParallel(nn.Module):
         bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, group=self.group,
                                       async_op=True)
 
-    # -- 4. in optimizer.step()
+    # -- 4. when backward ends
     @torch.no_grad()
     def finish_gradient_sync(self) -> None:
-        """Launch the buckets not launched yet, wait for all, write averaged grads to ``.grad``."""
+        """Launch the buckets not launched yet, wait for all, write averaged grads to
+        ``.grad``. Autograd runs it at the end of every backward (outside ``no_sync``)."""
+        self._callback_queued = False
         for bucket in self.buckets[self._next:]:
             self._launch(bucket)
         for bucket in self.buckets:
@@ -173,47 +190,22 @@ class DataParallel(nn.Module):
                 f"overlap={self.overlap}")
 
 
-class DataParallelOptimizer(WrapsOptimizer):
-    """The optimizer ``wrap("ddp", ...)`` returns: ``step()`` first finishes the gradient
-    all-reduce of its :class:`DataParallel` model, then steps the real optimizer
-    (``.inner``). ``param_groups``, ``state``, ``zero_grad`` and ``state_dict`` are the
-    real optimizer's."""
-
-    def __init__(self, model: DataParallel, inner):
-        self.model, self.inner = model, inner
-
-    def step(self, closure=None):
-        self.model.finish_gradient_sync()
-        return self.inner.step() if closure is None else self.inner.step(closure)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.inner.load_state_dict(state_dict)
-
-    def __repr__(self) -> str:
-        return f"DataParallelOptimizer({self.inner!r})"
-
-
 def wrap_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True,
-              group=None, **_options):
+             group=None):
+    """The ``"ddp"`` strategy: ``(DataParallel(model), make_optimizer(its trainable parameters))``;
+    the optimizer is the real one (the gradients are averaged when backward ends)."""
     ddp = DataParallel(model, bucket_bytes=bucket_bytes, overlap=overlap, group=group)
-    return ddp, DataParallelOptimizer(ddp, make_optimizer(ddp.params))
+    return ddp, make_optimizer(ddp.params)
 
 
-def wrap_torch_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, group=None,
-                    **_options):
+def wrap_torch_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, group=None):
     from torch.nn.parallel import DistributedDataParallel
 
     require_process_group("torch-ddp")
     device = next(model.parameters()).device
     device_ids = [device.index] if device.type == "cuda" else None
-    # bucket_bytes=0/None: a cap of one byte, i.e. one bucket per parameter, as in "ddp"
-    cap_mb = (bucket_bytes or 1) / 2**20
+    # None: torch's default (25 MiB); 0: a cap of one byte, one bucket per parameter, as in "ddp"
+    cap_mb = None if bucket_bytes is None else max(bucket_bytes, 1) / 2**20
     ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=group,
                                   bucket_cap_mb=cap_mb)
     # DDP's default averaging, but issued from Python, so a CommLedger sees each bucket.

@@ -16,10 +16,14 @@ Three strategies of :mod:`course_utils.harness.strategies` use it:
     ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW inside) with the
     gradient all-reduce of ``"ddp"``.
 
-The training loop is the one of every strategy::
+The training loop is torch's own; a ``ZeroOptimizer`` is a ``torch.optim.Optimizer``
+(built like ``ZeroRedundancyOptimizer``: parameters or groups, the optimizer class, its
+hyperparameters), so LR schedulers, parameter groups and clipping work::
 
-    model, optimizer = wrap("zero1", model, make_adamw)
-    loss = model(x, y); loss.backward(); optimizer.step(); optimizer.zero_grad()
+    opt = ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, lr=1e-3)
+    loss = model(x, y); loss.backward()
+    experiments.clip_grad_norm_(model, 1.0)      # global norm, over every rank's shard
+    opt.step(); scheduler.step(); opt.zero_grad()
 
 **Layout.** Trainable parameters (a tied Parameter once, frozen ones left out) are
 grouped into buckets of about ``bucket_bytes`` in reverse registration order, as in
@@ -27,8 +31,9 @@ grouped into buckets of about ``bucket_bytes`` in reverse registration order, as
 one flat buffer padded with zeros to P_b = ceil(Ψ_b/N)·N elements, and the model's
 parameters become *views* of that buffer (so an all-gather into the buffer updates the
 model, no copy). Rank r owns the contiguous slice ``[r·P_b/N, (r+1)·P_b/N)`` of every
-bucket (:func:`shard_bounds`). The real optimizer (``make_optimizer``) is built over one
-*shard parameter* per bucket, a view of the rank's slice: its states are 1/N.
+bucket (:func:`shard_bounds`). A bucket never mixes two parameter groups. The real
+optimizer (``optimizer_class``) is built over one *shard parameter* per bucket, a view of
+the rank's slice, in the group of the bucket's parameters: its states are 1/N.
 
 **One step of ZeRO-1** (:meth:`ZeroOptimizer.step`), per bucket:
 
@@ -62,16 +67,20 @@ of the shard: 12·P/N + 4·B, the paper's K = 12.
 (N-1)/N·4·P_b each, which is DDP's all-reduce 2·(N-1)/N·4·Ψ exactly when every Ψ_b
 divides by N, and more by the padding otherwise (:func:`expected_comm_bytes`).
 
-Not covered (on purpose, to keep the code readable): gradient accumulation over several
-backwards (ZeRO-2 refuses a second backward before ``step()``), gradient clipping,
-checkpointing the sharded optimizer.
+Clipping: ``experiments.clip_grad_norm_(model, max_norm)`` between ``backward()`` and
+``step()`` reduces the gradients then (instead of in ``step()``) and clips the averaged
+shards by their global norm (:meth:`ZeroOptimizer.clip_grad_norm_`). torch's own
+``clip_grad_norm_(model.parameters(), ...)`` cannot: it would see un-averaged (ZeRO-1)
+or no (ZeRO-2) gradients.
+
+Not covered (on purpose, to keep the code readable): ZeRO-2 gradient accumulation over
+several backwards (a second backward before ``step()`` is an error), consolidating the
+sharded optimizer state into one checkpoint (``state_dict`` is this rank's shard).
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -79,13 +88,14 @@ from torch import nn
 from ..checks import require_process_group
 from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 from ..theory.comm import collective_bytes
-from .common import (DEFAULT_BUCKET_BYTES, WrapsOptimizer, broadcast_from_rank0, flatten_and_pad,
-                     mark_grad_ready, padded_numel, shard_bounds, storage_bytes, trainable)
-from .ddp import DataParallel, DataParallelOptimizer, unwrap
+from .common import (DEFAULT_BUCKET_BYTES, broadcast_from_rank0, check_bucket_bytes, clip_sharded_,
+                     flatten_and_pad, mark_grad_ready, padded_numel, real_optimizer, register_grad_owner,
+                     shard_bounds, storage_bytes)
+from .ddp import DataParallel, unwrap
 
 __all__ = ["padded_numel", "shard_bounds", "flatten_and_pad", "ZeroBucket", "ZeroOptimizer",
            "zero_state_bytes", "zero_extras", "expected_state_bytes", "expected_comm_bytes",
-           "wrap_zero1", "wrap_zero2", "wrap_torch_zero1", "torch_zero1_state_bytes", "VARIANTS",
+           "wrap_zero1", "wrap_zero2", "wrap_torch_zero1", "real_optimizer", "torch_zero1_state_bytes", "VARIANTS",
            "STEP_COUNTER_BYTES"]
 
 #: How ZeRO-1 reduces the gradients: a reduce-scatter, or an all-reduce then keep a slice.
@@ -127,60 +137,100 @@ class ZeroBucket:
         return self.hi - self.lo
 
 
-class ZeroOptimizer(WrapsOptimizer):
-    """ZeRO-1 (``stage=1``) or ZeRO-2 (``stage=2``) around a real optimizer.
+class ZeroOptimizer(torch.optim.Optimizer):
+    """ZeRO-1 (``stage=1``) or ZeRO-2 (``stage=2``): a ``torch.optim.Optimizer`` built like
+    ``torch.distributed.optim.ZeroRedundancyOptimizer``::
+
+        opt = ZeroOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3, weight_decay=0.01)
+        opt = ZeroOptimizer([{"params": matrices, "weight_decay": 0.1},
+                             {"params": vectors, "weight_decay": 0.0}], torch.optim.AdamW, lr=1e-3)
 
     Args:
-        module: the model; its trainable parameters become views of flat buffers.
-        make_optimizer: ``params -> optimizer``; called once with this rank's shard
-            parameters (one per bucket), e.g. :func:`course_utils.experiments.make_adamw`.
+        params: parameters or parameter groups (dicts), as for any torch optimizer; every
+            rank passes the same ones in the same order. They are broadcast from rank 0,
+            then become views of flat buffers. A bucket never mixes two groups.
+        optimizer_class: the real optimizer (e.g. ``torch.optim.AdamW``), built once over
+            this rank's shard parameters (one per bucket) with each group's hyperparameters.
         stage: 1 or 2.
-        bucket_bytes: bucket size (0/None: one bucket per parameter).
+        bucket_bytes: bucket size (None: 25 MiB as torch DDP; 0: one bucket per parameter).
         variant: ZeRO-1's gradient reduction, ``"reduce_scatter"`` or ``"allreduce"``.
         mixed: bf16 parameters and gradients in the model, fp32 master shard in the optimizer.
         overlap: ZeRO-2 only; False reduce-scatters everything in ``step()``.
         group: the process group (default: all ranks).
+        **defaults: the real optimizer's hyperparameters (``lr=...``, ``weight_decay=...``).
+
+    ``param_groups`` are your groups (with your parameters): an LR scheduler or your code
+    changes ``lr`` there, and ``step()`` copies every group's hyperparameters into the
+    real optimizer (``.inner``), whose ``state`` holds the shards' states.
+    ``clip_grad_norm_`` of :mod:`course_utils.harness.experiments` asks
+    :meth:`clip_grad_norm_` to clip by the global norm of the averaged shards.
     """
 
-    def __init__(self, module: nn.Module, make_optimizer: Callable, *, stage: int = 1,
+    def __init__(self, params, optimizer_class, *, stage: int = 1,
                  bucket_bytes: int | None = DEFAULT_BUCKET_BYTES, variant: str = "reduce_scatter",
-                 mixed: bool = False, overlap: bool = True, group=None):
-        require_process_group("ZeRO")
+                 mixed: bool = False, overlap: bool = True, group=None, **defaults):
+        require_process_group("ZeroOptimizer")
+        if isinstance(params, nn.Module):
+            raise TypeError("ZeroOptimizer takes parameters, like torch's optimizers: pass "
+                            "model.parameters() (or parameter groups), not the model")
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
+            raise TypeError("optimizer_class must be a torch.optim.Optimizer class such as "
+                            f"torch.optim.AdamW (the class itself), got {optimizer_class!r}")
         if stage not in (1, 2) or isinstance(stage, bool):
             raise ValueError(f"stage must be 1 or 2 (ZeRO-3 is course_utils.impl.zero3), got {stage!r}")
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if variant == "allreduce" and stage != 1:
             raise ValueError("variant='allreduce' is ZeRO-1's comparison; ZeRO-2 reduce-scatters")
-        if not callable(make_optimizer):
-            raise TypeError("make_optimizer must be a function params -> optimizer")
-        self.module, self.stage, self.variant = module, stage, variant
+        check_bucket_bytes(bucket_bytes)
+        self._laying_out = True                  # the base class adds the groups once, here
+        super().__init__(params, defaults)
+        self._laying_out = False
+        self.stage, self.variant = stage, variant
         self.mixed, self.overlap, self.group = bool(mixed), bool(overlap), group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self._broadcast_from_rank0()
-        self.params = trainable(module)
+        every = [p for g in self.param_groups for p in g["params"]]
+        broadcast_from_rank0(every, self.group)
+        self.params = [p for p in every if p.requires_grad]
         if not self.params:
-            raise ValueError("the model has no trainable parameters")
-        self.buckets = [self._make_bucket(b.params)
-                        for b in DataParallel._make_buckets(self.params, bucket_bytes)]
+            raise ValueError("no trainable parameters (every one has requires_grad=False)")
+        self.buckets, inner_groups, self._pairs = [], [], []
+        for index, g in enumerate(self.param_groups):
+            trained = [p for p in g["params"] if p.requires_grad]
+            if not trained:
+                continue
+            made = [self._make_bucket(b.params) for b in DataParallel._make_buckets(trained, bucket_bytes)]
+            self.buckets += made
+            inner_groups.append({**self._hyper(g), "params": [b.shard for b in made]})
+            self._pairs.append(index)
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
-        self.inner = make_optimizer([b.shard for b in self.buckets])
-        for name in ("step", "zero_grad"):
-            if not callable(getattr(self.inner, name, None)):
-                raise TypeError(f"make_optimizer returned a {type(self.inner).__name__} without {name}()")
+        self.inner = optimizer_class(inner_groups, **defaults)
         # ZeRO-2 bookkeeping: the next bucket to send, and gradient bytes held
         self._next = 0
-        self._live: dict[int, int] = {}     # id(param) -> bytes of its full .grad, still held
+        self._reduced = False                    # reduce_gradients ran since the last step
+        self._live: dict[int, int] = {}          # id(param) -> bytes of its full .grad, still held
         self.peak_grad_bytes = self.grad_bytes_now()
         self._hooks = []
         if stage == 2:
             self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
                            for p in self.params]
+        register_grad_owner(self.params, self)
 
-    # -- same start everywhere (as DDP)
-    def _broadcast_from_rank0(self) -> None:
-        broadcast_from_rank0(self.module, self.group)
+    @staticmethod
+    def _hyper(group: dict) -> dict:
+        return {k: v for k, v in group.items() if k != "params"}
+
+    def add_param_group(self, param_group: dict) -> None:
+        if not getattr(self, "_laying_out", False):
+            raise NotImplementedError("ZeroOptimizer lays out its flat buffers once: pass every "
+                                      "parameter group to the constructor")
+        super().add_param_group(param_group)
+
+    def _sync_hyperparameters(self) -> None:
+        """Copy ``lr``, ``weight_decay``... of each of your groups into the real optimizer's."""
+        for inner, index in zip(self.inner.param_groups, self._pairs):
+            inner.update(self._hyper(self.param_groups[index]))
 
     # -- flat buffers, views, shard
     @torch.no_grad()
@@ -214,6 +264,10 @@ class ZeroOptimizer(WrapsOptimizer):
 
     # -- ZeRO-2: during backward
     def _grad_ready(self, p: nn.Parameter) -> None:
+        if self._reduced:
+            raise RuntimeError("ZeRO-2: a backward after the gradients were reduced "
+                               "(clip_grad_norm_) and before optimizer.step(); clip after the "
+                               "last backward of the step")
         bucket = self.buckets[self._bucket_of[id(p)]]
         mark_grad_ready(bucket, p, "ZeRO-2: a second backward before optimizer.step(); this course "
                                    "implementation reduce-scatters once per step (accumulate the "
@@ -286,7 +340,12 @@ class ZeroOptimizer(WrapsOptimizer):
     # -- the step
     @torch.no_grad()
     def reduce_gradients(self) -> None:
-        """Leave the averaged gradient of this rank's shard in every ``bucket.shard_grad``."""
+        """Leave the averaged gradient of this rank's shard in every ``bucket.shard_grad``.
+        Runs once per step (``step()`` or :meth:`clip_grad_norm_`, whichever comes first);
+        afterwards only this rank's shard of the ZeRO-1 gradient buffer is meaningful."""
+        if self._reduced:
+            return
+        self._reduced = True
         n = self.world_size
         if self.stage == 1:
             works = []
@@ -316,11 +375,22 @@ class ZeroOptimizer(WrapsOptimizer):
             b.shard_grad.div_(n)
 
     @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Reduce the gradients (if ``step()`` has not yet), then clip the averaged shards
+        to a global norm of ``max_norm`` as ``torch.nn.utils.clip_grad_norm_`` clips one
+        process's gradients. Returns the global norm before clipping (a collective)."""
+        self.reduce_gradients()
+        return clip_sharded_([b.shard_grad for b in self.buckets], max_norm, norm_type, self.group)
+
+    @torch.no_grad()
     def step(self, closure=None):
         """Reduce the gradients, step the real optimizer on the shard, all-gather the shards."""
+        loss = None
         if closure is not None:
-            raise ValueError("ZeroOptimizer.step does not take a closure")
+            with torch.enable_grad():
+                loss = closure()
         self.reduce_gradients()
+        self._sync_hyperparameters()
         if self.mixed:
             for b in self.buckets:                 # fp32 gradient of the master, for the step only
                 b.shard.grad = b.shard_grad.float()
@@ -335,11 +405,16 @@ class ZeroOptimizer(WrapsOptimizer):
                                                 group=self.group, async_op=True))
         for w in works:
             w.wait()
+        self._reduced = False
+        return loss
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the gradient buffers. ZeRO-1 keeps ``.grad`` as views of its flat buffers
-        (``set_to_none`` is ignored, as for torch DDP's ``gradient_as_bucket_view``)."""
+        """Zero the gradient buffers. ZeRO-1 keeps ``.grad`` as (zeroed) views of its flat
+        buffers whatever ``set_to_none`` says, as torch DDP's ``gradient_as_bucket_view``;
+        ZeRO-2's full gradients are None after every step already. Frozen parameters in
+        the groups follow ``set_to_none`` as in any torch optimizer."""
+        self._reduced = False
         for b in self.buckets:
             if self.stage == 1:
                 b.flat_grads.zero_()
@@ -351,11 +426,41 @@ class ZeroOptimizer(WrapsOptimizer):
             for p in self.params:
                 p.grad = None
             self._live.clear()
+        for g in self.param_groups:
+            for p in g["params"]:
+                if not p.requires_grad and p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.zero_()
 
-    # -- optimizer look-alike (param_groups, state: WrapsOptimizer's)
+    # -- checkpoints: this rank's shard
+    def _layout(self) -> list:
+        return [(b.numel, b.padded) for b in self.buckets]
+
     def state_dict(self) -> dict:
-        """This rank's shard of the optimizer state (the inner optimizer's)."""
-        return self.inner.state_dict()
+        """This rank's shard of the optimizer state: the real optimizer's state dict over
+        the shards, your groups' hyperparameters, and the layout it fits (world size,
+        rank, buckets). Load it on the same rank of the same layout."""
+        self._sync_hyperparameters()
+        return {"inner": self.inner.state_dict(), "world_size": self.world_size, "rank": self.rank,
+                "buckets": self._layout(), "param_groups": [self._hyper(g) for g in self.param_groups]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load what :meth:`state_dict` of the same rank returned (a ``ValueError`` for
+        another world size, rank or bucket layout)."""
+        if not isinstance(state_dict, dict) or "inner" not in state_dict:
+            raise TypeError("load_state_dict takes what ZeroOptimizer.state_dict() returned")
+        mine = {"world_size": self.world_size, "rank": self.rank, "buckets": self._layout()}
+        theirs = {k: state_dict.get(k) for k in mine}
+        theirs["buckets"] = [tuple(b) for b in theirs["buckets"] or []]
+        if theirs != mine:
+            raise ValueError(f"this state dict is the shard of another layout ({theirs}); this "
+                             f"optimizer is {mine}: load each rank's own shard, same world size and buckets")
+        for g, saved in zip(self.param_groups, state_dict["param_groups"]):
+            g.update(saved)
+        self.inner.load_state_dict(state_dict["inner"])
+        self._sync_hyperparameters()
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
@@ -365,6 +470,7 @@ class ZeroOptimizer(WrapsOptimizer):
     def __repr__(self) -> str:
         sizes = [(b.numel, b.padded) for b in self.buckets]
         return (f"ZeroOptimizer(stage={self.stage}, world_size={self.world_size}, "
+                f"groups={len(self.param_groups)}, "
                 f"variant={self.variant!r}, mixed={self.mixed}, buckets (numel, padded)={sizes}, "
                 f"inner={type(self.inner).__name__})")
 
@@ -422,18 +528,26 @@ def expected_comm_bytes(bucket_numels, world_size: int, steps: int = 1, *,
 
 # ====================================================================== strategies
 
+def _wrap_zero(model, make_optimizer, stage, group, **options):
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    broadcast_from_rank0(frozen + list(model.buffers()), group)   # the trained ones: ZeroOptimizer
+    groups, cls, defaults = real_optimizer(model, make_optimizer)
+    return model, ZeroOptimizer(groups, cls, stage=stage, group=group, **options, **defaults)
+
+
 def wrap_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, variant="reduce_scatter",
                mixed=False, overlap=True, group=None):
-    """The ``"zero1"`` strategy: the model itself and a :class:`ZeroOptimizer` of stage 1."""
-    return model, ZeroOptimizer(model, make_optimizer, stage=1, bucket_bytes=bucket_bytes,
-                                variant=variant, mixed=mixed, overlap=overlap, group=group)
+    """The ``"zero1"`` strategy: the model itself and a :class:`ZeroOptimizer` of stage 1
+    with the class, parameter groups and hyperparameters of ``make_optimizer``'s optimizer."""
+    return _wrap_zero(model, make_optimizer, 1, group, bucket_bytes=bucket_bytes, variant=variant,
+                      mixed=mixed, overlap=overlap)
 
 
 def wrap_zero2(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, mixed=False, overlap=True,
                group=None):
     """The ``"zero2"`` strategy: the model itself and a :class:`ZeroOptimizer` of stage 2."""
-    return model, ZeroOptimizer(model, make_optimizer, stage=2, bucket_bytes=bucket_bytes,
-                                mixed=mixed, overlap=overlap, group=group)
+    return _wrap_zero(model, make_optimizer, 2, group, bucket_bytes=bucket_bytes, mixed=mixed,
+                      overlap=overlap)
 
 
 def zero_extras(model, optimizer) -> dict:
@@ -444,17 +558,12 @@ def zero_extras(model, optimizer) -> dict:
 def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True,
                      group=None):
     """torch's ZeroRedundancyOptimizer (whole parameters assigned to ranks, each rank
-    steps its own and broadcasts them) + the gradient all-reduce of "ddp"."""
+    steps its own and broadcasts them) over the gradients ``"ddp"`` averages in backward."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     ddp = DataParallel(model, bucket_bytes=bucket_bytes, overlap=overlap, group=group)
-    # make_optimizer tells which optimizer and hyperparameters (built on a dummy tensor)
-    probe = make_optimizer([torch.zeros(1, requires_grad=True)])
-    accepted = inspect.signature(type(probe).__init__).parameters
-    kwargs = {k: v for k, v in probe.defaults.items() if k in accepted}
-    zro = ZeroRedundancyOptimizer(ddp.params, optimizer_class=type(probe), process_group=group,
-                                  **kwargs)
-    return ddp, DataParallelOptimizer(ddp, zro)
+    groups, cls, defaults = real_optimizer(model, make_optimizer)
+    return ddp, ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=group, **defaults)
 
 
 def torch_zero1_state_bytes(model, optimizer) -> dict:
@@ -463,7 +572,7 @@ def torch_zero1_state_bytes(model, optimizer) -> dict:
     seen: set = set()
     params = list(unwrap(model).parameters())
     out = {"params": storage_bytes(params, seen), "grads": storage_bytes([p.grad for p in params], seen)}
-    local = optimizer.inner.optim          # the optimizer over this rank's parameters
+    local = optimizer.optim                # the optimizer over this rank's parameters
     out["optimizer"] = storage_bytes([v for s in local.state.values() for v in s.values()
                                       if isinstance(v, torch.Tensor)], seen)
     return out

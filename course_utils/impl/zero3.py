@@ -14,8 +14,9 @@ What :class:`Zero3` does (the same design as PyTorch FSDP, written out in Python
   communicated and never updated.
 * **Storage.** A unit's trainable parameters are flattened into one fp32 buffer, padded
   with zeros to a multiple of the world size N. Rank r keeps only chunk r of it: the
-  *shard*, one ``nn.Parameter`` per unit, which is what the optimizer updates. At rest
-  the module's own Parameters are empty tensors (``p.shape == (0,)``).
+  *shard*. At rest each of the module's Parameters *is* its piece of the shard (a 1-D
+  view, empty when none of its elements is on this rank), as FSDP2's Parameters are
+  their local shards, so an optimizer over ``model.parameters()`` updates the shard.
 * **Forward.** A forward pre-hook all-gathers the unit's full flat buffer and points
   the module's Parameters at views of it; a forward hook frees it again. The root is
   gathered first and stays gathered until the end of backward: the course GPT uses its
@@ -32,12 +33,16 @@ What :class:`Zero3` does (the same design as PyTorch FSDP, written out in Python
   inputs is complete, i.e. after every operation of the unit (and the gradient
   accumulation of its Parameters: autograd runs those first) has run. It flattens the
   Parameters' ``.grad`` (zeros for a Parameter without one), reduce-scatters it (SUM,
-  then divided by N) into the shard's ``.grad`` and frees the full gradients and
-  parameters. Units whose inputs need no gradient (the root) are finished by a callback
+  then divided by N) into the shard gradient (each Parameter's ``.grad`` is then its
+  piece of it) and frees the full gradients and parameters. Units whose inputs need no gradient (the root) are finished by a callback
   at the end of backward, in a fixed order, so every rank issues the same collectives
   in the same order. One reduce-scatter per unit per step: L.
-* **Optimizer.** The real optimizer over the shards (``make_optimizer(shards)``);
-  ``step()`` updates shards only and sends nothing: the next forward gathers.
+* **Optimizer.** Any torch optimizer over ``model.parameters()``, parameter groups
+  included; ``step()`` updates the pieces of the shards in place and sends nothing: the
+  next forward gathers. ``experiments.clip_grad_norm_`` clips by the global norm.
+* **Mixed precision.** ``param_dtype=torch.bfloat16`` gathers bf16 copies of the fp32
+  shards and computes in bf16; gradients are reduce-scattered in ``reduce_dtype`` and
+  kept as fp32 shard gradients (FSDP2's ``MixedPrecisionPolicy``).
 * **Prefetch.** ``prefetch=True`` starts the next unit's all-gather asynchronously
   (``async_op=True``) while the current one computes (forward: the next unit; backward:
   the previous one) and waits for it just before use. Units gathered (or in flight) at
@@ -60,7 +65,8 @@ from torch import nn
 from ..checks import require_process_group
 from ..runtime.compat import (all_gather_into_tensor, queue_backward_callback, reduce_scatter_tensor,
                               tree_flatten, tree_unflatten)
-from .common import alloc_storage, broadcast_from_rank0, free_storage, padded_numel, storage_bytes
+from .common import (alloc_storage, broadcast_from_rank0, clip_sharded_, free_storage, padded_numel,
+                     real_optimizer, register_grad_owner, storage_bytes)
 
 __all__ = ["Zero3", "FlatUnit", "wrap_zero3", "zero3_state_bytes"]
 
@@ -70,12 +76,20 @@ class FlatUnit:
 
     ``params``: ``(module, attribute name, Parameter, shape, offset)`` for each trainable
     Parameter it owns. ``numel``: their total; ``padded``: rounded up to a multiple of N;
-    ``shard``: this rank's ``padded // N`` elements, an ``nn.Parameter`` (the optimizer's);
-    ``full``: the gathered buffer (its storage 0 bytes while freed).
+    ``shard``: this rank's ``padded // N`` elements (the master copy, in the parameters'
+    dtype); ``pieces``: for each Parameter, the ``(start, stop)`` of its elements inside
+    ``shard`` (empty when none of them is on this rank); ``full``: the gathered buffer, in
+    ``compute_dtype`` (its storage 0 bytes while freed); ``shard_grad``: the averaged
+    gradient of the shard after backward (None before).
+
+    At rest every Parameter *is* its piece of the shard (``p.data`` a 1-D view of
+    ``shard``, ``p.grad`` of ``shard_grad``), as FSDP2's Parameters are their local
+    shards: an optimizer over ``model.parameters()`` updates the shard in place. While the
+    unit is gathered, ``p.data`` is a view of ``full`` with ``p``'s own shape.
     """
 
     def __init__(self, name: str, module: nn.Module, params: list, world_size: int, rank: int,
-                 group=None):
+                 group=None, *, param_dtype=None, reduce_dtype=None):
         self.name, self.module, self.group = name, module, group
         self.world_size, self.rank = world_size, rank
         self.params = []
@@ -91,32 +105,48 @@ class FlatUnit:
             raise ValueError(f"unit {name!r} mixes dtypes {dtypes}: one dtype per flat buffer")
         p0 = params[0][2]
         self.dtype, self.device = p0.dtype, p0.device
+        self.compute_dtype = param_dtype or self.dtype
+        self.reduce_dtype = reduce_dtype or self.compute_dtype
+        lo = rank * self.shard_numel
+        self.pieces = []
+        for _, _, p, _, off in self.params:
+            a, b = max(off, lo) - lo, min(off + p.numel(), lo + self.shard_numel) - lo
+            self.pieces.append((a, b) if b > a else (0, 0))
         with torch.no_grad():
             flat = torch.zeros(self.padded, dtype=self.dtype, device=self.device)
             for _, _, p, _, off in self.params:
                 flat[off:off + p.numel()].copy_(p.detach().reshape(-1))
-            self.shard = nn.Parameter(flat[rank * self.shard_numel:(rank + 1) * self.shard_numel].clone())
-        self.full = flat            # kept as the gather buffer; freed just below
+            self.shard = flat[lo:lo + self.shard_numel].clone()
+        # the gather buffer: the flat copy itself when compute and master dtypes agree
+        self.full = flat if self.compute_dtype == self.dtype else \
+            torch.empty(self.padded, dtype=self.compute_dtype, device=self.device)
+        self.shard_grad = None
+        self._held = [None] * len(self.params)   # the pieces' .grad, set aside while gathered
         self.gathered = False       # full params usable
         self.work = None            # in-flight async all-gather
         self.grads_reduced = True   # post-backward done for the current backward
-        self._use_views()
         self.free()
 
-    # -- parameters point at the full buffer, or at nothing
+    # -- parameters point at the full buffer, or at their piece of the shard
     def _use_views(self) -> None:
-        for _, _, p, shape, off in self.params:
+        for i, (_, _, p, shape, off) in enumerate(self.params):
+            if self._held[i] is None:
+                self._held[i] = p.grad          # the piece's gradient waits beside
+            p.grad = None
             p.data = self.full[off:off + math.prod(shape)].view(shape)
 
-    def _use_empty(self) -> None:
-        for _, _, p, _, _ in self.params:
-            p.data = torch.empty(0, dtype=self.dtype, device=self.device)
+    def _use_pieces(self) -> None:
+        for i, (_, _, p, _, _) in enumerate(self.params):
+            a, b = self.pieces[i]
+            p.data = self.shard[a:b]
+            p.grad, self._held[i] = self._held[i], None
 
     def start_gather(self, async_op: bool) -> None:
-        """Allocate the full buffer and all-gather every rank's shard into it."""
+        """Allocate the full buffer and all-gather every rank's shard into it (cast to
+        ``compute_dtype`` first, when it differs)."""
         alloc_storage(self.full)
-        self.work = all_gather_into_tensor(self.full, self.shard.detach(), group=self.group,
-                                           async_op=async_op)
+        send = self.shard if self.compute_dtype == self.dtype else self.shard.to(self.compute_dtype)
+        self.work = all_gather_into_tensor(self.full, send, group=self.group, async_op=async_op)
         if not async_op:
             self.work = None
             self._use_views()
@@ -136,33 +166,36 @@ class FlatUnit:
 
     def free(self) -> None:
         """Drop the full parameters (the shard stays)."""
-        self._use_empty()
+        self._use_pieces()
         free_storage(self.full)
         self.gathered = False
 
     @torch.no_grad()
     def reduce_scatter_grads(self) -> None:
-        """Flat full gradient (zeros where a Parameter got none) -> SUM over ranks -> /N
-        -> this rank's chunk, added to ``shard.grad``; the full gradients are dropped."""
-        flat = torch.zeros(self.padded, dtype=self.dtype, device=self.device)
+        """Flat full gradient (zeros where a Parameter got none), in ``reduce_dtype`` ->
+        SUM over ranks -> /N -> this rank's chunk, in the master dtype, added to the
+        pieces' gradients if they have some (accumulation) -> ``shard_grad``; the full
+        gradients are dropped."""
+        flat = torch.zeros(self.padded, dtype=self.reduce_dtype, device=self.device)
         for _, _, p, shape, off in self.params:
             if p.grad is not None:
                 flat[off:off + math.prod(shape)].copy_(p.grad.reshape(-1))
                 p.grad = None
-        out = torch.empty(self.shard_numel, dtype=self.dtype, device=self.device)
+        out = torch.empty(self.shard_numel, dtype=self.reduce_dtype, device=self.device)
         reduce_scatter_tensor(out, flat, group=self.group)
-        out.div_(self.world_size)
-        if self.shard.grad is None:
-            self.shard.grad = out
-        else:                               # gradient accumulation: shards accumulate
-            self.shard.grad.add_(out)
+        out = out.div_(self.world_size).to(self.dtype)
+        for i, (a, b) in enumerate(self.pieces):
+            if self._held[i] is not None:       # gradient accumulation: pieces accumulate
+                out[a:b].add_(self._held[i])
+            self._held[i] = out[a:b]
+        self.shard_grad = out
         self.grads_reduced = True
 
     @torch.no_grad()
     def full_flat(self) -> torch.Tensor:
         """A new tensor with the unit's full, unpadded flat parameters (a collective)."""
         out = torch.empty(self.padded, dtype=self.dtype, device=self.device)
-        all_gather_into_tensor(out, self.shard.detach(), group=self.group)
+        all_gather_into_tensor(out, self.shard, group=self.group)
         return out[:self.numel]
 
     def __repr__(self) -> str:
@@ -221,7 +254,20 @@ class Zero3(nn.Module):
             ``nn.ModuleList``, the course GPT's blocks); the root unit owns the rest.
         prefetch: start the next unit's all-gather while the current unit computes.
         reshard_root: free the root after forward too (2L all-gathers per step, not 2L-1).
+        param_dtype: mixed precision, as FSDP2's ``MixedPrecisionPolicy``: the dtype of the
+            gathered copies forward and backward compute with (``torch.bfloat16`` or
+            ``torch.float16``); the shards stay fp32 masters, which the optimizer updates.
+            Frozen Parameters are cast to it once. None: compute in the parameters' dtype.
+        reduce_dtype: the dtype gradients are reduce-scattered in (None: ``param_dtype``);
+            the averaged shard gradient is then kept in the master dtype.
         group: the process group (default: all ranks).
+
+    The optimizer: any torch optimizer over ``model.parameters()`` (parameter groups
+    welcome): at rest each Parameter is its 1-D piece of this rank's shard, so the
+    optimizer updates the shards in place and sends nothing; the next forward gathers.
+    A piece is flat, so make the groups before wrapping (or by name), not from
+    ``p.ndim`` afterwards; ``wrap("zero3", ...)`` calls ``make_optimizer`` first. Clip with
+    ``experiments.clip_grad_norm_(model, max_norm)`` (:meth:`clip_grad_norm_`).
 
     Attributes: ``units`` (:class:`FlatUnit`, root first, then in module order),
     ``frozen`` (names of the whole, unsharded frozen Parameters), ``timeline`` (the
@@ -232,15 +278,26 @@ class Zero3(nn.Module):
     """
 
     def __init__(self, module: nn.Module, *, unit_types=None, prefetch: bool = False,
-                 reshard_root: bool = False, group=None):
+                 reshard_root: bool = False, param_dtype=None, reduce_dtype=None, group=None):
         super().__init__()
         require_process_group("Zero3")
+        for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+            if dtype is not None and dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                raise ValueError(f"{name} must be torch.bfloat16, torch.float16, torch.float32 or "
+                                 f"None, got {dtype!r}")
+        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.module = module
         self.group = group
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.prefetch, self.reshard_root = bool(prefetch), bool(reshard_root)
         self._broadcast_from_rank0()
         self.units, self.frozen = self._make_units(module, unit_types)
+        if param_dtype is not None:               # frozen weights: one compute copy, once
+            with torch.no_grad():
+                for p in module.parameters():
+                    if not p.requires_grad and p.is_floating_point():
+                        p.data = p.data.to(param_dtype)
+        register_grad_owner(self.shard_parameters(), self)
         self.root = next((u for u in self.units if u.module is module), None)
         self.order = [u for u in self.units if u is not self.root]   # prefetch order
         self.timeline: list[dict] = []
@@ -296,7 +353,8 @@ class Zero3(nn.Module):
                 if unit == "":
                     break
             per_unit[unit].append((places[0][0], places[0][1], p))
-        units = [FlatUnit(n, unit_modules[n], per_unit[n], self.world_size, self.rank, self.group)
+        units = [FlatUnit(n, unit_modules[n], per_unit[n], self.world_size, self.rank, self.group,
+                          param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
                  for n in unit_names if per_unit[n]]
         return units, frozen
 
@@ -413,7 +471,8 @@ class Zero3(nn.Module):
                 self._post_backward(unit)
             else:
                 self._free(unit)                  # e.g. a prefetch nobody used
-        late = [u.name for u in self.units for _, _, p, _, _ in u.params if p.grad is not None]
+        late = [u.name for u in self.units for _, _, p, _, _ in u.params
+                if p.grad is not None and p.grad.shape != p.shape]
         if late:
             raise RuntimeError(f"gradients arrived after their unit was reduce-scattered: {late}")
 
@@ -424,8 +483,19 @@ class Zero3(nn.Module):
 
     # ------------------------------------------------------------------ results
     def shard_parameters(self) -> list[nn.Parameter]:
-        """This rank's shards, one per unit: what the optimizer updates."""
-        return [u.shard for u in self.units]
+        """The trainable Parameters, unit by unit; at rest each is its piece of this rank's
+        shard (what the optimizer updates)."""
+        return [p for u in self.units for _, _, p, _, _ in u.params]
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the averaged shard gradients to a global norm of ``max_norm`` (taken over
+        every rank's shard: a collective); returns the norm before clipping. Call it after
+        backward, before ``optimizer.step()``."""
+        if any(u.gathered or u.in_flight for u in self.units):
+            raise RuntimeError("clip_grad_norm_ between backward() and optimizer.step(): a unit "
+                               "is still gathered (inside forward or backward)")
+        return clip_sharded_([u.shard_grad for u in self.units], max_norm, norm_type, self.group)
 
     @torch.no_grad()
     def full_parameters(self) -> dict[str, torch.Tensor]:
@@ -455,15 +525,19 @@ class Zero3(nn.Module):
 
 
 def wrap_zero3(model, make_optimizer, *, overlap: bool = True, group=None, unit_types=None,
-               reshard_root: bool = False):
-    """The ``"zero3"`` strategy: ``(Zero3(model), make_optimizer(shards))``.
+               reshard_root: bool = False, param_dtype=None, reduce_dtype=None):
+    """The ``"zero3"`` strategy: ``(Zero3(model), make_optimizer(its trainable parameters))``.
 
-    ``overlap`` is the prefetch
-    switch: True overlaps the next unit's all-gather with the current unit's compute.
-    The optimizer is the real one; its ``step()`` needs no communication.
+    ``overlap`` is the prefetch switch: True overlaps the next unit's all-gather with the
+    current unit's compute. ``make_optimizer`` runs on the full-shaped Parameters before
+    they are sharded (so groups made from ``p.ndim`` are right); the optimizer is then
+    rebuilt, same class, groups and hyperparameters, over the same Parameters, which at
+    rest are their pieces of the shards; its ``step()`` needs no communication.
     """
-    z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root, group=group)
-    return z, make_optimizer(z.shard_parameters())
+    groups, cls, defaults = real_optimizer(model, make_optimizer)   # grouped while full-shaped
+    z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root,
+              param_dtype=param_dtype, reduce_dtype=reduce_dtype, group=group)
+    return z, cls(groups, **defaults)
 
 
 def zero3_state_bytes(model: Zero3, optimizer) -> dict:
@@ -473,9 +547,10 @@ def zero3_state_bytes(model: Zero3, optimizer) -> dict:
     inner = getattr(optimizer, "inner", optimizer)
     seen: set = set()
     module_params = list(model.module.parameters())
-    shards = model.shard_parameters()
-    out = {"params": storage_bytes(shards + module_params + [u.full for u in model.units], seen),
-           "grads": storage_bytes([p.grad for p in shards + module_params], seen)}
+    out = {"params": storage_bytes([u.shard for u in model.units] + module_params +
+                                   [u.full for u in model.units], seen),
+           "grads": storage_bytes([u.shard_grad for u in model.units] +
+                                  [p.grad for p in module_params], seen)}
     state = [v for per in inner.state.values() for v in per.values() if isinstance(v, torch.Tensor)]
     out["optimizer"] = storage_bytes(state, seen)
     return out
