@@ -7,7 +7,7 @@ importable from here (``from course_utils.course.exercises import check_rank_sum
 from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_cases, grade_on_ranks
 from .nb00 import check_gather_squares, check_rank_sum
 from .nb01 import NotAllowed, check_all_reduce_from_rs_ag, check_ring_all_reduce
-from .nb02 import check_grad_average_hook
+from .nb02 import check_ddp, check_grad_average_hook
 from .nb03 import check_bytes_per_gpu, check_smallest_fitting_stage, smallest_fitting_stage
 from .nb04 import check_shard_bounds, check_zero1_step
 from .nb05 import check_reduce_scatter_bucket
@@ -18,7 +18,7 @@ from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, reference_choice
 __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_ranks",
            "check_rank_sum", "check_gather_squares",
            "NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce",
-           "check_grad_average_hook",
+           "check_grad_average_hook", "check_ddp",
            "check_bytes_per_gpu", "check_smallest_fitting_stage", "smallest_fitting_stage",
            "check_shard_bounds", "check_zero1_step", "check_reduce_scatter_bucket",
            "check_zero3_forward",

@@ -1,4 +1,5 @@
-"""Exercises of ``notebooks/02_data_parallelism.ipynb``: a gradient-averaging hook."""
+"""Exercises of ``notebooks/02_data_parallelism.ipynb``: a gradient-averaging hook, then
+DDP built from scratch (:func:`check_ddp`)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,7 +7,7 @@ from typing import Callable
 from ...harness.grading import Verdict, on_world_sizes, refuse_non_function
 from ...runtime.fmt import GRAD_ATOL, bound
 
-__all__ = ["check_grad_average_hook"]
+__all__ = ["check_grad_average_hook", "check_ddp", "first_problem", "DDP_BUCKETS"]
 
 
 def _grads_with_hook(hook) -> dict:
@@ -49,4 +50,150 @@ def check_grad_average_hook(hook: Callable) -> Verdict:
             why = (f"no gradient for {v['missing'][:2]}" if v["missing"] else
                    f"max |grad - full-batch grad| {bound(v['max_abs_diff'], GRAD_ATOL)}")
             print(f"  rank {rank}: {'right' if ok else 'differs'} ({why})")
+    return Verdict(name, all_right and runs.completed)
+
+
+# ------------------------------------------------------------------ exercise 02.2: build DDP
+
+#: The bucket sizes the DDP grader tries: one bucket per parameter, and torch's 25 MiB.
+DDP_BUCKETS = (0, 25 * 2**20)
+
+
+def _frozen_model(seed: int):
+    """The course GPT (tied embedding and output layer, Ψ = 129,350: not divisible by 3 or
+    4) with the first block's first norm frozen."""
+    from ...harness.model import build_model
+
+    model = build_model(seed=seed)
+    model.blocks[0].norm1.requires_grad_(False)
+    return model
+
+
+def _ddp_on_rank(cls, steps: int = 2) -> list:
+    """Rank side of :func:`check_ddp`: per bucket size, the first problem found ('' when
+    none) and what was seen (all-reduces per backward, losses)."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+
+    from ...harness.experiments import global_loss
+    from ...harness.model import SyntheticData
+    from ...runtime.ledger import CommLedger
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = SyntheticData(global_batch=12, seed=0)
+    out = []
+    for bucket_bytes in DDP_BUCKETS:
+        ref = _frozen_model(seed=100)                  # rank 0's start, which every rank must take
+        model = _frozen_model(seed=100 + rank)          # every rank starts elsewhere
+        trained = [n for n, p in ref.named_parameters() if p.requires_grad]
+        expected_calls = len(trained) if bucket_bytes == 0 else 1
+        seen = {"bucket_bytes": bucket_bytes, "calls": None, "losses": [], "ref_losses": []}
+        try:
+            ddp = cls(model, bucket_bytes=bucket_bytes)
+        except Exception as exc:  # noqa: BLE001 - reported to the learner
+            out.append((f"{cls.__name__}(model, bucket_bytes={bucket_bytes}) raised "
+                        f"{type(exc).__name__}: {exc}", seen))
+            continue
+        problem = ""
+        if not all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters())):
+            problem = ("after construction the ranks' weights differ from rank 0's: broadcast every "
+                       "parameter and buffer from rank 0 in __init__")
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+        ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.5)
+        for step in range(steps):       # every rank runs every step (a rank that stopped early
+            x, y = data.shard(step, rank, world)    # would leave the others in a collective)
+            local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
+            local(x, y).backward()
+            with CommLedger() as ledger:
+                loss = ddp(x, y)
+                loss.backward()
+            calls = ledger.counts().get("all_reduce", 0)
+            seen["calls"] = calls
+            ref_loss = ref(*data.batch(step))
+            ref_loss.backward()
+            problem = problem or _grad_problem(model, ref, local, world)
+            if not problem and calls != expected_calls:
+                problem = (f"{calls} all-reduces in one backward with bucket_bytes={bucket_bytes}, "
+                           f"expected {expected_calls}: " + ("one per trainable parameter"
+                                                             if bucket_bytes == 0 else
+                                                             "one bucket holds the whole model"))
+            seen["losses"].append(global_loss(loss))
+            seen["ref_losses"].append(ref_loss.item())
+            opt.step()
+            ref_opt.step()
+            opt.zero_grad()
+            ref_opt.zero_grad()
+        if hasattr(ddp, "remove_hooks"):
+            ddp.remove_hooks()
+        out.append((problem, seen))
+    return out
+
+
+def _grad_problem(model, ref, local, world: int) -> str:
+    """'' when every trainable ``.grad`` of ``model`` is ``ref``'s (the global batch's), else
+    what is wrong with the first one that is not (``local``: this rank's own gradients)."""
+    import torch
+
+    grads, own = dict(model.named_parameters()), dict(local.named_parameters())
+    for name, q in ref.named_parameters():
+        p = grads[name]
+        if not q.requires_grad:
+            if p.grad is not None:
+                return f"frozen {name} got a gradient"
+            continue
+        if p.grad is None:
+            return f"after loss.backward(), {name}.grad is None"
+        if torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6):
+            continue
+        if world > 1 and torch.allclose(p.grad, own[name].grad, rtol=1e-5, atol=1e-7):
+            return ("when loss.backward() returns, the gradients are still this rank's own: wait for "
+                    "the all-reduces and write the averages into .grad at the end of backward "
+                    "(a callback queued with queue_backward_callback)")
+        if torch.allclose(p.grad, world * q.grad, rtol=1e-4, atol=1e-6):
+            return f"the gradients are the SUM over the {world} ranks: divide by the world size"
+        worst = (p.grad - q.grad).abs().max().item()
+        return (f"after loss.backward(), {name}.grad differs from the global batch's gradient by "
+                f"up to {worst:.3g}")
+    return ""
+
+
+def first_problem(values) -> tuple | None:
+    """``(rank, problem)`` to show from every rank's findings: a start that differs from
+    rank 0's, or a constructor that raised, before anything else (those cause the rest)."""
+    problems = [(r, p) for r, per in enumerate(values) for p, _ in per if p]
+    causes = [(r, p) for r, p in problems if p.startswith("after construction") or " raised " in p]
+    return (causes or problems or [None])[0]
+
+
+def check_ddp(cls) -> Verdict:
+    """Exercise 02.2: ``cls(module, bucket_bytes=...)`` is data parallelism built from
+    scratch. Checked on 2, 3 and 4 gloo ranks (Ψ = 129,350, not divisible by 3 or 4; a tied
+    embedding; a frozen norm), with one bucket per parameter and with 25 MiB buckets, two
+    SGD steps: the ranks start from rank 0's weights; when ``loss.backward()`` returns each
+    trainable ``.grad`` is the gradient of the global batch (one process, 1e-4 relative);
+    frozen parameters get none; one all-reduce per bucket; the losses follow one process.
+    Prints the first thing that differs, per world size."""
+    from ...harness.model import warm_up
+
+    name = "ddp"
+    if not isinstance(cls, type):
+        print(f"check_ddp takes your class (e.g. check_ddp(MyDDP)), got {type(cls).__name__}")
+        return Verdict(name, False)
+    warm_up()
+    all_right = True
+    for n, values in (runs := on_world_sizes(_ddp_on_rank, (2, 3, 4), cls, timeout_s=60)):
+        first = first_problem(values)
+        if first:
+            rank, problem = first
+            print(f"{n} ranks: not yet: rank {rank}: {problem}")
+            all_right = False
+            continue
+        calls = [seen["calls"] for _, seen in values[0]]
+        worst = max(abs(a - b) for _, seen in values[0]
+                    for a, b in zip(seen["losses"], seen["ref_losses"]))
+        print(f"{n} ranks: right: rank 0's weights everywhere, gradients averaged by the end of "
+              f"backward, all-reduces per backward {calls} (per parameter, 25 MiB), losses = one "
+              f"process (|diff| {bound(worst, 1e-5)})")
     return Verdict(name, all_right and runs.completed)

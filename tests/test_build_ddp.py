@@ -1,0 +1,67 @@
+"""Exercise 02.2 (build DDP): the course's DataParallel passes the grader; planted
+mistakes fail with the message that names them."""
+import pytest
+
+from course_utils.course.exercises import check_ddp
+from course_utils.course.exercises.nb02 import _ddp_on_rank, first_problem
+from course_utils.impl.ddp import DataParallel
+from course_utils.runtime.launch import launch
+
+
+class NoDivide(DataParallel):
+    """Sums the gradients and forgets to divide by N."""
+
+    def __init__(self, module, bucket_bytes):
+        super().__init__(module, bucket_bytes=bucket_bytes)
+        self.world_size = 1
+
+
+class NoBroadcast(DataParallel):
+    """Every rank keeps its own initial weights."""
+
+    def _broadcast_from_rank0(self):
+        pass
+
+
+class AveragesInStep(DataParallel):
+    """The hooks do nothing; the averaging would only happen if someone called it later."""
+
+    def _grad_ready(self, p):
+        pass
+
+
+class IgnoresBuckets(DataParallel):
+    """One all-reduce per parameter whatever bucket_bytes says."""
+
+    def __init__(self, module, bucket_bytes):
+        super().__init__(module, bucket_bytes=0)
+
+
+PLANTED = {NoDivide: "SUM over the 2 ranks: divide by the world size",
+           NoBroadcast: "weights differ from rank 0's: broadcast",
+           AveragesInStep: "still this rank's own",
+           IgnoresBuckets: "all-reduces in one backward with bucket_bytes=26214400, expected 1"}
+
+
+def _planted(rank, world_size):
+    return {cls.__name__: _ddp_on_rank(cls, steps=1) for cls in PLANTED}
+
+
+def test_the_course_ddp_passes(capsys):
+    assert check_ddp(DataParallel)
+    out = capsys.readouterr().out
+    for n in (2, 3, 4):
+        assert f"{n} ranks: right: rank 0's weights everywhere" in out
+    assert "[66, 1]" in out                       # one all-reduce per parameter, then one bucket
+
+
+def test_planted_mistakes_are_named():
+    found = launch(_planted, 2, quiet=True)
+    for cls, message in PLANTED.items():
+        first = first_problem([per[cls.__name__] for per in found])
+        assert first and message in first[1], (cls.__name__, first)
+
+
+def test_a_non_class_is_refused(capsys):
+    assert not check_ddp(lambda m: m)
+    assert "check_ddp takes your class" in capsys.readouterr().out
