@@ -15,7 +15,8 @@ NOTEBOOKS = [
     ("01_collectives.ipynb", "Collectives",
      "Broadcast, all-reduce, reduce-scatter, all-gather on live ranks; the ring cost model measured."),
     ("02_data_parallelism.ipynb", "Data parallelism",
-     "DDP from scratch and torch DDP give the single-process losses; accumulation, bucketing, overlap."),
+     "DDP from scratch and torch DDP give the single-process losses; accumulation, bucketing, "
+     "overlap; you build DDP yourself, graded on 2-4 ranks."),
     ("03_memory_anatomy.ipynb", "Where the memory goes",
      "Params, grads, optimizer states and activations, predicted and measured; the calculator widget."),
     ("04_zero1.ipynb", "ZeRO-1",
