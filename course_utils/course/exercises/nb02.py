@@ -183,7 +183,7 @@ def check_ddp(cls) -> Verdict:
         return Verdict(name, False)
     warm_up()
     all_right = True
-    for n, values in (runs := on_world_sizes(_ddp_on_rank, (2, 3, 4), cls, timeout_s=60)):
+    for n, values in (runs := on_world_sizes(_ddp_on_rank, (2, 3, 4), cls, timeout_s=30)):
         first = first_problem(values)
         if first:
             rank, problem = first
