@@ -15,10 +15,13 @@ Each check is independent: one that fails or raises is a FAIL row, the others st
      ``strategies.strategies()`` on min(N, 4) NCCL ranks (torch-hsdp on an even number),
      whose losses must equal one process's on the global batch (``fmt.LOSS_RTOL``) and
      whose ranks must end with the same full parameters;
-  3. one training step of the course GPT scaled up (:data:`MEMORY_CONFIG`, bf16 with fp32
+  3. ddp on 2 gloo ranks after a backward ran in this process (on the CPU, next to the
+     GPU): autograd's device threads started, so forked ranks could not run backward;
+     the launcher must notice and spawn them (``launch.autograd_survives_fork``);
+  4. one training step of the course GPT scaled up (:data:`MEMORY_CONFIG`, bf16 with fp32
      master weights and AdamW, the ``mixed`` recipe) on GPU 0 of this process: the model
      states held, the memory allocated and the peak, against ``memory.per_gpu``;
-  4. a few strategies on 2 gloo CPU ranks next to the visible GPU, as on a one-GPU Colab
+  5. a few strategies on 2 gloo CPU ranks next to the visible GPU, as on a one-GPU Colab
      after a cell used the GPU: CUDA is initialised in this process (the check makes
      sure of it), so the ranks must be spawned, and their losses must still equal one
      process's.
@@ -269,6 +272,20 @@ def check_gloo_next_to_gpu(strategy: str) -> list[Row]:
     return check_strategy(strategy, 2, "gloo", " next to a visible GPU", start_method="spawn")
 
 
+def check_after_backward(strategy: str = "ddp") -> list[Row]:
+    """A learner's cell that trained one process (a reference) before a demo: a backward
+    in this process, next to a visible GPU, starts autograd's device threads, and ranks
+    forked afterwards cannot run a backward. CUDA stays uninitialised here, so only
+    ``launch.autograd_survives_fork`` tells: the ranks must be spawned and train."""
+    import torch
+
+    x = torch.ones(2, requires_grad=True)
+    (x * x).sum().backward()                       # on the CPU, as notebook 02's single()
+    if torch.cuda.is_initialized():
+        raise RuntimeError("a CPU backward initialised CUDA: this check cannot tell anything")
+    return check_strategy(strategy, 2, "gloo", " after a backward here", start_method="spawn")
+
+
 def strategy_world_size(strategy: str, gpus: int) -> int:
     """Ranks a strategy runs on with ``gpus`` GPUs: min(gpus, MAX_RANKS); torch-hsdp, whose
     mesh has shard groups of ``hsdp.DEFAULT_SHARDS``, a multiple of that."""
@@ -402,6 +419,9 @@ def plan(gpus: int) -> list[Planned]:
             checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",
                                   where(n, "nccl", backend_first=True) + forked,
                                   functools.partial(check_strategy, name, n, "nccl")))
+    checks.append(Planned(f"ddp: losses = one process's ({STEPS} steps)",
+                          where(2, "gloo", backend_first=True) + " after a backward here, spawned "
+                          "(autograd's GPU threads started here)", check_after_backward))
     checks.append(Planned(
         f"memory of a training step, course GPT at {MEMORY_CONFIG.num_params() / 1e6:.0f}M "
         "parameters (mixed) vs memory.per_gpu", "this process, GPU 0", check_memory))

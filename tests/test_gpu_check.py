@@ -56,8 +56,9 @@ def test_plan_follows_the_gpu_count(gpu_check):
     one = checks(1)
     assert one[0] == ("all-reduce of rank + 1 on 1 rank",
                       "1 NCCL rank, one GPU each, forked from this process")
-    assert [w for _, w in one[1:2]] == ["this process, GPU 0"]
-    assert [c.split(":")[0] for c, _ in one[2:]] == list(gpu_check.GLOO_NEXT_TO_GPU)
+    assert one[1][1].startswith("2 gloo ranks on CPU after a backward here, spawned")
+    assert [w for _, w in one[2:3]] == ["this process, GPU 0"]
+    assert [c.split(":")[0] for c, _ in one[3:]] == list(gpu_check.GLOO_NEXT_TO_GPU)
     assert all("NCCL" not in w for _, w in one[1:])
     three = dict(checks(3))
     assert three["all-reduce of rank + 1 on 3 ranks"].startswith("3 NCCL ranks")
@@ -66,10 +67,11 @@ def test_plan_follows_the_gpu_count(gpu_check):
     eight = checks(8)
     assert "all-reduce of rank + 1 on 8 ranks" in dict(eight)
     assert [w.split(",")[0] for c, w in eight if c.startswith("ddp:")] == [
-        "4 NCCL ranks", "2 gloo ranks on CPU next to a visible GPU"]
+        "4 NCCL ranks", "2 gloo ranks on CPU after a backward here", "2 gloo ranks on CPU next to a visible GPU"]
     # NCCL ranks are forked before this process touches CUDA (the memory check), gloo ranks after
-    kinds = ["nccl" if "NCCL" in w else "memory" if "GPU 0" in w else "gloo" for _, w in eight]
-    assert kinds == sorted(kinds, key=["nccl", "memory", "gloo"].index)
+    kinds = ["nccl" if "NCCL" in w else "memory" if "GPU 0" in w else "backward" if "backward" in w
+             else "gloo" for _, w in eight]
+    assert kinds == sorted(kinds, key=["nccl", "backward", "memory", "gloo"].index)
     for bad, exc in ((0, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError)):
         with pytest.raises(exc):
             gpu_check.plan(bad)

@@ -114,6 +114,31 @@ def test_start_method_can_be_forced_from_the_environment(monkeypatch, capsys):
         choose_start_method()
 
 
+def test_a_backward_next_to_a_gpu_makes_ranks_spawn(monkeypatch):
+    """On an H200 with torch 2.11, a backward in the caller (even on the CPU) started
+    autograd's GPU threads, and every forked rank then failed its first backward
+    ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"): the launcher must spawn then. Here (no GPU) the probe is stood in."""
+    from course_utils.runtime import launch as launch_mod
+
+    monkeypatch.delenv("COURSE_START_METHOD", raising=False)
+    x = torch.ones(2, requires_grad=True)
+    (x * x).sum().backward()
+    if launch_mod.gpu_count():      # measured on the H200: the probe sees it, ranks spawn
+        assert not launch_mod.autograd_survives_fork() and choose_start_method() == "spawn"
+        return
+    assert launch_mod.autograd_survives_fork()          # no GPU threads on this machine
+    assert choose_start_method() == "fork"
+    monkeypatch.setattr(launch_mod, "gpu_count", lambda: 1)
+    assert choose_start_method() == "fork"              # the real probe: still fine here
+    monkeypatch.setattr(launch_mod, "_AUTOGRAD_FORK_BROKEN", True)
+    assert not launch_mod.autograd_survives_fork()
+    assert choose_start_method() == "spawn"
+    assert launch_mod._why_spawn() == "a backward ran here next to a GPU: forked ranks could not run one"
+    monkeypatch.setattr(launch_mod, "gpu_count", lambda: 0)
+    assert choose_start_method() == "fork"              # without a GPU, never asked
+
+
 def test_gloo_connected_lines_are_not_rank_output(tmp_path):
     # torch 2.9 and 2.10: gloo writes this line to every rank's stdout once connected
     path = tmp_path / "rank0.out"

@@ -8,7 +8,8 @@ cell behaves like the body of a ``torchrun`` script:
   initialised (``dist.get_rank()``, ``dist.get_world_size()`` work);
 * ``backend="auto"`` picks NCCL with one GPU per rank when the machine has at least
   ``world_size`` GPUs, and gloo on CPU otherwise (laptops, CI, one-GPU Colab);
-* on Linux, when CUDA is not initialised in the caller, ranks are *forked* from the
+* on Linux, when CUDA is not initialised in the caller (and, with a GPU visible, no
+  backward there has started autograd's GPU threads), ranks are *forked* from the
   caller (about 0.1 s for 4 ranks); otherwise (macOS, Windows, CUDA touched) they are
   *spawned* as new interpreters (a few seconds), and ``fn`` and its arguments travel to
   them *by value* with ``cloudpickle``, so a function defined in a notebook cell runs
@@ -56,6 +57,7 @@ __all__ = [
     "RankResults",
     "resolve_backend",
     "choose_start_method",
+    "autograd_survives_fork",
     "rank_device",
     "describe_plan",
     "backend_label",
@@ -139,11 +141,14 @@ START_METHOD_ENV = "COURSE_START_METHOD"
 
 
 def choose_start_method() -> str:
-    """``"fork"`` on Linux while CUDA is not initialised in this process, else ``"spawn"``;
-    ``COURSE_START_METHOD=spawn`` (or ``fork``) in the environment overrides it.
+    """``"fork"`` on Linux while CUDA is not initialised in this process and a forked
+    child can still run backward (:func:`autograd_survives_fork`, asked only when a GPU is
+    visible), else ``"spawn"``; ``COURSE_START_METHOD=spawn`` (or ``fork``) in the
+    environment overrides it.
 
     Forking is fast; CUDA does not survive a fork, so once this process has touched the
-    GPU we must spawn (and macOS and Windows always spawn).
+    GPU we must spawn (and macOS and Windows always spawn). Nor do autograd's GPU threads:
+    after a backward in this process next to a visible GPU, forked ranks cannot run one.
     """
     forced = os.environ.get(START_METHOD_ENV, "").strip()
     if forced:
@@ -154,9 +159,44 @@ def choose_start_method() -> str:
         return forced
     import torch
 
-    if sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+    if sys.platform.startswith("linux") and not torch.cuda.is_initialized() and \
+            (gpu_count() == 0 or autograd_survives_fork()):
         return "fork"
     return "spawn"
+
+
+_AUTOGRAD_FORK_BROKEN = False       # once broken in this process, it stays broken
+
+
+def autograd_survives_fork() -> bool:
+    """Whether a process forked from this one can run a backward pass.
+
+    With a GPU visible, the first backward in a process starts autograd's device threads
+    (also for a backward on the CPU), and a child forked after that refuses every backward
+    ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"). Measured on an H200 with torch 2.11: a notebook cell that ran a
+    one-process reference, then forked ranks. torch has no public flag for it, so this asks
+    a forked child to run a tiny backward (a few milliseconds); a False is remembered.
+    """
+    global _AUTOGRAD_FORK_BROKEN
+    if _AUTOGRAD_FORK_BROKEN:
+        return False
+    pid = os.fork()
+    if pid == 0:                                     # the child: try, report, leave at once
+        code = 1
+        try:
+            import torch
+
+            x = torch.zeros(1, requires_grad=True)
+            (2 * x).sum().backward()
+            code = 0
+        except BaseException:  # noqa: BLE001 - any failure means "do not fork"
+            pass
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    ok = os.waitstatus_to_exitcode(status) == 0
+    _AUTOGRAD_FORK_BROKEN = not ok
+    return ok
 
 
 def backend_label(backend: str) -> str:
@@ -194,7 +234,11 @@ def _why_spawn() -> str:
         return f"{sys.platform} cannot fork safely"
     import torch
 
-    return "CUDA is initialised in this process" if torch.cuda.is_initialized() else "asked for"
+    if torch.cuda.is_initialized():
+        return "CUDA is initialised in this process"
+    if _AUTOGRAD_FORK_BROKEN:
+        return "a backward ran here next to a GPU: forked ranks could not run one"
+    return "asked for"
 
 
 def describe_plan(world_size: int, backend: str, method: str) -> str:
