@@ -34,6 +34,7 @@ from ..impl.common import check_bucket_bytes, grad_owners, storage_bytes, traina
 from ..impl.ddp import DataParallel, unwrap
 from ..runtime.fmt import max_abs_diff, max_rel_diff
 from ..runtime.ledger import CommLedger
+from ..runtime.wire import WireMeter
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 from .strategies import STRATEGIES
 from .strategies import get as _get_strategy
@@ -157,8 +158,13 @@ class RunResult:
     """One rank's result of :func:`run`; fields also readable as keys (``r["losses"]``).
 
     losses: loss of the global batch after each step's forward (same on every rank);
-    comm_bytes: op -> bytes this rank sent over the run (CommLedger; the loss averaging
-    for ``losses`` excluded); comm_calls: op -> calls; state_bytes: ``"params"``,
+    comm_bytes: op -> bytes this rank sent over the run *in the ring model* (CommLedger:
+    computed from each call's message size; the loss averaging for ``losses`` excluded);
+    wire_bytes: bytes this rank's TCP sockets really sent during the training steps, read
+    from the kernel (:mod:`course_utils.runtime.wire`; gloo's headers and control messages
+    included, the loss averaging excluded); 0 for ``"single"``; None where the OS has no
+    per-socket counter and under NCCL (NVLink and InfiniBand carry no TCP socket);
+    comm_calls: op -> calls; state_bytes: ``"params"``,
     ``"grads"``, ``"optimizer"`` held right after the last ``optimizer.step()``, before
     ``zero_grad()``; step_time_s: median of ``step_times_s`` (forward + backward + step
     + zero_grad of each step); param_digest: SHA-256 of the final full parameters.
@@ -175,6 +181,7 @@ class RunResult:
     step_times_s: list
     param_digest: str
     extra: dict = dataclasses.field(default_factory=dict)
+    wire_bytes: int | None = None
 
     def __getitem__(self, key: str):
         if key not in self.keys():
@@ -249,7 +256,8 @@ def full_grads(model) -> dict:
 
 
 def train_steps(model: nn.Module, optimizer, data, steps, *, rank: int, world: int, device,
-                ledger: CommLedger | None = None, before_step: Callable | None = None,
+                ledger: CommLedger | None = None, wire: WireMeter | None = None,
+                before_step: Callable | None = None,
                 around: Callable | None = None, after_forward: Callable | None = None,
                 after_step: Callable | None = None,
                 on_step_end: Callable | None = None) -> tuple[list, list]:
@@ -261,7 +269,7 @@ def train_steps(model: nn.Module, optimizer, data, steps, *, rank: int, world: i
     ``optimizer.zero_grad()``; ``on_step_end(step, loss, seconds)`` (e.g. a log line).
 
     Returns ``(losses, times)``: the loss of the *global* batch per step (:func:`global_loss`;
-    that all-reduce is left out of ``ledger``, it is for the log only) and the seconds of
+    that all-reduce is left out of ``ledger`` and ``wire``, it is for the log only) and the seconds of
     each step without the hooks (on a GPU the device is synchronised around the timed part).
     """
     losses, times = [], []
@@ -287,7 +295,8 @@ def train_steps(model: nn.Module, optimizer, data, steps, *, rank: int, world: i
         t2 = time.perf_counter()
         optimizer.zero_grad()
         times.append((t1 - t0) + (time.perf_counter() - t2))
-        with ledger.pause() if ledger is not None else nullcontext():
+        with ledger.pause() if ledger is not None else nullcontext(), \
+                wire.pause() if wire is not None else nullcontext():
             losses.append(global_loss(loss))
         if on_step_end is not None:
             on_step_end(step, losses[-1], times[-1])
@@ -321,18 +330,23 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
                           if k in ("params", "grads", "optimizer")})
 
     ledger = CommLedger()
-    with ledger:
+    with ledger, WireMeter() as wire:
         losses, times = train_steps(model, optimizer, data, range(steps), rank=rank, world=world,
-                                    device=device, ledger=ledger, before_step=before, after_step=after)
-        with ledger.pause():
-            digest = param_digest(full_parameters(model))
+                                    device=device, ledger=ledger, wire=wire, before_step=before,
+                                    after_step=after)
+    if not spec.distributed:                # one process sends nothing (its sockets are the kernel's)
+        wire_bytes = 0 if wire.available else None
+    else:                                   # NCCL's NVLink/InfiniBand traffic has no TCP socket
+        wire_bytes = wire.sent if dist.get_backend() == "gloo" else None
+    with ledger.pause():
+        digest = param_digest(full_parameters(model))
     extra = dict(spec.extras(model, optimizer)) if spec.extras else {}
     if peaks:
         extra["peak_grad_bytes"] = max(peaks)
     return RunResult(strategy=strategy, rank=rank, world_size=world, losses=losses,
                      comm_bytes=ledger.totals(), comm_calls=ledger.counts(), state_bytes=state,
                      step_time_s=statistics.median(times), step_times_s=times, param_digest=digest,
-                     extra=extra)
+                     extra=extra, wire_bytes=wire_bytes)
 
 
 def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,

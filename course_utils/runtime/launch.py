@@ -391,6 +391,10 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         if cfg.backend == "nccl":  # rank r computes on GPU r (what rank_device() returns)
             device_id = torch.device("cuda", rank)
             torch.cuda.set_device(device_id)
+        # Sockets inherited from the caller (a notebook kernel's) are not this rank's traffic
+        from .wire import ignore_inherited_sockets
+
+        ignore_inherited_sockets()
         # The rendezvous: a file in the launch's private folder, not a TCP store that
         # would listen on every interface on a port picked by bind-and-release.
         store = dist.FileStore(os.path.join(cfg.workdir, "store"), cfg.world_size)

@@ -5,7 +5,9 @@ Taught in ``notebooks/01_collectives.ipynb``. The ledger wraps ``torch.distribut
 collectives (and the functional collectives DTensor uses) while it is entered; each call
 becomes a :class:`CommRecord` with the message size and, from it,
 :func:`course_utils.theory.comm.sent_bytes`: a *model* of the bytes sent, not a
-measurement of the wire.
+measurement of the wire. What really went on the wire is measured by
+:mod:`course_utils.runtime.wire` (on gloo the two differ: its reduce-scatter is a full
+all-reduce, its broadcast a tree).
 """
 from __future__ import annotations
 
@@ -435,7 +437,7 @@ class CommLedger:
         return [op for op in LEDGER_OPS if op in OPS or op in seen] + sorted(seen - set(LEDGER_OPS))
 
     def totals(self, *, exact: bool = False) -> dict:
-        """``{op: bytes this rank sent}`` summed over the records (see the class docstring).
+        """``{op: bytes this rank sent in the ring model}`` summed over the records (see the class docstring).
         Summed exactly (ring ops as fractions), then an int when whole, else a float;
         ``exact=True`` returns the :class:`fractions.Fraction` sums."""
         sums = {op: _Fraction(0) for op in self._ops()}
@@ -470,8 +472,9 @@ class CommLedger:
                 "message_bytes": self.message_bytes(), "seconds": self.seconds()}
 
     def table(self) -> str:
-        """A text table: one row per op (calls, message bytes M, bytes sent, seconds) and a total."""
-        rows = [("op", "calls", "message bytes", "sent bytes", "seconds")]
+        """A text table: one row per op (calls, message bytes M, bytes sent in the ring
+        model, seconds) and a total."""
+        rows = [("op", "calls", "message bytes", "ring-model bytes", "seconds")]
         totals, counts, msgs, secs = self.totals(), self.counts(), self.message_bytes(), self.seconds()
         for op in totals:
             rows.append((op, str(counts[op]), _fmt_bytes(msgs[op]), _fmt_bytes(totals[op]),
@@ -489,8 +492,10 @@ class CommLedger:
         return "\n".join(lines)
 
     def compare(self, expected: dict) -> str:
-        """Measured vs ``expected`` bytes sent, per op: e.g. ``comm_volume(...)`` times the
-        number of steps. A ``"total"`` key is compared with the sum over ops. Each line
+        """The ledger's bytes (the ring model applied to each recorded call) vs ``expected``
+        bytes, per op: e.g. ``comm_volume(...)`` times the number of steps. This checks
+        which calls were made and how large they were, not the wire (for that:
+        :mod:`course_utils.runtime.wire`). A ``"total"`` key is compared with the sum over ops. Each line
         gives the exact difference (measured - expected) and ``ok`` when it is zero
         (or below 1e-9 relative, float rounding of (N-1)/N)."""
         if not isinstance(expected, dict):
@@ -499,7 +504,7 @@ class CommLedger:
         measured = self.totals(exact=True)
         keys = [k for k in expected if k != "total"]
         keys += [op for op, v in measured.items() if op not in expected and v != 0]
-        rows = [("op", "measured", "expected", "difference", "")]
+        rows = [("op", "ledger (ring model)", "expected", "difference", "")]
         total_m = _Fraction(0)
         for op in keys:
             m = measured.get(op, _Fraction(0))
@@ -521,7 +526,7 @@ class CommLedger:
                 _fmt_bytes(_from_fraction(diff)), "ok" if close else "DIFFERS")
 
     def plot(self, expected: dict | None = None, *, title: str = "bytes sent by this rank"):
-        """A bar chart of bytes sent per op; with ``expected`` (e.g. ``comm_volume(...)``
+        """A bar chart of the bytes each op sends in the ring model; with ``expected`` (e.g. ``comm_volume(...)``
         times steps) a second bar per op. Returns the matplotlib Figure (made without
         pyplot, so a notebook shows it once, as the cell's value)."""
         from matplotlib.figure import Figure
@@ -535,7 +540,7 @@ class CommLedger:
         x = list(range(len(ops)))
         width = 0.38 if expected else 0.6
         ax.bar([i - (width / 2 if expected else 0) for i in x], [measured.get(op, 0) for op in ops],
-               width, label="measured (CommLedger)", color="#4C72B0")
+               width, label="CommLedger (ring model of each call)", color="#4C72B0")
         if expected:
             ax.bar([i + width / 2 for i in x], [expected.get(op, 0) for op in ops], width,
                    label="expected", color="#DD8452")

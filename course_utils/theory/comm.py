@@ -30,7 +30,7 @@ from numbers import Real
 
 from ..checks import check_int
 
-__all__ = ["OPS", "ring_factor", "collective_bytes", "comm_volume", "paper_volume",
+__all__ = ["OPS", "GLOO_OPS", "gloo_bytes", "ring_factor", "collective_bytes", "comm_volume", "paper_volume",
            "collective_calls", "sent_bytes"]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -158,3 +158,41 @@ def sent_bytes(op: str, message: int, world: int, rank: int, root: int, own: int
     if op == "send":
         return message
     return 0                # recv, barrier
+
+
+#: The collectives whose algorithm on gloo :func:`gloo_bytes` models.
+GLOO_OPS = OPS + ("broadcast",)
+
+
+def gloo_bytes(op: str, message_bytes, world_size: int, rank: int = 0, root: int = 0):
+    """Bytes rank ``rank`` sends for one call of ``op`` on gloo's CPU backend, with the
+    algorithms gloo actually runs (payload only, no headers), as measured on the wire
+    (:mod:`course_utils.runtime.wire`, ``tests/test_wire.py``):
+
+    * all-reduce: ring, 2·(N-1)/N·M, as :func:`collective_bytes`;
+    * all-gather: ring, (N-1)/N·M (M the gathered size), as :func:`collective_bytes`;
+    * reduce-scatter (``reduce_scatter_tensor``): gloo runs a full all-reduce and keeps the
+      rank's chunk, 2·(N-1)/N·M: **twice** the ring reduce-scatter's (N-1)/N·M;
+    * broadcast: a binomial tree. In round k the ranks that have the message (relative
+      ranks below 2^k) send it to relative rank + 2^k: the root sends M to ⌈log2 N⌉
+      ranks, a leaf sends nothing (4 ranks: 2M, M, 0, 0), where a pipelined ring sends
+      about M from every rank but the last.
+
+    NCCL picks among ring, tree, NVLS (NVSwitch) and CollNet algorithms by size and
+    topology, so on GPUs the ring formulas are a model, not a rule either.
+    """
+    if op not in GLOO_OPS:
+        raise ValueError(f"op must be one of {GLOO_OPS}, got {op!r}")
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
+    if world_size == 1 or message_bytes == 0:
+        return 0
+    if op == "broadcast":
+        rel = (rank - root) % world_size
+        children = sum(1 for k in range(world_size.bit_length() + 1)
+                       if 2 ** k > rel and rel + 2 ** k < world_size)
+        return children * message_bytes
+    return _exact(collective_bytes("all_reduce" if op == "reduce_scatter" else op, message_bytes,
+                                   world_size))
