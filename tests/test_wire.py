@@ -18,9 +18,9 @@ linux = pytest.mark.skipif(not wire.wire_available(), reason="needs Linux's TCP_
 
 #: The message of each measured collective: 4 MB (the gathered / unreduced size).
 M = 4_000_000
-#: Wire minus model may differ by gloo's headers and control messages: 1 % of the model
-#: plus 1 KiB (measured: at most +0.7 %, rank 0's all-reduce on 4 ranks; else < 0.01 %).
-RTOL, ATOL = 0.01, 1024
+#: Wire minus model: gloo's headers and control messages (measured: 1,728 bytes of 6 MB on
+#: 4 ranks, 0.03 %; retransmissions are counted apart), so 0.5 % plus 1 KiB.
+RTOL, ATOL = 0.005, 1024
 
 
 def _collectives():
@@ -52,7 +52,7 @@ def test_each_collective_on_the_wire_is_the_algorithm_gloo_runs(n):
             assert abs(got - want) <= RTOL * want + ATOL, (n, rank, op, got, want)
         # gloo's reduce-scatter is an all-reduce: twice the ring reduce-scatter's bytes
         assert sent["reduce_scatter"] >= 1.99 * collective_bytes("reduce_scatter", M, n)
-        assert abs(sent["all_reduce"] - collective_bytes("all_reduce", M, n)) <= RTOL * M
+        assert abs(sent["all_reduce"] - collective_bytes("all_reduce", M, n)) <= RTOL * M + ATOL
 
 
 def test_gloo_bytes_model():
@@ -96,7 +96,7 @@ def test_meter_pause_inherited_sockets_and_the_contract():
             client.sendall(b"x" * 1000)
             with meter.pause():
                 client.sendall(b"y" * 500)
-        assert meter.sent == 1000 and "1,000 bytes sent" in repr(meter)
+        assert meter.sent == 1000 and "1,000 bytes sent, 0 retransmitted" in repr(meter)
         wire.ignore_inherited_sockets()          # as a freshly started rank does
         before = wire.wire_bytes_sent()
         client.sendall(b"z" * 300)
