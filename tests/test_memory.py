@@ -165,3 +165,20 @@ def test_activation_input_errors(kwargs, words):
         activation_bytes("gpt2-xl", **kwargs)
     with pytest.raises(TypeError, match="TransformerConfig"):
         activation_bytes(3.0, micro_batch=1)
+
+
+def test_llama_3_1_presets_have_the_published_counts_and_work_everywhere():
+    """8,030,261,248 / 70,553,706,496 / 405,853,388,800: the sums of the HF checkpoints'
+    tensors (configs meta-llama/Llama-3.1-*): GQA with 8 KV heads, 128,256 tokens, untied."""
+    from course_utils.course.calculator import PlannerSetting, Setting
+    from course_utils.theory import planner
+
+    published = {"llama-3.1-8b": 8_030_261_248, "llama-3.1-70b": 70_553_706_496,
+                 "llama-3.1-405b": 405_853_388_800}
+    for name, count in published.items():
+        assert PRESETS[name].num_params == PRESETS[name].config.num_params() == count
+        assert per_gpu(name, world_size=8, stage=3, micro_batch=1, seq=4096, attention="flash").total > 0
+        Setting(model=name)                                   # the calculator accepts it
+        PlannerSetting(model=name, gpus_per_node=8, nodes=2, global_batch=64)
+    assert planner.plan("llama-3.1-8b", gpu_mem_gb=80, gpus_per_node=8, nodes=1, intra_bw_gbps=450,
+                        inter_bw_gbps=50, seq_len=8192, global_batch=64)

@@ -156,6 +156,15 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
             TransformerConfig(hidden=8192, layers=80, heads=64, kv_heads=8, vocab=32000, seq=4096,
                               ffn=28672, tied_embeddings=False, bias=False, norm="rmsnorm",
                               mlp="swiglu", position="rope")),
+    # Llama 3.1 (Meta, 2024; HF configs meta-llama/Llama-3.1-{8B,70B,405B}): 128,256-token
+    # vocabulary, 8 KV heads, untied output. seq is the 8,192-token pretraining context
+    # (max_position_embeddings is 131,072): what activations are computed for by default.
+    *[_preset(f"llama-3.1-{size}", f"Llama 3.1 (Meta 2024), HF config meta-llama/Llama-3.1-{size.upper()}",
+              TransformerConfig(hidden=h, layers=L, heads=a, kv_heads=8, vocab=128256, seq=8192, ffn=f,
+                                tied_embeddings=False, bias=False, norm="rmsnorm", mlp="swiglu",
+                                position="rope"))
+      for size, h, L, a, f in (("8b", 4096, 32, 32, 14336), ("70b", 8192, 80, 64, 28672),
+                               ("405b", 16384, 126, 128, 53248))],
 ]}
 
 #: The course's own small GPT: every CPU demo trains it in seconds. Its parameter
