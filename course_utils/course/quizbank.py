@@ -383,7 +383,9 @@ def quiz_07() -> Quiz:
                             f"2 x 4 + 1 = {full['all_gather']}, exactly the course's zero3."),
         Numeric("The same with reshard_after_forward=False on the blocks?", zero2["all_gather"],
                 tol=0, minimum=0,
-                explanation=f"Once per unit: {zero2['all_gather']}. The bytes drop by a third; the "
+                explanation=f"Once per unit: {zero2['all_gather']}. The all-gather bytes drop by almost "
+                            "half (each block gathered once instead of twice); all the bytes, with the "
+                            "reduce-scatters, by about a third (1.47x DDP to 1x in the ring model). The "
                             "gathered blocks stay alive until their backward."),
         Numeric("FSDP2 shards every parameter on dim 0, padded to a multiple of N. The root of the "
                 "course GPT holds the 101 x 50 token embedding, the 32 x 50 position embedding and "

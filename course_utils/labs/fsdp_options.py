@@ -321,7 +321,7 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
     fp32_bytes = comm_bytes_per_step(meta, world_size, bytes_per_elem=4)
     fp, bf = r["fp32"], r["bf16"]
     diffs = [abs(a - b) for a, b in zip(bf["losses"], fp["losses"])]
-    bf16_unit = 2.0 ** -8          # bf16 keeps 8 significant bits: relative spacing 2^-8
+    bf16_unit = 2.0 ** -8          # bf16: 8 significant bits, machine epsilon 2^-7, unit roundoff 2^-8
     checks = [
         Check("all-gather B/step, fp32", fp["comm"]["all_gather"], fp32_bytes["all_gather"]),
         Check("all-gather B/step, bf16 params", bf["comm"]["all_gather"], bf16_bytes["all_gather"]),
@@ -348,7 +348,8 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
             "computes in bf16; the gradients are cast back to fp32 for the reduce-scatter, so the "
             "fp32 shards, their gradients and AdamW's states are what the optimizer updates. The "
             "losses differ from fp32 (not bit-equal: the matmuls round weights and activations to "
-            "8 significant bits) by far less than bf16's relative spacing 2^-8.")
+            "8 significant bits) by far less than bf16's unit roundoff 2^-8 (half its machine "
+            "epsilon 2^-7, the gap between 1 and the next bf16 number).")
     return OptionResult("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)", where(res),
                         checks, details, note)
 
