@@ -19,7 +19,7 @@ from ..runtime.fmt import show as _show
 from ..runtime.launch import LaunchError, LaunchTimeout, launch
 
 __all__ = ["GRADER_BACKEND", "Verdict", "compare", "launch_or_report", "on_world_sizes", "refuse_non_function", "report_problems", "report_ranks",
-           "grade_on_ranks", "grade_cases"]
+           "grade_on_ranks", "grade_cases", "first_problem", "refuse_non_class", "grade_build"]
 
 
 def compare(got, expected, *, atol: float = 1e-6) -> str:
@@ -174,3 +174,43 @@ def grade_cases(fn: Callable, cases: Sequence[dict], expected: Callable[..., obj
             print(f"  {name}({args}): right ({_show(got)})")
     print(f"{len(cases) - wrong} of {len(cases)} cases right")
     return Verdict(name, wrong == 0)
+
+
+# --------------------------------------------------------------- the build exercises' driver
+
+def first_problem(values) -> tuple | None:
+    """``(rank, problem)`` to show from every rank's findings (per rank, a list of
+    ``(problem or '', what was seen)``): a problem found right after construction, or a
+    constructor that raised, before anything else (those cause the rest); None when none."""
+    problems = [(r, p) for r, per in enumerate(values) for p, _ in per if p]
+    causes = [(r, p) for r, p in problems if p.startswith("after construction") or " raised " in p]
+    return (causes or problems or [None])[0]
+
+
+def refuse_non_class(cls, name: str, example: str) -> Verdict | None:
+    """A failed :class:`Verdict` (and one line) when ``cls`` is not a class, else None."""
+    if isinstance(cls, type):
+        return None
+    print(f"check_{name} takes your class (e.g. check_{name}({example})), got {type(cls).__name__}")
+    return Verdict(name, False)
+
+
+def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: Callable) -> Verdict:
+    """The driver of every "build it" exercise (DDP, ZeRO-1/2/3): refuse a non-class, then
+    run ``rank_fn(cls, *args)`` on 2, 3 and 4 gloo ranks (30 s each) and print one line
+    per world size: ``N ranks: not yet: rank R: <the first problem>`` (:func:`first_problem`)
+    or ``N ranks: right: <right(values)>``."""
+    if (refused := refuse_non_class(cls, name, example)) is not None:
+        return refused
+    from .model import warm_up
+
+    warm_up()
+    all_right = True
+    for n, values in (runs := on_world_sizes(rank_fn, (2, 3, 4), cls, *args, timeout_s=30)):
+        first = first_problem(values)
+        if first:
+            print(f"{n} ranks: not yet: rank {first[0]}: {first[1]}")
+            all_right = False
+            continue
+        print(f"{n} ranks: right: {right(values)}")
+    return Verdict(name, all_right and runs.completed)

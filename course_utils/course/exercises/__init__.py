@@ -9,9 +9,9 @@ from .nb00 import check_gather_squares, check_rank_sum
 from .nb01 import NotAllowed, check_all_reduce_from_rs_ag, check_ring_all_reduce
 from .nb02 import check_ddp, check_grad_average_hook
 from .nb03 import check_bytes_per_gpu, check_smallest_fitting_stage, smallest_fitting_stage
-from .nb04 import check_shard_bounds, check_zero1_step
-from .nb05 import check_reduce_scatter_bucket
-from .nb06 import check_zero3_forward
+from .nb04 import check_shard_bounds, check_zero1, check_zero1_step
+from .nb05 import check_reduce_scatter_bucket, check_zero2
+from .nb06 import check_zero3, check_zero3_forward
 from .nb07 import check_accumulation, check_fsdp_wrap, check_sharded_clip
 from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, reference_choice
 
@@ -20,7 +20,7 @@ __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_rank
            "NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce",
            "check_grad_average_hook", "check_ddp",
            "check_bytes_per_gpu", "check_smallest_fitting_stage", "smallest_fitting_stage",
-           "check_shard_bounds", "check_zero1_step", "check_reduce_scatter_bucket",
-           "check_zero3_forward",
+           "check_shard_bounds", "check_zero1_step", "check_zero1", "check_reduce_scatter_bucket",
+           "check_zero2", "check_zero3_forward", "check_zero3",
            "check_fsdp_wrap", "check_sharded_clip", "check_accumulation",
            "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...harness.grading import Verdict, on_world_sizes, refuse_non_function
+from ...harness.grading import Verdict, first_problem, grade_build, on_world_sizes, refuse_non_function
 from ...runtime.fmt import GRAD_ATOL, bound
 
 __all__ = ["check_grad_average_hook", "check_ddp", "first_problem", "DDP_BUCKETS"]
@@ -159,14 +159,6 @@ def _grad_problem(model, ref, local, world: int) -> str:
     return ""
 
 
-def first_problem(values) -> tuple | None:
-    """``(rank, problem)`` to show from every rank's findings: a start that differs from
-    rank 0's, or a constructor that raised, before anything else (those cause the rest)."""
-    problems = [(r, p) for r, per in enumerate(values) for p, _ in per if p]
-    causes = [(r, p) for r, p in problems if p.startswith("after construction") or " raised " in p]
-    return (causes or problems or [None])[0]
-
-
 def check_ddp(cls) -> Verdict:
     """Exercise 02.2: ``cls(module, bucket_bytes=...)`` is data parallelism built from
     scratch. Checked on 2, 3 and 4 gloo ranks (Ψ = 129,350, not divisible by 3 or 4; a tied
@@ -175,25 +167,12 @@ def check_ddp(cls) -> Verdict:
     trainable ``.grad`` is the gradient of the global batch (one process, 1e-4 relative);
     frozen parameters get none; one all-reduce per bucket; the losses follow one process.
     Prints the first thing that differs, per world size."""
-    from ...harness.model import warm_up
+    return grade_build("ddp", "MyDDP", cls, _ddp_on_rank, right=_ddp_right)
 
-    name = "ddp"
-    if not isinstance(cls, type):
-        print(f"check_ddp takes your class (e.g. check_ddp(MyDDP)), got {type(cls).__name__}")
-        return Verdict(name, False)
-    warm_up()
-    all_right = True
-    for n, values in (runs := on_world_sizes(_ddp_on_rank, (2, 3, 4), cls, timeout_s=30)):
-        first = first_problem(values)
-        if first:
-            rank, problem = first
-            print(f"{n} ranks: not yet: rank {rank}: {problem}")
-            all_right = False
-            continue
-        calls = [seen["calls"] for _, seen in values[0]]
-        worst = max(abs(a - b) for _, seen in values[0]
-                    for a, b in zip(seen["losses"], seen["ref_losses"]))
-        print(f"{n} ranks: right: rank 0's weights everywhere, gradients averaged by the end of "
-              f"backward, all-reduces per backward {calls} (per parameter, 25 MiB), losses = one "
-              f"process (|diff| {bound(worst, 1e-5)})")
-    return Verdict(name, all_right and runs.completed)
+
+def _ddp_right(values) -> str:
+    calls = [seen["calls"] for _, seen in values[0]]
+    worst = max(abs(a - b) for _, seen in values[0] for a, b in zip(seen["losses"], seen["ref_losses"]))
+    return (f"rank 0's weights everywhere, gradients averaged by the end of backward, all-reduces "
+            f"per backward {calls} (per parameter, 25 MiB), losses = one process (|diff| "
+            f"{bound(worst, 1e-5)})")

@@ -1,12 +1,21 @@
-"""Exercises of ``notebooks/04_zero1.ipynb``: shard bounds and a ZeRO-1 step."""
+"""Exercises of ``notebooks/04_zero1.ipynb``: shard bounds, a ZeRO-1 step, then ZeRO-1
+built from scratch (:func:`check_zero1`, whose rank side :func:`zero_on_rank` also grades
+notebook 05's ZeRO-2)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
-from ...harness.grading import Verdict, grade_cases, launch_or_report, refuse_non_function, report_ranks
+import torch
+
+from ...harness.grading import (Verdict, grade_build, grade_cases, launch_or_report,
+                                refuse_non_function, report_ranks)
+from ...impl.common import storage_bytes
+from ...runtime.fmt import bound
 from ...runtime.fmt import show as _show
 
-__all__ = ["check_shard_bounds", "check_zero1_step"]
+__all__ = ["check_zero1", "check_shard_bounds", "check_zero1_step", "SpyAdamW", "zero_on_rank",
+           "params_right"]
 
 
 _SHARD_CASES = [dict(numel=12, world_size=4, rank=0), dict(numel=10, world_size=4, rank=3),
@@ -91,3 +100,401 @@ def check_zero1_step(fn: Callable) -> Verdict:
         all_right &= report_ranks(f"{n} ranks ({numel} elements padded to {padded})",
                                   [(_first_difference(got, want, padded // n), "") for got in values])
     return Verdict(name, all_right)
+
+
+
+# ------------------------------------------------------------ exercise 04.3: build ZeRO-1
+# The rank side below grades ZeRO-1 (check_zero1) and ZeRO-2 (nb05.check_zero2): the
+# learner's optimizer over the course GPT (a frozen norm, a tied embedding) with two
+# parameter groups, and AdamW inside, next to torch's AdamW on one process.
+
+#: AdamW of the build graders; weight decay on the matrices (group 0) only. Group 0 holds
+#: 126,650 trainable elements, group 1 2,600: padding matters on 3 and 4 ranks. A small
+#: lr and an eps of 1e-6 keep AdamW's first steps (about lr·sign(g) per element, however
+#: small g) from amplifying the rounding of near-zero gradients summed in another order:
+#: the parameters then agree with one process to 1e-6.
+LR, BETAS, EPS, DECAY = 1e-4, (0.9, 0.95), 1e-6, (0.1, 0.0)
+
+
+class SpyAdamW(torch.optim.AdamW):
+    """torch's AdamW, passed as ``optimizer_class`` by the graders: at every ``step()`` it
+    records what it was given (its parameters' gradients, their bytes, each parameter's
+    ``lr`` and ``weight_decay``) and the bytes of its state afterwards."""
+
+    made: list = []                     # the instances built in this process, in order
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[dict] = []
+        SpyAdamW.made.append(self)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = [(p, g) for g in self.param_groups for p in g["params"]]
+        grads = [p.grad for p, _ in params]
+        seen = {"grads": [None if t is None else t.clone() for t in grads],
+                "grad_bytes": storage_bytes(grads, set()),
+                "hyper": [(g["lr"], g["weight_decay"]) for _, g in params]}
+        out = super().step(closure)
+        seen["state_bytes"] = _state_of(self)
+        self.seen.append(seen)
+        return out
+
+
+def _state_of(opt: torch.optim.Optimizer) -> int:
+    """Bytes of ``opt``'s state tensors (one process's AdamW: m, v and a step counter each)."""
+    return storage_bytes([v for s in opt.state.values() for v in s.values()
+                          if isinstance(v, torch.Tensor)], set())
+
+
+def _groups(model) -> list[dict]:
+    """The two parameter groups of the graders (the frozen norm is in group 1, as
+    ``model.parameters()`` would put it: the optimizer must leave it alone)."""
+    named = list(model.named_parameters())
+    return [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": DECAY[0]},
+            {"params": [p for _, p in named if p.dim() < 2], "weight_decay": DECAY[1]}]
+
+
+@dataclasses.dataclass
+class _Flat:
+    """A flat buffer the learner made, found from its shard (an inner parameter)."""
+
+    names: list          # the model's parameters in it, in buffer order
+    offsets: list        # where each starts in the buffer
+    numel: int           # Ψ_b
+    padded: int          # P_b
+    group: int           # the parameter group it belongs to
+
+    def full(self, tensors: dict) -> torch.Tensor:
+        """The P_b-element buffer this layout makes of ``tensors`` (name -> tensor)."""
+        flat = torch.zeros(self.padded)
+        for name, off in zip(self.names, self.offsets):
+            t = tensors[name]
+            if t is not None:
+                flat[off:off + t.numel()] = t.detach().reshape(-1)
+        return flat
+
+
+def _n_times_state(n: int) -> str:
+    return f"holds {n}× the state: the inner optimizer must see only this rank's shard"
+
+
+def _layout(model, groups: list, n: int, rank: int, expected_buckets: int, how: str) -> tuple[str, list]:
+    """('', the flat buffers, in the inner optimizer's parameter order) when the inner
+    optimizer was built once over this rank's shards of padded flat buffers that the
+    model's parameters are views of, else (what is wrong, [])."""
+    from ...impl.common import padded_numel
+
+    if not SpyAdamW.made:
+        return ("__init__ did not build optimizer_class: build it once, over this rank's shards, "
+                "one inner group per parameter group"), []
+    if len(SpyAdamW.made) > 1:
+        return f"optimizer_class was built {len(SpyAdamW.made)} times: build it once, over every shard", []
+    named = dict(model.named_parameters())
+    trained = {name: p for name, p in named.items() if p.requires_grad}
+    shards = [q for g in SpyAdamW.made[0].param_groups for q in g["params"]]
+    if any(q is p for q in shards for p in named.values()) or \
+            sum(q.numel() for q in shards) >= sum(p.numel() for p in trained.values()) > 0:
+        return f"{_n_times_state(n)} (it was given the full parameters)", []
+    group_of = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
+    by_storage: dict = {}
+    for name, p in named.items():
+        by_storage.setdefault(p.untyped_storage().data_ptr(), []).append((p.storage_offset(), name))
+    flats, covered = [], set()
+    for q in shards:
+        members = sorted(by_storage.get(q.untyped_storage().data_ptr(), []))
+        if not members:
+            return ("the inner optimizer's parameters are not views of a flat buffer the model's "
+                    "parameters are views of: make each parameter a view of its flat buffer "
+                    "(p.data = flat[off:off + p.numel()].view_as(p)) and the shard "
+                    "nn.Parameter(flat[lo:hi])"), []
+        frozen = [name for _, name in members if not named[name].requires_grad]
+        if frozen:
+            return f"frozen {frozen[0]} is in a flat buffer: flatten only the trainable parameters", []
+        in_groups = sorted({group_of[id(named[name])] for _, name in members})
+        if len(in_groups) > 1:
+            return (f"one flat buffer mixes parameter groups {in_groups[0]} and {in_groups[1]}: one "
+                    "flat buffer per group, so each group keeps its own hyperparameters"), []
+        base = members[0][0]
+        numel = sum(named[name].numel() for _, name in members)
+        padded = padded_numel(numel, n)
+        if q.untyped_storage().nbytes() // q.element_size() - base < padded:
+            return (f"a flat buffer of Ψ = {numel:,} elements is not padded to a multiple of {n} "
+                    f"({padded:,}): pad it with zeros, so that every rank's shard has P/N = "
+                    f"{padded // n:,} elements"), []
+        if q.numel() == padded and n > 1:
+            return f"{_n_times_state(n)} (it was given a whole flat buffer)", []
+        if q.numel() != padded // n:
+            return (f"this rank's shard has {q.numel():,} elements, expected P/N = {padded // n:,} "
+                    f"(Ψ = {numel:,} padded to P = {padded:,})"), []
+        start = q.storage_offset() - base
+        if start != rank * padded // n:
+            return (f"rank {rank}'s shard starts at element {start:,} of its flat buffer, expected "
+                    f"r·P/N = {rank * padded // n:,}: rank r owns [r·P/N, (r+1)·P/N)"), []
+        flats.append(_Flat([name for _, name in members], [off - base for off, _ in members],
+                           numel, padded, in_groups[0]))
+        covered.update(name for _, name in members)
+    missing = [name for name in trained if name not in covered]
+    if missing:
+        return f"{missing[0]} is in no flat buffer: flatten every trainable parameter of every group", []
+    if len(flats) != expected_buckets:
+        return f"{len(flats)} flat buffers (shards), expected {expected_buckets}: {how}", []
+    return "", flats
+
+
+def _hyper_problem(flats: list, got: list, lrs: list, when: str) -> str:
+    """'' when the inner optimizer steps each shard with its group's ``lr`` and
+    ``weight_decay`` (``got``: (lr, weight_decay) per shard; ``lrs``: per group)."""
+    for f, (lr, decay) in zip(flats, got):
+        if decay != DECAY[f.group]:
+            return (f"{when}the inner optimizer has weight_decay={decay:g} for group {f.group}'s shard, "
+                    f"your group {f.group} says {DECAY[f.group]:g}: one inner group per parameter "
+                    "group, with that group's hyperparameters")
+        if lr != lrs[f.group]:
+            return (f"{when}the inner optimizer has lr={lr:g} for group {f.group}'s shard, your "
+                    f"param_groups[{f.group}]['lr'] is {lrs[f.group]:g} (changed after step 1, as an LR "
+                    "scheduler does): copy each group's hyperparameters into its inner group in step()")
+    return ""
+
+
+def _grad_problem(flats: list, grads: list, ref: dict, own: dict, n: int, rank: int) -> str:
+    """'' when each shard's gradient at the inner step is its slice of the padded flat
+    gradient of the global batch (``ref``), else what it is instead (``own``: this rank's)."""
+    for f, g in zip(flats, grads):
+        size = f.padded // n
+        want_all = f.full(ref)
+        want = want_all[rank * size:(rank + 1) * size]
+        if g is None:
+            return ("a shard's .grad is None at the inner optimizer's step: give each shard the "
+                    "averaged gradient of its slice")
+        if g.shape != want.shape:
+            return f"a shard's .grad has shape {tuple(g.shape)}, expected ({size},)"
+        if torch.allclose(g, want, rtol=1e-4, atol=1e-6):
+            continue
+        if torch.allclose(g, n * want, rtol=1e-4, atol=1e-6):
+            return f"the shard gradient is the SUM over the {n} ranks: divide by the world size"
+        if torch.allclose(g, f.full(own)[rank * size:(rank + 1) * size], rtol=1e-5, atol=1e-7):
+            return ("the shard gradient is this rank's own: reduce-scatter (SUM) the flat gradient "
+                    "into the own slice first")
+        for k in range(n):
+            if torch.allclose(g, want_all[k * size:(k + 1) * size], rtol=1e-4, atol=1e-6):
+                return (f"the shard gradient is rank {k}'s slice: rank {rank} owns "
+                        f"[r·P/N, (r+1)·P/N) of the padded flat gradient")
+        return (f"the gradient of group {f.group}'s shard differs from the global batch's by up to "
+                f"{(g - want).abs().max().item():.3g}")
+    return ""
+
+
+def _param_problem(flats: list, model, ref, before: dict, n: int, rank: int, step: int) -> tuple[str, float]:
+    """('' or what differs, the largest |parameter - one process's|) after a step
+    (``before``: the model's parameters before it)."""
+    got, want = dict(model.named_parameters()), dict(ref.named_parameters())
+    worst = 0.0
+    for name, q in want.items():
+        p = got[name]
+        if not q.requires_grad:
+            if not torch.equal(p, q):
+                return f"frozen {name} changed: leave frozen parameters alone", worst
+            continue
+        if torch.allclose(p, q, rtol=1e-4, atol=1e-6):
+            worst = max(worst, (p - q).abs().max().item())
+            continue
+        for f in (f for f in flats if name in f.names):
+            size = f.padded // n
+            mine = torch.zeros(f.padded, dtype=torch.bool)
+            mine[rank * size:(rank + 1) * size] = True
+            now = f.full(got)
+            if torch.allclose(now[mine], f.full(want)[mine], rtol=1e-4, atol=1e-6) and \
+                    torch.equal(now[~mine], f.full(before)[~mine]):
+                return ("only this rank's slice of the parameters changed: the other ranks' slices "
+                        "were not all-gathered into the flat parameter buffer"), worst
+        return (f"after step {step + 1}, {name} differs from one process by up to "
+                f"{(p - q).abs().max().item():.3g}"), worst
+    return "", worst
+
+
+def _comm_problem(counts: dict, buckets: int) -> str:
+    """'' when one step (backward and ``step()``) issued one reduce-scatter and one
+    all-gather per flat buffer and no all-reduce."""
+    rs, ag, ar = (counts.get(op, 0) for op in ("reduce_scatter", "all_gather", "all_reduce"))
+    if ar:
+        return (f"{ar} all-reduces per step: the same numbers, but an all-reduce sends twice the "
+                "bytes of a reduce-scatter; reduce-scatter (SUM) each flat gradient into the own slice")
+    if rs != buckets:
+        return f"{rs} reduce-scatters per step, expected {buckets} (one per flat buffer)"
+    if ag != buckets:
+        return (f"{ag} all-gathers per step, expected {buckets} (one per flat buffer): all-gather "
+                "the updated slices into the flat parameter buffer")
+    return ""
+
+
+def _backward_problem(bw_counts: dict, model, buckets: int) -> str:
+    """ZeRO-2: '' when backward reduce-scattered every bucket and freed every full ``.grad``."""
+    rs = bw_counts.get("reduce_scatter", 0)
+    if rs == 0:
+        return ("no reduce-scatter while backward ran: reduce-scatter from the hooks, during "
+                "backward, not in step()")
+    if rs != buckets:
+        return (f"{rs} reduce-scatters during backward, expected {buckets} (one per bucket): launch "
+                "each bucket, in order, as soon as its last gradient is in")
+    held = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is not None]
+    if held:
+        return (f"full gradients not freed ({held[0]}.grad is still there when backward returns): "
+                "set p.grad = None once its bucket is in the message")
+    return ""
+
+
+def _anyone(flag: bool) -> bool:
+    """True on every rank when ``flag`` is True on some rank (a collective)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([float(flag)])
+    dist.all_reduce(t)
+    return t.item() > 0
+
+
+def _expected_buckets(groups: list, bucket_bytes) -> int:
+    from ...impl.ddp import DataParallel
+
+    return sum(len(DataParallel._make_buckets([p for p in g["params"] if p.requires_grad],
+                                               bucket_bytes))
+               for g in groups)
+
+
+def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
+    """One configuration of :func:`zero_on_rank`."""
+    import copy
+
+    import torch.distributed as dist
+
+    from ...harness.model import SyntheticData
+    from ...impl.zero import expected_state_bytes
+    from ...runtime.ledger import CommLedger
+    from .nb02 import _frozen_model
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    data = SyntheticData(global_batch=12, seed=0)
+    ref, model = _frozen_model(seed=100), _frozen_model(seed=100)
+    ref_opt = torch.optim.AdamW(_groups(ref), lr=LR, betas=BETAS, eps=EPS)
+    groups = _groups(model)
+    options = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+    buckets = _expected_buckets(groups, bucket_bytes)
+    how = ("one per trainable parameter with bucket_bytes=0" if bucket_bytes == 0 else
+           "one per parameter group (each group fits in one bucket)")
+    seen = {"bucket_bytes": bucket_bytes, "worst": 0.0, "rs_in_backward": None}
+    SpyAdamW.made.clear()
+    problem, flats, opt = "", [], None
+    try:
+        opt = cls(groups, SpyAdamW, **options, lr=LR, betas=BETAS, eps=EPS)
+    except Exception as exc:  # noqa: BLE001 - reported to the learner
+        args = "".join(f", {k}={v}" for k, v in options.items())
+        problem = f"{cls.__name__}(groups, optimizer_class{args}, lr=...) raised {type(exc).__name__}: {exc}"
+    if not problem and [[id(p) for p in g["params"]] for g in getattr(opt, "param_groups", [])] != \
+            [[id(p) for p in g["params"]] for g in groups]:
+        problem = ("self.param_groups are not the groups given: call super().__init__(params, "
+                   "defaults) first")
+    if not problem:
+        problem, flats = _layout(model, groups, n, rank, buckets, how)
+    problem = problem or _hyper_problem(flats, [(g["lr"], g["weight_decay"])
+                                                for g in SpyAdamW.made[0].param_groups
+                                                for _ in g["params"]], [LR, LR], "after __init__, ")
+    if _anyone(bool(problem)):          # every rank stops here, none waits in a collective
+        return problem, seen
+    inner = SpyAdamW.made[0]
+    for step in range(steps):           # every rank runs every step
+        x, y = data.shard(step, rank, n)
+        local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
+        local(x, y).backward()
+        with CommLedger() as bw:
+            model(x, y).backward()
+        ref(*data.batch(step)).backward()
+        if stage == 2:
+            seen["rs_in_backward"] = bw.counts().get("reduce_scatter", 0)
+            problem = problem or _backward_problem(bw.counts(), model, buckets)
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        try:
+            with CommLedger() as st:
+                opt.step()
+        except Exception as exc:  # noqa: BLE001 - reported to the learner
+            return problem or f"step() raised {type(exc).__name__}: {exc}", seen
+        ref_opt.step()
+        counts = {op: bw.counts().get(op, 0) + st.counts().get(op, 0)
+                  for op in ("reduce_scatter", "all_gather", "all_reduce")}
+        seen.update(counts=counts, buckets=len(flats), full_state=_state_of(ref_opt),
+                    padded=sum(f.padded for f in flats))
+        if len(inner.seen) != step + 1:
+            calls = len(inner.seen) - step
+            problem = problem or ("step() did not call the inner optimizer's step()" if calls <= 0 else
+                                  f"step() called the inner optimizer's step() {calls} times, expected once")
+        else:
+            record = inner.seen[-1]
+            seen.update(state=record["state_bytes"], grad_bytes=record["grad_bytes"])
+            want_state = expected_state_bytes([f.numel for f in flats], n, stage)
+            own = {name: p.grad for name, p in local.named_parameters()}
+            problem = (problem or _grad_problem(flats, record["grads"],
+                                                {name: p.grad for name, p in ref.named_parameters()},
+                                                own, n, rank)
+                       or _state_problem(record["state_bytes"], want_state["optimizer"], n)
+                       or (_grad_bytes_problem(record["grad_bytes"], want_state["grads"])
+                           if stage == 2 else "")
+                       or _hyper_problem(flats, record["hyper"],
+                                         [g["lr"] for g in ref_opt.param_groups], f"step {step + 1}: "))
+        found, worst = _param_problem(flats, model, ref, before, n, rank, step)
+        seen["worst"] = max(seen["worst"], worst)
+        problem = problem or found or _comm_problem(counts, len(flats))
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for g in opt.param_groups + ref_opt.param_groups:      # as an LR scheduler would
+            g["lr"] = LR / 2
+    return problem, seen
+
+
+def _state_problem(got: int, want: int, n: int) -> str:
+    if got == want:
+        return ""
+    if n > 1 and got >= 0.9 * n * want:
+        return f"{_n_times_state(n)} ({got:,} B, expected 8·P/N + 4 per shard = {want:,} B)"
+    return (f"the inner optimizer holds {got:,} B of state after step(), expected 8·P/N + 4 per "
+            f"shard = {want:,} B")
+
+
+def _grad_bytes_problem(got: int, want: int) -> str:
+    if got <= want:
+        return ""
+    return (f"the shard gradients take {got:,} B, expected 4·P/N = {want:,} B: keep one "
+            "P/N-element gradient buffer per bucket, not a full-size one")
+
+
+def zero_on_rank(cls, bucket_sizes: tuple, stage: int, steps: int = 2) -> list:
+    """Rank side of :func:`check_zero1` (``stage=1``, ``bucket_sizes=(None,)``: no
+    ``bucket_bytes`` argument) and of ``nb05.check_zero2`` (``stage=2``): per bucket size,
+    the first problem found ('' when none) and what was seen."""
+    return [_zero_run(cls, b, stage, steps) for b in bucket_sizes]
+
+
+def params_right(values) -> str:
+    """The end of every success line: the parameters after the steps."""
+    worst = max(seen["worst"] for per in values for _, seen in per)
+    return f"parameters = one process after 2 steps (|diff| {bound(worst, 1e-5)})"
+
+
+def _zero1_right(values) -> str:
+    seen = values[0][0][1]
+    b = seen["buckets"]
+    return (f"AdamW state 1/N (rank 0: 8·P/N + {4 * b} = {seen['state']:,} B, one process "
+            f"{seen['full_state']:,} B), per step {seen['counts']['reduce_scatter']} reduce-scatters + "
+            f"{seen['counts']['all_gather']} all-gathers, {params_right(values)}")
+
+
+def check_zero1(cls) -> Verdict:
+    """Exercise 04.3: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1 built from
+    scratch, a ``torch.optim.Optimizer``. Checked on 2, 3 and 4 gloo ranks with the course
+    GPT (a frozen norm, a tied embedding), two parameter groups (weight decay 0.1 on the
+    matrices, 0.0 on the vectors: 126,650 and 2,600 elements, not all divisible by 3 or 4)
+    and AdamW, two steps, the learning rate halved between them: the inner optimizer is
+    built once over this rank's shards of padded flat buffers (its state 8·P/N + 4 bytes
+    per shard), each shard's gradient at the inner step is its slice of the global batch's
+    averaged gradient, each group keeps its hyperparameters, one reduce-scatter and one
+    all-gather per flat buffer and step, and the parameters follow one process's AdamW.
+    Prints the first thing that differs, per world size."""
+    return grade_build("zero1", "MyZero1", cls, zero_on_rank, (None,), 1, right=_zero1_right)

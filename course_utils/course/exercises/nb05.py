@@ -1,11 +1,15 @@
-"""Exercises of ``notebooks/05_zero2.ipynb``: a reduce-scatter bucket."""
+"""Exercises of ``notebooks/05_zero2.ipynb``: a reduce-scatter bucket, then ZeRO-2 built
+from scratch (:func:`check_zero2`, graded by the rank side of notebook 04's ZeRO-1)."""
 from __future__ import annotations
 
 from typing import Callable
 
-from ...harness.grading import Verdict, compare, launch_or_report, refuse_non_function, report_ranks
+from ...harness.grading import Verdict, compare, grade_build, launch_or_report, refuse_non_function, report_ranks
+from ...impl.common import DEFAULT_BUCKET_BYTES
+from ...impl.zero import ZeroOptimizer
+from .nb04 import params_right, zero_on_rank
 
-__all__ = ["check_reduce_scatter_bucket"]
+__all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZeroStage2", "ZERO2_BUCKETS"]
 
 
 def _bucket_rank(fn, sizes):
@@ -58,3 +62,38 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
                 findings.append((why, ""))
             all_right &= report_ranks(f"bucket {list(sizes)} on {n} ranks", findings)
     return Verdict(name, all_right)
+
+
+# ------------------------------------------------------------ exercise 05.2: build ZeRO-2
+
+#: The bucket sizes the ZeRO-2 grader tries: one bucket per parameter, and 25 MiB.
+ZERO2_BUCKETS = (0, DEFAULT_BUCKET_BYTES)
+
+
+class ZeroStage2(ZeroOptimizer):
+    """The course's ZeRO-2 in the constructor shape of the exercise's ``MyZero2``:
+    ``ZeroStage2(params, optimizer_class, bucket_bytes=25 MiB, **defaults)`` is
+    ``ZeroOptimizer(params, optimizer_class, stage=2, bucket_bytes=..., **defaults)``."""
+
+    def __init__(self, params, optimizer_class, bucket_bytes=DEFAULT_BUCKET_BYTES, **defaults):
+        super().__init__(params, optimizer_class, stage=2, bucket_bytes=bucket_bytes, **defaults)
+
+
+def _zero2_right(values) -> str:
+    per = values[0]
+    calls = [seen["rs_in_backward"] for _, seen in per]
+    last = per[-1][1]                     # 25 MiB: one bucket per group
+    return (f"reduce-scatters during backward {calls} (per parameter, 25 MiB), full gradients freed, "
+            f"shard gradients 4·P/N = {last['grad_bytes']:,} B (ZeRO-1 keeps 4·P = "
+            f"{4 * last['padded']:,} B), {params_right(values)}")
+
+
+def check_zero2(cls) -> Verdict:
+    """Exercise 05.2: ``cls(params, optimizer_class, bucket_bytes=..., **defaults)`` is
+    ZeRO-2 built from scratch. Checked as :func:`~course_utils.course.exercises.nb04.check_zero1`
+    (2, 3 and 4 ranks, the course GPT with a frozen norm and a tied embedding, two
+    parameter groups, AdamW, two steps), with one bucket per parameter and with 25 MiB
+    buckets, and besides: backward issues one reduce-scatter per bucket (from the hooks)
+    and leaves no full ``.grad``; the shard gradients take 4·P/N bytes. Prints the first
+    thing that differs, per world size."""
+    return grade_build("zero2", "MyZero2", cls, zero_on_rank, ZERO2_BUCKETS, 2, right=_zero2_right)

@@ -1,11 +1,17 @@
-"""Exercises of ``notebooks/06_zero3.ipynb``: a ZeRO-3 linear forward."""
+"""Exercises of ``notebooks/06_zero3.ipynb``: a ZeRO-3 linear forward, then a ZeRO-3 flat
+unit built from scratch (:func:`check_zero3`)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
-from ...harness.grading import Verdict, on_world_sizes, refuse_non_function, report_ranks
+import torch
+from torch import nn
 
-__all__ = ["check_zero3_forward"]
+from ...harness.grading import Verdict, grade_build, on_world_sizes, refuse_non_function, report_ranks
+from ...runtime.fmt import bound
+
+__all__ = ["check_zero3_forward", "check_zero3", "Zero3Unit", "build_units", "zero3_on_rank"]
 
 
 def _zero3_weight(numel: int):
@@ -34,18 +40,13 @@ def _alive_after(refs, gc, patience_s: float = 1.0) -> int:
     return alive
 
 
-def _zero3_forward_on_rank(fn: Callable) -> list:
-    """Rank side of :func:`check_zero3_forward`: run ``fn`` on this rank's shard of a few
-    odd-sized Linear weights; report the output's first wrong element, how many
-    all-gathers it issued and whether the gathered buffer outlived the call."""
-    import gc
+@contextlib.contextmanager
+def _spying_all_gathers(gathered: list):
+    """While entered, every all-gather's output tensor(s) are appended to ``gathered`` as
+    weak references (so :func:`_alive_after` can tell whether they were freed)."""
     import weakref
 
-    import torch
     import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    gathered: list = []
 
     def spy(original):
         def wrapper(output, *args, **kwargs):
@@ -56,10 +57,28 @@ def _zero3_forward_on_rank(fn: Callable) -> list:
 
     names = [n for n in ("all_gather_single", "all_gather_into_tensor", "all_gather") if hasattr(dist, n)]
     saved = {n: getattr(dist, n) for n in names}
-    report = []
     try:
         for n in names:
             setattr(dist, n, spy(saved[n]))
+        yield gathered
+    finally:
+        for n, f in saved.items():
+            setattr(dist, n, f)
+
+
+def _zero3_forward_on_rank(fn: Callable) -> list:
+    """Rank side of :func:`check_zero3_forward`: run ``fn`` on this rank's shard of a few
+    odd-sized Linear weights; report the output's first wrong element, how many
+    all-gathers it issued and whether the gathered buffer outlived the call."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered: list = []
+    report = []
+    with _spying_all_gathers(gathered):
         for shape in ((3, 5), (4, 7), (2, 9)):
             numel = shape[0] * shape[1]
             padded = -(-numel // world) * world
@@ -86,9 +105,6 @@ def _zero3_forward_on_rank(fn: Callable) -> list:
                              f"expected {expected[i, j].item():.6g}")
             report.append({"shape": shape, "first_diff": first, "gathers": len(gathered),
                            "alive": alive})
-    finally:
-        for n, f in saved.items():
-            setattr(dist, n, f)
     return report
 
 
@@ -121,3 +137,326 @@ def check_zero3_forward(fn: Callable) -> Verdict:
                              f"gathered, computed, freed for {len(cases)} weights"))
         all_right &= report_ranks(f"{n} ranks", findings)
     return Verdict(name, all_right and runs.completed)
+
+
+# ------------------------------------------------------------------ exercise 06.2: build ZeRO-3
+
+#: The build exercise's global batch (it divides by 2, 3 and 4), SGD learning rate and steps.
+BUILD_BATCH, BUILD_LR, BUILD_STEPS = 12, 0.5, 2
+
+
+class _TiedTwice(nn.Module):
+    """A unit that uses one weight twice: ``second.weight`` *is* ``first.weight`` (one
+    Parameter under two names, listed once by ``parameters()``), each with its own bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(5, 5), nn.Linear(5, 5)
+        self.second.weight = self.first.weight
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x)))
+
+
+def build_units() -> list[nn.Module]:
+    """The three units of exercise 06.2, the same on every rank and at every call:
+    ``Linear(4, 7)`` + tanh (35 trainable elements); a LayerNorm whose weight is frozen (7
+    elements, kept whole) and ``Linear(7, 5)`` (47 trainable); one ``Linear(5, 5)`` weight
+    used twice, tied, with two biases (35). 35 and 47 divide by none of 2, 3, 4."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        units = [nn.Sequential(nn.Linear(4, 7), nn.Tanh()),
+                 nn.Sequential(nn.LayerNorm(7), nn.Linear(7, 5)), _TiedTwice()]
+        with torch.no_grad():
+            units[1][0].weight.uniform_(0.5, 1.5)
+    units[1][0].weight.requires_grad_(False)
+    return units
+
+
+class Zero3Unit(nn.Module):
+    """The course's reference for exercise 06.2, under the exercise's names: the package's
+    :class:`~course_utils.impl.zero3.Zero3` on one unit, which is then its own (root) unit,
+    with ``reshard_root=True`` so that it is freed after forward and gathered again in
+    backward. ``shard`` is its :class:`~course_utils.impl.zero3.FlatUnit`'s shard, with the
+    averaged gradient ``Zero3`` keeps beside it (``shard_grad``) as ``shard.grad``; ``full``
+    its gather buffer. (A root unit reduce-scatters in the callback at the end of backward:
+    nothing marks where its backward ends when its inputs need no gradient.)"""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        from ...impl.zero3 import Zero3
+
+        self.zero3 = Zero3(module, unit_types=(), reshard_root=True)
+        self.flat = self.zero3.units[0]
+
+    def forward(self, *args, **kwargs):
+        return self.zero3(*args, **kwargs)
+
+    @property
+    def shard(self) -> torch.Tensor:
+        self.flat.shard.grad = self.flat.shard_grad     # Zero3 keeps it beside the shard
+        return self.flat.shard
+
+    @property
+    def full(self) -> torch.Tensor:
+        return self.flat.full
+
+
+def _build_batch(step: int):
+    """Inputs (12 x 4) and targets (12 x 5) of step ``step``: the global batch."""
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(BUILD_BATCH, 4, generator=g), torch.randn(BUILD_BATCH, 5, generator=g)
+
+
+def _close(got, want) -> bool:
+    """Equal up to float32 sums split differently (ranks, shards): the build grader's tolerance."""
+    return torch.allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def _shard_of(tensors, rank: int, world: int):
+    """Chunk ``rank`` of ``tensors`` flattened and zero-padded to a multiple of ``world``."""
+    from ...impl.common import flatten_and_pad
+
+    flat = flatten_and_pad([t.detach() for t in tensors], world)
+    return flat.view(world, -1)[rank], flat
+
+
+def _held_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (anything not a tensor skipped)."""
+    from ...impl.common import storage_bytes
+
+    return storage_bytes([t for t in tensors if isinstance(t, torch.Tensor)], set())
+
+
+def _size_hint(unit: nn.Module, got: int, world: int) -> str:
+    """Why a shard has ``got`` elements, not 1/N of the padded trainable numel."""
+    from ...impl.common import padded_numel, trainable
+
+    numel = sum(p.numel() for p in trainable(unit))
+    padded = padded_numel(numel, world)
+    every = sum(p.numel() for p in unit.parameters())
+    twice = sum(p.numel() for _, p in unit.named_parameters(remove_duplicate=False) if p.requires_grad)
+    if every != numel and got == padded_numel(every, world) // world:
+        return ("frozen parameters stay whole on every rank and are never sent: flatten only those "
+                "with requires_grad")
+    if twice != numel and got == padded_numel(twice, world) // world:
+        return "a tied weight is one Parameter: flatten it once (module.parameters() lists it once)"
+    if got == numel // world:
+        return (f"no padding: pad the flat buffer with zeros to a multiple of N ({padded}) so every "
+                "rank's chunk has the same size")
+    return f"flatten the trainable parameters, pad with zeros to a multiple of N ({padded}), keep chunk r"
+
+
+def _shard_problem(wrapped, units, rank: int, world: int, when: str) -> str:
+    """'' when every unit's ``shard`` is chunk ``rank`` of its flat padded trainable
+    parameters (those of ``units``, one process's copy), else what differs first, starting
+    with ``when`` ("after construction": :func:`first_problem` shows those first)."""
+    from ...impl.common import trainable
+
+    for i, (w, unit) in enumerate(zip(wrapped, units)):
+        shard = getattr(w, "shard", None)
+        if not isinstance(shard, torch.Tensor):
+            return (f"{when}, unit {i}: self.shard is {type(shard).__name__}: keep chunk r of the "
+                    "unit's flat, zero-padded trainable parameters as an nn.Parameter")
+        want, flat = _shard_of(trainable(unit), rank, world)
+        if shard.numel() != want.numel():
+            return (f"{when}, unit {i}: the shard has {shard.numel()} elements, expected "
+                    f"{flat.numel()}/{world} = {want.numel()}: " + _size_hint(unit, shard.numel(), world))
+        got = shard.detach().reshape(-1)
+        if _close(got, want):
+            continue
+        other = [j for j, chunk in enumerate(flat.view(world, -1)) if _close(got, chunk)]
+        if other:
+            return f"{when}, unit {i}: rank {rank} keeps chunk {other[0]} of the flat buffer, not chunk {rank}"
+        return (f"{when}, unit {i}: the shard differs from chunk {rank} of one process's flat padded "
+                f"parameters (module.parameters() order) by up to {(got - want).abs().max().item():.3g}")
+    return ""
+
+
+def _at_rest_problem(model, wrapped, rank: int, expected: int, when: str, fix: str) -> str:
+    held = _held_bytes(list(model.parameters()) +
+                       [getattr(w, name, None) for w in wrapped for name in ("shard", "full")])
+    if held == expected:
+        return ""
+    return f"{when}, rank {rank} holds {held} B of parameters, expected 4·P/N + frozen = {expected} B: {fix}"
+
+
+def _forward_problem(out, want, gathers: int, alive: int, units: int) -> str:
+    if not isinstance(out, torch.Tensor) or out.shape != want.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        return f"forward returned {got}, expected a tensor of shape {tuple(want.shape)}"
+    if not _close(out, want):
+        return (f"the output of forward differs from one process's by up to "
+                f"{(out - want).abs().max().item():.3g}: gather the full parameters into the module's "
+                "views before running it")
+    if gathers != units:
+        return (f"{gathers} all-gathers in forward for {units} units, expected {units}: one per unit, "
+                "the whole flat buffer at once")
+    if alive:
+        return (f"after forward {alive} gathered buffer(s) still hold memory: ZeRO-3 frees the full "
+                "parameters after forward (free_storage)")
+    return ""
+
+
+def _backward_problem(counts: dict, units: int) -> str:
+    if counts.get("all_reduce", 0):
+        return (f"{counts['all_reduce']} all-reduce(s) in backward: ZeRO-3 reduce-scatters each unit's "
+                "gradient (a rank keeps only its chunk)")
+    if counts.get("all_gather", 0) != units:
+        return (f"{counts.get('all_gather', 0)} all-gathers in backward for {units} units, expected {units}: "
+                "re-gather each unit before the unit's backward")
+    if counts.get("reduce_scatter", 0) != units:
+        return (f"{counts.get('reduce_scatter', 0)} reduce-scatters in backward for {units} units, expected "
+                f"{units}: one per unit, once all its gradients are in")
+    return ""
+
+
+def _grad_problem(model, wrapped, units, ref_units, rank: int, world: int, shard_bytes: int) -> str:
+    """'' when each unit's ``shard.grad`` is chunk ``rank`` of the global batch's flat padded
+    gradient (``ref_units``: one process), frozen parameters have none and no full
+    gradient is left, else what differs first."""
+    from ...impl.common import trainable
+
+    for i, (w, unit, ref) in enumerate(zip(wrapped, units, ref_units)):
+        frozen = [n for n, p in unit.named_parameters() if not p.requires_grad and p.grad is not None]
+        if frozen:
+            return (f"unit {i}: frozen {frozen[0]} got a gradient: a frozen parameter stays whole, out of "
+                    "the flat buffer and its gradient")
+        grad = getattr(getattr(w, "shard", None), "grad", None)
+        if grad is None:
+            return (f"unit {i}: after backward, shard.grad is None: reduce-scatter the unit's flat gradient "
+                    "into a shard-sized tensor, divide by N, set it as self.shard.grad")
+        want, _ = _shard_of([p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable(ref)],
+                            rank, world)
+        got = grad.detach().reshape(-1)
+        if got.numel() == want.numel() and _close(got, want):
+            continue
+        if got.numel() == want.numel() and _close(got, world * want):
+            return f"unit {i}: the shard gradient is the SUM over the {world} ranks: divide by the world size"
+        worst = (got - want).abs().max().item() if got.numel() == want.numel() else float("nan")
+        return (f"unit {i}: after backward, shard.grad differs from chunk {rank} of the global batch's "
+                f"flat padded gradient by up to {worst:.3g}")
+    held = _held_bytes([p.grad for p in model.parameters()] + [w.shard.grad for w in wrapped])
+    if held > shard_bytes:
+        return (f"full .grads still held after backward: rank {rank} holds {held} B of gradients, expected "
+                f"4·P/N = {shard_bytes} B: set each parameter's .grad to None once reduce-scattered")
+    return ""
+
+
+def _freed_with_grad(model) -> bool:
+    """Whether a parameter with a ``.grad`` lacks the memory its elements need (freed)."""
+    return any(p.grad is not None and
+               p.untyped_storage().nbytes() < (p.storage_offset() + p.numel()) * p.element_size()
+               for p in model.parameters())
+
+
+def _raised(phase: str, exc: Exception) -> str:
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    if "storage of size 0" in message:
+        return {"forward": "forward used a freed parameter (0 bytes of storage): gather into self.full "
+                           "itself (alloc_storage, then the all-gather) before running the unit",
+                "backward": "backward used a freed parameter (0 bytes of storage): re-gather before the "
+                            "unit's backward (a hook on the forward's output)"}.get(
+            phase, f"{phase} used a freed parameter (0 bytes of storage)")
+    return f"{phase} raised {type(exc).__name__}: {message}"
+
+
+def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
+    """Rank side of :func:`check_zero3`: ``[(first problem or '', what was seen)]``.
+
+    Every rank runs every step whatever it found (a rank that stopped early would leave the
+    others in a collective); one process's model on the whole batch runs beside."""
+    import gc
+
+    import torch.distributed as dist
+
+    from ...harness.experiments import global_loss
+    from ...impl.common import padded_numel, trainable
+    from ...runtime.ledger import CommLedger
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ref_units, units = build_units(), build_units()
+    ref = nn.Sequential(*ref_units)
+    frozen = sum(4 * p.numel() for p in ref.parameters() if not p.requires_grad)
+    shard_bytes = sum(4 * padded_numel(sum(p.numel() for p in trainable(u)), world) // world
+                      for u in ref_units)
+    seen = {"shard_bytes": shard_bytes, "frozen": frozen, "calls": {}, "losses": [], "ref_losses": []}
+    try:
+        wrapped = [cls(u) for u in units]
+    except Exception as exc:  # noqa: BLE001 - reported to the learner
+        return [(f"{cls.__name__}(unit) raised {type(exc).__name__}: {exc}", seen)]
+    model = nn.Sequential(*wrapped)
+    problem = (_shard_problem(wrapped, ref_units, rank, world, "after construction") or
+               _at_rest_problem(model, wrapped, rank, shard_bytes + frozen, "after construction",
+                                "free the full buffer at the end of __init__ (free_storage)"))
+    lo, hi = rank * BUILD_BATCH // world, (rank + 1) * BUILD_BATCH // world
+    phase = "optimizer construction"
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=BUILD_LR)
+        ref_opt = torch.optim.SGD(trainable(ref), lr=BUILD_LR)
+        for step in range(steps):
+            x, y = _build_batch(step)
+            ref_out = ref(x)
+            ref_loss = torch.nn.functional.mse_loss(ref_out, y)
+            ref_loss.backward()
+            phase, gathered = "forward", []
+            with CommLedger() as ledger, _spying_all_gathers(gathered):
+                out = model(x[lo:hi])
+            alive = _alive_after(gathered, gc) if step == 0 else 0
+            seen["calls"]["forward all_gather"] = ledger.counts().get("all_gather", 0)
+            problem = problem or _forward_problem(out, ref_out[lo:hi].detach(),
+                                                  seen["calls"]["forward all_gather"], alive, len(units))
+            loss = torch.nn.functional.mse_loss(out, y[lo:hi])
+            phase = "backward"
+            with CommLedger() as ledger:
+                loss.backward()
+            counts = ledger.counts()
+            seen["calls"].update({f"backward {k}": v for k, v in counts.items() if v})
+            problem = (problem or _backward_problem(counts, len(units)) or
+                       _grad_problem(model, wrapped, units, ref_units, rank, world, shard_bytes))
+            seen["losses"].append(global_loss(loss))
+            seen["ref_losses"].append(ref_loss.item())
+            phase = "optimizer.step()"
+            if _freed_with_grad(model):         # stepping it would write through a null pointer
+                return [(problem or "optimizer.step() would update a freed parameter that still has a "
+                         ".grad: set each parameter's .grad to None once reduce-scattered", seen)]
+            opt.step()
+            ref_opt.step()
+            opt.zero_grad()
+            ref_opt.zero_grad()
+            problem = problem or _at_rest_problem(
+                model, wrapped, rank, shard_bytes + frozen, "at rest after a step",
+                "free the full buffer once the unit's gradient is reduce-scattered")
+    except Exception as exc:  # noqa: BLE001 - reported to the learner
+        return [(problem or _raised(phase, exc), seen)]
+    problem = problem or _shard_problem(wrapped, ref_units, rank, world, f"after {steps} SGD steps")
+    worst = max(abs(a - b) for a, b in zip(seen["losses"], seen["ref_losses"]))
+    if not problem and worst > 1e-5:
+        problem = f"the losses differ from one process's by up to {worst:.3g}"
+    seen["loss_diff"] = worst
+    return [(problem, seen)]
+
+
+def _zero3_right(seen: dict) -> str:
+    """What rank 0 saw, as the success line of :func:`check_zero3`."""
+    calls = seen["calls"]
+    return (f"per step {calls['forward all_gather']} + {calls['backward all_gather']} all-gathers "
+            f"(forward, backward) and {calls['backward reduce_scatter']} reduce-scatters for "
+            f"{len(build_units())} units; rank 0 holds 4·P/N = {seen['shard_bytes']} B of params at rest "
+            f"(+ {seen['frozen']} B frozen), full buffers and grads freed; shard grads, weights and "
+            f"losses = one process (|diff| {bound(seen['loss_diff'], 1e-5)})")
+
+
+def check_zero3(cls) -> Verdict:
+    """Exercise 06.2: ``cls(unit)`` is one ZeRO-3 flat unit (attributes ``shard``, this rank's
+    chunk of the unit's flat zero-padded trainable parameters, and ``full``, the gather
+    buffer). Checked on 2, 3 and 4 gloo ranks with the three units of :func:`build_units`
+    (35, 47 and 35 trainable elements; a frozen LayerNorm weight; a weight used twice),
+    two SGD steps on a global batch of 12 against one process: the shards' layout; the
+    parameter bytes held at rest (4·P/N + the frozen ones); the output of forward; one
+    all-gather per unit in forward and one in backward, one reduce-scatter, no all-reduce;
+    the gathered buffers freed after forward; the shard gradients (the global batch's);
+    no full gradient left; the parameters and losses after two steps. Prints one line per
+    world size: the first thing that differs, or what is right."""
+    return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank,
+                       right=lambda values: _zero3_right(values[0][0][1]))

@@ -1,0 +1,179 @@
+"""Exercises 04.3 (build ZeRO-1) and 05.2 (build ZeRO-2): the course's ZeroOptimizer
+passes the graders; planted mistakes, each a subclass of it that breaks one thing, fail
+with the message that names them."""
+import contextlib
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils.course.exercises import check_zero1, check_zero2
+from course_utils.harness.grading import first_problem
+from course_utils.course.exercises.nb04 import zero_on_rank
+from course_utils.course.exercises.nb05 import ZERO2_BUCKETS, ZeroStage2
+from course_utils.impl import zero
+from course_utils.impl.zero import ZeroOptimizer
+from course_utils.runtime.launch import launch
+
+
+class _Patched:
+    """Builds the reference with some of impl.zero's helpers replaced (``PATCHES``)."""
+
+    PATCHES: dict = {}
+
+    def __init__(self, *args, **kwargs):
+        with contextlib.ExitStack() as stack:
+            for name, fake in self.PATCHES.items():
+                stack.enter_context(mock.patch.object(zero, name, fake))
+            super().__init__(*args, **kwargs)
+
+
+def _unpadded(tensors, world_size, *, dtype=None):
+    return torch.cat([t.reshape(-1) for t in tensors]).to(dtype)
+
+
+def _floor_bounds(numel, world_size, rank):
+    size = numel // world_size
+    return rank * size, (rank + 1) * size
+
+
+class _NoPadding(_Patched):
+    """Flat buffers of exactly Ψ elements, shards of floor(Ψ/N)."""
+
+    PATCHES = {"flatten_and_pad": _unpadded, "shard_bounds": _floor_bounds}
+
+
+class _NoDivide:
+    """Sums the gradients and forgets to divide by N."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.world_size = 1
+
+
+# ------------------------------------------------------------------------------ ZeRO-1
+class NoDivide1(_NoDivide, ZeroOptimizer):
+    pass
+
+
+class NoPadding1(_NoPadding, ZeroOptimizer):
+    pass
+
+
+class FullState(ZeroOptimizer):
+    """The inner optimizer steps the whole flat buffer: its states are not sharded."""
+
+    def _make_bucket(self, params):
+        bucket = super()._make_bucket(params)
+        bucket.shard = nn.Parameter(bucket.flat_params)
+        bucket.shard.grad = bucket.flat_grads
+        return bucket
+
+
+class _Done:
+    def wait(self):
+        pass
+
+
+class NoAllGather(ZeroOptimizer):
+    """Steps its shard and never all-gathers the others'."""
+
+    def step(self, closure=None):
+        with mock.patch.object(zero, "all_gather_into_tensor", lambda *a, **k: _Done()):
+            return super().step(closure)
+
+
+class IgnoresGroups(ZeroOptimizer):
+    """The inner groups never get their group's hyperparameters (the defaults apply)."""
+
+    @staticmethod
+    def _hyper(group):
+        return {}
+
+
+class AllReduces(ZeroOptimizer):
+    """All-reduces the gradients and keeps a slice: right numbers, twice the bytes."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        super().__init__(params, optimizer_class, variant="allreduce", **defaults)
+
+
+PLANTED_1 = {NoDivide1: "SUM over the 3 ranks: divide by the world size",
+             NoPadding1: "is not padded to a multiple of 3",
+             FullState: "holds 3× the state: the inner optimizer must see only this rank's shard",
+             NoAllGather: "the other ranks' slices were not all-gathered",
+             IgnoresGroups: "one inner group per parameter group",
+             AllReduces: "all-reduces per step"}
+
+
+# ------------------------------------------------------------------------------ ZeRO-2
+class NoDivide2(_NoDivide, ZeroStage2):
+    pass
+
+
+class NoPadding2(_NoPadding, ZeroStage2):
+    pass
+
+
+class KeepsGrads(ZeroStage2):
+    """Copies each bucket into its message and keeps the full gradients."""
+
+    def _launch(self, bucket):
+        kept = [p.grad for p in bucket.params]
+        super()._launch(bucket)
+        for p, g in zip(bucket.params, kept):
+            p.grad = g
+
+
+class ReducesInStep(ZeroStage2):
+    """The hooks only note the gradients; every reduce-scatter waits for step()."""
+
+    def __init__(self, params, optimizer_class, bucket_bytes, **defaults):
+        super().__init__(params, optimizer_class, bucket_bytes, overlap=False, **defaults)
+
+
+PLANTED_2 = {NoDivide2: "SUM over the 3 ranks: divide by the world size",
+             NoPadding2: "is not padded to a multiple of 3",
+             KeepsGrads: "full gradients not freed",
+             ReducesInStep: "reduce-scatter from the hooks, during backward, not in step()"}
+
+
+def _planted(rank, world_size):
+    found = {cls.__name__: zero_on_rank(cls, (None,), 1, steps=2) for cls in PLANTED_1}
+    found.update({cls.__name__: zero_on_rank(cls, ZERO2_BUCKETS, 2, steps=2) for cls in PLANTED_2})
+    return found
+
+
+PASSES = {"zero1": (check_zero1, ZeroOptimizer, ["right: AdamW state 1/N",
+                                                  "8·P/N + 8 = 344,680 B, one process 1,034,264 B",
+                                                  "per step 2 reduce-scatters + 2 all-gathers"]),
+          "zero2": (check_zero2, ZeroStage2, ["right: reduce-scatters during backward [66, 2]",
+                                               "shard gradients 4·P/N = 172,336 B",
+                                               "(ZeRO-1 keeps 4·P = 517,008 B)"])}
+
+
+@pytest.mark.parametrize("stage", PASSES)
+def test_the_course_reference_passes(stage, capsys):
+    check, reference, lines = PASSES[stage]
+    assert check(reference)
+    out = capsys.readouterr().out
+    for n in (2, 3, 4):
+        assert f"{n} ranks: {lines[0]}" in out
+    assert all(line in out for line in lines[1:])          # the numbers of 3 ranks
+
+
+def test_planted_mistakes_are_named():
+    found = launch(_planted, 3, quiet=True, timeout_s=240)
+    for cls, message in {**PLANTED_1, **PLANTED_2}.items():
+        first = first_problem([per[cls.__name__] for per in found])
+        assert first and message in first[1], (cls.__name__, first)
+
+
+def test_a_non_class_is_refused(capsys):
+    assert not check_zero1(lambda params, cls: None)
+    assert not check_zero2(3)
+    out = capsys.readouterr().out
+    assert "launch:" not in out                       # refused before any rank starts
+    assert "check_zero1 takes your class (e.g. check_zero1(MyZero1))" in out
+    assert "check_zero2 takes your class (e.g. check_zero2(MyZero2))" in out

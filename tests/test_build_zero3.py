@@ -1,0 +1,189 @@
+"""Exercise 06.2 (build ZeRO-3): the course's Zero3 (through its adapter) passes the
+grader; the notebook's scaffold, completed as its TODOs say, passes; planted mistakes fail
+with the message that names them."""
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_utils.course.exercises import check_zero3
+from course_utils.harness.grading import first_problem
+from course_utils.course.exercises.nb06 import Zero3Unit, zero3_on_rank
+from course_utils.impl.common import alloc_storage, free_storage, padded_numel
+from course_utils.runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
+from course_utils.runtime.launch import launch
+
+
+class Solution(nn.Module):
+    """The notebook's ``MyFlatUnit`` with its four TODOs done."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.padded = padded_numel(sum(p.numel() for p in self.params), self.world)
+        with torch.no_grad():                                   # TODO 1
+            self.full = torch.zeros(self.padded)
+            offsets = [0]
+            for p in self.params:
+                self.full[offsets[-1]:offsets[-1] + p.numel()] = p.reshape(-1)
+                offsets.append(offsets[-1] + p.numel())
+            size = self.padded // self.world
+            self.shard = nn.Parameter(self.full[self.rank * size:(self.rank + 1) * size].clone())
+            for p, off in zip(self.params, offsets):
+                p.data = self.full[off:off + p.numel()].view(p.shape)
+        self.free()
+        self.ready = 0
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def gather(self):                                           # TODO 2
+        alloc_storage(self.full)
+        all_gather_into_tensor(self.full, self.shard.detach())
+
+    def free(self):
+        free_storage(self.full)
+
+    def forward(self, *args):                                   # TODO 3
+        self.gather()
+        out = self.module(*args)
+        self.free()
+        out.register_hook(self._before_backward)
+        return out
+
+    def _before_backward(self, grad):
+        self.gather()
+        return grad
+
+    @torch.no_grad()
+    def _grad_ready(self, p):                                   # TODO 4
+        self.ready += 1
+        if self.ready < len(self.params):
+            return
+        self.ready = 0
+        flat = torch.zeros(self.padded)
+        offset = 0
+        for q in self.params:
+            if q.grad is not None:
+                flat[offset:offset + q.numel()] = q.grad.reshape(-1)
+            q.grad = None
+            offset += q.numel()
+        mine = torch.empty(self.padded // self.world)
+        self._reduce_scatter(mine, flat)
+        mine /= self.world
+        self.shard.grad = mine if self.shard.grad is None else self.shard.grad + mine
+        self.free()
+
+    def _reduce_scatter(self, mine, flat):
+        reduce_scatter_tensor(mine, flat)
+
+
+class NoPadding(Solution):
+    """Chunks of numel // N elements: the remainder is lost."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        size = sum(p.numel() for p in self.params) // self.world
+        self.shard = nn.Parameter(self.shard.detach()[:size].clone())
+
+
+class KeepsChunk0(Solution):
+    """Every rank keeps the first chunk."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.gather()
+        with torch.no_grad():
+            self.shard.copy_(self.full[:self.shard.numel()])
+        self.free()
+
+
+class AllReduces(Solution):
+    """All-reduces the whole flat gradient, then keeps its own chunk."""
+
+    def _reduce_scatter(self, mine, flat):
+        dist.all_reduce(flat)
+        mine.copy_(flat.view(self.world, -1)[self.rank])
+
+
+class NoDivide(Solution):
+    """Keeps the SUM of the ranks' gradients."""
+
+    def _grad_ready(self, p):
+        super()._grad_ready(p)
+        if self.ready == 0:
+            self.shard.grad *= self.world
+
+
+class NeverFreesAfterForward(Solution):
+    """Keeps the gathered parameters from forward to backward."""
+
+    def forward(self, *args):
+        self.gather()
+        out = self.module(*args)
+        out.register_hook(self._before_backward)
+        return out
+
+
+class NoRegather(Solution):
+    """Frees after forward and never gathers again: backward meets 0-byte weights."""
+
+    def forward(self, *args):
+        self.gather()
+        out = self.module(*args)
+        self.free()
+        return out
+
+
+class GathersTwice(Solution):
+    """Two all-gathers each time the unit is needed."""
+
+    def gather(self):
+        super().gather()
+        super().gather()
+
+
+class KeepsFullGrads(Solution):
+    """Reduce-scatters, then puts the full gradients back."""
+
+    def _grad_ready(self, p):
+        grads = [q.grad for q in self.params]
+        super()._grad_ready(p)
+        if self.ready == 0:
+            for q, g in zip(self.params, grads):
+                q.grad = g
+
+
+PLANTED = {NoPadding: "no padding: pad the flat buffer with zeros",
+           KeepsChunk0: "rank 1 keeps chunk 0 of the flat buffer, not chunk 1",
+           AllReduces: "all-reduce(s) in backward: ZeRO-3 reduce-scatters each unit's gradient",
+           NoDivide: "SUM over the 2 ranks: divide by the world size",
+           NeverFreesAfterForward: "ZeRO-3 frees the full parameters after forward",
+           NoRegather: "re-gather before the unit's backward",
+           GathersTwice: "6 all-gathers in forward for 3 units, expected 3",
+           KeepsFullGrads: "full .grads still held after backward"}
+
+
+def _planted():
+    return {cls.__name__: zero3_on_rank(cls) for cls in (Solution, *PLANTED)}
+
+
+def test_the_course_zero3_passes(capsys):
+    assert check_zero3(Zero3Unit)
+    out = capsys.readouterr().out
+    for n, held in ((2, 240), (3, 160), (4, 120)):
+        assert (f"{n} ranks: right: per step 3 + 3 all-gathers (forward, backward) and 3 reduce-scatters "
+                f"for 3 units; rank 0 holds 4·P/N = {held} B of params at rest (+ 28 B frozen)") in out
+
+
+def test_the_completed_scaffold_passes_and_planted_mistakes_are_named():
+    found = launch(_planted, 2, quiet=True)
+    assert first_problem([per["Solution"] for per in found]) is None
+    for cls, message in PLANTED.items():
+        first = first_problem([per[cls.__name__] for per in found])
+        assert first and message in first[1], (cls.__name__, first)
+
+
+def test_a_non_class_is_refused(capsys):
+    assert not check_zero3("MyFlatUnit")
+    assert "check_zero3 takes your class" in capsys.readouterr().out
