@@ -13,18 +13,22 @@ NOTEBOOKS = [
     ("00_orientation.ipynb", "Orientation",
      "Your environment, how a demo cell runs N real processes, quizzes and exercises."),
     ("01_collectives.ipynb", "Collectives",
-     "Broadcast, all-reduce, reduce-scatter, all-gather on live ranks; the ring cost model measured."),
+     "Broadcast, all-reduce, reduce-scatter, all-gather on live ranks; the ring cost model, and the "
+     "bytes on the wire measured."),
     ("02_data_parallelism.ipynb", "Data parallelism",
      "DDP from scratch and torch DDP give the single-process losses; accumulation, bucketing, "
      "overlap; you build DDP yourself, graded on 2-4 ranks."),
     ("03_memory_anatomy.ipynb", "Where the memory goes",
      "Params, grads, optimizer states and activations, predicted and measured; the calculator widget."),
     ("04_zero1.ipynb", "ZeRO-1",
-     "Optimizer-state sharding from scratch: flat buffer, reduce-scatter, sharded Adam, all-gather."),
+     "Optimizer-state sharding: flat buffer, reduce-scatter, sharded Adam, all-gather; you build "
+     "ZeRO-1 as a torch optimizer, graded on 2-4 ranks."),
     ("05_zero2.ipynb", "ZeRO-2",
-     "Gradient sharding during backward; peak gradient memory measured; batch scaling."),
+     "Gradient sharding during backward; peak gradient memory measured; batch scaling; you build "
+     "ZeRO-2, graded on 2-4 ranks."),
     ("06_zero3.ipynb", "ZeRO-3",
-     "Parameter sharding: gather, compute, free; 1.5x DDP traffic measured; prefetching."),
+     "Parameter sharding: gather, compute, free; 1.5x DDP in the ring model, about 2x on gloo's "
+     "wire; prefetching; you build a ZeRO-3 unit, graded on 2-4 ranks."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",
      "fully_shard on the course model: wrapping, mixed precision, offload, checkpoints."),
     ("08_beyond_one_box.ipynb", "Beyond one box",
