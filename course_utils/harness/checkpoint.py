@@ -53,7 +53,7 @@ from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest
 
 __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load_full",
            "describe_checkpoint", "checkpoint_keys", "reshard_roundtrip", "resume_matches",
-           "optimizer_tensors", "METADATA_FILE", "CHECKPOINTABLE"]
+           "optimizer_tensors", "METADATA_FILE", "CHECKPOINTABLE", "meta_init_and_load"]
 
 #: The index file DCP's coordinator (rank 0) writes next to the per-rank shard files.
 METADATA_FILE = ".metadata"
@@ -458,6 +458,55 @@ def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict
     except (RuntimeError, KeyError) as exc:
         raise ValueError(f"{path!r} does not fit this model/optimizer: {exc}") from exc
     return {"rank": _rank(), "step": _step_count(optim)}
+
+
+# ------------------------------------------------- a big model: built on meta, loaded by rank 0
+
+def _meta_load_session(path: str) -> dict:
+    """Rank side of :func:`meta_init_and_load`."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..impl.fsdp import shard_per_unit
+    from ..runtime.launch import rank_device
+    from ..runtime.ledger import CommLedger
+    from .model import build_model
+
+    rank, device = _rank(), rank_device()
+    model = build_model(device="meta")            # shapes only: no memory, no initialisation
+    shard_per_unit(model, mesh=DeviceMesh.from_group(dist.group.WORLD, device.type))
+    on_meta = all(p.is_meta for p in model.parameters())
+    model.to_empty(device=device)                 # this rank's shards get (uninitialised) memory
+    full = torch.load(path, map_location="cpu", weights_only=True)["model"] if rank == 0 else {}
+    with CommLedger() as ledger:                  # rank 0 sends every shard its owner needs
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
+                                                                   broadcast_from_rank0=True))
+    got = full_parameters(model)
+    with ledger.pause():
+        saved = torch.load(path, map_location="cpu", weights_only=True)["model"]  # for the check only
+    return {"rank": rank, "built_on_meta": on_meta,
+            "full_elements_read": sum(t.numel() for t in full.values()),
+            "local_elements": sum(p.to_local().numel() for p in model.parameters()),
+            "equal": all(torch.equal(got[k], saved[k].to(got[k].dtype)) for k in got),
+            "calls": {k: v for k, v in ledger.counts().items() if v}}
+
+
+def meta_init_and_load(path, world_size: int = 4, *, timeout_s: float = 120.0) -> list[dict]:
+    """How FSDP2 loads a model too big for one GPU, on ``world_size`` ranks: each rank
+    builds the course GPT on the ``meta`` device (shapes only), ``fully_shard``\ s it,
+    ``to_empty`` gives its shards memory, and only rank 0 reads the :func:`save_full`
+    file at ``path``; ``set_model_state_dict(..., StateDictOptions(full_state_dict=True,
+    broadcast_from_rank0=True))`` sends every rank its shards. Per rank: whether the model
+    was built on meta, the elements of the full state dict it read (rank 0: all; the others:
+    none), the elements it holds (its shards), whether its gathered parameters equal the
+    file's bit for bit, and the collectives it called."""
+    _check_world("world_size", world_size)
+    path = _check_path(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no file at {path!r} (write one with save_full(model, optimizer, path))")
+    from ..runtime.launch import launch
+
+    return list(launch(_meta_load_session, world_size, path, quiet=True, timeout_s=timeout_s))
 
 
 # ------------------------------------------------------------------ demo drivers
