@@ -120,39 +120,103 @@ def test_each_collective_runs_on_its_group(world, shards, single):
         assert r["state_bytes"] == hsdp.hsdp_expected_state_bytes(m, world, r["rank"], shards)
 
 
-def test_cost_model_crossover():
-    alpha_a, alpha_e = 5e-6, 10e-6
-    psi, g, n, intra = 7e9, 8, 4, 450e9
-    m, N = 2 * psi, g * n
-    c = multinode.hsdp_vs_fsdp_time(psi, g, n, intra, 50e9)
-    assert c.fsdp_s == pytest.approx(3 * (N - 1) * alpha_e + 3 * (N - 1) / N * m / 50e9, rel=1e-12)
-    assert c.hsdp_s == pytest.approx(3 * (g - 1) * alpha_a + 3 * (g - 1) / g * m / intra
-                                     + 2 * (n - 1) * alpha_e + 2 * (n - 1) / n * (m / g) / 50e9,
-                                     rel=1e-12)
-    assert c.fsdp_inter_bytes == pytest.approx(3 * (N - 1) / N * m)
-    assert c.hsdp_inter_bytes == pytest.approx(2 * (n - 1) / n * m / g)
+PSI, G, NODES, INTRA = 7e9, 8, 4, 450e9          # the issue's setting: 7B bf16, 4 x 8 GPUs, NVLink 450 GB/s
+A_IN, A_OUT = 5e-6, 10e-6
+
+
+def _model(nic_bw, nics=G, psi=PSI, g=G, n=NODES, intra=INTRA):
+    """The model of multinode's docstring, written out independently."""
+    m, world = 2 * psi, g * n
+    sent = 3 * (world - 1) / world * m                       # 2 all-gathers + 1 reduce-scatter per rank
+    nvlink = sent * (1 - (nics // g) / nics)                  # the GPU that drives the fewest rings' crossings
+    fsdp = 3 * (world - 1) * A_OUT + max(sent / nics / nic_bw, nvlink / intra)
+    node_out = g * 2 * (n - 1) / n * (m / g)                 # g replicate all-reduces of a 1/g shard
+    hsdp = (3 * (g - 1) * A_IN + 3 * (g - 1) / g * m / intra
+            + 2 * (n - 1) * A_OUT + node_out / nics / nic_bw)
+    return fsdp, hsdp, sent / nics, node_out / nics, nvlink
+
+
+def test_cost_model_reproduces_the_issue_figures():
+    """One NIC of 25 or 50 GB/s per GPU (a DGX H100 has 8 x 400 Gb/s): full sharding 0.204 s
+    vs HSDP 0.187 s at 25 GB/s, 0.103 vs 0.134 s at 50; 5.09 vs 2.625 GB through each NIC."""
+    for bw, fsdp, hsdp in ((25e9, 0.204, 0.187), (50e9, 0.103, 0.134)):
+        c = multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, bw)
+        assert c.nics_per_node == 8
+        assert c.fsdp_s == pytest.approx(fsdp, abs=5e-4) and c.hsdp_s == pytest.approx(hsdp, abs=5e-4)
+        want = _model(bw)
+        assert (c.fsdp_s, c.hsdp_s, c.fsdp_nic_bytes, c.hsdp_nic_bytes, c.fsdp_nvlink_bytes) == \
+            pytest.approx(want, rel=1e-12)
+    assert c.fsdp_nic_bytes / 1e9 == pytest.approx(5.09, abs=5e-3) and c.hsdp_nic_bytes == pytest.approx(2.625e9)
+    assert c.fsdp_node_bytes == pytest.approx(3 * 31 / 32 * 14e9)       # 40.69 GB leave each node
+    assert c.fsdp_latency_s == pytest.approx(3 * 31 * A_OUT)
+    assert c.hsdp_latency_s == pytest.approx(3 * 7 * A_IN + 2 * 3 * A_OUT)
     assert c.states_hsdp == 4 * c.states_fsdp          # sharded 8 ways instead of 32
-    cross = multinode.crossover_inter_bw(psi, g, n, intra)
-    at = multinode.hsdp_vs_fsdp_time(psi, g, n, intra, cross)
+    # one NIC per node: the old single-link figures (1.628 s vs 0.922 s at 25 GB/s)
+    one = multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, 25e9, nics_per_node=1)
+    assert (one.fsdp_s, one.hsdp_s) == pytest.approx(_model(25e9, nics=1)[:2], rel=1e-12)
+    assert one.fsdp_s == pytest.approx(1.6284, abs=1e-4) and one.fsdp_nvlink_bytes == one.fsdp_nic_bytes
+
+
+def test_more_nics_speed_full_sharding_and_one_node_sends_nothing_across():
+    times = [multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, 25e9, nics_per_node=r).fsdp_s
+             for r in (1, 2, 4, 8, 16)]
+    assert times == sorted(times, reverse=True) and times[0] > 7 * times[3]
+    hsdp = [multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, 25e9, nics_per_node=r).hsdp_s for r in (1, 8)]
+    assert hsdp[0] > hsdp[1]
+    one_node = multinode.hsdp_vs_fsdp_time(PSI, G, 1, INTRA, 50e9)
+    assert one_node.fsdp_s == pytest.approx(one_node.hsdp_s)
+    assert one_node.fsdp_nic_bytes == one_node.hsdp_nic_bytes == 0
+    # past the NVLink bound more network does not help full sharding
+    fast = [multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, bw).fsdp_s for bw in (100e9, 200e9)]
+    assert fast[0] == pytest.approx(fast[1])
+
+
+def test_crossover_is_where_the_times_meet():
+    cross = multinode.crossover_inter_bw(PSI, G, NODES, INTRA)
+    assert 25e9 < cross < 50e9
+    assert multinode.crossovers(PSI, G, NODES, INTRA) == (cross,)
+    at = multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, cross)
     assert at.fsdp_s == pytest.approx(at.hsdp_s, rel=1e-9)
-    assert multinode.hsdp_vs_fsdp_time(psi, g, n, intra, cross * 0.9).faster == "HSDP"
-    assert multinode.hsdp_vs_fsdp_time(psi, g, n, intra, cross * 1.1).faster == "full sharding"
-    assert intra < cross < 2 * intra                   # only a network faster than NVLink loses
-    speedups = [multinode.hsdp_vs_fsdp_time(psi, g, n, intra, bw).speedup for bw in multinode.DEFAULT_INTER_BWS]
-    assert speedups == sorted(speedups, reverse=True)
-    table = multinode.crossover_table(psi, g, n, intra)
-    faster = [line.split()[-1] for line in table.splitlines()[2:2 + len(multinode.DEFAULT_INTER_BWS)]]
-    flips = [bw > cross for bw in multinode.DEFAULT_INTER_BWS]
+    assert multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, cross * 0.9).faster == "HSDP"
+    assert multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, cross * 1.1).faster == "full sharding"
+    table = multinode.crossover_table()
+    faster = [line.split()[-1] for line in table.splitlines()[2:2 + len(multinode.DEFAULT_NIC_BWS)]]
+    flips = [bw > cross for bw in multinode.DEFAULT_NIC_BWS]
     assert faster == ["sharding" if f else "HSDP" for f in flips] and any(flips) and not all(flips)
-    assert f"above {cross / 1e9:.0f} GB/s" in table
-    one_node = multinode.hsdp_vs_fsdp_time(psi, g, 1, intra, 50e9)
-    assert one_node.fsdp_s == pytest.approx(one_node.hsdp_s) and one_node.hsdp_inter_bytes == 0
+    assert f"faster above {cross / 1e9:.1f} GB/s per NIC" in table and "5.09 GB" in table
+    # one NIC per node: full sharding wins only in a window, NVLink-bound above it
+    lo, hi = multinode.crossovers(PSI, G, NODES, INTRA, nics_per_node=1)
+    for bw in (lo, hi):
+        c = multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, bw, nics_per_node=1)
+        assert c.fsdp_s == pytest.approx(c.hsdp_s, rel=1e-9)
+    inside = multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, (lo * hi) ** 0.5, nics_per_node=1)
+    assert inside.faster == "full sharding"
+    assert multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, hi * 1.1, nics_per_node=1).faster == "HSDP"
+    # a small model is latency-bound: the longer ring loses at every bandwidth
+    assert multinode.crossovers(1e8, G, NODES, INTRA) == () and math.isinf(multinode.crossover_inter_bw(1e8, G, NODES, INTRA))
+    fig = multinode.plot_crossover()
+    assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes][1].startswith("1 NIC")
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(nics_per_node=0), ValueError, "nics_per_node"),
+    (dict(nics_per_node=2.0), TypeError, "nics_per_node"),
+    (dict(nic_bw=0), ValueError, "nic_bw"),
+    (dict(gpus_per_node=8.0), TypeError, "gpus_per_node"),
+    (dict(nodes=0), ValueError, "nodes"),
+])
+def test_cost_model_bad_inputs_name_the_argument(kwargs, error, match):
+    args = dict(num_params=PSI, gpus_per_node=G, nodes=NODES, intra_bw=INTRA, nic_bw=25e9)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        multinode.hsdp_vs_fsdp_time(**args)
+
+
+def test_crossover_needs_two_nodes():
     with pytest.raises(ValueError, match="nodes >= 2"):
-        multinode.crossover_inter_bw(psi, g, 1, intra)
-    with pytest.raises(ValueError):
-        multinode.hsdp_vs_fsdp_time(psi, g, n, intra, 0)
-    with pytest.raises(TypeError):
-        multinode.hsdp_vs_fsdp_time(psi, 8.0, n, intra, 50e9)
+        multinode.crossover_inter_bw(PSI, G, 1, INTRA)
+    with pytest.raises(ValueError, match="nic_bws"):
+        multinode.crossover_table(nic_bws=())
 
 
 def test_fsdp1_hybrid_shard_without_a_mesh_stops_synchronising():

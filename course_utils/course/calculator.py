@@ -236,7 +236,8 @@ class PlannerSetting:
     gpus_per_node: int = 8
     nodes: int = 2
     intra_bw_gbps: float = 450.0
-    inter_bw_gbps: float = 50.0
+    inter_bw_gbps: float = 50.0          # per network card (NIC)
+    nics_per_node: int = 0               # 0: one NIC per GPU
     seq_len: int = 4096
     global_batch: int = 128
     recipe: str = "mixed"
@@ -257,6 +258,7 @@ class PlannerSetting:
     def plan(self) -> planner.Plan:
         return planner.plan(self.model, gpu_mem_gb=_GPU_MEM[self.gpu_memory], gpus_per_node=self.gpus_per_node,
                     nodes=self.nodes, intra_bw_gbps=self.intra_bw_gbps, inter_bw_gbps=self.inter_bw_gbps,
+                    nics_per_node=self.nics_per_node or None,
                     seq_len=self.seq_len, global_batch=self.global_batch, recipe=self.recipe,
                     mfu=self.mfu, overlap=self.overlap)
 
@@ -297,7 +299,9 @@ class PlannerWidget:
             "intra_bw_gbps": w.FloatSlider(value=s.intra_bw_gbps, min=10, max=900, step=10,
                                            description="intra-node GB/s", style=style),
             "inter_bw_gbps": w.FloatSlider(value=s.inter_bw_gbps, min=1, max=100, step=1,
-                                           description="inter-node GB/s", style=style),
+                                           description="GB/s per NIC", style=style),
+            "nics_per_node": w.Dropdown(options=[("one per GPU", 0)] + [(str(k), k) for k in (1, 2, 4, 8, 16)],
+                                        value=s.nics_per_node, description="NICs per node", style=style),
             "seq_len": w.Dropdown(options=[512, 1024, 2048, 4096, 8192], value=s.seq_len,
                                   description="sequence length", style=style),
             "global_batch": w.IntText(value=s.global_batch, description="global batch", style=style),

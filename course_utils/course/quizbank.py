@@ -438,16 +438,20 @@ QUIZZES["07"] = quiz_07
 def quiz_08() -> Quiz:
     from ..theory.multinode import hsdp_vs_fsdp_time
 
-    cost = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)
+    cost = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)       # one 25 GB/s NIC per GPU
     psi = 1_557_686_400                       # gpt2-xl with Megatron's padded vocabulary
     drop = 12 * psi * 3 / 4 / 1e9             # optimizer states sharded 4 ways
     return Quiz("08 Beyond one box", [
-        Numeric("7B parameters in bf16, 4 nodes of 8 GPUs, HSDP sharded inside each node: how many "
-                "GB does one GPU send over the inter-node network per step?",
-                cost.hsdp_inter_bytes / 1e9, unit="GB", tol=0.1, minimum=0,
-                explanation=f"Only the all-reduce of its 1/8 gradient shard crosses nodes: 2 x (4-1)/4 x "
-                            f"2 B x 7e9 / 8 = {cost.hsdp_inter_bytes / 1e9:.3f} GB, against "
-                            f"{cost.fsdp_inter_bytes / 1e9:.2f} GB with full sharding over 32 GPUs."),
+        Numeric("7B parameters in bf16, 4 nodes of 8 GPUs with one network card (NIC) per GPU, HSDP "
+                "sharded inside each node: how many GB go through each NIC to other nodes per step?",
+                cost.hsdp_nic_bytes / 1e9, unit="GB", tol=0.1, minimum=0,
+                explanation=f"Only the all-reduce of each GPU's 1/8 gradient shard crosses nodes: 2 x (4-1)/4 "
+                            f"x 2 B x 7e9 / 8 = {cost.hsdp_nic_bytes / 1e9:.3f} GB. Full sharding over 32 GPUs "
+                            f"runs one ring per NIC, each crossing every node boundary once: a node sends "
+                            f"3 x 31/32 x 14 GB = {cost.fsdp_node_bytes / 1e9:.2f} GB through its 8 NICs, "
+                            f"{cost.fsdp_nic_bytes / 1e9:.2f} GB each. HSDP halves the bytes, but at 25 GB/s "
+                            f"per NIC the times are close ({cost.hsdp_s:.3f} s vs {cost.fsdp_s:.3f} s): HSDP "
+                            "also pays its NVLink passes on top of the network ones."),
         SingleChoice("On a 2 x 2 mesh (2 replicas x 2 shards), which collectives run across the "
                      "replicas?",
                      ["The all-gathers of the parameters",

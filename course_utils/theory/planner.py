@@ -19,10 +19,13 @@ recomputation. For each option it gives
 * **time per optimizer step**: compute by the roofline ``6·Ψ·tokens`` FLOPs (``8·Ψ``
   with recomputation) at ``gpu_flops × mfu``; communication by the alpha-beta model
   (:func:`course_utils.theory.alpha_beta.ring_steps` latencies + ring volumes from
-  :func:`course_utils.theory.comm.comm_volume` over the bandwidth); a collective that crosses
-  nodes runs at the inter-node bandwidth; HSDP is hierarchical (ZeRO-3 inside the node,
-  an all-reduce of a 1/gpus_per_node gradient shard across nodes); offload adds host
-  transfers and the optimizer step on the host CPU.
+  :func:`course_utils.theory.comm.comm_volume` over the bandwidth). Across nodes the links
+  are those of :mod:`course_utils.theory.multinode`: ``nics_per_node`` NICs of
+  ``inter_bw_gbps`` each; a flat ring (DDP, ZeRO-1/2/3) runs one ring per NIC, each
+  leaving every node once, so a node's NICs carry what one rank sends, 1/nics_per_node
+  each, while NVLink carries the hops inside the node at the same time; HSDP is hierarchical (ZeRO-3 inside the node, an
+  all-reduce of a 1/gpus_per_node gradient shard across nodes, over the node's NICs);
+  offload adds host transfers and the optimizer step on the host CPU.
 
 Every figure the model assumes is a field of :class:`Assumptions`, printed under the
 table. :func:`recommend` picks the fastest option that fits and says why.
@@ -44,6 +47,7 @@ from .alpha_beta import ring_steps
 from .comm import comm_volume
 from .config import PRESETS, Preset, TransformerConfig, preset
 from .memory import GB, RECIPES, activation_bytes, per_gpu
+from .multinode import cross_node_wire, flat_ring_wire
 
 __all__ = [
     "STRATEGIES", "OFFLOADS", "Choice", "as_choice", "Assumptions", "PlanRow", "Plan", "plan",
@@ -179,6 +183,7 @@ class Assumptions:
     nodes: int
     intra_bw_gbps: float
     inter_bw_gbps: float
+    nics_per_node: int
     alpha_intra_us: float
     alpha_inter_us: float
     seq_len: int
@@ -227,10 +232,16 @@ class Assumptions:
             f"compute: 6 x params x tokens FLOPs (8 x with recomputation) at {self.gpu_flops / 1e12:g} "
             f"TFLOP/s x MFU {self.mfu:g}; attention's s^2 FLOPs ignored",
             f"communication: ring alpha-beta model, {self.intra_bw_gbps:g} GB/s per GPU inside a node "
-            f"(alpha {self.alpha_intra_us:g} us/step), {self.inter_bw_gbps:g} GB/s per GPU across nodes "
-            f"(alpha {self.alpha_inter_us:g} us/step); a collective spanning nodes runs at the slower; "
-            f"params gathered in {p} B, grads reduced in {g} B; HSDP: ZeRO-3 inside the node + "
-            f"all-reduce of a 1/{self.gpus_per_node} gradient shard across nodes",
+            f"(alpha {self.alpha_intra_us:g} us/step)"
+            + ("" if self.nodes == 1 else
+               f", {self.nics_per_node} NIC(s) of {self.inter_bw_gbps:g} GB/s per node across nodes "
+               f"(alpha {self.alpha_inter_us:g} us/step); a ring over all GPUs runs one ring per NIC, "
+               f"each leaving a node once: a node's NICs carry what one rank sends, 1/{self.nics_per_node} "
+               f"each, while NVLink carries the hops inside the node at the same time")
+            + f"; params gathered in {p} B, grads reduced in {g} B"
+            + ("" if self.nodes == 1 else
+               f"; HSDP: ZeRO-3 inside the node + all-reduce of a 1/{self.gpus_per_node} gradient "
+               f"shard across nodes over the node's NICs"),
             "accumulation: DDP and ZeRO-1 reduce once per step; ZeRO-2 reduce-scatters every "
             "micro-batch; ZeRO-3/HSDP gather and reduce-scatter every micro-batch (HSDP's "
             "cross-node all-reduce once per step)",
@@ -279,7 +290,7 @@ class PlanRow:
     tokens_per_step: int       # over all GPUs
     seq_len: int
     recipe: str
-    comm_detail: dict          # bytes one rank sends per step: {"intra": .., "inter": ..}
+    comm_detail: dict          # bytes per step: {"intra": the busiest GPU over NVLink, "inter": one NIC}
     config: TransformerConfig | None = None
 
     @property
@@ -369,52 +380,63 @@ def _unit_params(config: TransformerConfig | None, num_params: int) -> int:
     return max(config.block_params(), config.embedding_params())
 
 
-def _collective_s(op: str, volume: dict, world: int, calls: int, alpha_s: float, bw: float) -> float:
-    """Alpha-beta time of ``calls`` ring collectives sending ``volume[op]`` bytes in all."""
-    if world == 1 or volume[op] == 0:
-        return 0.0
-    return calls * ring_steps(op, world) * alpha_s + volume[op] / bw
+def _latency_s(op: str, world: int, calls: int, alpha_s: float) -> float:
+    """Alpha part of ``calls`` ring collectives over ``world`` ranks."""
+    return calls * ring_steps(op, world) * alpha_s
 
 
 def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
-    """Seconds of communication per optimizer step, and bytes sent per rank (intra/inter)."""
+    """Seconds of communication per optimizer step, and the bytes per step that the busiest
+    GPU sends over NVLink (``"intra"``) and that one NIC sends to other nodes (``"inter"``).
+
+    The link model is :mod:`course_utils.theory.multinode`'s: a flat ring over all GPUs
+    (DDP, ZeRO-1/2/3) runs one ring per NIC, each leaving every node once, so a node's
+    NICs carry what one rank sends, 1/nics_per_node each, while NVLink carries the hops
+    inside the node at the same time; every step pays the inter-node alpha. HSDP: ZeRO-3 on NVLink inside
+    the node, then ``gpus_per_node`` rings across nodes (one per local rank) that share the
+    node's NICs.
+    """
     psi = a.num_params
     pb, gb, _ = RECIPES[a.recipe]
-    n, g, nodes = a.world_size, a.gpus_per_node, a.nodes
-    intra, inter = a.intra_bw_gbps * 1e9, a.inter_bw_gbps * 1e9
+    n, g, nodes, nics = a.world_size, a.gpus_per_node, a.nodes, a.nics_per_node
+    intra, nic_bw = a.intra_bw_gbps * 1e9, a.inter_bw_gbps * 1e9
     al_in, al_out = a.alpha_intra_us * 1e-6, a.alpha_inter_us * 1e-6
-    flat_bw, flat_alpha = (intra, al_in) if nodes == 1 else (min(intra, inter), max(al_in, al_out))
     units, bucket = a.units, a.bucket_elems
     if choice.strategy == "HSDP":
         rs = comm_volume(psi, world_size=g, stage=3, bytes_per_elem=gb)
         ag = comm_volume(psi, world_size=g, stage=3, bytes_per_elem=pb)
-        t_in = k * (_collective_s("all_gather", ag, g, 2 * units, al_in, intra)
-                    + _collective_s("reduce_scatter", rs, g, units, al_in, intra))
+        sent_in = k * (ag["all_gather"] + rs["reduce_scatter"])
+        t_in = 0.0
+        if g > 1:
+            t_in = k * (_latency_s("all_gather", g, 2 * units, al_in)
+                        + _latency_s("reduce_scatter", g, units, al_in)) + sent_in / intra
         shard = psi / g
         ar = comm_volume(shard, world_size=nodes, stage=0, bytes_per_elem=gb)
-        t_out = _collective_s("all_reduce", ar, nodes, max(1, math.ceil(shard / bucket)), al_out, inter)
-        detail = {"intra": k * (ag["all_gather"] + rs["reduce_scatter"]), "inter": ar["all_reduce"]}
-        return t_in + t_out, detail
+        wire, per_nic = cross_node_wire(ar["all_reduce"], g, nodes, nic_bw, nics)
+        t_out = _latency_s("all_reduce", nodes, max(1, math.ceil(shard / bucket)), al_out) + wire
+        return t_in + t_out, {"intra": sent_in, "inter": per_nic}
     stage = choice.stage
     calls = max(1, math.ceil(psi / bucket))
     if stage == 0:
         v = comm_volume(psi, world_size=n, stage=0, bytes_per_elem=gb)
-        t = _collective_s("all_reduce", v, n, calls, flat_alpha, flat_bw)
+        parts = [("all_reduce", calls)]
         sent = v["all_reduce"]
     else:
         rs = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=gb)
         ag = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=pb)
         if stage == 3:
-            t = k * (_collective_s("all_gather", ag, n, 2 * units, flat_alpha, flat_bw)
-                     + _collective_s("reduce_scatter", rs, n, units, flat_alpha, flat_bw))
+            parts = [("all_gather", k * 2 * units), ("reduce_scatter", k * units)]
             sent = k * (ag["all_gather"] + rs["reduce_scatter"])
         else:
             rs_times = k if stage == 2 else 1
-            t = (rs_times * _collective_s("reduce_scatter", rs, n, calls, flat_alpha, flat_bw)
-                 + _collective_s("all_gather", ag, n, calls, flat_alpha, flat_bw))
+            parts = [("reduce_scatter", rs_times * calls), ("all_gather", calls)]
             sent = rs_times * rs["reduce_scatter"] + ag["all_gather"]
-    detail = {"intra": sent, "inter": 0} if nodes == 1 else {"intra": 0, "inter": sent}
-    return t, detail
+    if n == 1:
+        return 0.0, {"intra": 0, "inter": 0}
+    alpha = al_in if nodes == 1 else al_out
+    wire, per_nic, nvlink = flat_ring_wire(sent, g, nodes, intra, nic_bw, nics)
+    t = sum(_latency_s(op, n, c, alpha) for op, c in parts) + wire
+    return t, {"intra": sent if nodes == 1 else nvlink, "inter": per_nic}
 
 
 def _offload_s(choice: Choice, a: Assumptions, shard_size: int, k: int) -> float:
@@ -509,7 +531,7 @@ def _row(choice: Choice, a: Assumptions, model_arg, config) -> PlanRow:
 
 def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
          intra_bw_gbps: float, inter_bw_gbps: float, seq_len: int,
-         micro_batch: int | None = None, global_batch: int | None = None,
+         nics_per_node: int | None = None, micro_batch: int | None = None, global_batch: int | None = None,
          recipe: str = "mixed", attention: str = "flash",
          gpu_flops: float = 989e12, mfu: float = 0.4, overlap: float = 0.0,
          alpha_intra_us: float = 5.0, alpha_inter_us: float = 10.0,
@@ -525,8 +547,11 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
         gpu_mem_gb: usable memory of one GPU, GB (1e9 bytes). An "80GB" H100 shows
             81559 MiB = 85.5 GB in nvidia-smi.
         gpus_per_node, nodes: the cluster; every GPU is a data-parallel rank.
-        intra_bw_gbps, inter_bw_gbps: GB/s one GPU can send inside its node (NVLink)
-            and to other nodes (its share of the network).
+        intra_bw_gbps, inter_bw_gbps: GB/s one GPU can send inside its node (NVLink),
+            and GB/s of one network card (NIC) between nodes (400 Gb/s InfiniBand: 50).
+        nics_per_node: NICs per node; None: one per GPU (a DGX H100 has 8 for 8 GPUs).
+            A ring over all GPUs crosses each node boundary once per NIC, so its
+            cross-node bandwidth is nics_per_node x inter_bw_gbps per node.
         seq_len: tokens per sequence.
         micro_batch: sequences per GPU per forward; None: the largest that fits (and,
             with ``global_batch``, divides the sequences per GPU, so that micro-batch x
@@ -552,7 +577,10 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
     check_int("gpus_per_node", gpus_per_node, 1, what="GPUs in one machine")
     check_int("nodes", nodes, 1, what="number of machines")
     check_number("intra_bw_gbps", intra_bw_gbps, above=0, example="450 (NVLink 4)")
-    check_number("inter_bw_gbps", inter_bw_gbps, above=0, example="50 (400 Gb/s InfiniBand per GPU)")
+    check_number("inter_bw_gbps", inter_bw_gbps, above=0, example="50 (one 400 Gb/s InfiniBand NIC)")
+    if nics_per_node is None:
+        nics_per_node = gpus_per_node
+    check_int("nics_per_node", nics_per_node, 1, what="network cards per node; None: one per GPU")
     check_int("seq_len", seq_len, 1, what="tokens per sequence")
     if micro_batch is not None:
         check_int("micro_batch", micro_batch, 1, what="sequences per GPU per forward; None: the largest that fits")
@@ -585,7 +613,7 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
     check_int("max_micro_batch", max_micro_batch, 1)
     a = Assumptions(model=label, num_params=num_params, gpu_mem_gb=gpu_mem_gb,
                     gpus_per_node=gpus_per_node, nodes=nodes, intra_bw_gbps=intra_bw_gbps,
-                    inter_bw_gbps=inter_bw_gbps, alpha_intra_us=alpha_intra_us,
+                    inter_bw_gbps=inter_bw_gbps, nics_per_node=nics_per_node, alpha_intra_us=alpha_intra_us,
                     alpha_inter_us=alpha_inter_us, seq_len=seq_len, micro_batch=micro_batch,
                     global_batch=global_batch, recipe=recipe, attention=attention,
                     gpu_flops=gpu_flops, mfu=mfu, overlap=overlap, overhead_gb=overhead_gb,

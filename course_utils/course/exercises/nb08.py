@@ -13,7 +13,8 @@ __all__ = ["Scenario", "reference_choice", "check_capstone", "CAPSTONE_SCENARIOS
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """A capstone scenario: a model, a cluster and a workload (:func:`plan`'s arguments)."""
+    """A capstone scenario: a model, a cluster and a workload (:func:`plan`'s arguments;
+    ``inter_bw_gbps`` is per NIC, ``nics_per_node`` None: one NIC per GPU)."""
 
     name: str
     story: str
@@ -26,6 +27,7 @@ class Scenario:
     seq_len: int
     global_batch: int
     host_mem_gb: float
+    nics_per_node: int | None = None
 
     def plan_kwargs(self) -> dict:
         """The keyword arguments of :func:`plan` for this scenario (with ``model``)."""
@@ -40,9 +42,10 @@ class Scenario:
 CAPSTONE_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("7B on one DGX", "Llama-2-7B, one node of 8 x 80 GB GPUs on NVLink (450 GB/s), "
              "seq 4096, 64 sequences per step", "llama-2-7b", 80.0, 8, 1, 450.0, 50.0, 4096, 64, 1024.0),
-    Scenario("70B on 4 nodes, slow network", "Llama-2-70B, 4 nodes x 8 x 80 GB, NVLink inside a node "
-             "but only 25 GB/s per GPU between nodes, seq 4096, 1024 sequences (4M tokens) per step",
-             "llama-2-70b", 80.0, 8, 4, 450.0, 25.0, 4096, 1024, 2048.0),
+    Scenario("70B on 4 nodes, one NIC per node", "Llama-2-70B, 4 nodes x 8 x 80 GB, NVLink inside a "
+             "node but a single 200 Gb/s network card (25 GB/s) per node between nodes, seq 4096, "
+             "1024 sequences (4M tokens) per step",
+             "llama-2-70b", 80.0, 8, 4, 450.0, 25.0, 4096, 1024, 2048.0, nics_per_node=1),
     Scenario("13B on one 24 GB GPU", "Llama-2-13B on a single 24 GB GPU with 256 GB of host memory, "
              "seq 4096, 8 sequences per step", "llama-2-13b", 24.0, 1, 1, 450.0, 50.0, 4096, 8, 256.0),
 )
