@@ -182,3 +182,16 @@ def test_llama_3_1_presets_have_the_published_counts_and_work_everywhere():
         PlannerSetting(model=name, gpus_per_node=8, nodes=2, global_batch=64)
     assert planner.plan("llama-3.1-8b", gpu_mem_gb=80, gpus_per_node=8, nodes=1, intra_bw_gbps=450,
                         inter_bw_gbps=50, seq_len=8192, global_batch=64)
+
+
+def test_torch_amp_layout_shards_less_in_zero1_than_deepspeeds():
+    """The same 16 bytes per parameter, held differently: torch's fp32 parameter is the
+    master, so its ZeRO-1 (ZeroRedundancyOptimizer) shards 8 of them, DeepSpeed's 12."""
+    psi = PRESETS["llama-2-7b"].num_params
+    torch_z1 = model_states(psi, world_size=8, stage=1, recipe="torch-amp")
+    ds_z1 = model_states(psi, world_size=8, stage=1, recipe="mixed")
+    assert torch_z1.total == psi * (4 + 4 + 1) and ds_z1.total == psi * (2 + 2 + 1.5)
+    assert round(torch_z1.total / 1e9, 1) == 60.6 and round(ds_z1.total / 1e9, 1) == 37.1
+    for stage in (0, 3):
+        assert model_states(psi, world_size=8, stage=stage, recipe="torch-amp").total == \
+            model_states(psi, world_size=8, stage=stage, recipe="mixed").total

@@ -276,10 +276,12 @@ def quiz_05() -> Quiz:
         ),
         Numeric(
             f"Course GPT (Ψ = {psi:,}), fp32, ZeRO-2 on {n} ranks: bytes of gradient each rank "
-            "keeps after backward (one bucket)?",
+            "keeps once optimizer.step() has run (one bucket)?",
             4 * padded / n, unit="bytes", tol=0.5, minimum=0,
             explanation=f"Ψ padded to {padded:,}; 4 bytes x {padded:,} / {n} = {4 * padded // n:,} bytes "
-                        "(the shard's gradient); the full gradients were freed bucket by bucket.",
+                        "(the shard's gradient). Right after backward the one bucket's message is "
+                        "still in flight (the full padded gradient, on top of the shard); step() "
+                        "waits for it and keeps only the shard.",
         ),
         SingleChoice(
             "In ZeRO-3, when does a rank hold a layer's full parameters?",

@@ -404,6 +404,25 @@ class FSDP2Equivalent:
     notes: tuple
 
 
+def _torch_zero1_difference(precision: str) -> str:
+    """What DDP + ``ZeroRedundancyOptimizer`` holds and sends, against DeepSpeed's ZeRO-1,
+    with llama-2-7b on 8 GPUs as the example (:func:`~course_utils.theory.memory.model_states`)."""
+    from ..theory.config import PRESETS
+    from ..theory.memory import GB, model_states
+
+    traffic = ("it all-reduces the full gradients, then every owner broadcasts its parameters: "
+               "1.5x the ring bytes of DeepSpeed's reduce-scatter + all-gather (notebook 07's table)")
+    if precision == "fp32":
+        return "the same bytes per GPU (4 + 4 + 8/N per parameter), but " + traffic
+    psi = PRESETS["llama-2-7b"].num_params
+    torch_b, ds_b = (model_states(psi, world_size=8, stage=1, recipe=r).total / GB
+                     for r in ("torch-amp", "mixed"))
+    return (f"with autocast the fp32 parameters are the master and the gradients are fp32, so it "
+            f"shards only Adam's m and v: 4 + 4 + 8/N bytes per parameter, not DeepSpeed's "
+            f"2 + 2 + 12/N (llama-2-7b on 8 GPUs: {torch_b:.1f} GB of model states per GPU, not "
+            f"{ds_b:.1f} GB); and " + traffic)
+
+
 def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | None = None,
                      precision: str = "bf16", recipe: str = "mixed", device_type: str = "cuda",
                      pin_memory: bool = False, blocks: str = "model.blocks") -> FSDP2Equivalent:
@@ -448,13 +467,18 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
     mp_line = None
     if precision != "fp32":
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-        reduce = torch.float32 if recipe == "mixed-fp32-grads" else dtype
+        reduce = torch.float32           # the course's advice, notebook 07: see the note
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce)
         mp_line = (f"mp = MixedPrecisionPolicy(param_dtype=torch.{str(dtype).split('.')[-1]}, "
                    f"reduce_dtype=torch.{str(reduce).split('.')[-1]})")
+        notes.append("reduce_dtype=float32: the N gradients are summed in fp32 (a sum of many "
+                     "low-precision numbers loses their last bits) and FSDP2 keeps fp32 sharded "
+                     "gradients anyway; reduce_dtype=bfloat16 halves the reduce-scatter bytes, "
+                     "worth it only where the network is the bottleneck")
         if precision == "fp16":
-            notes.append("fp16 needs loss scaling: use torch.distributed.fsdp.sharded_grad_scaler."
-                         "ShardedGradScaler (DeepSpeed's fp16 section does it for you)")
+            notes.append("fp16 needs loss scaling: torch.amp.GradScaler (FSDP2 hands it DTensor "
+                         "gradients; FSDP1 needs torch.distributed.fsdp.sharded_grad_scaler."
+                         "ShardedGradScaler). DeepSpeed's fp16 section does it for you")
     if c.offload != "none":
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
         if c.offload == "optimizer":
@@ -475,8 +499,10 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
                          "CPUOffloadPolicy, which also shards the parameters and gradients")
     elif c.strategy == "ZeRO-1":
         api = "DistributedDataParallel + ZeroRedundancyOptimizer"
+        exact = False
         notes.append("FSDP2 always shards gradients (it reduce-scatters): ZeRO-1 in torch is DDP "
-                     "with ZeroRedundancyOptimizer (the course's 'torch-zero1')")
+                     "with ZeroRedundancyOptimizer (the course's 'torch-zero1'). Not the same "
+                     "machine: " + _torch_zero1_difference(precision))
     else:
         api = "DistributedDataParallel"
         notes.append("FSDP2's form of DDP is fully_shard on a 2-D mesh with a shard dimension of "

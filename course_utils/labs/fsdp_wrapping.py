@@ -918,7 +918,8 @@ def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
     return IssueReport("OOM with FSDP", side(coarse), side(fine), report.where,
                        ["fix: wrap each transformer block (fully_shard per block, or FSDP1's "
                         "auto_wrap_policy); the root then holds only the embeddings",
-                        LIMIT_ALL_GATHERS_NOTE])
+                        "the tutorial's other fix, limit_all_gathers=True, is an FSDP1 knob "
+                        "(LIMIT_ALL_GATHERS_NOTE says why FSDP2 has none)"])
 
 
 def issue_slow(report: GranularityReport | None = None, strategies: StrategyReport | None = None,

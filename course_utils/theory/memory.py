@@ -11,7 +11,17 @@ recipe              params  grads  optimizer states (Adam)
 ``fp32``            4       4      8   (m and v, fp32)
 ``mixed``           2       2      12  (fp32 master copy + m + v: the paper's K = 12)
 ``mixed-fp32-grads``2       4      12  (fp32 gradient accumulation, e.g. Megatron: 18 B)
+``torch-amp``       4       4      8   (torch autocast / FSDP2 ``MixedPrecisionPolicy``)
 ==================  ======  =====  =================================================
+
+Two layouts hold mixed-precision training's 16 bytes per parameter. DeepSpeed and
+Megatron-LM (``mixed``, the ZeRO paper's) keep bf16 parameters and gradients and a
+separate fp32 master copy inside the optimizer, so ZeRO-1 shards 12 of the 16 bytes. In
+torch (autocast, ``ZeroRedundancyOptimizer``, FSDP2 with ``MixedPrecisionPolicy``) the
+fp32 parameter *is* the master: bf16 copies exist only inside an autocast op or while an
+FSDP2 unit is gathered, and gradients are fp32. So ``torch-amp`` has fp32's bytes, and a
+torch ZeRO-1 (DDP + ``ZeroRedundancyOptimizer``) shards only m and v: 4 + 4 + 8/N, not
+2 + 2 + 12/N. Fully sharded (stage 3) the two layouts hold the same 16/N.
 
 ZeRO shards, across ``world_size`` data-parallel ranks: stage 1 the optimizer states,
 stage 2 also the gradients, stage 3 also the parameters. Sharded parts are the
@@ -33,6 +43,7 @@ RECIPES: dict[str, tuple[int, int, int]] = {
     "fp32": (4, 4, 8),
     "mixed": (2, 2, 12),
     "mixed-fp32-grads": (2, 4, 12),
+    "torch-amp": (4, 4, 8),
 }
 
 STAGES = (0, 1, 2, 3)
