@@ -31,7 +31,7 @@ def test_one_step_holds_exactly_model_states_plus_step_counters(recipe):
     assert got["optimizer"] == want.optimizer + TENSORS * STEP_BYTES == want.optimizer + 272
     detail = got["optimizer_detail"]
     assert detail["step"] == 272 and detail["exp_avg"] == detail["exp_avg_sq"] == 4 * PSI
-    assert detail.get("master", 0) == (0 if recipe == "fp32" else 4 * PSI)
+    assert detail.get("master", 0) == (0 if recipe in ("fp32", "torch-amp") else 4 * PSI)
     assert len(opt.state) == TENSORS
     assert all(s["step"].dtype == torch.float32 and s["step"].dim() == 0 for s in opt.state.values())
 
@@ -78,6 +78,13 @@ def test_dtypes_of_each_recipe():
         assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(opt.params, opt.masters))
     model, _ = one_step("mixed-fp32-grads")
     assert all(p.grad is None and p.main_grad.dtype == torch.float32 for p in model.parameters())
+    amp, opt = one_step("torch-amp")              # torch's layout: fp32 params are the master
+    assert type(opt) is torch.optim.AdamW and {p.dtype for p in amp.parameters()} == {torch.float32}
+    assert {p.grad.dtype for p in amp.parameters()} == {torch.float32}
+    seen = []
+    amp.blocks[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    amp(*SyntheticData(global_batch=4, seed=0).batch(0))
+    assert seen == [torch.bfloat16]                # computed in bf16 under autocast
 
 
 def test_masters_are_copied_before_rounding():

@@ -1,4 +1,4 @@
-"""The three training recipes of ``memory.RECIPES``, for real on the CPU, measured to the byte.
+"""The training recipes of ``memory.RECIPES``, for real on the CPU, measured to the byte.
 
 Taught in ``notebooks/03_memory_anatomy.ipynb``. :func:`make_training` turns a model
 into one of:
@@ -9,6 +9,9 @@ recipe              what is held per trainable parameter                        
 ``fp32``            fp32 param + fp32 grad + AdamW's fp32 exp_avg, exp_avg_sq    4+4+8
 ``mixed``           bf16 param + bf16 grad + fp32 master, exp_avg, exp_avg_sq    2+2+12
 ``mixed-fp32-grads``bf16 param + fp32 ``main_grad`` + the same fp32 optimizer      2+4+12
+``torch-amp``       fp32 param (the master) + fp32 grad + AdamW's exp_avg, exp_avg_sq 4+4+8
+                    (forward under ``torch.autocast(dtype=bfloat16)``: bf16 copies
+                    live only inside each op)
 ==================  ===========================================================  =====
 
 The training loop is the same for every recipe::
@@ -138,6 +141,18 @@ def _attach_main_grad(p: nn.Parameter) -> None:
     p.register_post_accumulate_grad_hook(accumulate)
 
 
+def _autocast_forward(model: nn.Module) -> None:
+    """Run ``model``'s forward under ``torch.autocast`` in bf16 (on its parameters' device)."""
+    device_type = next(model.parameters()).device.type
+    forward = model.forward
+
+    def autocast_forward(*args, **kwargs):
+        with torch.autocast(device_type, dtype=LOW_PRECISION):
+            return forward(*args, **kwargs)
+
+    model.forward = autocast_forward
+
+
 def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_decay: float = 0.0,
                   betas: tuple[float, float] = (0.9, 0.95)):
     """``(model, optimizer)`` for ``recipe``, a key of :data:`course_utils.memory.RECIPES`.
@@ -147,6 +162,9 @@ def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_dec
       :class:`MasterWeightsAdamW` whose fp32 masters are copied *before* rounding.
     * ``mixed-fp32-grads``: as ``mixed``, and every trainable parameter gets an fp32
       ``main_grad`` that backward accumulates into (the bf16 ``.grad`` is freed at once).
+    * ``torch-amp``: PyTorch's own mixed precision: the model stays fp32 (the parameters
+      are the master copy), ``torch.optim.AdamW``, and the model's forward runs under
+      ``torch.autocast`` in bf16, so matmuls compute in bf16 and gradients arrive in fp32.
 
     The model is converted in place. Frozen parameters (``requires_grad=False``) get no
     optimizer state and no ``main_grad``.
@@ -163,8 +181,10 @@ def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_dec
         raise ValueError("this model already went through make_training(..., 'mixed-fp32-grads') "
                          "and has main_grad hooks; build a fresh model for a new recipe")
     hyper = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas))
-    if recipe == "fp32":
+    if recipe in ("fp32", "torch-amp"):
         model.float()
+        if recipe == "torch-amp":
+            _autocast_forward(model)
         return model, torch.optim.AdamW(params, **hyper)
     masters = [p.detach().to(torch.float32, copy=True) for p in params]
     model.to(LOW_PRECISION)             # Parameters keep their identity; only .data changes
