@@ -51,7 +51,7 @@ def test_the_course_ddp_passes(capsys):
     assert check_ddp(DataParallel)
     out = capsys.readouterr().out
     for n in (2, 3, 4):
-        assert f"{n} ranks: right: rank 0's weights everywhere" in out
+        assert f"{n} gloo ranks on CPU: right: rank 0's weights everywhere" in out
     assert "[66, 1]" in out                       # one all-reduce per parameter, then one bucket
 
 

@@ -159,7 +159,7 @@ def test_the_course_reference_passes(stage, capsys):
     assert check(reference)
     out = capsys.readouterr().out
     for n in (2, 3, 4):
-        assert f"{n} ranks: {lines[0]}" in out
+        assert f"{n} gloo ranks on CPU: {lines[0]}" in out
     assert all(line in out for line in lines[1:])          # the numbers of 3 ranks
 
 

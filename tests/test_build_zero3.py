@@ -172,7 +172,7 @@ def test_the_course_zero3_passes(capsys):
     assert check_zero3(Zero3Unit)
     out = capsys.readouterr().out
     for n, held in ((2, 240), (3, 160), (4, 120)):
-        assert (f"{n} ranks: right: per step 3 + 3 all-gathers (forward, backward) and 3 reduce-scatters "
+        assert (f"{n} gloo ranks on CPU: right: per step 3 + 3 all-gathers (forward, backward) and 3 reduce-scatters "
                 f"for 3 units; rank 0 holds 4·P/N = {held} B of params at rest (+ 28 B frozen)") in out
 
 

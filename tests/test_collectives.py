@@ -195,14 +195,18 @@ def _ring_dropping_the_tail(t):
 
 def test_rs_ag_grader(capsys):
     assert check_all_reduce_from_rs_ag(C.all_reduce_via_rs_ag)
-    assert "4 ranks: all right" in capsys.readouterr().out
+    assert "4 gloo ranks on CPU: right: every rank returned the sum (10 elements)" in capsys.readouterr().out
     assert not check_all_reduce_from_rs_ag(_rs_ag_without_padding)
     out = capsys.readouterr().out
-    assert "2 ranks: all right" in out and "3 ranks: rank" in out and "raised" in out
+    assert "2 gloo ranks on CPU: right" in out and "3 ranks: rank" in out and "raised" in out
+    assert "with 10 elements: " in out                     # the size the error happened at
     assert not check_all_reduce_from_rs_ag(lambda t: t)
-    assert "rank 1: differs: got tensor([200.0, 201.0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("2 gloo ranks on CPU: not yet: rank 0: 10 elements: got [100, 101, 102, 103, 104, …], "
+            "expected [300, 302, 304, 306, 308, …] (2 of 2 ranks differ)") in out
+    assert len(out.splitlines()) <= 5                      # a committed stub's output stays short
     assert not check_all_reduce_from_rs_ag(_uses_all_reduce)
-    assert "raised NotAllowed: dist.all_reduce is not allowed" in capsys.readouterr().out
+    assert "raised NotAllowed: with 10 elements: dist.all_reduce is not allowed" in capsys.readouterr().out
     assert not check_all_reduce_from_rs_ag("not a function")
 
 
@@ -211,9 +215,13 @@ def test_ring_grader(capsys):
     assert v and repr(v) == "ring_all_reduce: PASSED"
     assert not check_ring_all_reduce(_ring_dropping_the_tail)
     out = capsys.readouterr().out
-    assert "tensors of 13 elements" in out and "rank 0: differs" in out
+    assert "5, 7 and 13 elements" in out and "not yet: rank 0: 5 elements: " in out
+    assert "; first difference at index 4 (2 of 2 ranks differ)" in out     # the dropped tail, named
     assert not check_ring_all_reduce(lambda t: None)  # in place, but nothing done
-    assert "rank 2: differs: got tensor([300.0, 301.0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("3 gloo ranks on CPU: not yet: rank 0: 5 elements: got [100, 101, 102, 103, 104], "
+            "expected [600, 603, 606, 609, 612] (3 of 3 ranks differ)") in out
+    assert len(out.splitlines()) <= 5
     assert not check_ring_all_reduce(_uses_all_reduce)
     assert "raised NotAllowed" in capsys.readouterr().out
 

@@ -22,7 +22,9 @@ def test_right_answers_pass(capsys):
     v = check_rank_sum(rank_sum)
     assert v and repr(v) == "rank_sum: PASSED"
     assert check_gather_squares(gather_squares)
-    assert "rank 3: right" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "4 gloo ranks on CPU: right: every rank returned tensor([1, 4, 9, 16])" in out
+    assert len(out.splitlines()) == 4              # two graders, one line per world size each
 
 
 def test_graders_run_gloo_cpu_ranks_even_where_gpus_are_visible(monkeypatch, capsys):
@@ -38,7 +40,7 @@ def test_graders_run_gloo_cpu_ranks_even_where_gpus_are_visible(monkeypatch, cap
     assert exercises.GRADER_BACKEND == "gloo"
     assert check_rank_sum(rank_sum)
     out = capsys.readouterr().out
-    assert "launch: 2 ranks, gloo on CPU" in out and "launch: 4 ranks, gloo on CPU" in out
+    assert "2 gloo ranks on CPU: right" in out and "4 gloo ranks on CPU: right" in out
     assert "NCCL" not in out
 
 
@@ -46,8 +48,8 @@ def test_hard_coded_answer_fails_on_another_world_size(capsys):
     v = check_rank_sum(lambda: 10.0)
     assert not v and "not yet" in repr(v)
     out = capsys.readouterr().out
-    assert "2 ranks: 2 of 2 ranks differ" in out and "4 ranks: all right" in out
-    assert "rank 0: differs: got 10, expected 3" in out
+    assert "2 gloo ranks on CPU: not yet: rank 0: got 10, expected 3 (2 of 2 ranks differ)" in out
+    assert "4 gloo ranks on CPU: right: every rank returned 10" in out
 
 
 def test_raising_and_hanging_functions_are_reported_not_raised(capsys):
@@ -87,6 +89,24 @@ def test_grad_average_hook_checker(capsys):
 
     assert exercises.check_grad_average_hook(right)
     assert not exercises.check_grad_average_hook(summed)
-    assert not exercises.check_grad_average_hook(lambda p: None)
     out = capsys.readouterr().out
-    assert "rank 0: right" in out and "rank 1: differs (max |grad - full-batch grad|" in out
+    assert "3 gloo ranks on CPU: right: every rank has max |grad - full-batch grad| ≤ 1e-6 ✓" in out
+    assert "2 gloo ranks on CPU: not yet: rank 0: max |grad - full-batch grad| = " in out
+    assert not exercises.check_grad_average_hook(lambda p: None)     # the stub: one line per world size
+    assert len(capsys.readouterr().out.splitlines()) == 3           # + the verdict in a notebook
+
+
+def test_brief_shows_a_few_values_from_where_they_differ():
+    from course_utils.harness.grading import brief, compare_brief
+
+    want = torch.arange(10.0)
+    assert brief(want) == "tensor([0, 1, 2, 3, 4, …])" and brief(torch.tensor(3.0)) == "tensor(3)"
+    assert brief(torch.full((2, 3), 0.5)) == "tensor([0.5, 0.5, 0.5, 0.5, 0.5, …], shape=(2, 3))"
+    assert compare_brief(want, want, atol=0) == ""
+    got = want.clone()
+    got[8] = -1
+    assert compare_brief(got, want, atol=0) == ("got […, 5, 6, 7, -1, 9], expected […, 5, 6, 7, 8, 9]; "
+                                                "first difference at index 8")
+    assert compare_brief(None, want, atol=0) == "got None, expected tensor([0, 1, 2, 3, 4, …])"
+    assert "shape" in compare_brief(torch.ones(3), want, atol=0)
+    assert compare_brief(2.5, 3.0, atol=0) == "got 2.5, expected 3"

@@ -123,7 +123,10 @@ def test_korthikanti_formula():
     assert activation_bytes(cfg, micro_batch=b, seq=s, recompute="selective").per_layer == 34 * s * b * h
     assert activation_bytes(cfg, micro_batch=b, seq=s, recompute="full").per_layer == 2 * s * b * h
     assert full.logits == 4 * s * b * cfg.vocab
-    assert full.total == cfg.layers * full.per_layer + 5 * s * b * h + 4 * s * b * cfg.vocab
+    assert full.total == cfg.layers * full.per_layer + 5 * s * b * h + 4 * s * b * cfg.vocab \
+        + 8 * s * b * cfg.vocab                    # F.cross_entropy's two fp32 gradients
+    fused = activation_bytes(cfg, micro_batch=b, seq=s, cross_entropy="fused")
+    assert fused.total == cfg.layers * full.per_layer + 5 * s * b * h + 4 * s * b * cfg.vocab
 
 
 def test_offload_placement():

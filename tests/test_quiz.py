@@ -167,3 +167,32 @@ def test_quiz_00_numbers_come_from_the_calculator():
 
     q4 = quiz.get("00").question(4)
     assert q4.answer == model_states(7e9, world_size=4, stage=3).total / GB == 28
+
+
+def test_reasoning_questions_follow_the_formulas():
+    from course_utils.theory.config import PRESETS
+    from course_utils.theory.memory import GB, model_states
+
+    fits = [s for s in range(4) if model_states(7e9, world_size=4, stage=s).total <= 40 * GB]
+    assert quiz.get("00").question(1).answer == {"abcd"[fits[0]]} == {"c"}    # ZeRO-2 fits 40 GB
+    assert quiz.check("00", 5, "26.25").correct                                 # 14 + 14 x 7 / 8
+    assert "272 bytes" in quiz.get("03").question(5).prompt                     # 68 tensors x 4 B
+    assert quiz.check("03", 7, 18 * PRESETS["gpt2-xl"].num_params / GB).correct
+    q6 = quiz.get("05").question(6)
+    assert quiz.check("05", 6, "21.8").correct and "the calculator's" in q6.explanation
+
+
+def test_quiz_05_asks_only_what_05_teaches():
+    text = quiz.get("05").text().lower()
+    assert "zero-3" not in text and "prefetch" not in text
+    assert "prefetch" in quiz.get("06").text().lower()
+    assert all("learning rate" not in o for q in quiz.get("06").questions for o in getattr(q, "options", []))
+
+
+def test_quiz_05_peak_is_the_measured_one():
+    """Quiz 05 Q4 states the peak gradient bytes of ZeRO-2 with one bucket on 2 ranks."""
+    from course_utils.harness.experiments import run
+    from course_utils.impl.zero import DEFAULT_BUCKET_BYTES
+
+    peak = run("zero2", 2, steps=1, bucket_bytes=DEFAULT_BUCKET_BYTES, quiet=True)[0].extra["peak_grad_bytes"]
+    assert f"{peak:,} bytes" in quiz.get("05").question(4).prompt

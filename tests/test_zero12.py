@@ -208,16 +208,19 @@ def test_toy_frozen_tied_odd_unused(world_size):
 
 def _zero2_after_backward():
     model = build_model(seed=0)
-    from course_utils.harness.experiments import LR
+    from course_utils.harness.experiments import LR, clip_grad_norm_
     from course_utils.harness.model import SyntheticData
 
     opt = zero.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, bucket_bytes=16 * 1024, lr=LR)
     x, y = SyntheticData(global_batch=12, seed=0).shard(0, dist.get_rank(), dist.get_world_size())
     model(x, y).backward()
     held = [n for n, p in model.named_parameters() if p.grad is not None]
-    now = opt.grad_bytes_now()
+    now = [opt.grad_bytes_now()]
+    model(x, y).backward()                      # accumulation: a second backward adds to the shards
+    now.append(opt.grad_bytes_now())
+    clip_grad_norm_(model, 1.0)
     try:
-        model(x, y).backward()
+        model(x, y).backward()                  # after a clip: refused
         error = ""
     except RuntimeError as exc:
         error = str(exc)
@@ -227,8 +230,99 @@ def _zero2_after_backward():
 def test_zero2_frees_full_gradients_during_backward():
     for held, now, shard_bytes, error in launch(_zero2_after_backward, 3, quiet=True):
         assert held == []
-        assert shard_bytes <= now <= shard_bytes + 4 * 16 * 1024 // 4 * 3  # + the last message
-        assert "second backward" in error
+        assert now == [shard_bytes, shard_bytes]          # every message finished when backward ends
+        assert "clip after the last backward" in error
+
+
+# ------------------------------------------------------------------ gradient accumulation
+
+ACC_BATCH, ACC_STEPS, ACC_LR, ACC_TOL = 24, 2, 0.1, 1e-6
+
+
+def _sgd_params(model):
+    return {n: p.detach().clone() for n, p in unwrap(model).named_parameters()}
+
+
+def _accumulate(stage, micro_batches, overlap):
+    """ZeRO-1/2 (16 KiB buckets) with SGD, ``ACC_STEPS`` steps of k micro-batches (loss / k each)."""
+    from course_utils.harness.model import SyntheticData
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    data = SyntheticData(global_batch=ACC_BATCH, seed=0)
+    model = build_model(seed=0)
+    opt = zero.ZeroOptimizer(model.parameters(), torch.optim.SGD, stage=stage, bucket_bytes=16 * 1024,
+                             overlap=overlap, lr=ACC_LR)
+    held = []
+    with CommLedger() as ledger:
+        for step in range(ACC_STEPS):
+            x, y = data.shard(step, rank, n)
+            for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+                (model(xm, ym) / micro_batches).backward()
+                held.append(opt.grad_bytes_now())
+            opt.step()
+            opt.zero_grad()
+    return {"params": _sgd_params(model), "counts": ledger.counts(), "totals": ledger.totals(),
+            "buckets": [b.numel for b in opt.buckets], "held": held,
+            "shard_bytes": sum(4 * b.shard_numel for b in opt.buckets)}
+
+
+def _accumulate_all():
+    return {key: _accumulate(*key) for key in ((2, 1, True), (2, 2, True), (2, 4, True), (2, 2, False),
+                                                (1, 2, True))}
+
+
+def _sgd_single():
+    from course_utils.harness.model import SyntheticData
+
+    data = SyntheticData(global_batch=ACC_BATCH, seed=0)
+    model = build_model(seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=ACC_LR)
+    for step in range(ACC_STEPS):
+        model(*data.shard(step, 0, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+    return _sgd_params(model)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_zero_gradient_accumulation_matches_one_process(world_size):
+    """ZeRO-2 with k = 1, 2, 4 micro-batches per step (k = 2 with overlap=False, and ZeRO-1 with
+    k = 2): the parameters of one process on the global batch after 2 steps, |diff| <= 1e-6
+    (fp32 sums in another order; SGD, lr 0.1, so no Adam step amplifies a near-zero gradient's
+    rounding); ZeRO-2 reduce-scatters every bucket in every micro-batch (overlap=False and
+    ZeRO-1: once per step) and holds only its shard between micro-batches."""
+    ref = _sgd_single()
+    out = launch(_accumulate_all, world_size, quiet=True)
+    for (stage, k, overlap), r in out[0].items():
+        for other in out[1:]:                              # every rank: the same parameters, bitwise
+            theirs = other[(stage, k, overlap)]["params"]
+            assert all(torch.equal(t, theirs[n]) for n, t in r["params"].items())
+        worst = max((t - ref[n]).abs().max().item() for n, t in r["params"].items())
+        assert worst <= ACC_TOL, (stage, k, overlap, worst)
+        buckets = len(r["buckets"])
+        assert buckets > 1
+        sends = k if overlap and stage == 2 else 1         # ZeRO-1 reduces in step() only
+        assert r["counts"] == {"all_reduce": 0, "reduce_scatter": sends * buckets * ACC_STEPS,
+                               "all_gather": buckets * ACC_STEPS}
+        assert r["totals"] == zero.expected_comm_bytes(r["buckets"], world_size, ACC_STEPS,
+                                                       micro_batches=sends)
+        if stage == 1:                                     # the flat gradient buffers, always
+            assert r["held"] == [r["shard_bytes"] * world_size] * (k * ACC_STEPS)
+        elif overlap:                                      # only the shard, after every backward
+            assert r["held"] == [r["shard_bytes"]] * (k * ACC_STEPS)
+        else:                                              # full gradients wait for step()
+            assert min(r["held"]) > 4 * PSI
+
+
+def test_expected_comm_bytes_with_micro_batches():
+    one = zero.expected_comm_bytes([PSI], 2)
+    four = zero.expected_comm_bytes([PSI], 2, micro_batches=4)
+    assert four == {"all_reduce": 0, "reduce_scatter": 4 * one["reduce_scatter"],
+                    "all_gather": one["all_gather"]}
+    with pytest.raises(ValueError, match="micro_batches"):
+        zero.expected_comm_bytes([PSI], 2, micro_batches=0)
+    with pytest.raises(ValueError, match="leave micro_batches=1"):
+        zero.expected_comm_bytes([PSI], 2, variant="allreduce", micro_batches=2)
 
 
 # ------------------------------------------------------------------ exercises

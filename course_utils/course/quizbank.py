@@ -10,23 +10,33 @@ from .questions import MultiChoice, Numeric, Quiz, SingleChoice
 
 
 def quiz_00() -> Quiz:
-    zero3 = model_states(7e9, world_size=4, stage=3, recipe="mixed")
-    ddp = model_states(7e9, world_size=4, stage=0, recipe="mixed")
+    seven = {stage: model_states(7e9, world_size=4, stage=stage, recipe="mixed") for stage in range(4)}
+    budget = 40                                # GB per GPU, model states only
+    fits = next(stage for stage, m in seven.items() if m.total / GB <= budget)
+    names = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
+    z2_8 = model_states(7e9, world_size=8, stage=2, recipe="mixed")
     return Quiz("00 orientation", [
         SingleChoice(
-            "On a laptop with no GPU, launch(fn, 4) runs the 4 ranks with which backend?",
-            ["NCCL, one GPU per rank", "gloo, on CPU processes", "a single process, simulated"],
-            "b",
-            "backend='auto' picks NCCL only when there is one GPU per rank; otherwise each rank "
-            "is a real CPU process talking gloo.",
+            f"A 7B-parameter model, mixed-precision Adam (2 + 2 + 12 bytes per parameter), 4 GPUs of "
+            f"{budget} GB each. Counting model states only, which is the least sharding that fits?",
+            names, "abcd"[fits],
+            "Per GPU: " + ", ".join(f"{names[st]} {m.total / GB:g} GB" for st, m in seven.items())
+            + f". {names[fits]} is the first under {budget} GB; it leaves "
+            f"{budget - seven[fits].total / GB:g} GB for activations and buffers, so a real run may "
+            "still need the next stage.",
         ),
         SingleChoice(
-            "Inside a function run by launch, how does a rank learn which rank it is?",
-            ["It reads a global variable set by the notebook", "dist.get_rank()",
-             "It counts the processes with os.getpid()"],
+            "Four processes started by hand (nothing watches them) train together. Rank 2 raises "
+            "an error just before an all-reduce that ranks 0, 1 and 3 are already waiting in. "
+            "What do ranks 0, 1 and 3 do?",
+            ["They finish the all-reduce with the sum of their three tensors",
+             "They keep waiting in the all-reduce until the process group's timeout",
+             "They raise rank 2's error at the same moment",
+             "They skip the all-reduce and continue with the next step"],
             "b",
-            "launch initialises the default process group in every rank before calling fn, "
-            "exactly as a torchrun script does after init_process_group.",
+            "A collective completes only when every rank of the group has joined it, and a waiting "
+            "rank cannot tell a slow peer from a dead one. That is why a launcher (torchrun, or "
+            "this course's launch) watches the processes and stops the others when one fails.",
         ),
         MultiChoice(
             "Which model states does ZeRO-2 shard across the data-parallel ranks?",
@@ -38,18 +48,18 @@ def quiz_00() -> Quiz:
         Numeric(
             "From the course map: a 7B-parameter model on 4 GPUs with ZeRO-3 and mixed-precision "
             "Adam (2 + 2 + 12 bytes per parameter). Model states per GPU?",
-            zero3.total / GB, unit="GB", tol=0.5, minimum=0,
-            explanation=f"16 bytes x 7e9 / 4 = {zero3.total / GB:g} GB, against "
-                        f"{ddp.total / GB:g} GB per GPU for plain DDP.",
+            seven[3].total / GB, unit="GB", tol=0.5, minimum=0,
+            explanation=f"16 bytes x 7e9 / 4 = {seven[3].total / GB:g} GB, against "
+                        f"{seven[0].total / GB:g} GB per GPU for plain DDP.",
         ),
-        SingleChoice(
-            "Why are the ranks forked from the notebook's process when possible?",
-            ["Forking is required by gloo",
-             "It starts in about 0.1 s and functions defined in the notebook work",
-             "Forked ranks share one GPU"],
-            "b",
-            "Spawning starts fresh interpreters (seconds) that can only run importable "
-            "functions; forking copies this process, so the ranks already know your cells.",
+        Numeric(
+            f"The same 7B model with ZeRO-2, now on 8 GPUs instead of 4 ({seven[2].total / GB:g} GB "
+            "per GPU on 4). Model states per GPU?",
+            z2_8.total / GB, unit="GB", tol=0.1, minimum=0,
+            explanation=f"ZeRO-2 keeps the 2-byte parameters whole on every GPU ({z2_8.params / GB:g} GB) "
+                        f"and shards the rest: (2 + 12) x 7e9 / 8 = {(z2_8.grads + z2_8.optimizer) / GB:g} GB; "
+                        f"total {z2_8.total / GB:g} GB. Doubling the GPUs does not halve it: however many "
+                        f"GPUs, ZeRO-2 never goes below {z2_8.params / GB:g} GB. ZeRO-3 shards that part too.",
         ),
     ])
 
@@ -58,12 +68,16 @@ QUIZZES = {"00": quiz_00}
 
 
 def quiz_03() -> Quiz:
+    from ..harness.model import build_model
     from ..theory.comm import comm_volume
     from ..theory.config import PRESETS
 
     z2_13b = model_states(13e9, world_size=8, stage=2)
     ratio = comm_volume(1e9, world_size=8, stage=3)["total"] / comm_volume(1e9, world_size=8, stage=0)["total"]
     gpt2 = PRESETS["gpt2-xl"].num_params
+    xl = model_states(gpt2, recipe="mixed-fp32-grads")
+    tensors = len({id(p) for p in build_model(device="meta").parameters()})
+    steps = 4 * tensors                       # AdamW's fp32 step counter, one per tensor
     return Quiz("03 where the memory goes", [
         Numeric("Mixed-precision training with Adam, no sharding: how many bytes of model states "
                 "per parameter (the ZeRO paper's 2 + 2 + K)?",
@@ -89,19 +103,28 @@ def quiz_03() -> Quiz:
                     "ZeRO shards model states, not activations: each rank's activations come from its "
                     "own data and are not redundant. Recomputation, flash attention and smaller "
                     "micro-batches all shrink them."),
-        SingleChoice("DeepSpeed's estimator prints '... GB' per GPU. What unit is that?",
-                     ["10^9 bytes", "2^30 bytes (GiB)", "10^6 bytes"],
+        SingleChoice(f"Trained one step with AdamW, the course GPT's optimizer holds {steps} bytes more "
+                     "than the formula (8 or 12 bytes x Ψ), the same in every recipe. Why?",
+                     ["The allocator rounds every tensor up to a multiple of 512 bytes",
+                      f"AdamW keeps a 4-byte step counter per parameter tensor, and the model has "
+                      f"{tensors} of them",
+                      "The fp32 master copy of the tied embedding is stored twice",
+                      "The flat buffer is padded to a multiple of the world size"],
                      "b",
-                     "It divides by 2**30, like nvidia-smi's MiB/GiB; the ZeRO paper's GB are 10^9 "
-                     "bytes, 7% smaller."),
+                     f"{tensors} parameter tensors (the tied embedding counted once) x 4 bytes = {steps} "
+                     "bytes: the formula counts bytes per parameter element, the counter is one per "
+                     "tensor. Allocator rounding is not counted by the tensors' bytes, and one process "
+                     "has no padding."),
         Numeric("With ring collectives on 8 ranks, ZeRO-3 sends how many times the bytes DDP "
                 "sends per step?", ratio, tol=0.01, minimum=0,
                 explanation="DDP: all-reduce = 2(N-1)/N·M. ZeRO-3: all-gather in forward and in "
                             "backward plus a reduce-scatter = 3(N-1)/N·M: 1.5x."),
-        Numeric("gpt2-xl has how many billion parameters (to two decimals)?", round(gpt2 / 1e9, 2),
-                unit="billion", tol=0.005, minimum=0,
-                explanation=f"Exactly {gpt2:,}: 48 blocks of h = 1600, a 50257-token vocabulary "
-                            "and 1024 learned positions."),
+        Numeric(f"gpt2-xl ({gpt2:,} parameters) trained as Megatron-LM does, on one GPU: bf16 weights, "
+                "fp32 gradients, fp32 Adam with master weights. Model states in GB?",
+                xl.total / GB, unit="GB", tol=0.1, minimum=0,
+                explanation=f"The 'mixed-fp32-grads' recipe: 2 + 4 + 12 = 18 bytes x {gpt2:,} = "
+                            f"{xl.total / GB:.2f} GB, before a single activation; with 2-byte gradients "
+                            f"it would be 16 bytes, {16 * gpt2 / GB:.2f} GB."),
     ])
 
 
@@ -183,18 +206,15 @@ QUIZZES["02"] = quiz_02
 
 
 def quiz_04() -> Quiz:
-    from ..impl.zero import padded_numel
     from ..theory.comm import collective_bytes
     from ..theory.config import COURSE_CONFIG
 
     psi = COURSE_CONFIG.num_params()                    # the course GPT
-    n = 3
-    pad = padded_numel(psi, n)
-    opt = model_states(pad, world_size=n, stage=1, recipe="fp32").optimizer + 4
     seven = [model_states(7e9, world_size=3, stage=s).total / model_states(7e9, world_size=3).total
              for s in (1, 2, 3)]
     rs = collective_bytes("reduce_scatter", 4 * psi, 4)
     ar = collective_bytes("all_reduce", 4 * psi, 4)
+    ag = collective_bytes("all_gather", 4 * psi, 4)
     return Quiz("04 ZeRO-1", [
         MultiChoice(
             "Which states does each rank keep for its own 1/N shard only, in ZeRO-1 (mixed "
@@ -204,12 +224,19 @@ def quiz_04() -> Quiz:
             "ZeRO-1 shards all K = 12 bytes of optimizer state: m, v and the fp32 master copy. "
             "A popular notebook's calculator shards only m and v (8 bytes); that under-counts the saving.",
         ),
-        Numeric(
-            f"The course GPT (Ψ = {psi:,}) on {n} ranks with fp32 AdamW and ZeRO-1 (one bucket): "
-            "optimizer bytes one rank holds, including AdamW's step counter?",
-            opt, unit="bytes", tol=0.5, minimum=0,
-            explanation=f"Ψ is padded to {pad:,} (a multiple of 3); 8 bytes x {pad:,} / 3 = "
-                        f"{opt - 4:,} bytes of m and v, plus one 4-byte float32 step counter.",
+        SingleChoice(
+            "In the ring model ZeRO-1 sends what DDP sends, but on gloo the wire measured 1.5x DDP's "
+            "bytes. Why?",
+            ["The 2 padding elements of the flat buffer",
+             "gloo runs the reduce-scatter as a full all-reduce, so ZeRO-1 sends an all-reduce plus "
+             "an all-gather",
+             "The optimizer states are sent to the other ranks after each step",
+             "The all-gather sends every shard twice"],
+            "b",
+            f"On 4 ranks with the course GPT in fp32: DDP's all-reduce sends {ar:,.0f} bytes; gloo's "
+            f"reduce-scatter costs the same, and the all-gather adds {ag:,.0f}: ({ar:,.0f} + {ag:,.0f}) / "
+            f"{ar:,.0f} = {(ar + ag) / ar:g}. The padding is 8 bytes of a {4 * psi:,}-byte gradient; NCCL's "
+            "ring reduce-scatter sends half an all-reduce, and the 1.5 becomes 1.",
         ),
         SingleChoice(
             "Compared with DDP's all-reduce of the gradients, what does ZeRO-1 send per step "
@@ -250,8 +277,8 @@ def quiz_04() -> Quiz:
 
 def quiz_05() -> Quiz:
     from ..impl.zero import padded_numel
-    from ..theory.config import COURSE_CONFIG
-    from ..theory.memory import per_gpu
+    from ..theory.config import COURSE_CONFIG, PRESETS
+    from ..theory.memory import activation_bytes, per_gpu
 
     psi = COURSE_CONFIG.num_params()
     n = 4
@@ -260,6 +287,20 @@ def quiz_05() -> Quiz:
                   seq=1024, attention="flash")
     z1 = per_gpu("gpt2-xl", world_size=4, stage=1, recipe="mixed-fp32-grads", micro_batch=15,
                  seq=1024, attention="flash")
+    peak_one = 4 * psi + 4 * padded_numel(psi, 2) // 2     # one bucket on 2 ranks (notebook 05 §3)
+    xl = PRESETS["gpt2-xl"].num_params
+    freed = (model_states(xl, world_size=8, stage=0, recipe="mixed-fp32-grads").total
+             - model_states(xl, world_size=8, stage=2, recipe="mixed-fp32-grads").total)
+    act = activation_bytes("gpt2-xl", micro_batch=1, seq=1024, attention="flash").total
+
+    def largest_batch(stage):
+        mb = 0
+        while per_gpu("gpt2-xl", world_size=8, stage=stage, recipe="mixed-fp32-grads", micro_batch=mb + 1,
+                      seq=1024, attention="flash").total <= 80 * GB:
+            mb += 1
+        return mb
+
+    ddp_mb, z2_mb = largest_batch(0), largest_batch(2)
     return Quiz("05 ZeRO-2", [
         SingleChoice(
             "What does ZeRO-2 shard that ZeRO-1 keeps whole on every rank?",
@@ -279,15 +320,24 @@ def quiz_05() -> Quiz:
             "keeps once optimizer.step() has run (one bucket)?",
             4 * padded / n, unit="bytes", tol=0.5, minimum=0,
             explanation=f"Ψ padded to {padded:,}; 4 bytes x {padded:,} / {n} = {4 * padded // n:,} bytes "
-                        "(the shard's gradient). Right after backward the one bucket's message is "
-                        "still in flight (the full padded gradient, on top of the shard); step() "
-                        "waits for it and keeps only the shard.",
+                        "(the shard's gradient). That is already all a rank holds when backward "
+                        "returns: the callback ZeRO-2 queues for the end of backward waits for the "
+                        "last reduce-scatter, and each full gradient was freed when its bucket was sent.",
         ),
         SingleChoice(
-            "In ZeRO-3, when does a rank hold a layer's full parameters?",
-            ["always", "only while that layer runs, gathered just before (forward and backward)",
-             "only during the optimizer step", "never"],
-            "b", "ZeRO-3 all-gathers a layer's parameters when it is needed and frees them after.",
+            f"With one 25 MiB bucket on 2 ranks, ZeRO-2's measured peak gradient memory was "
+            f"{peak_one:,} bytes, more than ZeRO-1's {4 * psi:,}. Why?",
+            ["ZeRO-2 keeps an fp32 master copy of the gradients",
+             "With one bucket nothing is sent before backward has produced every gradient: all the "
+             "full gradients wait, then sit next to the shard buffer",
+             "gloo runs the reduce-scatter as an all-reduce, so every rank receives the full gradient",
+             "The flat buffer is padded to a multiple of the world size"],
+            "b",
+            f"Peak = every full gradient, 4Ψ = {4 * psi:,} B, plus the shard buffer, 4P/N = "
+            f"{4 * padded_numel(psi, 2) // 2:,} B: {peak_one:,} B. ZeRO-1 accumulates into its flat "
+            "buffer directly (4Ψ). Smaller buckets are sent during backward and freed, so the "
+            "peak falls towards the shard. How gloo sends changes the bytes on the wire, not the "
+            "gradient bytes a rank holds, and there is no padding on 2 ranks (129,350 is even).",
         ),
         SingleChoice(
             "Once parameters, gradients and optimizer states are all sharded, what usually "
@@ -296,11 +346,15 @@ def quiz_05() -> Quiz:
             "c", "ZeRO shards model states, not activations; they grow with batch and sequence "
                  "length. Recomputation or tensor/sequence parallelism address them.",
         ),
-        SingleChoice(
-            "What hides ZeRO-3's parameter gathers behind computation?",
-            ["prefetching the next layer's all-gather while the current one computes",
-             "compressing the gradients", "quantizing the weights", "a larger learning rate"],
-            "a", "Issuing the next gather early overlaps communication with computation.",
+        Numeric(
+            f"gpt2-xl (Ψ = {xl:,}) with fp32 gradients (2 + 4 + 12 bytes per parameter) on 8 GPUs: "
+            "how many GB per GPU does ZeRO-2 free for activations, compared with DDP?",
+            freed / GB, unit="GB", tol=0.2, minimum=0,
+            explanation=f"ZeRO-2 shards the gradients and the optimizer states, 4 + 12 = 16 bytes: "
+                        f"16 x Ψ x 7/8 = {freed / GB:.1f} GB. A sequence of 1024 tokens costs "
+                        f"{act / GB:.2f} GB of activations (flash attention), so about "
+                        f"{freed / act:.0f} more sequences fit per GPU: the calculator's {ddp_mb} -> "
+                        f"{z2_mb} in 80 GB. DDP's batch per GPU stays {ddp_mb} whatever the number of GPUs.",
         ),
         Numeric(
             "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
@@ -327,6 +381,15 @@ def quiz_06() -> Quiz:
     ddp = comm_volume(7e9, world_size=4, stage=0)["total"]
     states = model_states(7e9, world_size=4, stage=3, recipe="mixed")
     return Quiz("06 ZeRO-3", [
+        SingleChoice(
+            "In ZeRO-3, when does a rank hold a layer's full parameters?",
+            ["always", "only while that layer runs, gathered just before (forward and backward)",
+             "only during the optimizer step", "never: each rank computes with its shard only"],
+            "b", "ZeRO-3 all-gathers a unit's parameters when it is needed and frees them after, in "
+                 "forward and again in backward. The optimizer step needs only the shard; computing "
+                 "with the shard alone would need the activations exchanged instead (tensor "
+                 "parallelism, section 9).",
+        ),
         Numeric("The course GPT is sharded as 5 units (4 blocks + the root, which stays gathered "
                 "from its forward to the end of backward). How many all-gathers per training step?",
                 calls["all_gather"], tol=0, minimum=0,
@@ -351,6 +414,16 @@ def quiz_06() -> Quiz:
                       "It does not: only gradients are needed"],
                      "b", "Forward freed the full W to save memory; the input gradient (and the "
                           "chain rule through the layer) needs it, so it is gathered a second time."),
+        SingleChoice(
+            "What hides ZeRO-3's parameter gathers behind computation?",
+            ["prefetching: starting the next unit's all-gather while the current one computes",
+             "compressing the gradients", "quantizing the weights",
+             "keeping each unit gathered from its forward until its backward"],
+            "a", "Issuing the next gather early overlaps communication with computation, at the "
+                 "price of one more unit alive. Compression and quantization shrink the bytes but "
+                 "still wait for them; keeping units gathered skips the backward gathers (fewer "
+                 "bytes, more memory: notebook 07's reshard_after_forward=False) and hides nothing.",
+        ),
         SingleChoice("With prefetching on, how many units' full parameters are alive at once at most "
                      "(the course's Zero3, root included)?",
                      ["1", "root + 1", "root + 2", "all of them"],
@@ -363,13 +436,11 @@ QUIZZES["06"] = quiz_06
 
 
 def quiz_07() -> Quiz:
-    from ..harness.model import build_model
-    from ..impl.fsdp import calls_per_step, message_numels
+    from ..impl.fsdp import calls_per_step
 
     units = 4                                  # the course GPT's blocks; the root comes on top
     full = calls_per_step(units)
     zero2 = calls_per_step(units, reshard_after_forward=False)
-    m_root = message_numels(build_model(device="meta"), 4)[0]
     return Quiz("07 FSDP in PyTorch", [
         SingleChoice("FSDP1's ShardingStrategy.SHARD_GRAD_OP is which FSDP2 call?",
                      ["fully_shard(module)",
@@ -389,13 +460,19 @@ def quiz_07() -> Quiz:
                             "half (each block gathered once instead of twice); all the bytes, with the "
                             "reduce-scatters, by about a third (1.47x DDP to 1x in the ring model). The "
                             "gathered blocks stay alive until their backward."),
-        Numeric("FSDP2 shards every parameter on dim 0, padded to a multiple of N. The root of the "
-                "course GPT holds the 101 x 50 token embedding, the 32 x 50 position embedding and "
-                "the final LayerNorm (2 x 50). How many elements does its all-gather move on 4 ranks?",
-                m_root, tol=0, minimum=0,
-                explanation=f"101 rows pad to 104: 104 x 50 + 32 x 50 + 2 x 52 (each 50-element "
-                            f"LayerNorm vector pads to 52) = {m_root}; the course's zero3 pads the "
-                            "flat unit once: 6752."),
+        SingleChoice("You call fully_shard on the course GPT's root only, not on its 4 blocks. What "
+                     "changes, compared with one fully_shard per block and then the root?",
+                     ["Nothing: fully_shard finds the blocks by itself",
+                      "The whole model is one unit: one all-gather brings every parameter at once, "
+                      "so the peak holds the full model and no gather overlaps with compute",
+                      "It uses less memory: fewer units means fewer buffers",
+                      "It fails: the blocks must be sharded first"],
+                     "b", f"fully_shard(module) makes one unit of the parameters no inner fully_shard "
+                          f"claimed. On the root alone that is all of them: the forward waits for one "
+                          f"gather of the whole model and holds it all (DDP's parameter memory while it "
+                          f"runs). Per block, {full['all_gather']} smaller gathers per step, at most "
+                          "the root and one or two blocks alive, and the next gather can run while "
+                          "the current block computes."),
         SingleChoice("After backward on an FSDP2 model, how do you clip gradients to a global norm of 1?",
                      ["torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0): the gradients are "
                       "DTensors, so the norm is reduced over all shards",

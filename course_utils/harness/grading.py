@@ -2,23 +2,28 @@
 
 :func:`grade_on_ranks` launches the learner's function on N ranks (several world sizes,
 so a hard-coded answer fails), compares each rank's return value with the expected one
-and prints, per rank, what is right and what differs. It returns a :class:`Verdict`,
-truthy only when every rank of every world size is right; it never raises on a wrong
-answer. :func:`grade_cases` does the same for plain functions, case by case.
+and prints one line per world size: ``2 gloo ranks on CPU: right: ...``, or ``... not
+yet: rank R: got [first values ...], expected [...] (k of N ranks differ)``, the first
+rank that differs with the part of its value where the difference starts. It returns a
+:class:`Verdict`, truthy only when every rank of every world size is right; it never
+raises on a wrong answer. :func:`grade_cases` does the same for plain functions, case
+by case.
 
 Graders always run gloo ranks on the CPU (:data:`GRADER_BACKEND`), also on a machine with
 GPUs: the exercises are CPU-sized toys, and a learner's tensor made without a device
 (``torch.tensor([1.0])``, ``torch.empty(n)``) must be graded, not rejected by NCCL, which
-only takes tensors on the rank's GPU. The launch line each grader prints says so.
+only takes tensors on the rank's GPU. The lines each grader prints say so.
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from ..runtime.fmt import num as _num
 from ..runtime.fmt import show as _show
 from ..runtime.launch import LaunchError, LaunchTimeout, launch
 
-__all__ = ["GRADER_BACKEND", "Verdict", "compare", "launch_or_report", "on_world_sizes", "refuse_non_function", "report_problems", "report_ranks",
+__all__ = ["GRADER_BACKEND", "Verdict", "compare", "compare_brief", "brief", "launch_or_report", "on_world_sizes",
+           "refuse_non_function", "report_problems", "report_ranks", "judge_on_ranks",
            "grade_on_ranks", "grade_cases", "first_problem", "refuse_non_class", "grade_build"]
 
 
@@ -43,6 +48,52 @@ def compare(got, expected, *, atol: float = 1e-6) -> str:
     return "" if got == expected else f"got {_show(got)}, expected {_show(expected)}"
 
 
+#: How many values of a tensor a grader's line shows.
+BRIEF_VALUES = 5
+
+
+def _value(x: float) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else _num(x)
+
+
+def _window(flat, start: int) -> str:
+    """``[v0, v1, ...]``: :data:`BRIEF_VALUES` values of ``flat`` from ``start``, '…' where cut."""
+    stop = min(flat.numel(), start + BRIEF_VALUES)
+    items = [_value(x) for x in flat[start:stop].tolist()]
+    return "[" + ", ".join(["…"] * (start > 0) + items + ["…"] * (stop < flat.numel())) + "]"
+
+
+def brief(value) -> str:
+    """A value for a one-line report: a tensor as its first :data:`BRIEF_VALUES` values
+    (``tensor([100, 101, 102, 103, 104, …])``, a 2-D one with its shape), anything else
+    as :func:`course_utils.runtime.fmt.show` writes it."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.numel() > 1:
+        shape = f", shape={tuple(value.shape)}" if value.dim() > 1 else ""
+        return f"tensor({_window(value.detach().reshape(-1).double().cpu(), 0)}{shape})"
+    return _show(value)
+
+
+def compare_brief(got, expected, *, atol: float) -> str:
+    """:func:`compare`, in a few values: for two tensors of one shape, the values from
+    just before the first element that differs, and its index."""
+    import torch
+
+    why = compare(got, expected, atol=atol)
+    if not why or not isinstance(expected, torch.Tensor):
+        return why
+    if not isinstance(got, torch.Tensor):
+        return f"got {brief(got)}, expected {brief(expected)}"
+    if got.shape != expected.shape or got.numel() == 1:
+        return why
+    g, e = got.detach().reshape(-1).double().cpu(), expected.reshape(-1).double().cpu()
+    first = int((~torch.isclose(g, e, atol=atol, rtol=0)).nonzero()[0])
+    start = max(0, min(first - 1, g.numel() - BRIEF_VALUES))
+    where = f"; first difference at index {first}" if first else ""
+    return f"got {_window(g, start)}, expected {_window(e, start)}{where}"
+
+
 class Verdict:
     """What a ``check_*`` returns: truthy when passed; shows as one line in a notebook."""
 
@@ -60,11 +111,12 @@ class Verdict:
 GRADER_BACKEND = "gloo"
 
 
-def launch_or_report(fn: Callable, world_size: int, *args, timeout_s: float):
+def launch_or_report(fn: Callable, world_size: int, *args, timeout_s: float, quiet: bool = False):
     """``launch(fn, world_size, *args)`` on gloo CPU ranks; on a failed or hung rank, print
-    one friendly line and return None (a learner's bug is reported, never raised)."""
+    one friendly line and return None (a learner's bug is reported, never raised).
+    ``quiet``: no launch line (the caller's report says where the ranks ran)."""
     try:
-        return launch(fn, world_size, *args, backend=GRADER_BACKEND, timeout_s=timeout_s)
+        return launch(fn, world_size, *args, backend=GRADER_BACKEND, timeout_s=timeout_s, quiet=quiet)
     except LaunchTimeout as exc:
         print(f"{world_size} ranks: ranks {exc.rank} and maybe others never finished within "
               f"{timeout_s:g} s. Do all ranks call the same collectives in the same order?")
@@ -83,13 +135,16 @@ class on_world_sizes:
     yields the world sizes whose ranks all returned; ``runs.completed`` is False when one
     of them failed or hung (that was printed)."""
 
-    def __init__(self, rank_fn: Callable, world_sizes: Sequence[int], *args, timeout_s: float):
+    def __init__(self, rank_fn: Callable, world_sizes: Sequence[int], *args, timeout_s: float,
+                 quiet: bool = False):
         self.rank_fn, self.world_sizes, self.args, self.timeout_s = rank_fn, world_sizes, args, timeout_s
+        self.quiet = quiet
         self.completed = True
 
     def __iter__(self):
         for n in self.world_sizes:
-            values = launch_or_report(self.rank_fn, n, *self.args, timeout_s=self.timeout_s)
+            values = launch_or_report(self.rank_fn, n, *self.args, timeout_s=self.timeout_s,
+                                      quiet=self.quiet)
             if values is None:
                 self.completed = False
                 continue
@@ -118,16 +173,43 @@ def report_problems(label: str, problems: list, right: str) -> bool:
 
 
 def report_ranks(label: str, findings) -> bool:
-    """Print one line per rank, ``right (detail)`` or ``differs: why``, from ``findings``
-    (per rank, ``(why, detail)``: ``why`` is '' when the rank is right), then one line
-    ``label: all right`` or ``label: k of n ranks differ``. True when every rank is right."""
+    """Print one line for a world size from ``findings`` (per rank, ``(why, detail)``:
+    ``why`` is '' when the rank is right): ``label: right: every rank <detail>`` (the
+    detail when every rank has the same, else rank 0's), or ``label: not yet: rank R:
+    <why> (k of n ranks differ)`` for the first rank R that differs. True when every
+    rank is right."""
     findings = list(findings)
-    wrong = 0
-    for rank, (why, detail) in enumerate(findings):
-        wrong += bool(why)
-        print(f"  rank {rank}: " + (f"differs: {why}" if why else "right" + (f" ({detail})" if detail else "")))
-    print(f"{label}: {'all right' if not wrong else f'{wrong} of {len(findings)} ranks differ'}")
-    return wrong == 0
+    wrong = [(rank, why) for rank, (why, _) in enumerate(findings) if why]
+    if wrong:
+        rank, why = wrong[0]
+        print(f"{label}: not yet: rank {rank}: {why} ({len(wrong)} of {len(findings)} ranks differ)")
+        return False
+    details = [detail for _, detail in findings]
+    if details and all(d == details[0] for d in details):
+        print(f"{label}: right" + (f": every rank {details[0]}" if details[0] else " on every rank"))
+    else:
+        print(f"{label}: right on every rank" + (f" (rank 0 {details[0]})" if details and details[0] else ""))
+    return True
+
+
+def judge_on_ranks(rank_fn: Callable, judge: Callable[[object, int, int], tuple], *,
+                   world_sizes: Sequence[int], name: str, args: tuple = (),
+                   timeout_s: float = 30) -> Verdict:
+    """Run ``rank_fn(*args)`` on each world size (gloo CPU ranks, no launch line) and print
+    one line per world size (:func:`report_ranks`, labelled ``N gloo ranks on CPU``) from
+    ``judge(value, rank, world_size) -> (why, detail)``; a failed or hung launch is one line
+    too (:func:`launch_or_report`). Returns a :class:`Verdict`."""
+    from ..runtime.launch import where
+
+    all_right = True
+    for n in world_sizes:
+        values = launch_or_report(rank_fn, n, *args, timeout_s=timeout_s, quiet=True)
+        if values is None:
+            all_right = False
+            continue
+        all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True),
+                                  [judge(value, rank, n) for rank, value in enumerate(values)])
+    return Verdict(name, all_right)
 
 
 def grade_on_ranks(fn: Callable, expected: Callable[[int, int], object], *,
@@ -135,16 +217,18 @@ def grade_on_ranks(fn: Callable, expected: Callable[[int, int], object], *,
                    args: tuple = (), atol: float = 1e-6, timeout_s: float = 30) -> Verdict:
     """Run ``fn(*args)`` on each world size; compare rank r's value with ``expected(r, n)``.
 
-    Prints one line per rank and per world size; returns a :class:`Verdict`
-    (truthy when everything matches).
+    Prints one line per world size: ``N gloo ranks on CPU: right: every rank returned
+    ...`` or ``... not yet: rank R: got ..., expected ... (k of N ranks differ)``, tensors
+    in a few values (:func:`brief`). Returns a :class:`Verdict` (truthy when everything
+    matches).
     """
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
-    all_right = True
-    for n, values in (runs := on_world_sizes(fn, world_sizes, *args, timeout_s=timeout_s)):
-        all_right &= report_ranks(f"{n} ranks", [(compare(value, expected(rank, n), atol=atol), _show(value))
-                                                 for rank, value in enumerate(values)])
-    return Verdict(name, all_right and runs.completed)
+
+    def judge(value, rank, n):
+        return compare_brief(value, expected(rank, n), atol=atol), f"returned {brief(value)}"
+
+    return judge_on_ranks(fn, judge, world_sizes=world_sizes, name=name, args=args, timeout_s=timeout_s)
 
 
 def grade_cases(fn: Callable, cases: Sequence[dict], expected: Callable[..., object], *,
@@ -198,19 +282,22 @@ def refuse_non_class(cls, name: str, example: str) -> Verdict | None:
 def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: Callable) -> Verdict:
     """The driver of every "build it" exercise (DDP, ZeRO-1/2/3): refuse a non-class, then
     run ``rank_fn(cls, *args)`` on 2, 3 and 4 gloo ranks (30 s each) and print one line
-    per world size: ``N ranks: not yet: rank R: <the first problem>`` (:func:`first_problem`)
-    or ``N ranks: right: <right(values)>``."""
+    per world size: ``N gloo ranks on CPU: not yet: rank R: <the first problem>``
+    (:func:`first_problem`) or ``N gloo ranks on CPU: right: <right(values)>``."""
     if (refused := refuse_non_class(cls, name, example)) is not None:
         return refused
     from .model import warm_up
 
+    from ..runtime.launch import where
+
     warm_up()
     all_right = True
-    for n, values in (runs := on_world_sizes(rank_fn, (2, 3, 4), cls, *args, timeout_s=30)):
+    for n, values in (runs := on_world_sizes(rank_fn, (2, 3, 4), cls, *args, timeout_s=30, quiet=True)):
+        label = where(n, GRADER_BACKEND, backend_first=True)
         first = first_problem(values)
         if first:
-            print(f"{n} ranks: not yet: rank {first[0]}: {first[1]}")
+            print(f"{label}: not yet: rank {first[0]}: {first[1]}")
             all_right = False
             continue
-        print(f"{n} ranks: right: {right(values)}")
+        print(f"{label}: right: {right(values)}")
     return Verdict(name, all_right and runs.completed)

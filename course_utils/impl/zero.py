@@ -48,10 +48,24 @@ only the own slice: same result, twice the bytes for the gradient part.
 
 **ZeRO-2** does step 1 during backward: when every gradient of the next bucket is
 ready, the bucket is copied into a message, the full ``.grad`` tensors are freed
-(set to None), and an asynchronous reduce-scatter starts; its result is added into a
-shard-gradient buffer of P_b/N elements. :attr:`ZeroOptimizer.peak_grad_bytes` records
-the most gradient bytes this rank held at any moment (full ``.grad`` tensors alive +
-messages in flight + shard gradients).
+(set to None), and an asynchronous reduce-scatter starts; its result is *added* into a
+shard-gradient buffer of P_b/N elements. The first hook of a backward queues a callback
+that autograd runs when that backward ends (:meth:`ZeroOptimizer._end_backward`): it
+sends the buckets still waiting (a parameter this rank did not use: zeros), waits for
+every reduce-scatter and resets the per-backward bookkeeping, so when ``backward()``
+returns a rank holds only its shard gradients. :attr:`ZeroOptimizer.peak_grad_bytes`
+records the most gradient bytes this rank held at any moment (full ``.grad`` tensors
+alive + messages in flight + shard gradients).
+
+**Gradient accumulation** (k backwards, then one ``step()``). ZeRO-1 adds every
+backward's gradients into its flat gradient buffers and reduces once, in ``step()``.
+ZeRO-2 works as DeepSpeed's does: every micro-batch's backward reduce-scatters every bucket and adds the result
+into the shard gradients (the sum over micro-batches and ranks); ``step()`` divides by N
+once. So a rank never holds more than its shard between micro-batches, and pays k
+reduce-scatters per bucket per step where DDP's ``no_sync`` pays one all-reduce but
+keeps full gradients (:mod:`course_utils.labs.accumulation` measures both). With
+``overlap=False`` the hooks send nothing: full gradients accumulate in ``.grad`` as in
+DDP's ``no_sync`` and ``step()`` reduce-scatters them once.
 
 **Bytes held** (fp32, B buckets, P = Σ P_b the padded numel; :func:`zero_state_bytes`):
 params 4·P (the flat buffers: Ψ plus at most N-1 zeros per bucket); grads 4·P in
@@ -65,7 +79,8 @@ of the shard: 12·P/N + 4·B, the paper's K = 12.
 
 **Bytes sent** per step, per rank: a reduce-scatter and an all-gather of every bucket,
 (N-1)/N·4·P_b each, which is DDP's all-reduce 2·(N-1)/N·4·Ψ exactly when every Ψ_b
-divides by N, and more by the padding otherwise (:func:`expected_comm_bytes`).
+divides by N, and more by the padding otherwise (:func:`expected_comm_bytes`). ZeRO-2
+with k micro-batches per step sends k reduce-scatters per bucket (``micro_batches=k``).
 
 Clipping: ``experiments.clip_grad_norm_(model, max_norm)`` between ``backward()`` and
 ``step()`` reduces the gradients then (instead of in ``step()``) and clips the averaged
@@ -73,20 +88,21 @@ shards by their global norm (:meth:`ZeroOptimizer.clip_grad_norm_`). torch's own
 ``clip_grad_norm_(model.parameters(), ...)`` cannot: it would see un-averaged (ZeRO-1)
 or no (ZeRO-2) gradients.
 
-Not covered (on purpose, to keep the code readable): ZeRO-2 gradient accumulation over
-several backwards (a second backward before ``step()`` is an error), consolidating the
-sharded optimizer state into one checkpoint (``state_dict`` is this rank's shard).
+Clip after the *last* backward of a step: a backward after ``clip_grad_norm_`` and before
+``step()`` is a ``RuntimeError`` (its gradients would miss the clipped, averaged shards).
+
+Not covered (on purpose, to keep the code readable): consolidating the sharded optimizer
+state into one checkpoint (``state_dict`` is this rank's shard).
 """
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import require_process_group
-from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
+from ..checks import check_int, require_process_group
+from ..runtime.compat import all_gather_into_tensor, queue_backward_callback, reduce_scatter_tensor
 from ..theory.comm import collective_bytes
 from .common import (DEFAULT_BUCKET_BYTES, broadcast_from_rank0, check_bucket_bytes, clip_sharded_,
                      flatten_and_pad, mark_grad_ready, padded_numel, real_optimizer, register_grad_owner,
@@ -128,7 +144,7 @@ class ZeroBucket:
     flat_grads: torch.Tensor | None
     shard: nn.Parameter
     shard_grad: torch.Tensor
-    ready: set = dataclasses.field(default_factory=set)
+    ready: set = dataclasses.field(default_factory=set)   # ZeRO-2: grads in, this backward
     message: torch.Tensor | None = None      # ZeRO-2: the full gradients in flight
     work: object = None
 
@@ -155,7 +171,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         bucket_bytes: bucket size (None: 25 MiB as torch DDP; 0: one bucket per parameter).
         variant: ZeRO-1's gradient reduction, ``"reduce_scatter"`` or ``"allreduce"``.
         mixed: bf16 parameters and gradients in the model, fp32 master shard in the optimizer.
-        overlap: ZeRO-2 only; False reduce-scatters everything in ``step()``.
+        overlap: ZeRO-2 only; False sends nothing during backward: full gradients stay
+            (and accumulate) in ``.grad`` until ``step()`` reduce-scatters them.
         group: the process group (default: all ranks).
         **defaults: the real optimizer's hyperparameters (``lr=...``, ``weight_decay=...``).
 
@@ -206,8 +223,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._pairs.append(index)
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
         self.inner = optimizer_class(inner_groups, **defaults)
-        # ZeRO-2 bookkeeping: the next bucket to send, and gradient bytes held
+        # ZeRO-2 bookkeeping: the next bucket to send (per backward), and gradient bytes held
         self._next = 0
+        self._callback_queued = False
         self._reduced = False                    # reduce_gradients ran since the last step
         self._live: dict[int, int] = {}          # id(param) -> bytes of its full .grad, still held
         self.peak_grad_bytes = self.grad_bytes_now()
@@ -268,18 +286,37 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise RuntimeError("ZeRO-2: a backward after the gradients were reduced "
                                "(clip_grad_norm_) and before optimizer.step(); clip after the "
                                "last backward of the step")
-        bucket = self.buckets[self._bucket_of[id(p)]]
-        mark_grad_ready(bucket, p, "ZeRO-2: a second backward before optimizer.step(); this course "
-                                   "implementation reduce-scatters once per step (accumulate the "
-                                   "loss instead, or call optimizer.step() in between)")
         self._live[id(p)] = p.grad.numel() * p.grad.element_size()
         self._note_peak()
-        if not self.overlap:
+        if not self.overlap:                     # full gradients accumulate; step() sends them
             return
+        if not self._callback_queued:            # finish this backward's buckets when it ends
+            queue_backward_callback(self._end_backward)
+            self._callback_queued = True
+        mark_grad_ready(self.buckets[self._bucket_of[id(p)]], p,
+                        "ZeRO-2: a gradient arrived twice in one backward (a parameter used by "
+                        "two autograd graphs?); ZeroOptimizer reduce-scatters each once per backward")
         while self._next < len(self.buckets) and \
                 len(self.buckets[self._next].ready) == len(self.buckets[self._next].params):
             self._launch(self.buckets[self._next])
             self._next += 1
+
+    @torch.no_grad()
+    def _end_backward(self) -> None:
+        """Autograd runs this when a backward ends: send the buckets not sent yet, wait for
+        every reduce-scatter (each added into its shard gradient), reset for the next
+        backward. Gradient accumulation: the next micro-batch adds to the same shards."""
+        self._callback_queued = False
+        self._flush()
+
+    def _flush(self) -> None:
+        for b in self.buckets[self._next:]:     # a gradient this rank did not produce: zeros
+            self._launch(b)
+        for b in self.buckets:
+            if b.work is not None:
+                self._finish(b)
+            b.ready.clear()
+        self._next = 0
 
     @torch.no_grad()
     def _launch(self, bucket: ZeroBucket) -> None:
@@ -361,13 +398,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for w in works:
                 w.wait()
         else:
-            for b in self.buckets[self._next:]:    # not sent during backward (or overlap=False)
-                self._launch(b)
-            for b in self.buckets:
-                if b.work is not None:
-                    self._finish(b)
-                b.ready.clear()
-            self._next = 0
+            if not self.overlap:                   # the hooks sent nothing: send it all now
+                self._flush()
             for p in self.params:                  # no full gradient survives a ZeRO-2 step
                 p.grad = None
             self._live.clear()
@@ -514,14 +546,21 @@ def expected_state_bytes(bucket_numels, world_size: int, stage: int, *, mixed: b
 
 
 def expected_comm_bytes(bucket_numels, world_size: int, steps: int = 1, *,
-                        variant: str = "reduce_scatter", bytes_per_elem: int = 4) -> dict:
+                        variant: str = "reduce_scatter", bytes_per_elem: int = 4,
+                        micro_batches: int = 1) -> dict:
     """Bytes one rank sends over ``steps`` steps: per bucket one reduce-scatter (or, for
-    ``variant="allreduce"``, an all-reduce) and one all-gather of P_b elements."""
+    ``variant="allreduce"``, an all-reduce) and one all-gather of P_b elements. ZeRO-2
+    with gradient accumulation reduce-scatters every bucket once per micro-batch:
+    ``micro_batches`` reduce-scatters per bucket per step, still one all-gather."""
+    check_int("micro_batches", micro_batches, 1)
+    if variant == "allreduce" and micro_batches != 1:
+        raise ValueError("variant='allreduce' is ZeRO-1's, which reduces once per step whatever "
+                         "the micro-batches: leave micro_batches=1")
     out = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
     grad_op = "all_reduce" if variant == "allreduce" else "reduce_scatter"
     for k in bucket_numels:
         m = padded_numel(k, world_size) * bytes_per_elem
-        out[grad_op] += steps * collective_bytes(grad_op, m, world_size)
+        out[grad_op] += steps * micro_batches * collective_bytes(grad_op, m, world_size)
         out["all_gather"] += steps * collective_bytes("all_gather", m, world_size)
     return {k: int(v) if float(v).is_integer() else v for k, v in out.items()}
 

@@ -10,7 +10,8 @@ recomputation. For each option it gives
 
 * **memory per GPU** = model states on the GPU (:func:`course_utils.theory.memory.per_gpu`:
   :func:`~course_utils.theory.memory.model_states` after :func:`~course_utils.theory.memory.placement`)
-  + activations (:func:`~course_utils.theory.memory.activation_bytes`, Korthikanti et al.)
+  + activations (:func:`~course_utils.theory.memory.activation_bytes`: Korthikanti et al.'s
+  count for GPT blocks, its own for Llama blocks, the loss's buffers, the recompute peak)
   + a stated **buffer allowance**: a fixed runtime overhead (CUDA context, library
   workspaces, allocator cache), communication buffers (two gradient buckets for
   stages 0-2; two gathered units of parameters and one of gradients for ZeRO-3/HSDP),
@@ -46,7 +47,7 @@ from ..checks import check_int, check_number
 from .alpha_beta import ring_steps
 from .comm import comm_volume
 from .config import PRESETS, Preset, TransformerConfig, preset
-from .memory import GB, RECIPES, activation_bytes, per_gpu
+from .memory import GB, RECIPES, per_gpu
 from .multinode import cross_node_wire, flat_ring_wire
 
 __all__ = [
@@ -67,8 +68,10 @@ _OFFLOADS_OF = {"DDP": ("none",), "ZeRO-1": ("none", "optimizer"), "ZeRO-2": ("n
 #: CUDA context, cuBLAS/NCCL workspaces, allocator cache. Fitted to the benchmark's R1
 #: (gpt2-xl, batch 1: 33321 MiB used) by ``tests/test_planner.py``, rounded.
 DEFAULT_OVERHEAD_GB = 3.6
-#: Allocator slack on activations: transient tensors of backward (e.g. the logits'
-#: gradient) and caching-allocator fragmentation, as a fraction of the saved activations.
+#: Allocator slack on activations: transient tensors of backward that the activation model
+#: leaves out (gradients flowing through a block, kernel workspaces) and caching-allocator
+#: fragmentation, as a fraction of the activations. Fitted with Megatron's in-place loss
+#: (``cross_entropy="fused"``: no loss gradient buffers), as the benchmark ran:
 #: 15% makes one gpt2-xl sequence cost 3.32 GB (2.89 GB Korthikanti + slack), inside the
 #: 3.19-3.35 GB band that the benchmark's DP=8 maximum (21 per GPU) allows; the band of its
 #: one-GPU maximum (15) is 3.37-3.61 GB and the two do not overlap (:func:`linear_model_bounds`).
@@ -191,6 +194,7 @@ class Assumptions:
     global_batch: int | None
     recipe: str
     attention: str
+    cross_entropy: str
     gpu_flops: float
     mfu: float
     overlap: float
@@ -213,9 +217,13 @@ class Assumptions:
     def lines(self) -> list[str]:
         """The assumptions, one sentence each, as printed under :func:`table`."""
         p, g, o = RECIPES[self.recipe]
-        acts = (f"activations: Korthikanti et al., {self.attention} attention, 16-bit, fp32 logits; "
-                f"+{self.activation_slack:.0%} allocator slack; with recomputation each block keeps "
-                f"its input and one block is rematerialised at a time"
+        loss = ("F.cross_entropy's two fp32 gradients at its backward" if self.cross_entropy == "torch"
+                else "an in-place (fused) loss")
+        acts = (f"activations: memory.activation_bytes (Korthikanti et al. for GPT blocks, a Llama "
+                f"block's own count), {self.attention} attention, 16-bit, fp32 "
+                f"log-probabilities, {loss}; +{self.activation_slack:.0%} allocator slack; with "
+                f"recomputation each block keeps its input, one block is rematerialised at a time "
+                f"(after the loss's buffers are freed: the larger of the two counts)"
                 if self.has_architecture else
                 "activations: not counted (the model is a bare parameter count: pass a preset "
                 "or TransformerConfig to count them)")
@@ -280,7 +288,7 @@ class PlanRow:
     params: float              # model states on this GPU after offload, bytes
     grads: float
     optimizer: float
-    activations: float         # saved activations (Korthikanti) at micro_batch
+    activations: float         # activation_bytes(...).total at micro_batch
     buffers: float             # runtime overhead + comm buffers + allocator slack
     host_bytes_per_node: float
     compute_s: float
@@ -455,15 +463,12 @@ def _offload_s(choice: Choice, a: Assumptions, shard_size: int, k: int) -> float
 
 def _memory(choice: Choice, a: Assumptions, model_arg, config, shard_size: int, mb: int):
     """(GpuMemory-like parts, activations, buffers) at micro-batch ``mb``."""
-    recompute = "full" if choice.recompute else "none"
     mem = per_gpu(model_arg, world_size=shard_size, stage=choice.stage, recipe=a.recipe,
                   offload_optimizer=choice.offload_optimizer, offload_params=choice.offload_params,
                   micro_batch=mb if config is not None else None, seq=a.seq_len,
-                  attention=a.attention, recompute=recompute)
-    acts = mem.activations
-    if config is not None and choice.recompute:   # one block rematerialised during its backward
-        acts += activation_bytes(config, micro_batch=mb, seq=a.seq_len, attention=a.attention,
-                                 recompute="none").per_layer
+                  attention=a.attention, recompute=choice.recompute,   # True: full recomputation
+                  cross_entropy=a.cross_entropy)
+    acts = mem.activations      # its peak: loss buffers or one rematerialised block, the larger
     pb, gb, _ = RECIPES[a.recipe]
     if choice.stage == 3:
         comm_buf = a.unit_params * (2 * pb + gb)
@@ -532,7 +537,7 @@ def _row(choice: Choice, a: Assumptions, model_arg, config) -> PlanRow:
 def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
          intra_bw_gbps: float, inter_bw_gbps: float, seq_len: int,
          nics_per_node: int | None = None, micro_batch: int | None = None, global_batch: int | None = None,
-         recipe: str = "mixed", attention: str = "flash",
+         recipe: str = "mixed", attention: str = "flash", cross_entropy: str = "torch",
          gpu_flops: float = 989e12, mfu: float = 0.4, overlap: float = 0.0,
          alpha_intra_us: float = 5.0, alpha_inter_us: float = 10.0,
          overhead_gb: float = DEFAULT_OVERHEAD_GB, activation_slack: float = DEFAULT_ACTIVATION_SLACK,
@@ -559,7 +564,9 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
         global_batch: sequences per optimizer step over all GPUs (a multiple of the
             number of GPUs); None: GPUs x micro-batch, no accumulation.
         recipe: a key of :data:`course_utils.memory.RECIPES`; attention: "flash" or
-            "standard" (stores the s x s scores).
+            "standard" (stores the s x s scores); cross_entropy: "torch"
+            (``F.cross_entropy``) or "fused" (in place, as Megatron-LM's): see
+            :func:`course_utils.memory.activation_bytes`.
         gpu_flops, mfu: peak FLOP/s of one GPU (989e12: H100 SXM dense bf16) and the
             fraction of it achieved.
         overlap: fraction of compute time that can hide communication (0: none).
@@ -597,6 +604,8 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
     if attention not in ("standard", "flash"):
         raise ValueError(f"attention must be 'standard' or 'flash', got {attention!r}")
+    if cross_entropy not in ("torch", "fused"):
+        raise ValueError(f"cross_entropy must be 'torch' or 'fused', got {cross_entropy!r}")
     check_number("gpu_flops", gpu_flops, above=0, example="989e12")
     check_number("mfu", mfu, above=0, maximum=1, example="0.4")
     check_number("overlap", overlap, minimum=0, maximum=1, example="0.5")
@@ -616,6 +625,7 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
                     inter_bw_gbps=inter_bw_gbps, nics_per_node=nics_per_node, alpha_intra_us=alpha_intra_us,
                     alpha_inter_us=alpha_inter_us, seq_len=seq_len, micro_batch=micro_batch,
                     global_batch=global_batch, recipe=recipe, attention=attention,
+                    cross_entropy=cross_entropy,
                     gpu_flops=gpu_flops, mfu=mfu, overlap=overlap, overhead_gb=overhead_gb,
                     activation_slack=activation_slack, bucket_elems=bucket_elems,
                     bucket_buffers=bucket_buffers, unit_params=_unit_params(config, num_params),
@@ -826,12 +836,14 @@ def benchmark_plan(*, gpus: int = 1, micro_batch: int | None = None, strategy: s
     """One planner row in the benchmark's setting: Megatron's gpt2-xl, seq 1024, bf16 weights
     with fp32 gradients (``mixed-fp32-grads``, 18 B), the whole 81559 MiB of an H100,
     ``gpus`` GPUs on one node (NVLink 4 at 450 GB/s), no recomputation (Megatron's
-    default), flash attention (Megatron-core's Transformer Engine default) and Megatron's
+    default), flash attention (Megatron-core's Transformer Engine default), Megatron's
+    vocab-parallel cross-entropy (its gradient overwrites the saved softmax) and Megatron's
     contiguous gradient buffer (its 40M-element buckets are views: no extra copy). ``strategy="ZeRO-1"`` is
     Megatron's ``--use-distributed-optimizer``."""
     rows = plan(benchmark_config(), gpu_mem_gb=_BENCHMARK_GPU_GB, gpus_per_node=gpus, nodes=1,
                 intra_bw_gbps=450, inter_bw_gbps=450, seq_len=GPT2XL_BENCHMARK["seq"], micro_batch=micro_batch,
-                recipe="mixed-fp32-grads", attention=attention, overhead_gb=overhead_gb,
+                recipe="mixed-fp32-grads", attention=attention, cross_entropy="fused",
+                overhead_gb=overhead_gb,
                 activation_slack=activation_slack, bucket_elems=40_000_000, bucket_buffers=0, mfu=0.4,
                 choices=[Choice(strategy, "none", recompute)])
     return rows[0]

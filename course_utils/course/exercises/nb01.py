@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ...harness.grading import Verdict, grade_on_ranks, refuse_non_function
+from ...harness.grading import Verdict, compare_brief, judge_on_ranks, refuse_non_function
 
 __all__ = ["NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce"]
 
@@ -34,10 +34,12 @@ def _exercise_sum(world_size: int, numel: int):
     return sum(_exercise_input(r, numel) for r in range(world_size))
 
 
-def _run_without(fn: Callable, numel: int, forbidden: tuple, rule: str):
-    """Rank side: call ``fn`` on this rank's input while the ``forbidden`` collectives raise.
+def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: str) -> list:
+    """Rank side: call ``fn`` on this rank's input of each size in ``numels`` while the
+    ``forbidden`` collectives raise.
 
-    Returns what ``fn`` returned, or its (in-place modified) input when it returned None.
+    Returns, per size, what ``fn`` returned, or its (in-place modified) input when it
+    returned None. An error names the size it happened at.
     """
     import torch.distributed as dist
 
@@ -49,29 +51,48 @@ def _run_without(fn: Callable, numel: int, forbidden: tuple, rule: str):
         return blocked
 
     saved = {name: getattr(dist, name) for name in forbidden if hasattr(dist, name)}
-    tensor = _exercise_input(dist.get_rank(), numel, rank_device())  # the CPU: graders run gloo
-    for name in saved:
-        setattr(dist, name, refuse(name))
-    try:
-        result = fn(tensor)
-    finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
-    return tensor if result is None else result
+    results = []
+    for numel in numels:
+        tensor = _exercise_input(dist.get_rank(), numel, rank_device())  # the CPU: graders run gloo
+        for name in saved:
+            setattr(dist, name, refuse(name))
+        try:
+            result = fn(tensor)
+        except Exception as exc:
+            if exc.args and isinstance(exc.args[0], str):    # say which size failed, keep the type
+                exc.args = (f"with {numel} elements: {exc.args[0]}",) + exc.args[1:]
+            raise
+        finally:
+            for name, original in saved.items():
+                setattr(dist, name, original)
+        results.append(tensor if result is None else result)
+    return results
+
+
+def _sizes(numels: Sequence[int]) -> str:
+    """``"5, 7 and 13 elements"``."""
+    words = [str(k) for k in numels]
+    return (", ".join(words[:-1]) + " and " if len(words) > 1 else "") + f"{words[-1]} elements"
 
 
 def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: str, name: str) -> Verdict:
-    """Grade ``fn(tensor) -> all-reduced tensor`` on 2, 3 and 4 ranks for each size in ``numels``."""
+    """Grade ``fn(tensor) -> all-reduced tensor`` on 2, 3 and 4 ranks, every size in
+    ``numels`` in one launch; one line per world size, with the first rank and size that
+    differ."""
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
-    passed = True
-    for numel in numels:
-        print(f"tensors of {numel} elements (rank r holds 100*(r+1) + i at position i):")
-        verdict = grade_on_ranks(_run_without, lambda r, n, numel=numel: _exercise_sum(n, numel),
-                                 world_sizes=(2, 3, 4), name=name, args=(fn, numel, forbidden, rule),
-                                 atol=0, timeout_s=20)
-        passed &= bool(verdict)
-    return Verdict(name, passed)
+    tensors = "a tensor" if len(numels) == 1 else "tensors"
+    print(f"rank r gets {tensors} of {_sizes(numels)}, 100*(r+1) + i at position i; "
+          "the sums are compared exactly:")
+
+    def judge(values, rank, n):
+        for numel, got in zip(numels, values):
+            if why := compare_brief(got, _exercise_sum(n, numel), atol=0):
+                return f"{numel} elements: {why}", ""
+        return "", f"returned the sum ({_sizes(numels)})"
+
+    return judge_on_ranks(_run_without, judge, world_sizes=(2, 3, 4), name=name,
+                          args=(fn, tuple(numels), forbidden, rule), timeout_s=20)
 
 
 def check_all_reduce_from_rs_ag(fn: Callable) -> Verdict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...harness.grading import Verdict, first_problem, grade_build, on_world_sizes, refuse_non_function
+from ...harness.grading import Verdict, first_problem, grade_build, judge_on_ranks, refuse_non_function
 from ...runtime.fmt import GRAD_ATOL, bound
 
 __all__ = ["check_grad_average_hook", "check_ddp", "first_problem", "DDP_BUCKETS"]
@@ -35,22 +35,22 @@ def _grads_with_hook(hook) -> dict:
 def check_grad_average_hook(hook: Callable) -> Verdict:
     """Exercise 02.1: ``hook(param)``, registered with ``register_post_accumulate_grad_hook``
     on every parameter, must leave ``param.grad`` equal to the gradient of the global batch
-    (the average over ranks). Checked on 2, 3 and 4 ranks against one process, to 1e-6."""
+    (the average over ranks). Checked on 2, 3 and 4 ranks against one process, to 1e-6;
+    one line per world size."""
     name = "grad_average_hook"
     if (refused := refuse_non_function(hook, name, "of one parameter")) is not None:
         return refused
     from ...harness.model import warm_up
 
     warm_up()
-    all_right = True
-    for n, values in (runs := on_world_sizes(_grads_with_hook, (2, 3, 4), hook, timeout_s=30)):
-        for rank, v in enumerate(values):
-            ok = not v["missing"] and v["max_abs_diff"] <= GRAD_ATOL
-            all_right &= ok
-            why = (f"no gradient for {v['missing'][:2]}" if v["missing"] else
-                   f"max |grad - full-batch grad| {bound(v['max_abs_diff'], GRAD_ATOL)}")
-            print(f"  rank {rank}: {'right' if ok else 'differs'} ({why})")
-    return Verdict(name, all_right and runs.completed)
+
+    def judge(v, rank, n):
+        diff = f"max |grad - full-batch grad| {bound(v['max_abs_diff'], GRAD_ATOL)}"
+        if v["missing"]:
+            return f"no gradient for {v['missing'][:2]}", ""
+        return ("" if v["max_abs_diff"] <= GRAD_ATOL else diff), f"has {diff}"
+
+    return judge_on_ranks(_grads_with_hook, judge, world_sizes=(2, 3, 4), name=name, args=(hook,))
 
 
 # ------------------------------------------------------------------ exercise 02.2: build DDP

@@ -8,7 +8,8 @@ from typing import Callable
 
 import torch
 
-from ...harness.grading import (Verdict, grade_build, grade_cases, launch_or_report,
+from ...runtime.launch import where
+from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, grade_cases, launch_or_report,
                                 refuse_non_function, report_ranks)
 from ...impl.common import storage_bytes
 from ...runtime.fmt import bound
@@ -93,11 +94,12 @@ def check_zero1_step(fn: Callable) -> Verdict:
         mean = sum(_exercise_flat(r, padded, 1.0) for r in range(n)) / n
         mean[numel:] = 0
         want = want - lr * mean
-        values = launch_or_report(_zero1_sgd_rank, n, fn, numel, lr, timeout_s=20)
+        values = launch_or_report(_zero1_sgd_rank, n, fn, numel, lr, timeout_s=20, quiet=True)
         if values is None:
             all_right = False
             continue
-        all_right &= report_ranks(f"{n} ranks ({numel} elements padded to {padded})",
+        all_right &= report_ranks(f"{where(n, GRADER_BACKEND, backend_first=True)} ({numel} elements "
+                                  f"padded to {padded})",
                                   [(_first_difference(got, want, padded // n), "") for got in values])
     return Verdict(name, all_right)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...harness.grading import Verdict, compare, grade_build, launch_or_report, refuse_non_function, report_ranks
+from ...runtime.launch import where
+from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_build, launch_or_report, refuse_non_function, report_ranks
 from ...impl.common import DEFAULT_BUCKET_BYTES
 from ...impl.zero import ZeroOptimizer
 from .nb04 import params_right, zero_on_rank
@@ -49,7 +50,7 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
                 flat[:numel] += torch.cat([torch.arange(k, dtype=torch.float32) + 10.0 * (r + 1) + i
                                            for i, k in enumerate(sizes)])
             flat /= n
-            values = launch_or_report(_bucket_rank, n, fn, sizes, timeout_s=20)
+            values = launch_or_report(_bucket_rank, n, fn, sizes, timeout_s=20, quiet=True)
             if values is None:
                 all_right = False
                 continue
@@ -60,7 +61,8 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
                 if not why and not all(freed):
                     why = "the full gradients were not freed (set p.grad = None)"
                 findings.append((why, ""))
-            all_right &= report_ranks(f"bucket {list(sizes)} on {n} ranks", findings)
+            all_right &= report_ranks(f"bucket {list(sizes)} on "
+                                      f"{where(n, GRADER_BACKEND, backend_first=True)}", findings)
     return Verdict(name, all_right)
 
 
