@@ -295,15 +295,15 @@ def strategy_world_size(strategy: str, gpus: int) -> int:
 
 def peak_gap_terms(config: TransformerConfig, micro_batch: int) -> dict:
     """What the measured peak of a ``mixed`` step has that ``per_gpu`` does not count, and
-    the reverse, in bytes (the peak is at the start of backward): the bf16 gradients are
-    not allocated yet (-2 B per parameter); the activation formula counts 1-byte dropout
-    masks this model does not have (two per layer and the embedding's: -(2L + 1)·s·b·h);
-    the loss's fp32 log-softmax output is kept (counted) and backward then holds two more
-    fp32 tensors of the logits' size (+2 x 4·s·b·V)."""
-    s, b, h, v = config.seq, micro_batch, config.hidden, config.vocab
+    the reverse, in bytes (the peak is in the loss's backward, at the start of backward):
+    the bf16 gradients are not allocated yet (-2 B per parameter); the activation formula
+    counts 1-byte dropout masks this model does not have (two per layer and the
+    embedding's: -(2L + 1)·s·b·h). The loss's two fp32 gradient buffers of the logits'
+    size (2 x 4·s·b·V), which the measured H200 peak showed, are in ``per_gpu`` now
+    (``Activations.loss_grads``)."""
+    s, b, h = config.seq, micro_batch, config.hidden
     terms = {"gradients not yet allocated": -2 * config.num_params(),
-             "no dropout masks": -(2 * config.layers + 1) * s * b * h,
-             "fp32 logit gradients": 2 * 4 * s * b * v}
+             "no dropout masks": -(2 * config.layers + 1) * s * b * h}
     terms["expected gap"] = sum(terms.values())
     return terms
 

@@ -493,7 +493,7 @@ def _meta_load_session(path: str) -> dict:
 
 def meta_init_and_load(path, world_size: int = 4, *, timeout_s: float = 120.0) -> list[dict]:
     """How FSDP2 loads a model too big for one GPU, on ``world_size`` ranks: each rank
-    builds the course GPT on the ``meta`` device (shapes only), ``fully_shard``\ s it,
+    builds the course GPT on the ``meta`` device (shapes only), applies ``fully_shard``,
     ``to_empty`` gives its shards memory, and only rank 0 reads the :func:`save_full`
     file at ``path``; ``set_model_state_dict(..., StateDictOptions(full_state_dict=True,
     broadcast_from_rank0=True))`` sends every rank its shards. Per rank: whether the model
