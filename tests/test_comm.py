@@ -74,3 +74,20 @@ def test_bad_input(kwargs, exc, words):
         comm_volume(**kwargs)
     with pytest.raises(ValueError):
         collective_bytes("broadcast", 1, 2)
+
+
+def test_zero3_calls_counted_in_blocks():
+    """The course's convention: L blocks + a root unit; the root kept gathered by default."""
+    assert collective_calls(3, num_blocks=4) == {"all_reduce": 0, "reduce_scatter": 5, "all_gather": 9}
+    assert collective_calls(3, num_blocks=4, reshard_root=True)["all_gather"] == 10
+    for L in (1, 4, 32):
+        assert collective_calls(3, num_blocks=L) == collective_calls(3, num_layers=L + 1, skip_last_regather=True)
+        assert collective_calls(3, num_blocks=L, reshard_root=True) == collective_calls(3, num_layers=L + 1)
+    with pytest.raises(ValueError, match="either num_blocks"):
+        collective_calls(3, num_blocks=4, num_layers=5)
+    with pytest.raises(ValueError, match="reshard_root needs num_blocks"):
+        collective_calls(3, num_layers=5, reshard_root=True)
+    with pytest.raises(ValueError, match="stage=3"):
+        collective_calls(2, num_blocks=4)
+    with pytest.raises(ValueError, match="num_blocks"):
+        collective_calls(3, num_blocks=0)

@@ -394,7 +394,8 @@ def quiz_06() -> Quiz:
                 "from its forward to the end of backward). How many all-gathers per training step?",
                 calls["all_gather"], tol=0, minimum=0,
                 explanation=f"Each block is gathered in forward and again in backward (2 x 4), the root "
-                            f"once: {calls['all_gather']} = 2L - 1 with L = 5 units."),
+                            f"once: {calls['all_gather']} = 2L + 1 with L = 4 blocks (5 units: the blocks and "
+                            "the root)."),
         Numeric("And how many reduce-scatters per step?", calls["reduce_scatter"], tol=0, minimum=0,
                 explanation="One per unit: every unit's gradients are reduce-scattered as soon as its "
                             "backward is done (a popular exercise counts one, for one layer: wrong)."),

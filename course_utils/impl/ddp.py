@@ -10,6 +10,7 @@ the end of ``backward()``, so clipping, LR schedulers and any optimizer work unc
 from __future__ import annotations
 
 import dataclasses
+import time
 from contextlib import contextmanager
 
 import torch
@@ -71,6 +72,11 @@ class DataParallel(nn.Module):
     contributes zeros there (every rank still sends every bucket, so the collectives stay
     matched); after the average every rank has a ``.grad`` for it (zeros if no rank used
     it, where torch DDP would leave ``None``).
+
+    Inside :meth:`record_events` the model also writes down, in this process, *when*
+    each of those things happens (a gradient hook fires, a bucket is launched, its
+    all-reduce completes, backward ends): what notebook 02 draws as a timeline. Off by
+    default; recording changes nothing that is computed or sent.
     """
 
     def __init__(self, module: nn.Module, *, bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
@@ -89,6 +95,7 @@ class DataParallel(nn.Module):
         self.buckets = self._make_buckets(self.params, bucket_bytes)
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
         self._next = 0                      # the next bucket to launch
+        self.event_log: list | None = None  # a list while record_events() is on
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
 
     def forward(self, *args, **kwargs):
@@ -123,6 +130,7 @@ class DataParallel(nn.Module):
     def _grad_ready(self, p: nn.Parameter) -> None:
         if not self._sync_enabled:
             return
+        self._log("grad_ready", bucket=self._bucket_of[id(p)])
         if not self._callback_queued:       # average everything when backward ends
             queue_backward_callback(self.finish_gradient_sync)
             self._callback_queued = True
@@ -133,10 +141,10 @@ class DataParallel(nn.Module):
                         "autograd graphs?); DataParallel all-reduces each once per backward")
         while self._next < len(self.buckets) and \
                 len(self.buckets[self._next].ready) == len(self.buckets[self._next].params):
-            self._launch(self.buckets[self._next])
+            self._launch(self.buckets[self._next], during_backward=True)
             self._next += 1
 
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: _Bucket, during_backward: bool = False) -> None:
         if bucket.flat is None:         # allocated once, like torch DDP's bucket buffers
             p0 = bucket.params[0]
             bucket.flat = torch.empty(bucket.numel, dtype=p0.dtype, device=p0.device)
@@ -144,6 +152,8 @@ class DataParallel(nn.Module):
         torch.cat([g.reshape(-1) for g in grads], out=bucket.flat)
         bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, group=self.group,
                                       async_op=True)
+        if self.event_log is not None:
+            self._log_launch(bucket, during_backward)
 
     # -- 4. when backward ends
     @torch.no_grad()
@@ -151,6 +161,7 @@ class DataParallel(nn.Module):
         """Launch the buckets not launched yet, wait for all, write averaged grads to
         ``.grad``. Autograd runs it at the end of every backward (outside ``no_sync``)."""
         self._callback_queued = False
+        self._log("backward_end")
         for bucket in self.buckets[self._next:]:
             self._launch(bucket)
         for bucket in self.buckets:
@@ -167,6 +178,49 @@ class DataParallel(nn.Module):
             bucket.work = None
             bucket.ready.clear()
         self._next = 0
+        self._log("synced")
+
+    # -- the event log (notebook 02's timeline); off unless record_events() is on
+    @contextmanager
+    def record_events(self):
+        """Within this block, record when things happen during each backward, in this process.
+
+        Yields the list the events are appended to, in order, each a dict with ``"event"``
+        and ``"t"`` (``time.perf_counter()`` seconds):
+
+        - ``"grad_ready"`` (with ``"bucket"``): a parameter's gradient hook fired;
+        - ``"launch"`` (``"bucket"``, ``"during_backward"``): a bucket's all-reduce was
+          started, from a hook (True) or from the end-of-backward callback (False);
+        - ``"done"`` (``"bucket"``): that all-reduce completed (a callback on its future,
+          run by the backend's thread; appended when it fires, so possibly out of order);
+        - ``"backward_end"``: autograd ran :meth:`finish_gradient_sync`;
+        - ``"synced"``: every ``.grad`` holds the average.
+
+        Recording computes and sends exactly what the model does without it.
+        """
+        log: list = []
+        previous, self.event_log = self.event_log, log
+        try:
+            yield log
+        finally:
+            self.event_log = previous
+
+    def _log(self, event: str, **fields) -> None:
+        if self.event_log is not None:
+            self.event_log.append({"event": event, "t": time.perf_counter(), **fields})
+
+    def _log_launch(self, bucket: _Bucket, during_backward: bool) -> None:
+        index = next(i for i, b in enumerate(self.buckets) if b is bucket)
+        self._log("launch", bucket=index, during_backward=during_backward)
+        log = self.event_log
+        try:
+            future = bucket.work.get_future()
+        except (AttributeError, RuntimeError, NotImplementedError):
+            return                          # a backend without futures: no completion time
+
+        def done(_fut, log=log, index=index):
+            log.append({"event": "done", "t": time.perf_counter(), "bucket": index})
+        future.then(done)
 
     @contextmanager
     def no_sync(self):

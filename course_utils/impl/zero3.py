@@ -21,10 +21,10 @@ What :class:`Zero3` does (the same design as PyTorch FSDP, written out in Python
   the module's Parameters at views of it; a forward hook frees it again. The root is
   gathered first and stays gathered until the end of backward: the course GPT uses its
   embedding at both ends (tied output layer), so freeing it after forward would only
-  gather it again at once. Hence the all-gathers per step: each of the L-1 non-root
-  units twice (forward, backward), the root once: **2L-1** for L units (root included),
-  :func:`course_utils.theory.comm.collective_calls` with ``skip_last_regather=True``.
-  ``reshard_root=True`` frees the root after forward as well: 2L all-gathers.
+  gather it again at once. Hence the all-gathers per step: each of the L blocks twice
+  (forward, backward), the root once: **2L + 1** for L blocks (L + 1 units),
+  ``collective_calls(3, num_blocks=L)`` of :mod:`course_utils.theory.comm`.
+  ``reshard_root=True`` frees the root after forward as well: 2L + 2 all-gathers.
 * **Backward.** A tiny autograd Function marks the unit boundaries in the graph. The
   unit's *output* passes through a :class:`_BackwardHook` calling ``_pre_backward``:
   autograd calls its backward when the gradient of the output arrives, i.e. just before
@@ -253,7 +253,7 @@ class Zero3(nn.Module):
         unit_types: module types to shard as units (default: the children of the first
             ``nn.ModuleList``, the course GPT's blocks); the root unit owns the rest.
         prefetch: start the next unit's all-gather while the current unit computes.
-        reshard_root: free the root after forward too (2L all-gathers per step, not 2L-1).
+        reshard_root: free the root after forward too (2L + 2 all-gathers per step for L blocks, not 2L + 1).
         param_dtype: mixed precision, as FSDP2's ``MixedPrecisionPolicy``: the dtype of the
             gathered copies forward and backward compute with (``torch.bfloat16`` or
             ``torch.float16``); the shards stay fp32 masters, which the optimizer updates.

@@ -212,7 +212,7 @@ def predicted(setup: str, *, world_size: int = 2, micro_batches: int = 4) -> dic
         calls.update(reduce_scatter=k, all_gather=1)
         ring.update(reduce_scatter=k * f * p, all_gather=f * p)
         between = 4 * p // n                             # the shard gradient only
-    elif strategy == "zero3":                            # every micro-batch: 2L-1 gathers, L scatters
+    elif strategy == "zero3":                            # every micro-batch: 2L+1 gathers, L+1 scatters (L blocks + the root)
         units = len(z3)
         calls.update(reduce_scatter=k * units, all_gather=k * (2 * units - 1))
         ring.update(reduce_scatter=k * f * sum(z3), all_gather=k * f * (2 * sum(z3) - z3[0]))

@@ -70,10 +70,11 @@ def comm_volume(num_params, *, world_size: int, stage: int, bytes_per_elem: int 
         world_size: data-parallel ranks N (>= 1; one rank sends nothing).
         stage: 0 (DDP), 1, 2 or 3.
         bytes_per_elem: bytes per gradient/parameter element communicated (2 for bf16).
-        num_layers, skip_last_regather: ZeRO-3 only. FSDP does not free the last
-            layer's parameters after forward (backward needs them at once), so backward
-            re-gathers L-1 of the L layers: all-gather volume (2L-1)/L·(N-1)/N·M.
-            Layers are assumed equal in size.
+        num_layers, skip_last_regather: ZeRO-3 only. ``num_layers`` counts *units*
+            (groups gathered separately; a transformer wrapped per block plus a root is
+            L blocks + 1 units), assumed equal in size. With ``skip_last_regather`` the
+            unit used last in forward is not freed (backward needs it at once), so
+            backward re-gathers U-1 of the U units: all-gather volume (2U-1)/U·(N-1)/N·M.
     """
     if isinstance(num_params, bool) or not isinstance(num_params, Real) or not math.isfinite(num_params) \
             or num_params <= 0:
@@ -114,19 +115,47 @@ def paper_volume(num_params, *, stage: int) -> float:
 
 
 def collective_calls(stage: int, *, num_layers: int = 1, buckets: int = 1,
-                     skip_last_regather: bool = False) -> dict:
+                     skip_last_regather: bool = False, num_blocks: int | None = None,
+                     reshard_root: bool = False) -> dict:
     """How many collective calls one optimizer step issues, per op.
 
     Stages 0-2 issue one call per gradient bucket (DDP all-reduces each bucket; ZeRO-1/2
     reduce-scatter each bucket, then all-gather each bucket of updated parameters).
-    ZeRO-3 gathers each of the L layers in forward and again in backward (2L, or 2L-1
-    when the last layer stays gathered between forward and backward) and reduce-scatters
-    every layer's gradients once (L), not just one layer's.
+
+    ZeRO-3 works unit by unit: a *unit* is a group of parameters gathered, freed and
+    reduce-scattered together. Each unit is gathered in forward and again in backward, and
+    every unit's gradients are reduce-scattered once (not just one unit's). Two ways to say
+    how many units:
+
+    - ``num_blocks=L``, the course's convention: a transformer of L blocks, wrapped per
+      block plus a *root* unit (embeddings, final norm, the tied output layer), so L + 1
+      units. The root is kept gathered from forward to backward, as the course's
+      ``Zero3`` and PyTorch FSDP2 do: **2L + 1** all-gathers (each block twice, the root
+      once) and L + 1 reduce-scatters; ``reshard_root=True`` frees it after forward too:
+      2L + 2 all-gathers. The course GPT (L = 4): 9, or 10.
+    - ``num_layers=U``: U units of any kind (blocks and root alike): 2U all-gathers, or
+      2U - 1 with ``skip_last_regather=True`` (the unit used last in forward, and so first
+      in backward, stays gathered). ``num_layers=L + 1, skip_last_regather=True`` is
+      ``num_blocks=L``.
     """
     _check_stage(stage)
     for name, value in (("num_layers", num_layers), ("buckets", buckets)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if not isinstance(reshard_root, bool):
+        raise TypeError(f"reshard_root must be True or False, got {reshard_root!r}")
+    if num_blocks is not None:
+        check_int("num_blocks", num_blocks, 1, what="transformer blocks; the root unit comes on top")
+        if stage != 3:
+            raise ValueError("num_blocks only applies to ZeRO-3 (stage=3); stages 0-2 count buckets")
+        if num_layers != 1 or skip_last_regather:
+            raise ValueError("give either num_blocks (blocks, plus the root; reshard_root=True frees "
+                             "the root after forward) or num_layers and skip_last_regather (units), "
+                             "not both")
+        num_layers, skip_last_regather = num_blocks + 1, not reshard_root
+    elif reshard_root:
+        raise ValueError("reshard_root needs num_blocks (use num_layers=units without "
+                         "skip_last_regather for every unit gathered twice)")
     if stage == 0:
         return {"all_reduce": buckets, "reduce_scatter": 0, "all_gather": 0}
     if stage in (1, 2):
