@@ -7,7 +7,7 @@ per-rank shards of course_utils.impl.fsdp.expected_state_bytes; every loss equal
 import pytest
 
 from course_utils.theory.comm import comm_volume
-from course_utils.labs.comparison import compare
+from course_utils.labs.comparison import PEAK_NOTE, compare
 from course_utils.theory.config import COURSE_CONFIG
 from course_utils.impl.fsdp import comm_bytes_per_step, expected_state_bytes
 from course_utils.harness.model import build_model
@@ -42,6 +42,9 @@ def test_measured_bytes_match_the_formulas(table):
     z2 = table.row("zero2")
     assert z2.grads == pytest.approx(4 * PSI / 2, abs=64)          # padding only
     assert z2.optimizer < ddp.optimizer / 2 + 64 * 4
+    # one bucket: every full gradient was alive with the shard before the send (notebook 05)
+    assert z2.peak_grads >= 4 * PSI + z2.grads - 64 and z2.peak_state > ddp.state - ddp.optimizer / 2
+    assert ddp.peak_grads is None and ddp.peak_state is None      # not tracked: said so in the note
     fsdp = table.row("torch-fsdp")
     m = build_model()
     want = expected_state_bytes(m, 2, 0)
@@ -55,13 +58,20 @@ def test_measured_bytes_match_the_formulas(table):
 def test_table_and_plot(table):
     text = table.table()
     lines = text.splitlines()
-    assert lines[0].split()[:2] == ["strategy", "ranks"]
-    assert len(lines) == 2 + len(table.rows)
+    assert lines[0].split()[:2] == ["strategy", "ranks"] and "peak grads B" in lines[0]
+    assert text.endswith(PEAK_NOTE) and len(lines) == 2 + len(table.rows) + len(PEAK_NOTE.splitlines())
+    rows = lines[2:2 + len(table.rows)]
     assert "NO" not in text and "✗" not in text
-    assert all(line.split()[3] == "✓" for line in lines[2:])     # within rel, as a bound
+    assert all(line.split()[3] == "✓" for line in rows)          # within rel, as a bound
+    peak_col = {line.split()[0]: line.split()[8] for line in rows}
+    assert peak_col["ddp"] == "-" and peak_col["zero2"] == f"{table.row('zero2').peak_grads:,}"
     assert "torch-fsdp" in table.times() and "ms" in table.times()
     fig = table.plot()
     assert len(fig.axes) == 3
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [r.strategy for r in table.rows]
+    _, labels = fig.axes[0].get_legend_handles_labels()
+    assert labels == ["params", "grads", "optimizer", "peak in the step"]
+    assert len(fig.axes[0].patches) == 3 * len(table.rows) + 1    # stacked bars + zero2's peak
 
 
 def test_bad_arguments():

@@ -154,6 +154,12 @@ def test_fsdp2_mapping(rows):
         D.fsdp2_equivalent("HSDP")
     text = D.side_by_side(rows.row(("HSDP", "optimizer", True)))
     assert "zero_hpz_partition_size=8" in text and "DeviceMesh (2, 8)" in text and "torch differs from DeepSpeed" in text
+    # the last column is named for what it shows: FSDP2 for ZeRO-3/HSDP, DDP + ZeRO optimizer for ZeRO-1
+    for choice, shown in (("ZeRO-1", "DistributedDataParallel + ZeroRedundancyOptimizer"),
+                          ("ZeRO-3", "fully_shard(reshard_after_forward=True)")):
+        head, _, what = D.side_by_side(choice, world_size=8, micro_batch=1, grad_accum=1).splitlines()[:3]
+        assert head.split()[-2:] == ["torch", "equivalent"] and "FSDP2" not in head
+        assert what.split("  ")[-1].strip() == shown
 
 
 def test_generated_fsdp2_code_trains_for_real_on_two_ranks():

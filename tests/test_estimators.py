@@ -10,7 +10,7 @@ from course_utils.theory.config import PRESETS, TransformerConfig
 from course_utils.theory.estimators import (
     ACCELERATE_DTYPES, Row, accelerate_convert_bytes, accelerate_peak, accelerate_total_size,
     accelerate_training_usage, compare, deepspeed_printout, deepspeed_zero2, deepspeed_zero3,
-    table, why_nvidia_smi_differs)
+    plot, table, why_nvidia_smi_differs)
 from course_utils.theory.memory import GB, GiB, model_states
 
 # Exact parameter counts behind the documented examples. The docs print only "2851M" etc.;
@@ -281,6 +281,19 @@ def test_table_shows_both_units():
     assert f"{r.gpu_bytes / GB:10.2f}  {r.gpu_bytes / GiB:10.2f}" in text
 
 
+def test_plot_has_one_bar_per_estimator():
+    rows = compare("llama-2-7b", 8)
+    fig = plot(rows, title="llama-2-7b, 8 GPUs")
+    (ax,) = fig.axes
+    bars = ax.patches
+    assert len(bars) == len(rows)
+    assert sorted(b.get_width() for b in bars) == sorted(r.gpu_bytes / GB for r in rows)
+    assert {t.get_text() for t in ax.get_yticklabels()} == {r.name for r in rows}
+    assert "GB" in ax.get_xlabel() and ax.get_title() == "llama-2-7b, 8 GPUs"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ZeRO paper", "fp32 grads",
+                                                                   "DeepSpeed", "accelerate"]
+
+
 def test_why_nvidia_smi_differs():
     reasons = why_nvidia_smi_differs()
     assert 6 <= len(reasons) <= 12
@@ -318,6 +331,8 @@ def test_why_nvidia_smi_differs():
     (lambda: compare(7e9, 0, largest_layer_params=1e8), ValueError, "world_size must be >= 1"),
     (lambda: compare(7e9, 12, largest_layer_params=1e8, gpus_per_node=8), ValueError, "multiple of gpus_per_node"),
     (lambda: table([]), TypeError, "list of Row"),
+    (lambda: plot([1, 2]), TypeError, "list of Row"),
+    (lambda: plot(compare("gpt2-xl", 2), title=3), TypeError, "title must be a str"),
     (lambda: table(compare("gpt2-xl", 2), unit="GiB"), ValueError, "unit must be 'GB' or 'MB'"),
 ])
 def test_bad_input_gets_clear_errors(call, exc, words):

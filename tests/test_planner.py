@@ -340,8 +340,14 @@ def test_widget_bundle_and_interaction():
 def test_plot_has_one_bar_per_option():
     rows = plan("llama-2-7b", global_batch=64, **H100)
     fig = planner.plot(rows)
-    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    ax_mem, ax_t = fig.axes
+    labels = [t.get_text() for t in ax_mem.get_yticklabels()]
     assert len(labels) == len(rows) and any("no fit" in s for s in labels)
+    assert sum("no fit" in s for s in labels) == sum(not r.fits for r in rows)
+    assert ax_mem.get_xlabel() == "GB per GPU" and ax_t.get_xlabel() == "seconds per optimizer step"
+    assert len(ax_mem.patches) == len(ax_t.patches) == 3 * len(rows)      # three stacked parts each
+    assert [line.get_xdata()[0] for line in ax_mem.get_lines()] == [80]     # the GPU's memory
+    assert f"recommended {planner.recommend(rows).choice.label()}" in fig.texts[0].get_text()
 
 
 # ------------------------------------------------------------------ capstone

@@ -10,6 +10,13 @@ runs :func:`course_utils.experiments.run` for each strategy in
   its last digits from machine to machine), and the largest absolute difference;
 * the model-state bytes per rank (params, grads, optimizer; the largest over the ranks,
   right after ``optimizer.step()``), as measured by the strategy's ``state_bytes``;
+* the **peak** gradient bytes per rank, where the strategy tracks them: the course's
+  ZeRO-1/2 (:attr:`course_utils.impl.zero.ZeroOptimizer.peak_grad_bytes`: full ``.grad``
+  tensors alive + messages in flight + shard gradients, at any moment of a step, reported
+  by ``experiments.run`` as ``extra["peak_grad_bytes"]``). After the step ZeRO-2 holds
+  1/N of the gradients, but with one bucket it held every full gradient and the bucket's
+  message at once before sending: its peak is above ZeRO-1's (notebook 05). The other
+  strategies do not track a peak (see :data:`PEAK_NOTE` for what their count means);
 * the bytes one rank sends per step, per collective (all-reduce, reduce-scatter,
   all-gather, broadcast; ring convention of :class:`~course_utils.comm.CommLedger`; the
   largest over the ranks) and the calls per step (``"torch-zero1"``,
@@ -30,9 +37,19 @@ from ..harness import experiments
 from ..harness.strategies import STRATEGIES
 from ..harness.strategies import get as get_strategy
 
-__all__ = ["Row", "Comparison", "compare"]
+__all__ = ["Row", "Comparison", "compare", "PEAK_NOTE"]
 
 _OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+#: What the table's gradient columns count, printed under it.
+PEAK_NOTE = "\n".join((
+    "grads B, state/single: held right after optimizer.step().",
+    "peak grads B, peak/single: the most gradient bytes a rank held at any moment of a step (full .grad",
+    "  + messages in flight + shards), tracked by the course's ZeRO-1/2 only. '-': not tracked.",
+    "  single, ddp, torch-ddp, torch-zero1 hold the full .grad from backward to the step (the flat buckets",
+    "  of ddp and torch DDP, one more gradient-sized copy, are not counted); zero3 and the FSDP2 ones hold",
+    "  a unit's full gradient only inside that unit's backward (not counted).",
+))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +67,17 @@ class Row:
     comm_per_step: dict
     calls_per_step: dict
     step_time_s: float
+    peak_grads: int | None = None    # most gradient bytes held during a step; None: not tracked
 
     @property
     def state(self) -> int:
+        """Model-state bytes right after ``optimizer.step()``."""
         return self.params + self.grads + self.optimizer
+
+    @property
+    def peak_state(self) -> int | None:
+        """params + peak gradient bytes + optimizer; None where the peak is not tracked."""
+        return None if self.peak_grads is None else self.params + self.peak_grads + self.optimizer
 
     @property
     def comm_total(self) -> float:
@@ -77,31 +101,37 @@ class Comparison:
         raise KeyError(f"no row for {strategy!r}; rows: {[r.strategy for r in self.rows]}")
 
     def table(self) -> str:
-        """The deterministic part, as text: losses, state bytes, comm bytes and calls."""
+        """The deterministic part, as text: losses, state bytes (after the step, and the
+        gradient peak where tracked), comm bytes and calls; :data:`PEAK_NOTE` under it."""
         base = self.row("single") if any(r.strategy == "single" for r in self.rows) else None
         from ..runtime.fmt import sci
 
         same = f"rel≤{sci(self.rel)}"
         head = (f"{'strategy':<17} {'ranks':>5} {'= single':>8} {same:>10} "
                 f"{'params B':>9} {'grads B':>9} {'optim B':>9} {'state/single':>12} "
+                f"{'peak grads B':>12} {'peak/single':>11} "
                 f"{'sent B/step':>11} {'AR':>3} {'RS':>3} {'AG':>3} {'BC':>3}")
         lines = [head, "-" * len(head)]
         for r in self.rows:
             ratio = f"{r.state / base.state:.3f}" if base else "-"
+            peak = "-" if r.peak_grads is None else f"{r.peak_grads:,}"
+            peak_ratio = f"{r.peak_state / base.state:.3f}" if base and r.peak_grads is not None else "-"
             c = r.calls_per_step
             lines.append(
                 f"{r.strategy:<17} {r.world_size:>5} {'yes' if r.losses_equal else 'NO':>8} "
                 f"{'✓' if r.losses_equal else '✗':>10} {r.params:>9,} {r.grads:>9,} {r.optimizer:>9,} "
-                f"{ratio:>12} {r.comm_total:>11,.0f} {c['all_reduce']:>3g} "
+                f"{ratio:>12} {peak:>12} {peak_ratio:>11} {r.comm_total:>11,.0f} {c['all_reduce']:>3g} "
                 f"{c['reduce_scatter']:>3g} {c['all_gather']:>3g} {c['broadcast']:>3g}")
+        lines.append(PEAK_NOTE)
         return "\n".join(lines)
 
     def times(self) -> str:
-        """Median step time per strategy (varies between runs and machines)."""
+        """Median step time per strategy, slowest rank (varies between runs and machines)."""
         return "\n".join(f"{r.strategy:<17} {1e3 * r.step_time_s:8.1f} ms" for r in self.rows)
 
     def plot(self):
-        """Three panels: state bytes per rank (stacked), bytes sent per step (stacked by
+        """Three panels: state bytes per rank after the step (stacked; dashed outline: the
+        state at the gradient peak, where tracked), bytes sent per step (stacked by
         collective), median step time. Returns the matplotlib Figure."""
         from matplotlib.figure import Figure
 
@@ -114,6 +144,10 @@ class Comparison:
             vals = [getattr(r, part) / 1e3 for r in self.rows]
             axes[0].barh(y, vals, left=left, color=color, label=part)
             left = [a + b for a, b in zip(left, vals)]
+        peaks = [(yy, r.peak_state / 1e3) for yy, r in zip(y, self.rows) if r.peak_state is not None]
+        if peaks:                            # where the gradient peak is tracked: its outline
+            axes[0].barh([p[0] for p in peaks], [p[1] for p in peaks], fill=False, edgecolor="black",
+                         linestyle="--", linewidth=1, label="peak in the step")
         axes[0].set_xlabel("model-state KB per rank (max over ranks)")
         left = [0.0] * len(names)
         for op, color in zip(_OPS, ("#8172B3", "#C44E52", "#64B5CD", "#CCB974")):
@@ -125,7 +159,7 @@ class Comparison:
         axes[2].set_xlabel("median step time, ms (this machine)")
         axes[0].set_yticks(y, names)
         for ax in axes[:2]:
-            ax.legend(fontsize=8, loc="lower right")
+            ax.legend(fontsize=8, frameon=False, ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.0))
         fig.suptitle(f"every strategy, course GPT, {self.where}, {self.steps} steps")
         fig.tight_layout()
         return fig
@@ -173,8 +207,10 @@ def compare(world_size: int = 4, *, steps: int = 3, strategies=None, seed: int =
         state = {k: max(r.state_bytes[k] for r in results) for k in ("params", "grads", "optimizer")}
         comm = {op: max(r.comm_bytes.get(op, 0) for r in results) / steps for op in _OPS}
         calls = {op: r0.comm_calls.get(op, 0) / steps for op in _OPS}
+        peaks = [r.extra["peak_grad_bytes"] for r in results if "peak_grad_bytes" in r.extra]
         rows.append(Row(name, n, tuple(r0.losses), diff, equal, state["params"], state["grads"],
-                        state["optimizer"], comm, calls, max(r.step_time_s for r in results)))
+                        state["optimizer"], comm, calls, max(r.step_time_s for r in results),
+                        max(peaks) if peaks else None))
         if not quiet:
             print(f"{name}: done on {n} rank(s)")
     return Comparison(tuple(rows), world_size, steps, where or "one process", rel)

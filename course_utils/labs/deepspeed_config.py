@@ -20,7 +20,8 @@ Taught in ``notebooks/08_beyond_one_box.ipynb``.
   DeepSpeed's own parser, which accepts ``offload_param`` at stage 1 or 2 and ignores it.
 * :func:`run_equivalent` runs that generated code for real on N ranks (gloo on CPU
   here, NCCL on GPUs) with the course GPT and checks the losses against one process.
-* :func:`side_by_side` prints planner, DeepSpeed and FSDP2 next to each other.
+* :func:`side_by_side` prints planner, DeepSpeed and the torch equivalent next to each other
+  (FSDP2's ``fully_shard``; for ZeRO-1, DDP + ``ZeroRedundancyOptimizer``).
 
 Bucket sizes follow the rule of the HF Trainer's DeepSpeed integration ("auto"):
 ``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``,
@@ -645,8 +646,15 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
 
 # ------------------------------------------------------------- side by side
 
+#: The heading of :func:`side_by_side`'s last column.
+_TORCH_COLUMN = "torch equivalent"
+
+
 def side_by_side(plan_row_or_choice, **kwargs) -> str:
-    """Planner choice, DeepSpeed config and FSDP2 settings next to each other, as text.
+    """Planner choice, DeepSpeed config and the torch equivalent next to each other, as text.
+
+    The last column is named "torch equivalent", not "FSDP2": for ZeRO-1 and DDP it is
+    ``DistributedDataParallel`` (+ ``ZeroRedundancyOptimizer``), for the rest ``fully_shard``.
 
     ``kwargs`` go to :func:`deepspeed_config` (e.g. ``world_size``, ``micro_batch``,
     ``grad_accum``, ``offload_device``, ``nvme_path``).
@@ -690,8 +698,8 @@ def side_by_side(plan_row_or_choice, **kwargs) -> str:
          f"{cfg['gradient_accumulation_steps']} accumulation", f"{cfg['train_batch_size']} = {cfg['train_micro_batch_size_per_gpu']} x "
          f"{cfg['gradient_accumulation_steps']} x {world} GPUs", "your data loader and accumulation loop"),
     ]
-    w = [max(len(str(r[i])) for r in rows + [("", "planner", "DeepSpeed", "FSDP2")]) for i in range(4)]
-    out = [f"{'':<{w[0]}}  {'planner':<{w[1]}}  {'DeepSpeed':<{w[2]}}  FSDP2",
+    w = [max(len(str(r[i])) for r in rows + [("", "planner", "DeepSpeed", _TORCH_COLUMN)]) for i in range(4)]
+    out = [f"{'':<{w[0]}}  {'planner':<{w[1]}}  {'DeepSpeed':<{w[2]}}  {_TORCH_COLUMN}",
            "-" * (sum(w) + 6)]
     out += [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
     out.append(f"torch {'matches DeepSpeed' if fs.exact else 'differs from DeepSpeed'}:")

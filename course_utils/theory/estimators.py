@@ -33,7 +33,7 @@ from .memory import GB, STAGE_NAMES, GiB, model_states
 __all__ = ["deepspeed_zero2", "deepspeed_zero3", "deepspeed_printout",
            "ACCELERATE_DTYPES", "accelerate_training_usage", "accelerate_peak",
            "accelerate_total_size", "accelerate_convert_bytes",
-           "Row", "compare", "table", "why_nvidia_smi_differs"]
+           "Row", "compare", "table", "plot", "why_nvidia_smi_differs"]
 
 
 # ----------------------------------------------------------------- validation
@@ -404,6 +404,56 @@ def table(rows, unit: str = "GB", *, details: bool = False) -> str:
     out.append(f"{dec} = 10**{round(math.log10(dec_b))} bytes; {binu} = 2**{int(math.log2(bin_b))} bytes. "
                f"CPU = host memory per node (DeepSpeed rows).")
     return "\n".join(out)
+
+
+_FAMILY_COLORS = (("ZeRO paper", "#4C72B0"), ("fp32 grads", "#64B5CD"), ("DeepSpeed", "#DD8452"),
+                  ("accelerate", "#55A868"))
+
+
+def _family(name: str) -> tuple[str, str]:
+    for family, color in _FAMILY_COLORS:
+        if name.startswith(family):
+            return family, color
+    return "other", "#8C8C8C"
+
+
+def plot(rows, *, title: str = ""):
+    """The rows of :func:`compare` as a bar chart: GPU GB per GPU (1 GB = 1e9 bytes), one
+    bar per estimator, coloured by who wrote it, with the value printed at 3 significant
+    digits (:func:`course_utils.runtime.fmt.num`). Host memory (DeepSpeed's CPU column) is left out: it is per node, not per GPU.
+    Returns the matplotlib Figure."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    from ..runtime.fmt import num
+
+    rows = list(rows)
+    if not rows or not all(isinstance(r, Row) for r in rows):
+        raise TypeError("plot() takes the list of Row returned by compare(...)")
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a str, got {title!r}")
+    ys = list(range(len(rows)))[::-1]
+    fig = Figure(figsize=(8.0, 0.3 * len(rows) + 1.4))
+    ax = fig.subplots()
+    values = [r.gpu_bytes / GB for r in rows]
+    ax.barh(ys, values, color=[_family(r.name)[1] for r in rows])
+    for y, v in zip(ys, values):
+        ax.text(v, y, f" {num(v)}", va="center", fontsize=7)
+    ax.set_yticks(ys, [r.name for r in rows], fontsize=7)
+    ax.set_xlim(0, max(values) * 1.15)
+    ax.set_xlabel("model states per GPU, GB (1 GB = 1e9 bytes; DeepSpeed and accelerate print GiB)")
+    seen = []
+    for r in rows:
+        if _family(r.name) not in seen:
+            seen.append(_family(r.name))
+    ax.legend(handles=[Patch(color=c, label=f) for f, c in seen], fontsize=7, frameon=False,
+              loc="lower right")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def why_nvidia_smi_differs() -> list[str]:

@@ -737,9 +737,11 @@ _PART_COLORS = {"states": "#4C72B0", "activations": "#C44E52", "buffers": "#8C8C
 
 def plot(rows: Plan, *, highlight: Choice | None = None):
     """Two panels, one bar per option: memory per GPU (states / activations / buffers,
-    with the GPU's memory as a line) and seconds per step (compute / comm / offload).
-    Options that do not fit are drawn pale; the recommended one is outlined."""
+    with the GPU's memory as a dashed line) and seconds per step (compute / exposed comm /
+    offload). Options that do not fit are drawn pale and labelled "(no fit)"; the
+    recommended one is outlined. Used by :func:`course_utils.course.calculator.planner_widget`."""
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     if not isinstance(rows, Plan):
         raise TypeError("plot() takes the Plan returned by plan(...)")
@@ -753,22 +755,22 @@ def plot(rows: Plan, *, highlight: Choice | None = None):
         edge = dict(edgecolor="black", linewidth=1.5) if r.choice == rec else dict(linewidth=0)
         left = 0.0
         for part, value in (("states", r.states), ("activations", r.activations), ("buffers", r.buffers)):
-            ax_mem.barh(y, value / GB, left=left, color=_PART_COLORS[part], alpha=alpha,
-                        label=part if y == ys[0] else None, **edge)
+            ax_mem.barh(y, value / GB, left=left, color=_PART_COLORS[part], alpha=alpha, **edge)
             left += value / GB
         left = 0.0
         exposed = r.step_s - r.compute_s - r.offload_s
         for part, value in (("compute", r.compute_s), ("comm", exposed), ("offload", r.offload_s)):
-            ax_t.barh(y, value, left=left, color=_PART_COLORS[part], alpha=alpha,
-                      label=(part if part != "comm" else "exposed comm") if y == ys[0] else None, **edge)
+            ax_t.barh(y, value, left=left, color=_PART_COLORS[part], alpha=alpha, **edge)
             left += value
     ax_mem.axvline(a.gpu_mem_gb, color="black", linestyle="--", linewidth=1)
     ax_mem.set_yticks(ys, [r.choice.short() + ("" if r.fits else " (no fit)") for r in rows], fontsize=7)
     ax_mem.set_xlabel("GB per GPU")
     ax_t.set_xlabel("seconds per optimizer step")
-    ax_mem.set_xlim(0, max(a.gpu_mem_gb * 1.6, 1.0))
-    ax_mem.legend(fontsize=7, frameon=False, loc="lower right")
-    ax_t.legend(fontsize=7, frameon=False, loc="lower right")
+    ax_mem.set_xlim(0, max(a.gpu_mem_gb * 1.6, 1.0))     # a bar that does not fit may run off the edge
+    for ax, parts in ((ax_mem, ("states", "activations", "buffers")), (ax_t, ("compute", "comm", "offload"))):
+        handles = [Patch(color=_PART_COLORS[p], label="exposed comm" if p == "comm" else p) for p in parts]
+        ax.legend(handles=handles, fontsize=7, frameon=False, ncol=3, loc="lower center",
+                  bbox_to_anchor=(0.5, 1.0))
     fig.suptitle(f"{a.model} on {a.nodes} x {a.gpus_per_node} GPUs of {a.gpu_mem_gb:g} GB, seq {a.seq_len}"
                  + (f": recommended {rec.label()}" if rec else ": nothing fits"), fontsize=9)
     for ax in (ax_mem, ax_t):
