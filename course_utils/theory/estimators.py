@@ -420,12 +420,10 @@ def _family(name: str) -> tuple[str, str]:
 def plot(rows, *, title: str = ""):
     """The rows of :func:`compare` as a bar chart: GPU GB per GPU (1 GB = 1e9 bytes), one
     bar per estimator, coloured by who wrote it, with the value printed at 3 significant
-    digits (:func:`course_utils.runtime.fmt.num`). Host memory (DeepSpeed's CPU column) is left out: it is per node, not per GPU.
+    digits. Host memory (DeepSpeed's CPU column) is left out: it is per node, not per GPU.
     Returns the matplotlib Figure."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
-
-    from ..runtime.fmt import num
 
     rows = list(rows)
     if not rows or not all(isinstance(r, Row) for r in rows):
@@ -438,7 +436,7 @@ def plot(rows, *, title: str = ""):
     values = [r.gpu_bytes / GB for r in rows]
     ax.barh(ys, values, color=[_family(r.name)[1] for r in rows])
     for y, v in zip(ys, values):
-        ax.text(v, y, f" {num(v)}", va="center", fontsize=7)
+        ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
     ax.set_yticks(ys, [r.name for r in rows], fontsize=7)
     ax.set_xlim(0, max(values) * 1.15)
     ax.set_xlabel("model states per GPU, GB (1 GB = 1e9 bytes; DeepSpeed and accelerate print GiB)")
