@@ -48,3 +48,10 @@ def test_show_keeps_whole_numbers_and_rounds_the_rest():
         fmt.show(torch.tensor([0.0485449694, -0.155119359])) == "tensor([0.0485, -0.155], shape=(2,))"
     assert fmt.show(torch.tensor(3.0)) == "tensor(3)" and fmt.show(1.12e11) == "1.12e+11"
     assert fmt.show(0.123456789) == "0.123" and fmt.show(None) == "None" and fmt.show(7) == "7"
+
+
+def test_ratio_of_measured_values_or_not_measured():
+    from course_utils.runtime.fmt import NOT_MEASURED, ratio
+
+    assert ratio(5_833_800, 3_889_160) == "1.50" and ratio(1, 3, digits=3) == "0.333"
+    assert ratio(None, 3) == ratio(3, None) == ratio(3, 0) == NOT_MEASURED   # macOS, NCCL

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["SIG", "LOSS_RTOL", "GRAD_ATOL", "num", "nums", "sci", "bound", "above", "near",
+__all__ = ["SIG", "LOSS_RTOL", "GRAD_ATOL", "num", "nums", "sci", "bound", "above", "near", "ratio",
            "losses_match", "max_abs_diff", "max_rel_diff", "show"]
 
 #: Significant digits of a measured float (a loss, a norm) in a notebook's output.
@@ -115,6 +115,21 @@ def max_rel_diff(losses, reference) -> float:
     reference in the denominator; 0 where both are 0), step by step."""
     return max(abs(a - b) / abs(b) if b else (0.0 if a == b else math.inf)
                for a, b in zip(losses, reference))
+
+
+#: What :func:`ratio` prints when a value was not measured (no socket counters on this OS,
+#: or ranks on NCCL, whose traffic no TCP socket carries: ``RunResult.wire_bytes`` is None).
+NOT_MEASURED = "n/a (not measured here)"
+
+
+def ratio(numerator, denominator, digits: int = 2) -> str:
+    """``numerator / denominator`` at ``digits`` decimals (``"1.50"``), or
+    :data:`NOT_MEASURED` when either is None or the denominator is 0: a notebook line that
+    divides measured bytes reads the same way on every machine that can measure them and
+    does not fail on one that cannot."""
+    if numerator is None or denominator is None or denominator == 0:
+        return NOT_MEASURED
+    return f"{numerator / denominator:.{digits}f}"
 
 
 def losses_match(losses, reference, rtol: float = LOSS_RTOL) -> str:
