@@ -114,3 +114,14 @@ def test_not_available_elsewhere(monkeypatch):
         pass
     assert meter.sent is None and not meter.available and "not available" in repr(meter)
     assert "not available here" in wire.WIRE_UNAVAILABLE
+
+
+def test_group_wire_bytes_is_none_under_nccl(monkeypatch):
+    import torch.distributed as dist
+
+    meter = wire.WireMeter()
+    meter._start, meter._end = (100, 0), (350, 0)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+    assert wire.group_wire_bytes(meter) == 250
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    assert wire.group_wire_bytes(meter) is None         # NVLink/InfiniBand: no socket sees it

@@ -34,7 +34,7 @@ from ..impl.common import check_bucket_bytes, grad_owners, storage_bytes, traina
 from ..impl.ddp import DataParallel, unwrap
 from ..runtime.fmt import max_abs_diff, max_rel_diff
 from ..runtime.ledger import CommLedger
-from ..runtime.wire import WireMeter
+from ..runtime.wire import WireMeter, group_wire_bytes
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 from .strategies import STRATEGIES
 from .strategies import get as _get_strategy
@@ -337,7 +337,7 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
     if not spec.distributed:                # one process sends nothing (its sockets are the kernel's)
         wire_bytes = 0 if wire.available else None
     else:                                   # NCCL's NVLink/InfiniBand traffic has no TCP socket
-        wire_bytes = wire.sent if dist.get_backend() == "gloo" else None
+        wire_bytes = group_wire_bytes(wire)
     with ledger.pause():
         digest = param_digest(full_parameters(model))
     extra = dict(spec.extras(model, optimizer)) if spec.extras else {}

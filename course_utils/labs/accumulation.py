@@ -43,7 +43,7 @@ from ..runtime import compat
 from ..runtime.fmt import num
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
-from ..runtime.wire import WireMeter
+from ..runtime.wire import WireMeter, group_wire_bytes
 from ..theory.comm import gloo_bytes
 from ..theory.config import COURSE_CONFIG
 from ..theory.layout import padded_numel
@@ -149,7 +149,7 @@ def _rank(setups: tuple, k: int, global_batch: int) -> dict:
         gloo = sum(gloo_bytes(r.op, r.message_bytes, r.world_size, r.rank) for r in ledger.records)
         out[name] = {"what": SETUPS[name][2], "calls_per_micro_batch": per, "calls_in_step": in_step,
                      "calls": ledger.counts(), "ring_bytes": ledger.totals(), "gloo_bytes": int(gloo),
-                     "wire_bytes": wire.sent if dist.get_backend() == "gloo" else None,
+                     "wire_bytes": group_wire_bytes(wire),
                      "grad_bytes": held}
     return out
 

@@ -27,7 +27,7 @@ import struct
 import sys
 import time
 
-__all__ = ["wire_bytes_sent", "wire_bytes_retransmitted", "WireMeter", "wire_available", "WIRE_UNAVAILABLE",
+__all__ = ["wire_bytes_sent", "wire_bytes_retransmitted", "WireMeter", "group_wire_bytes", "wire_available", "WIRE_UNAVAILABLE",
            "ignore_inherited_sockets"]
 
 #: Offset and size of ``tcpi_bytes_sent`` in Linux's ``struct tcp_info`` (since 4.19).
@@ -214,3 +214,12 @@ class WireMeter:
         if sent is None:
             return "WireMeter(not available)"
         return f"WireMeter({sent:,} bytes sent, {self.retransmitted:,} retransmitted)"
+
+
+def group_wire_bytes(meter: WireMeter, group=None) -> int | None:
+    """What ``meter`` measured as this rank's traffic in ``group``'s collectives: its
+    count when the group runs gloo (TCP), None under NCCL, whose NVLink and InfiniBand
+    traffic no socket carries (the sockets would show only NCCL's bootstrap)."""
+    import torch.distributed as dist
+
+    return meter.sent if dist.get_backend(group) == "gloo" else None
