@@ -163,12 +163,9 @@ def refuse_non_function(fn, name: str, signature: str = "") -> Verdict | None:
 
 
 def report_problems(label: str, problems: list, right: str) -> bool:
-    """Print ``label: differs: ...`` for each problem, or ``label: right: <right>`` when
-    there is none; True when there is none."""
-    for p in problems:
-        print(f"{label}: differs: {p}")
-    if not problems:
-        print(f"{label}: right: {right}")
+    """Print one line: ``label: not yet: <problem>; <problem>`` or ``label: right:
+    <right>`` when there is none; True when there is none."""
+    print(f"{label}: not yet: {'; '.join(problems)}" if problems else f"{label}: right: {right}")
     return not problems
 
 
@@ -231,33 +228,40 @@ def grade_on_ranks(fn: Callable, expected: Callable[[int, int], object], *,
     return judge_on_ranks(fn, judge, world_sizes=world_sizes, name=name, args=args, timeout_s=timeout_s)
 
 
+#: How many wrong cases :func:`grade_cases` shows (the rest are counted in one line).
+SHOWN_WRONG_CASES = 2
+
+
 def grade_cases(fn: Callable, cases: Sequence[dict], expected: Callable[..., object], *,
                 name: str = "your function", rel: float = 1e-9) -> Verdict:
-    """Call ``fn(**case)`` for each case; compare with ``expected(**case)``; print per case.
+    """Call ``fn(**case)`` for each case; compare with ``expected(**case)``.
 
-    For exercises that are plain functions (no ranks), e.g. memory arithmetic.
+    For exercises that are plain functions (no ranks), e.g. memory arithmetic. When every
+    case is right, one line per case shows what was checked; otherwise the first
+    :data:`SHOWN_WRONG_CASES` wrong cases (what was got and what was expected), a line
+    counting the other wrong ones, and ``k of n cases right``: at most 4 lines.
     """
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
-    wrong = 0
+    right, wrong = [], []
     for case in cases:
         args = ", ".join(f"{k}={v!r}" for k, v in case.items())
         want = expected(**case)
         try:
             got = fn(**case)
         except Exception as exc:  # noqa: BLE001 - report, never raise, on a learner's bug
-            wrong += 1
-            print(f"  {name}({args}): raised {type(exc).__name__}: {exc}")
+            wrong.append(f"  {name}({args}): raised {type(exc).__name__}: {exc}")
             continue
         tol = rel * abs(want) if isinstance(want, (int, float)) and not isinstance(want, bool) else 0
         why = compare(got, want, atol=tol)
-        if why:
-            wrong += 1
-            print(f"  {name}({args}): differs: {why}")
-        else:
-            print(f"  {name}({args}): right ({_show(got)})")
-    print(f"{len(cases) - wrong} of {len(cases)} cases right")
-    return Verdict(name, wrong == 0)
+        (wrong if why else right).append(f"  {name}({args}): " + (f"differs: {why}" if why else
+                                                                   f"right ({_show(got)})"))
+    for line in (wrong[:SHOWN_WRONG_CASES] if wrong else right):
+        print(line)
+    if len(wrong) > SHOWN_WRONG_CASES:
+        print(f"  ... and {len(wrong) - SHOWN_WRONG_CASES} more case(s) differ")
+    print(f"{len(right)} of {len(cases)} cases right")
+    return Verdict(name, not wrong)
 
 
 # --------------------------------------------------------------- the build exercises' driver

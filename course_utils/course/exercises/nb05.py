@@ -42,9 +42,10 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
     all_right = True
-    for sizes in ((3, 4), (5,)):
-        numel = sum(sizes)
-        for n in (2, 3, 4):
+    for n in (2, 3, 4):
+        per_rank, launched = [""] * n, True
+        for sizes in ((3, 4), (5,)):
+            numel = sum(sizes)
             flat = torch.zeros(padded_numel(numel, n))
             for r in range(n):
                 flat[:numel] += torch.cat([torch.arange(k, dtype=torch.float32) + 10.0 * (r + 1) + i
@@ -52,17 +53,20 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
             flat /= n
             values = launch_or_report(_bucket_rank, n, fn, sizes, timeout_s=20, quiet=True)
             if values is None:
-                all_right = False
-                continue
-            findings = []
+                launched = False
+                break
             for rank, (shard, freed) in enumerate(values):
                 lo, hi = shard_bounds(numel, n, rank)
                 why = compare(shard, flat[lo:hi])
                 if not why and not all(freed):
                     why = "the full gradients were not freed (set p.grad = None)"
-                findings.append((why, ""))
-            all_right &= report_ranks(f"bucket {list(sizes)} on "
-                                      f"{where(n, GRADER_BACKEND, backend_first=True)}", findings)
+                if why and not per_rank[rank]:
+                    per_rank[rank] = f"bucket {list(sizes)}: {why}"
+        if not launched:
+            all_right = False
+            continue
+        all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True),
+                                  [(why, "buckets [3, 4] and [5] sharded, averaged, freed") for why in per_rank])
     return Verdict(name, all_right)
 
 

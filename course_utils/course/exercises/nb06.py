@@ -8,8 +8,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ...harness.grading import Verdict, grade_build, on_world_sizes, refuse_non_function, report_ranks
+from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, on_world_sizes, refuse_non_function,
+                                report_ranks)
 from ...runtime.fmt import bound
+from ...runtime.launch import where
 
 __all__ = ["check_zero3_forward", "check_zero3", "Zero3Unit", "build_units", "zero3_on_rank"]
 
@@ -120,7 +122,8 @@ def check_zero3_forward(fn: Callable) -> Verdict:
     if (refused := refuse_non_function(fn, name, '(shard, numel, shape, x)')) is not None:
         return refused
     all_right = True
-    for n, values in (runs := on_world_sizes(_zero3_forward_on_rank, (2, 3, 4), fn, timeout_s=30)):
+    for n, values in (runs := on_world_sizes(_zero3_forward_on_rank, (2, 3, 4), fn, timeout_s=30,
+                                                 quiet=True)):
         findings = []
         for cases in values:
             problems = []
@@ -135,7 +138,7 @@ def check_zero3_forward(fn: Callable) -> Verdict:
                                     "forward; ZeRO-3 frees it (do not keep it in a global or attribute)")
             findings.append((problems[0] if problems else "",
                              f"gathered, computed, freed for {len(cases)} weights"))
-        all_right &= report_ranks(f"{n} ranks", findings)
+        all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True), findings)
     return Verdict(name, all_right and runs.completed)
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ...harness.experiments import full_grads, reference_grads
-from ...harness.grading import Verdict, launch_or_report, on_world_sizes, refuse_non_function, report_problems
+from ...harness.grading import (GRADER_BACKEND, Verdict, judge_on_ranks, launch_or_report, on_world_sizes,
+                                refuse_non_function, report_problems)
+from ...runtime.launch import where
 from ...runtime.fmt import bound, num
 
 __all__ = ["check_fsdp_wrap", "check_sharded_clip", "check_accumulation"]
@@ -58,7 +60,7 @@ def check_fsdp_wrap(fn: Callable) -> Verdict:
         return refused
     loss, _, _ = reference_grads()
     all_right = True
-    for n, values in (runs := on_world_sizes(_fsdp_wrap_on_rank, (2, 3), fn, timeout_s=60)):
+    for n, values in (runs := on_world_sizes(_fsdp_wrap_on_rank, (2, 3), fn, timeout_s=60, quiet=True)):
         v = values[0]
         problems = []
         missing = [b for b in v["blocks"] if b not in v["units"]]
@@ -77,7 +79,7 @@ def check_fsdp_wrap(fn: Callable) -> Verdict:
         if not problems and abs(v["loss"] - loss) > 1e-6 * abs(loss):
             problems.append(f"loss {v['loss']:.7g}, one process gives {loss:.7g}")
         all_right &= report_problems(
-            f"{n} ranks", problems,
+            where(n, GRADER_BACKEND, backend_first=True), problems,
             f"units {', '.join(v['units'])}; {v['counts']['all_gather']} all-gathers, "
             f"{v['counts']['reduce_scatter']} reduce-scatters; loss {num(v['loss'])} = one process "
             f"(rel. {bound(abs(v['loss'] - loss) / abs(loss), 1e-6)})")
@@ -114,30 +116,20 @@ def check_sharded_clip(fn: Callable) -> Verdict:
         return refused
     max_norm = 0.5
     _, norm, grads = reference_grads(max_norm=max_norm)
-    all_right = True
-    for n, values in (runs := on_world_sizes(_clip_on_rank, (2, 3), fn, max_norm, timeout_s=60)):
-        wrong = 0
-        for rank, v in enumerate(values):
-            if v["norm"] is None:
-                wrong += 1
-                print(f"  rank {rank}: differs: returned None; return the total norm before "
-                      f"clipping (one process gets {num(norm)})")
-                continue
-            if abs(v["norm"] - norm) > 1e-5 * norm:
-                wrong += 1
-                print(f"  rank {rank}: differs: returned norm {v['norm']}, the global norm is "
-                      f"{num(norm)} (a norm of the local shards only is smaller and differs per rank)")
-                continue
-            why = _grad_problem({k: torch.tensor(g) for k, g in v["grads"].items()}, grads)
-            if why:
-                wrong += 1
-                print(f"  rank {rank}: norm right, clipped gradients differ: {why}")
-            else:
-                print(f"  rank {rank}: right (norm {num(v['norm'])} = one process's, "
-                      f"gradients scaled by {num(max_norm / norm)})")
-        all_right &= wrong == 0
-        print(f"{n} ranks: {'all right' if not wrong else f'{wrong} of {n} ranks differ'}")
-    return Verdict(name, all_right and runs.completed)
+    def judge(v, rank, n):
+        if v["norm"] is None:
+            return (f"returned None; return the total norm before clipping (one process gets "
+                    f"{num(norm)})"), ""
+        if abs(v["norm"] - norm) > 1e-5 * norm:
+            return (f"returned norm {num(v['norm'])}, the global norm is {num(norm)} (a norm of "
+                    "the local shards only is smaller and differs per rank)"), ""
+        why = _grad_problem({k: torch.tensor(g) for k, g in v["grads"].items()}, grads)
+        if why:
+            return f"norm right, clipped gradients differ: {why}", ""
+        return "", f"norm {num(v['norm'])} = one process's, gradients scaled by {num(max_norm / norm)}"
+
+    return judge_on_ranks(_clip_on_rank, judge, world_sizes=(2, 3), name=name, args=(fn, max_norm),
+                          timeout_s=60)
 
 
 def _accumulate_on_rank(fn: Callable, k: int) -> dict:
@@ -172,7 +164,7 @@ def check_accumulation(fn: Callable) -> Verdict:
     _, _, grads = reference_grads()
     all_right = True
     for k in (2, 3):
-        values = launch_or_report(_accumulate_on_rank, 2, fn, k, timeout_s=60)
+        values = launch_or_report(_accumulate_on_rank, 2, fn, k, timeout_s=60, quiet=True)
         if values is None:
             all_right = False
             continue
@@ -185,6 +177,6 @@ def check_accumulation(fn: Callable) -> Verdict:
         why = _grad_problem({n: torch.tensor(g) for n, g in v["grads"].items()}, grads)
         if why:
             problems.append(f"gradients differ from the full batch's: {why}")
-        all_right &= report_problems(f"k = {k} micro-batches on 2 ranks", problems,
+        all_right &= report_problems(f"k = {k} micro-batches, {where(2, GRADER_BACKEND, backend_first=True)}", problems,
                                      f"{rs} reduce-scatters, gradients = full batch")
     return Verdict(name, all_right)
