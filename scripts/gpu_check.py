@@ -397,6 +397,32 @@ def check_memory() -> list[Row]:
     return memory_rows(measure_memory())
 
 
+def check_torch_layout() -> list[Row]:
+    """torch's layout (``planner.plan(..., framework="torch")``) on one NCCL rank, to the
+    byte: FSDP2 + ``MixedPrecisionPolicy(bf16, fp32)`` + AdamW holds 16 B per parameter,
+    sharded, and ``reshard_after_forward=False`` holds the blocks' bf16 parameters from
+    forward to backward (``scripts/gpu_torch_layout.py``, which also runs on its own)."""
+    import torch
+    import torch.distributed as dist
+
+    import gpu_torch_layout as layout       # scripts/ is on the path: this file runs from it
+
+    torch.cuda.set_device(0)
+    layout.init_one_rank()
+    try:
+        states, want_states, other = layout.measure_states()
+        held, want_held, _ = layout.measure_gathered_blocks()
+    finally:
+        dist.destroy_process_group()
+    here = f"1 NCCL rank, GPU 0, {layout.CONFIG.num_params() / 1e6:.0f}M-parameter Llama-style GPT"
+    return [bytes_row("FSDP2 + MixedPrecisionPolicy: states after an AdamW step (16 B/param)", here,
+                      states, want_states,
+                      why=f"storages of parameters, gradients and AdamW states; memory_allocated holds "
+                          f"{fmt_bytes(other, 'MiB', 1)} more (cuBLAS workspaces, allocator rounding)"),
+            bytes_row("reshard_after_forward=False: blocks' bf16 parameters after forward", here,
+                      held, want_held, why="the planner's torch copies of that row, less the root's")]
+
+
 # ----------------------------------------------------------------------------- the plan
 
 def plan(gpus: int) -> list[Planned]:
@@ -425,6 +451,8 @@ def plan(gpus: int) -> list[Planned]:
     checks.append(Planned(
         f"memory of a training step, course GPT at {MEMORY_CONFIG.num_params() / 1e6:.0f}M "
         "parameters (mixed) vs memory.per_gpu", "this process, GPU 0", check_memory))
+    checks.append(Planned("torch's layout: FSDP2 states and gathered blocks vs planner(framework='torch')",
+                          "this process, GPU 0 (1 NCCL rank)", check_torch_layout))
     beside = " next to a visible GPU"
     for name in GLOO_NEXT_TO_GPU:
         checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",

@@ -55,3 +55,23 @@ def test_plot_has_four_stages():
     fig = calculator.plot(Setting())
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
+
+
+def test_fitting_table_prints_the_fastest_options_that_fit():
+    from course_utils.course.calculator import fitting_table
+    from course_utils.theory import planner
+
+    kw = dict(gpu_mem_gb=80, gpus_per_node=8, intra_bw_gbps=450, inter_bw_gbps=25, seq_len=4096)
+    rows = planner.plan("llama-2-7b", global_batch=64, **kw)
+    text = fitting_table(rows, top=3)
+    fitting = sorted((r for r in rows if r.fits), key=lambda r: r.step_s)
+    assert f"{len(fitting)} of {len(rows)} options fit; shown: the 3 fastest" in text
+    body = [line for line in text.splitlines() if line.endswith(tuple("0123456789")) and " yes " in line]
+    assert [line.split("  ")[0] for line in body] == [r.choice.label() for r in fitting[:3]]
+    assert "assumptions:" in text and len(body) == 3
+    nothing = planner.plan("llama-2-70b", **dict(kw, gpu_mem_gb=24, gpus_per_node=1), host_mem_gb=64)
+    assert "0 of" in fitting_table(nothing) and "shown: the smallest option" in fitting_table(nothing)
+    with pytest.raises(ValueError, match="top must be"):
+        fitting_table(rows, top=0)
+    with pytest.raises(TypeError, match="Plan"):
+        fitting_table(list(rows))

@@ -10,6 +10,7 @@ from course_utils.theory.config import preset
 from course_utils.theory.memory import GB
 from course_utils.theory.planner import Choice, plan, recommend
 from course_utils.course.exercises import CAPSTONE_SCENARIOS
+from course_utils.course.exercises.nb08 import reference_plan
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -35,7 +36,7 @@ def test_every_choice_gives_a_valid_config(rows):
         assert ("offload_optimizer" in zero) == (r.choice.offload != "none")
         assert ("offload_param" in zero) == (r.choice.offload == "optimizer+params")
         assert ("zero_hpz_partition_size" in zero) == (r.strategy == "HSDP")
-        assert ("activation_checkpointing" in cfg) == r.choice.recompute
+        assert ("activation_checkpointing" in cfg) == r.choice.recomputes
         assert summary.startswith(f"valid: stage {r.stage}") and "256 = " in summary
 
 
@@ -163,8 +164,9 @@ def test_fsdp2_mapping(rows):
 
 
 def test_generated_fsdp2_code_trains_for_real_on_two_ranks():
-    exact = D.run_equivalent(["ZeRO-3", "HSDP", "ZeRO-1"], 2, steps=2)
-    assert [r["choice"] for r in exact] == ["ZeRO-3", "HSDP", "ZeRO-1"]
+    exact = D.run_equivalent(["ZeRO-3", "HSDP", "ZeRO-1", ("ZeRO-2", "none", "selective")], 2, steps=2)
+    assert [r["choice"] for r in exact] == ["ZeRO-3", "HSDP", "ZeRO-1", "ZeRO-2 + selective recompute"]
+    assert "create_selective_checkpoint_contexts" in exact[3]["code"]
     for r in exact:                          # fp32: the single-process losses
         assert r["where"] == "2 gloo ranks on CPU" and r["max_rel_diff"] < 1e-5, r
     assert "init_device_mesh('cpu', (2, 1)" in exact[1]["code"]
@@ -175,6 +177,29 @@ def test_generated_fsdp2_code_trains_for_real_on_two_ranks():
         D.run_equivalent("ZeRO-3", 5)
     with pytest.raises(ValueError, match="must equal world_size"):
         D.run_equivalent("HSDP", 2, nodes=2, gpus_per_node=2)
+
+
+def test_selective_recompute_maps_to_the_same_section_around_the_attention_core():
+    """DeepSpeed's activation checkpointing recomputes what the model wraps: "full" wraps every
+    block, "selective" each attention core; the config section is the same, side_by_side says which."""
+    kw = dict(world_size=8, micro_batch=1, grad_accum=1)
+    sel, full, none = (D.deepspeed_config(("ZeRO-2", "none", rc), **kw) for rc in ("selective", "full", "none"))
+    assert sel == full and "activation_checkpointing" in sel and "activation_checkpointing" not in none
+    text = D.side_by_side(("ZeRO-2", "none", "selective"), **kw)
+    assert "checkpoint() around each attention core" in text and "context_fn=selective policy" in text
+    assert "checkpoint() around every block" in D.side_by_side(("ZeRO-2", "none", True), **kw)
+    fs = D.fsdp2_equivalent(("ZeRO-1", "none", "selective"))
+    assert "CheckpointPolicy.PREFER_RECOMPUTE" in fs.code and any("selective" in n for n in fs.notes)
+    ast.parse(fs.code)
+
+
+def test_torch_plan_rows_map_to_torch_and_to_deepspeed_with_its_own_layout():
+    t = plan("llama-2-7b", framework="torch", **dict(CLUSTER, nodes=1, global_batch=64))
+    row = t.row("ZeRO-3")
+    with pytest.raises(ValueError, match="torch's layout"):
+        D.deepspeed_config(row)
+    assert D.fsdp2_equivalent(row).kwargs["mp_policy"].reduce_dtype == torch.float32
+    assert "zero_optimization.stage = 3" in D.side_by_side(row)      # DeepSpeed's own layout (mixed)
 
 
 # ------------------------------------------------------ DeepSpeed itself
@@ -237,7 +262,7 @@ def test_deepspeed_estimators_agree_with_the_planner(ds):
 
 def test_capstone_answers_become_valid_deepspeed_configs():
     for sc in CAPSTONE_SCENARIOS:
-        best = recommend(sc.plan()).row
+        best = recommend(reference_plan(sc)).row
         cfg = D.deepspeed_config(best)
         D.validate_deepspeed_config(cfg, world_size=best.world_size)
         assert cfg["train_batch_size"] == sc.global_batch

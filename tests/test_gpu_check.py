@@ -57,9 +57,9 @@ def test_plan_follows_the_gpu_count(gpu_check):
     assert one[0] == ("all-reduce of rank + 1 on 1 rank",
                       "1 NCCL rank, one GPU each, forked from this process")
     assert one[1][1].startswith("2 gloo ranks on CPU after a backward here, spawned")
-    assert [w for _, w in one[2:3]] == ["this process, GPU 0"]
-    assert [c.split(":")[0] for c, _ in one[3:]] == list(gpu_check.GLOO_NEXT_TO_GPU)
-    assert all("NCCL" not in w for _, w in one[1:])
+    assert [w for _, w in one[2:4]] == ["this process, GPU 0", "this process, GPU 0 (1 NCCL rank)"]
+    assert [c.split(":")[0] for c, _ in one[4:]] == list(gpu_check.GLOO_NEXT_TO_GPU)
+    assert all("NCCL" not in w for _, w in one[1:] if "GPU 0" not in w)   # one GPU: no NCCL ranks forked
     three = dict(checks(3))
     assert three["all-reduce of rank + 1 on 3 ranks"].startswith("3 NCCL ranks")
     assert three["zero3: losses = one process's (3 steps)"].startswith("3 NCCL ranks")
@@ -69,7 +69,7 @@ def test_plan_follows_the_gpu_count(gpu_check):
     assert [w.split(",")[0] for c, w in eight if c.startswith("ddp:")] == [
         "4 NCCL ranks", "2 gloo ranks on CPU after a backward here", "2 gloo ranks on CPU next to a visible GPU"]
     # NCCL ranks are forked before this process touches CUDA (the memory check), gloo ranks after
-    kinds = ["nccl" if "NCCL" in w else "memory" if "GPU 0" in w else "backward" if "backward" in w
+    kinds = ["memory" if "GPU 0" in w else "nccl" if "NCCL" in w else "backward" if "backward" in w
              else "gloo" for _, w in eight]
     assert kinds == sorted(kinds, key=["nccl", "backward", "memory", "gloo"].index)
     for bad, exc in ((0, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError)):

@@ -29,7 +29,8 @@ from course_utils.theory.estimators import deepspeed_zero2, deepspeed_zero3
 from course_utils.course.exercises import Verdict
 from course_utils.theory.memory import GB, model_states
 from course_utils.theory.planner import Choice, as_choice, plan, recommend, benchmark_plan, table
-from course_utils.course.exercises import CAPSTONE_SCENARIOS, check_capstone, reference_choice
+from course_utils.course.exercises import CAPSTONE_SCENARIOS
+from course_utils.course.exercises.nb08 import reference_plan
 from course_utils.course.calculator import PlannerSetting, PlannerWidget
 
 H100 = dict(gpu_mem_gb=80, gpus_per_node=8, intra_bw_gbps=450, inter_bw_gbps=50, seq_len=2048)
@@ -247,13 +248,13 @@ def test_table_is_deterministic_and_states_its_assumptions():
 
 
 def test_recommendation_and_its_reason():
-    rows = CAPSTONE_SCENARIOS[0].plan()
+    rows = reference_plan(CAPSTONE_SCENARIOS[0])
     rec = recommend(rows)
     assert rec.row.fits and rec.row.step_s == min(r.step_s for r in rows if r.fits)
     assert "fastest option that fits" in rec.reason and "DDP does not fit" in rec.reason
     kw = dict(gpu_mem_gb=24, gpus_per_node=1, intra_bw_gbps=450, inter_bw_gbps=50, seq_len=4096)
     # ZeRO-Infinity fits 70B on one 24 GB GPU ... if the host holds the 1.1 TB of states
-    assert recommend(plan("llama-2-70b", **kw)).choice == Choice("ZeRO-3", "optimizer+params", True)
+    assert recommend(plan("llama-2-70b", **kw)).choice == Choice("ZeRO-3", "optimizer+params", "full")
     nothing = recommend(plan("llama-2-70b", host_mem_gb=512, **kw))
     assert nothing.row is None and "nothing fits" in nothing.reason and "host needs" in nothing.reason
 
@@ -261,15 +262,16 @@ def test_recommendation_and_its_reason():
 def test_one_nic_per_node_favours_hsdp_for_70b_and_one_per_gpu_does_not():
     sc = CAPSTONE_SCENARIOS[1]
     assert sc.nics_per_node == 1 and sc.nodes == 4
-    rows = sc.plan()
+    rows = reference_plan(sc)
     best = recommend(rows).row
-    assert best.strategy == "HSDP" and best.choice.recompute and best.choice.offload_optimizer
+    assert best.strategy == "HSDP" and best.choice.recompute == "full" and best.choice.offload_optimizer
     flat = min((r for r in rows if r.fits and r.strategy == "ZeRO-3"), key=lambda r: r.step_s)
     assert flat.step_s > (1 + planner.NEAR_TIE) * best.step_s and flat.comm_s > 5 * best.comm_s
     # the same cluster with one 25 GB/s NIC per GPU: full sharding needs no offload and wins
-    kw = sc.plan_kwargs()
-    kw.update(nics_per_node=8)
-    per_gpu = plan(kw.pop("model"), **kw)
+    kw = dict(gpu_mem_gb=sc.gpu_mem_gb, gpus_per_node=sc.gpus_per_node, nodes=sc.nodes,
+              intra_bw_gbps=sc.intra_bw_gbps, inter_bw_gbps=sc.inter_bw_gbps, seq_len=sc.seq_len,
+              global_batch=sc.global_batch, host_mem_gb=sc.host_mem_gb, nics_per_node=8)
+    per_gpu = plan(sc.model, **kw)
     rec = recommend(per_gpu).row
     assert rec.choice == Choice("ZeRO-3", "none", True)
     hsdp = min((r for r in per_gpu if r.fits and r.strategy == "HSDP"), key=lambda r: r.step_s)
@@ -350,37 +352,147 @@ def test_plot_has_one_bar_per_option():
     assert f"recommended {planner.recommend(rows).choice.label()}" in fig.texts[0].get_text()
 
 
-# ------------------------------------------------------------------ capstone
+# ------------------------------------------------------------- torch's layout
 
-def test_capstone_accepts_the_planner_answers(capsys):
-    assert [reference_choice(s).strategy for s in CAPSTONE_SCENARIOS] == ["ZeRO-1", "HSDP", "ZeRO-3"]
-    verdict = check_capstone(reference_choice)
-    assert isinstance(verdict, Verdict) and verdict
-    out = capsys.readouterr().out
-    assert out.count("right:") == 3 and "3 of 3 scenarios right" in out
-    # a near tie (ZeRO-2 is within 5% of ZeRO-1 on one DGX) is right too, as a tuple or dict
-    answers = {CAPSTONE_SCENARIOS[0].name: ("ZeRO-2", "none", False),
-               CAPSTONE_SCENARIOS[1].name: {"strategy": "HSDP", "offload": "optimizer", "recompute": True},
-               CAPSTONE_SCENARIOS[2].name: Choice("ZeRO-3", "optimizer+params", True)}
-    assert check_capstone(lambda s: answers[s.name])
+DGX = dict(gpu_mem_gb=80, gpus_per_node=8, nodes=1, intra_bw_gbps=450, inter_bw_gbps=25, seq_len=4096)
 
 
-def test_capstone_rejects_wrong_answers_with_a_reason(capsys):
-    assert not check_capstone(lambda s: "DDP")
-    out = capsys.readouterr().out
-    assert "does not fit" in out and "0 of 3 scenarios right" in out
-    slow = {CAPSTONE_SCENARIOS[0].name: ("ZeRO-3", "none", True),          # fits but slow
-            CAPSTONE_SCENARIOS[1].name: ("ZeRO-3", "optimizer", True),      # gathers through 1 NIC
-            CAPSTONE_SCENARIOS[2].name: ("ZeRO-3", "optimizer+params", True)}
-    verdict = check_capstone(lambda s: slow[s.name])
-    out = capsys.readouterr().out
-    assert not verdict and "1 of 3 scenarios right" in out and "s per step" in out
+@pytest.fixture(scope="module")
+def torch_and_deepspeed():
+    """llama-2-7b on one node of 8 x 80 GB, 64 sequences per step: (torch plan, DeepSpeed plan)."""
+    return (plan("llama-2-7b", framework="torch", global_batch=64, **DGX),
+            plan("llama-2-7b", global_batch=64, **DGX))
 
-    def broken(scenario):
-        raise RuntimeError("oops")
 
-    assert not check_capstone(broken)
-    assert "raised RuntimeError: oops" in capsys.readouterr().out
-    assert not check_capstone("ZeRO-3")
-    assert not check_capstone(lambda s: ("HSDP",))           # scenario 0 and 2 have one node
-    assert "HSDP needs more than one node" in capsys.readouterr().out
+def test_torch_layout_keeps_fp32_params_and_grads_whole_under_zero_redundancy_optimizer(torch_and_deepspeed):
+    """Issue 16 item 3: DDP + ZeroRedundancyOptimizer holds 4 + 4 + 8/N bytes per parameter
+    (60.6 GB for llama-2-7b on 8 GPUs), DeepSpeed's ZeRO-1 2 + 2 + 12/N (37.1 GB)."""
+    t, ds = torch_and_deepspeed
+    cfg = preset("llama-2-7b").config
+    psi = cfg.num_params()
+    zro, z1 = t.row("ZeRO-1"), ds.row("ZeRO-1")
+    assert zro.label() == "DDP + ZeroRedundancyOptimizer" and z1.label() == "ZeRO-1"
+    assert (zro.params, zro.grads, zro.optimizer) == (4 * psi, 4 * psi, 8 * psi / 8)
+    assert (round(zro.states / GB, 1), round(z1.states / GB, 1)) == (60.6, 37.1)
+    assert t.row("DDP").states == 16 * psi and t.row("DDP").label() == "DDP + autocast"
+    assert t.row("ZeRO-3").states == 16 * psi / 8 == ds.row("ZeRO-3").states   # fully sharded: the same
+    # reshard_after_forward=False shards every fp32 state too; it holds the bf16 gather on top
+    assert t.row("ZeRO-2").states == 16 * psi / 8
+    # bf16 copies held from forward to backward: autocast's cast of every matmul weight (DDP),
+    # every gathered unit with reshard_after_forward=False; none for FSDP2 or DeepSpeed
+    h, f, L, V = cfg.hidden, cfg.ffn_, cfg.layers, cfg.vocab
+    assert zro.copies == t.row("DDP").copies == 2 * (L * (4 * h * h + 3 * h * f) + V * h)
+    assert t.row("ZeRO-2").copies == 2 * psi and t.row("ZeRO-2").label() == "FSDP2 reshard_after_forward=False"
+    assert t.row("ZeRO-3").copies == 0 and all(r.copies == 0 for r in ds)
+    assert zro.total == zro.states + zro.copies + zro.activations + zro.buffers
+    assert not zro.fits and z1.fits                  # the torch "ZeRO-1" needs more than 80 GB
+    text = table(t)
+    for phrase in ("torch's layout", "copies", "MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
+                   "reduce_dtype=torch.float32)", "ZeroRedundancyOptimizer(model.parameters()",
+                   "CPUOffloadPolicy", "FSDP2 + CPUOffloadPolicy"):
+        assert phrase in text, phrase
+    assert "DeepSpeed's layout" in table(ds) and "copies" not in table(ds).splitlines()[2]
+    rec = recommend(t)
+    assert rec.label() == "FSDP2" and "DDP + autocast does not fit" in rec.reason
+    # torch offloads only with FSDP2's CPUOffloadPolicy (parameters, gradients, optimizer)
+    assert {r.choice.offload for r in t} == {"none", "optimizer+params"}
+    assert {r.strategy for r in t if r.choice.offload != "none"} == {"ZeRO-3"}
+
+
+def test_torch_messages_in_torch_dtypes():
+    """FSDP2 with MixedPrecisionPolicy(bf16, fp32) all-gathers 2 B and reduce-scatters 4 B per
+    element; DDP under autocast all-reduces fp32; ZeroRedundancyOptimizer adds a broadcast of
+    the fp32 parameters: 1.5x DDP."""
+    psi = preset("llama-2-7b").num_params
+    rows = plan("llama-2-7b", framework="torch", micro_batch=1, global_batch=32, **H100)   # 4 micro-batches
+    ds = plan("llama-2-7b", micro_batch=1, global_batch=32, **H100)
+    ag2 = comm_volume(psi, world_size=8, stage=3, bytes_per_elem=2)["all_gather"]          # two gathers
+    rs4 = comm_volume(psi, world_size=8, stage=3, bytes_per_elem=4)["reduce_scatter"]
+    assert rows.row("ZeRO-3").comm_detail["intra"] == 4 * (ag2 + rs4)
+    assert ds.row("ZeRO-3").comm_detail["intra"] == 4 * comm_volume(psi, world_size=8, stage=3)["total"]
+    assert rows.row("ZeRO-2").comm_detail["intra"] == 4 * (ag2 / 2 + rs4)     # one gather per micro-batch
+    ddp = rows.row("DDP").comm_detail["intra"]
+    assert ddp == comm_volume(psi, world_size=8, stage=0, bytes_per_elem=4)["total"] == \
+        2 * ds.row("DDP").comm_detail["intra"]
+    assert rows.row("ZeRO-1").comm_detail["intra"] == pytest.approx(1.5 * ddp)
+    assert "params gathered in 2 B, grads reduced in 4 B" in table(rows)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(framework="jax"), r"framework must be one of \('deepspeed', 'torch'\)"),
+    (dict(framework="deepspeed", recipe="torch-amp"), "pass framework='torch'"),
+    (dict(framework="torch", recipe="mixed"), "torch's are 'torch-amp'"),
+    (dict(framework="torch", choices=[("ZeRO-1", "optimizer")]), "no torch form"),
+])
+def test_framework_errors_say_what_to_change(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plan("llama-2-7b", **H100, **kwargs)
+
+
+def test_torch_amp_recipe_picks_torch_and_fp32_torch_has_no_autocast_copies():
+    auto = plan("llama-2-7b", recipe="torch-amp", choices=["DDP"], **H100)
+    assert auto.assumptions.framework == "torch" and auto[0].label() == "DDP + autocast"
+    fp32 = plan("llama-2-7b", framework="torch", recipe="fp32", choices=["DDP", "ZeRO-2"], **H100)
+    assert fp32.row("DDP").label() == "DDP" and fp32.row("DDP").copies == 0
+    assert fp32.row("ZeRO-2").copies == 4 * preset("llama-2-7b").num_params      # gathered in fp32
+    assert fp32.assumptions.wire_bytes == (4, 4)
+
+
+# ---------------------------------------------------------- selective recompute
+
+def test_selective_recompute_between_none_and_full_and_it_can_win():
+    rows = plan("llama-2-7b", attention="standard", global_batch=64, **DGX)
+    assert len(rows) == 24                             # none / selective / full for every option
+    none, sel, full = (rows.row(("ZeRO-1", "none", rc)) for rc in ("none", "selective", "full"))
+    assert sel.label() == "ZeRO-1 + selective recompute" and full.label() == "ZeRO-1 + full recompute"
+    b1 = dict(attention="standard", micro_batch=1, **H100)
+    a = [plan("llama-2-7b", choices=[("ZeRO-3", "none", rc)], **b1)[0].activations
+         for rc in ("none", "selective", "full")]
+    assert a[0] > a[1] > a[2]
+    assert sel.compute_s == none.compute_s and full.compute_s == pytest.approx(none.compute_s * 8 / 6)
+    # the s x s scores do not fit at micro-batch 1; without them ZeRO-1 fits at no compute cost
+    assert not none.fits and sel.fits and recommend(rows).choice == Choice("ZeRO-1", "none", "selective")
+    assert "selective recomputation re-runs only the attention core" in table(rows)
+    # with flash attention selective keeps what "none" keeps: those rows are left out, and said so
+    flash = plan("llama-2-7b", global_batch=64, **DGX)
+    assert {r.choice.recompute for r in flash} == {"none", "full"}
+    assert "selective-recompute rows left out" in table(flash)
+    asked = plan("llama-2-7b", choices=[("ZeRO-3", "none", "selective"), "ZeRO-3"], **H100)
+    assert asked[0].total == asked[1].total
+
+
+def test_recompute_true_and_false_still_work():
+    assert Choice("ZeRO-3", "none", True) == Choice("ZeRO-3", "none", "full")
+    assert Choice("ZeRO-3", "none", True).recompute == "full" and Choice("ZeRO-3").recompute == "none"
+    assert Choice("ZeRO-2", recompute=False) == Choice("ZeRO-2") and not Choice("ZeRO-2").recomputes
+    assert as_choice(("ZeRO-3", "none", True)).label() == "ZeRO-3 + full recompute"
+    assert Choice("ZeRO-3", "optimizer+params", "selective").short("torch") == "FSDP2 +cpu +sel-rc"
+    assert Choice("ZeRO-3", "optimizer+params", "full").label("torch") == "FSDP2 + CPUOffloadPolicy + full recompute"
+    assert benchmark_plan(micro_batch=1, recompute=True).choice.recompute == "full"
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        Choice("ZeRO-3", recompute="some")
+    with pytest.raises(TypeError, match="recompute must be one of"):
+        Choice("ZeRO-3", recompute=1)
+
+
+def test_autocast_saves_a_bf16_copy_of_every_matmul_weight_as_the_torch_layout_counts():
+    """Measured (saved_tensors_hooks, each storage once): under autocast the course GPT's
+    forward saves a bf16 cast of every matmul weight (q/k/v/out, MLP, the tied output layer)
+    for backward: the 2 B per matmul parameter of a torch plan's DDP rows."""
+    import torch
+
+    from course_utils.harness.model import SyntheticData, build_model
+    from course_utils.theory.config import COURSE_CONFIG
+
+    model = build_model(COURSE_CONFIG, seed=0)
+    shapes = {s for p in model.parameters() for s in (tuple(p.shape), tuple(p.shape[::-1]))}
+    saved = {}
+
+    def pack(t):
+        if t.dtype == torch.bfloat16 and tuple(t.shape) in shapes:
+            saved[t.untyped_storage().data_ptr()] = t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(*SyntheticData(COURSE_CONFIG, global_batch=3, seed=0).batch(0))
+    assert sum(saved.values()) == planner.matmul_weights(COURSE_CONFIG, COURSE_CONFIG.num_params()) == 125_050

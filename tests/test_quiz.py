@@ -165,8 +165,10 @@ def test_every_course_quiz_accepts_its_own_answer_key(key):
 def test_quiz_00_numbers_come_from_the_calculator():
     from course_utils.theory.memory import GB, model_states
 
-    q4 = quiz.get("00").question(4)
-    assert q4.answer == model_states(7e9, world_size=4, stage=3).total / GB == 28
+    assert quiz.get("00").question(1).answer == model_states(7e9, world_size=4, stage=0).total / GB == 112
+    # the least N with 16 x 13e9 / N <= 80 GB: 208 / 3 = 69.3
+    assert quiz.check("00", 2, "3").correct and not quiz.check("00", 2, "2").correct
+    assert quiz.check("00", 4, "a").correct                      # %%ranks: one result per rank
 
 
 def test_reasoning_questions_follow_the_formulas():
@@ -174,12 +176,25 @@ def test_reasoning_questions_follow_the_formulas():
     from course_utils.theory.memory import GB, model_states
 
     fits = [s for s in range(4) if model_states(7e9, world_size=4, stage=s).total <= 40 * GB]
-    assert quiz.get("00").question(1).answer == {"abcd"[fits[0]]} == {"c"}    # ZeRO-2 fits 40 GB
-    assert quiz.check("00", 5, "26.25").correct                                 # 14 + 14 x 7 / 8
+    assert quiz.get("03").question(6).answer == {"abcd"[fits[0]]} == {"c"}    # ZeRO-2 fits 40 GB
     assert "272 bytes" in quiz.get("03").question(5).prompt                     # 68 tensors x 4 B
     assert quiz.check("03", 7, 18 * PRESETS["gpt2-xl"].num_params / GB).correct
+    assert quiz.check("04", 5, "23.4").correct                                  # (2 + 14/8) / 16
     q6 = quiz.get("05").question(6)
     assert quiz.check("05", 6, "21.8").correct and "the calculator's" in q6.explanation
+    assert quiz.check("06", 5, "12").correct and not quiz.check("06", 5, "11").correct  # 112 / N <= 10
+    assert quiz.check("08", 2, "5.09").correct                                  # full sharding per NIC
+
+
+def test_each_correction_is_argued_once_not_in_later_quizzes():
+    """The 84 GB drawing is corrected in 03, 75/50/33 % in 04, 79 -> 65 GB in 05: no other quiz
+    re-argues them, and quiz 08 asks about the multi-node model instead of repeating 05's."""
+    texts = {key: (quiz.get(key).text() + " ".join(q.explanation for q in quiz.get(key).questions))
+             for key in QUIZZES}
+    assert [k for k, t in texts.items() if "84 GB" in t] == ["03"]
+    assert [k for k, t in texts.items() if "79 -> 65" in t] == ["05"]
+    assert not [k for k, t in texts.items() if "21 GB" in t or "75%" in t or "75 %" in t]
+    assert "NIC" in quiz.get("08").question(2).prompt
 
 
 def test_quiz_05_asks_only_what_05_teaches():

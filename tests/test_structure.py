@@ -10,7 +10,8 @@ checks when they are written), as notebooks 00-06 write it:
   the ``REPO, BRANCH`` of ``_course``;
 * then the numbered sections ``## 1. ...``, ``## 2. ...`` (subsections ``### k.1``,
   ``### k.2`` ... inside section k), and last, in this order, ``## Summary`` (a bulleted
-  list), ``## Quiz`` (the next code cell calls ``quiz.show("NN")``), ``## Exercises``
+  list), ``## Quiz`` (the next code cell calls ``quiz.show("NN")``; an appendix of
+  ``_course.APPENDICES`` says "No quiz" instead), ``## Exercises``
   (code cells call a ``check_*`` helper) and ``## Further reading``, which ends the
   notebook. One H1 per notebook.
 
@@ -113,8 +114,12 @@ def test_numbered_sections_then_summary_quiz_exercises_further_reading(name):
     assert where["Further reading"] == len(cells) - 1, f"{name}: Further reading ends the notebook"
     summary = _src(cells[where["Summary"]]).split("## Summary", 1)[1].split("\n## ", 1)[0]
     assert len(re.findall(r"^- ", summary, re.MULTILINE)) >= 3, f"{name}: the summary is a bulleted list"
-    quiz_code = next(_src(c) for c in cells[where["Quiz"] + 1:] if c["cell_type"] == "code")
-    assert f'quiz.show("{name[:2]}")' in quiz_code, f"{name}: the cell after ## Quiz shows quiz {name[:2]}"
+    if name in _course.APPENDICES:          # an optional appendix says so instead of a quiz
+        quiz_text = _src(cells[where["Quiz"]]).split("## Quiz", 1)[1]
+        assert "no quiz" in quiz_text.lower(), f"{name}: an appendix's ## Quiz says 'No quiz: ...'"
+    else:
+        quiz_code = next(_src(c) for c in cells[where["Quiz"] + 1:] if c["cell_type"] == "code")
+        assert f'quiz.show("{name[:2]}")' in quiz_code, f"{name}: the cell after ## Quiz shows quiz {name[:2]}"
     exercise_code = [_src(c) for c in cells[where["Exercises"] + 1:where["Further reading"] + 1]
                      if c["cell_type"] == "code"]
     assert any(re.search(r"\bcheck_\w+\(", s) for s in exercise_code), f"{name}: exercises call a check_*()"

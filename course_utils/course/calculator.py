@@ -18,7 +18,8 @@ from ..theory import planner
 from ..theory.config import PRESETS
 from ..theory.memory import GB, RECIPES, STAGE_NAMES, GpuMemory, per_gpu
 
-__all__ = ["Setting", "GPU_MEMORY", "rows", "table", "plot", "Calculator", "show"]
+__all__ = ["Setting", "GPU_MEMORY", "rows", "table", "plot", "Calculator", "show", "fitting_table",
+           "PlannerSetting", "PlannerWidget", "planner_widget"]
 
 GPU_MEMORY = {"40 GB": 40 * GB, "80 GB": 80 * GB, "141 GB": 141 * GB}
 _COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "activations": "#C44E52"}
@@ -264,7 +265,26 @@ class PlannerSetting:
 
     def text(self) -> str:
         rows = self.plan()
-        return planner.table(rows) + "\nrecommendation: " + planner.recommend(rows).reason
+        return fitting_table(rows) + "\nrecommendation: " + planner.recommend(rows).reason
+
+
+def fitting_table(rows: planner.Plan, top: int = 5) -> str:
+    """:func:`planner.table` of the ``top`` fastest options that fit (all of them when
+    fewer fit; the smallest when none does), with a line saying how many fit: the
+    plot (:func:`planner.plot`) shows every option."""
+    if not isinstance(rows, planner.Plan):
+        raise TypeError("fitting_table() takes the Plan returned by planner.plan(...)")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a whole number of rows >= 1, got {top!r}")
+    fitting = sorted((r for r in rows if r.fits), key=lambda r: r.step_s)
+    shown = fitting[:top] or sorted(rows, key=lambda r: r.total)[:1]
+    if not fitting:
+        what = "the smallest option"
+    else:
+        what = (f"the {len(shown)} fastest" if len(fitting) > len(shown) else "all") + ", fastest first"
+    text = planner.table(planner.Plan(shown, rows.assumptions)).split("\n")
+    note = f"{len(fitting)} of {len(rows)} options fit; shown: {what} (the plot shows every option)"
+    return "\n".join(text[:1] + [note] + text[1:])
 
 
 def _png_b64(fig) -> str:

@@ -10,20 +10,48 @@ from .questions import MultiChoice, Numeric, Quiz, SingleChoice
 
 
 def quiz_00() -> Quiz:
-    seven = {stage: model_states(7e9, world_size=4, stage=stage, recipe="mixed") for stage in range(4)}
-    budget = 40                                # GB per GPU, model states only
-    fits = next(stage for stage, m in seven.items() if m.total / GB <= budget)
-    names = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
-    z2_8 = model_states(7e9, world_size=8, stage=2, recipe="mixed")
+    ddp = model_states(7e9, world_size=4, stage=0, recipe="mixed")
+    everything = model_states(7e9, world_size=4, stage=3, recipe="mixed")
+    budget = 80                                # GB per GPU, model states only
+    gpus = next(n for n in range(1, 1000)
+                if model_states(13e9, world_size=n, stage=3, recipe="mixed").total / GB <= budget)
+    whole = model_states(13e9, world_size=1, stage=0, recipe="mixed").total / GB
     return Quiz("00 orientation", [
+        Numeric(
+            "The course map's formula: a 7B-parameter model, mixed-precision Adam (2 + 2 + 12 bytes "
+            "per parameter), plain data parallelism (DDP) on 4 GPUs. GB of model states per GPU?",
+            ddp.total / GB, unit="GB", tol=0.5, minimum=0,
+            explanation=f"DDP keeps a full copy on every GPU: 16 bytes x 7e9 = {ddp.total / GB:g} GB, "
+                        f"whatever the number of GPUs. The map's last column splits all 16 bytes "
+                        f"over the 4 GPUs: {everything.total / GB:g} GB.",
+        ),
+        Numeric(
+            f"If all 16 bytes per parameter are split evenly over the GPUs (the map's last column), "
+            f"how many {budget} GB GPUs does a 13B-parameter model need, at least, for its model "
+            "states alone?",
+            gpus, tol=0, minimum=1,
+            explanation=f"16 x 13e9 = {whole:g} GB in all; {whole:g} / {gpus - 1} = "
+                        f"{whole / (gpus - 1):.1f} GB is over {budget}, {whole:g} / {gpus} = "
+                        f"{whole / gpus:.1f} GB fits: {gpus} GPUs, with what is left for activations "
+                        f"and buffers. Plain DDP fits on no number of them: {whole:g} GB on every GPU.",
+        ),
+        Numeric(
+            "Section 3's hello() on 3 ranks instead of 4: each rank puts rank + 1 in a tensor and "
+            "all-reduces it. What does rank 0's tensor hold afterwards?",
+            1 + 2 + 3, tol=0,
+            explanation="all_reduce (op=SUM) gives every rank the sum of every rank's tensor: "
+                        "1 + 2 + 3 = 6, on all 3 ranks, not only rank 0.",
+        ),
         SingleChoice(
-            f"A 7B-parameter model, mixed-precision Adam (2 + 2 + 12 bytes per parameter), 4 GPUs of "
-            f"{budget} GB each. Counting model states only, which is the least sharding that fits?",
-            names, "abcd"[fits],
-            "Per GPU: " + ", ".join(f"{names[st]} {m.total / GB:g} GB" for st, m in seven.items())
-            + f". {names[fits]} is the first under {budget} GB; it leaves "
-            f"{budget - seven[fits].total / GB:g} GB for activations and buffers, so a real run may "
-            "still need the next stage.",
+            "A `%%ranks 3` cell ends with `result = rank * 10`. What is `result` in the notebook "
+            "after the cell has run?",
+            ["[0, 10, 20]: one entry per rank, in rank order",
+             "20: the value of the last rank to finish",
+             "0: rank 0's value, as torchrun would print it",
+             "30: the ranks' values are summed"],
+            "a",
+            "Whatever each rank assigns to result comes back as a list indexed by rank. Nothing is "
+            "combined across ranks unless the cell itself calls a collective.",
         ),
         SingleChoice(
             "Four processes started by hand (nothing watches them) train together. Rank 2 raises "
@@ -38,28 +66,17 @@ def quiz_00() -> Quiz:
             "rank cannot tell a slow peer from a dead one. That is why a launcher (torchrun, or "
             "this course's launch) watches the processes and stops the others when one fails.",
         ),
-        MultiChoice(
-            "Which model states does ZeRO-2 shard across the data-parallel ranks?",
-            ["optimizer states", "gradients", "parameters", "activations"],
-            "a,b",
-            "ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the "
-            "parameters. No ZeRO stage shards activations.",
-        ),
-        Numeric(
-            "From the course map: a 7B-parameter model on 4 GPUs with ZeRO-3 and mixed-precision "
-            "Adam (2 + 2 + 12 bytes per parameter). Model states per GPU?",
-            seven[3].total / GB, unit="GB", tol=0.5, minimum=0,
-            explanation=f"16 bytes x 7e9 / 4 = {seven[3].total / GB:g} GB, against "
-                        f"{seven[0].total / GB:g} GB per GPU for plain DDP.",
-        ),
-        Numeric(
-            f"The same 7B model with ZeRO-2, now on 8 GPUs instead of 4 ({seven[2].total / GB:g} GB "
-            "per GPU on 4). Model states per GPU?",
-            z2_8.total / GB, unit="GB", tol=0.1, minimum=0,
-            explanation=f"ZeRO-2 keeps the 2-byte parameters whole on every GPU ({z2_8.params / GB:g} GB) "
-                        f"and shards the rest: (2 + 12) x 7e9 / 8 = {(z2_8.grads + z2_8.optimizer) / GB:g} GB; "
-                        f"total {z2_8.total / GB:g} GB. Doubling the GPUs does not halve it: however many "
-                        f"GPUs, ZeRO-2 never goes below {z2_8.params / GB:g} GB. ZeRO-3 shards that part too.",
+        SingleChoice(
+            "The same failure inside launch(fn, 4) in a notebook cell. What does the cell do?",
+            ["It fails within a fraction of a second with a LaunchError naming rank 2: the launcher "
+             "sees the failed process and stops the other three",
+             "It waits until timeout_s, then raises LaunchTimeout for ranks 0, 1 and 3",
+             "It returns the results with None in rank 2's place",
+             "It prints rank 2's traceback and returns the other ranks' results"],
+            "a",
+            "The launcher watches every process: one that exits with an error fails the cell at "
+            "once, and LaunchError carries that rank's traceback. A timeout is for the other case, "
+            "a rank that never arrives (section 3.3).",
         ),
     ])
 
@@ -69,11 +86,13 @@ QUIZZES = {"00": quiz_00}
 
 def quiz_03() -> Quiz:
     from ..harness.model import build_model
-    from ..theory.comm import comm_volume
     from ..theory.config import PRESETS
 
     z2_13b = model_states(13e9, world_size=8, stage=2)
-    ratio = comm_volume(1e9, world_size=8, stage=3)["total"] / comm_volume(1e9, world_size=8, stage=0)["total"]
+    seven = {stage: model_states(7e9, world_size=4, stage=stage, recipe="mixed") for stage in range(4)}
+    budget = 40                                # GB per GPU, model states only
+    fits = next(stage for stage, m in seven.items() if m.total / GB <= budget)
+    names = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
     gpt2 = PRESETS["gpt2-xl"].num_params
     xl = model_states(gpt2, recipe="mixed-fp32-grads")
     tensors = len({id(p) for p in build_model(device="meta").parameters()})
@@ -115,10 +134,15 @@ def quiz_03() -> Quiz:
                      "bytes: the formula counts bytes per parameter element, the counter is one per "
                      "tensor. Allocator rounding is not counted by the tensors' bytes, and one process "
                      "has no padding."),
-        Numeric("With ring collectives on 8 ranks, ZeRO-3 sends how many times the bytes DDP "
-                "sends per step?", ratio, tol=0.01, minimum=0,
-                explanation="DDP: all-reduce = 2(N-1)/N·M. ZeRO-3: all-gather in forward and in "
-                            "backward plus a reduce-scatter = 3(N-1)/N·M: 1.5x."),
+        SingleChoice(
+            f"A 7B-parameter model, mixed-precision Adam (2 + 2 + 12 bytes per parameter), 4 GPUs of "
+            f"{budget} GB each. Counting model states only, which is the least sharding that fits?",
+            names, "abcd"[fits],
+            "Per GPU: " + ", ".join(f"{names[st]} {m.total / GB:g} GB" for st, m in seven.items())
+            + f". {names[fits]} is the first under {budget} GB; it leaves "
+            f"{budget - seven[fits].total / GB:g} GB for activations and buffers, so a real run may "
+            "still need the next stage.",
+        ),
         Numeric(f"gpt2-xl ({gpt2:,} parameters) trained as Megatron-LM does, on one GPU: bf16 weights, "
                 "fp32 gradients, fp32 Adam with master weights. Model states in GB?",
                 xl.total / GB, unit="GB", tol=0.1, minimum=0,
@@ -176,9 +200,12 @@ def quiz_02() -> Quiz:
                      "b", "The mean over 8 samples is the average of the 4 per-rank means (equal "
                           "shares), so the gradient of the global loss is the average of the gradients."),
         SingleChoice("Why does DDP broadcast rank 0's parameters when it wraps the model?",
-                     ["To save memory", "So every rank starts from the same weights; otherwise the "
-                      "replicas drift apart even with averaged gradients", "To warm up the network",
-                      "It does not"],
+                     ["To check that every rank built the same architecture; the weights themselves "
+                      "may differ", "So every rank starts from the same weights; otherwise the "
+                      "replicas drift apart even with averaged gradients",
+                      "So that rank 0 can skip the first gradient all-reduce",
+                      "It does not: each rank keeps its own initialisation, and averaging the "
+                      "gradients makes the replicas converge"],
                      "b", "Averaged gradients keep equal replicas equal; they cannot make unequal ones equal."),
         Numeric("gpt2-xl (1.56B params) with fp32 gradients on 4 GPUs: GB each GPU sends in the "
                 "gradient all-reduce per step (ring)?", vol / 1e9, unit="GB", tol=0.05, minimum=0,
@@ -193,9 +220,10 @@ def quiz_02() -> Quiz:
                            "ones and let them overlap with the rest of backward."),
         SingleChoice("Gradient accumulation over 4 micro-batches of 15 on one GPU took 3.7x the step "
                      "time of one micro-batch of 15, not 4x. Why?",
-                     ["The GPU warmed up", "The optimizer step (and other per-step work) runs once, "
-                      "not 4 times", "Accumulation skips the backward pass",
-                      "Communication was overlapped"],
+                     ["A larger effective batch keeps the GPU busier, so each micro-batch runs faster",
+                      "The optimizer step (and other per-step work) runs once, not 4 times",
+                      "Only the last micro-batch runs a backward pass",
+                      "The gradients are accumulated in bf16, which is faster than fp32"],
                      "b", "4 x (forward + backward) + 1 x optimizer step: with the published gpt2-xl numbers, about "
                           "359 ms per forward+backward and 34 ms for the step."),
     ])
@@ -210,8 +238,7 @@ def quiz_04() -> Quiz:
     from ..theory.config import COURSE_CONFIG
 
     psi = COURSE_CONFIG.num_params()                    # the course GPT
-    seven = [model_states(7e9, world_size=3, stage=s).total / model_states(7e9, world_size=3).total
-             for s in (1, 2, 3)]
+    z2_share = model_states(1, world_size=8, stage=2).total / model_states(1, world_size=8).total
     rs = collective_bytes("reduce_scatter", 4 * psi, 4)
     ar = collective_bytes("all_reduce", 4 * psi, 4)
     ag = collective_bytes("all_gather", 4 * psi, 4)
@@ -222,7 +249,7 @@ def quiz_04() -> Quiz:
             ["Adam's m and v", "the fp32 master weights", "the bf16 parameters", "the gradients"],
             "a,b",
             "ZeRO-1 shards all K = 12 bytes of optimizer state: m, v and the fp32 master copy. "
-            "A popular notebook's calculator shards only m and v (8 bytes); that under-counts the saving.",
+            "A calculator that shards only m and v (8 bytes) under-counts the saving (notebook 03).",
         ),
         SingleChoice(
             "In the ring model ZeRO-1 sends what DDP sends, but on gloo the wire measured 1.5x DDP's "
@@ -241,8 +268,10 @@ def quiz_04() -> Quiz:
         SingleChoice(
             "Compared with DDP's all-reduce of the gradients, what does ZeRO-1 send per step "
             "(ring algorithms, Ψ divisible by N)?",
-            ["half as much", "the same bytes: a reduce-scatter and an all-gather",
-             "1.5 times as much", "N times less"],
+            ["half as much: only the reduce-scatter half of an all-reduce",
+             "the same bytes: a reduce-scatter and an all-gather",
+             "1.5 times as much: a reduce-scatter and an all-gather on top of DDP's all-reduce",
+             "(N-1)/N of DDP's bytes: no rank sends its own shard"],
             "b",
             "An all-reduce is a reduce-scatter followed by an all-gather. ZeRO-1 does the same two "
             "halves, with the optimizer step in between. With padding it sends slightly more.",
@@ -255,20 +284,21 @@ def quiz_04() -> Quiz:
                         f"(N-1)/N·M = {rs:,.0f}: the all-gather half of the all-reduce gives every "
                         "rank gradients it throws away.",
         ),
-        SingleChoice(
-            "A widely shared cheat sheet says ZeRO-1/2/3 use about 75% / 50% / 33% of DDP's memory. For a 7B model on "
-            "3 GPUs with mixed-precision Adam (16 bytes per parameter), what are the real shares?",
-            [f"{100 * seven[0]:.0f}% / {100 * seven[1]:.0f}% / {100 * seven[2]:.0f}%",
-             "75% / 50% / 33%", "33% / 33% / 33%", "50% / 25% / 12%"],
-            "a",
-            "Model states per GPU: ZeRO-1 2 + 2 + 12/3 = 8 bytes, ZeRO-2 2 + 14/3 = 6.7, ZeRO-3 16/3 "
-            "= 5.3, against 16 for DDP. The cheat sheet's numbers fit no single setting.",
+        Numeric(
+            "Section 7 computed each stage's share of DDP's model-state memory on 3 GPUs. With the "
+            "same K = 12, what share does ZeRO-2 keep per GPU on 8 GPUs?",
+            100 * z2_share, unit="%", tol=0.5, minimum=0, maximum=100,
+            explanation=f"(2 + (2 + 12) / 8) / 16 = 3.75 / 16 = {100 * z2_share:.1f} %. The shares "
+                        "depend on N: the unsharded 2-byte parameters are a floor of 2/16 = 12.5 % "
+                        "for ZeRO-2, however many GPUs.",
         ),
         SingleChoice(
             "Why must the flat buffer be padded to a multiple of the world size?",
-            ["For speed only", "Reduce-scatter and all-gather on one flat tensor need equal "
-             "chunks on every rank (gloo refuses uneven sizes)", "Adam needs even sizes",
-             "To align to 128 bytes"],
+            ["So that each shard starts on a 128-byte boundary, which the optimizer kernels need",
+             "Reduce-scatter and all-gather on one flat tensor need equal chunks on every rank "
+             "(gloo refuses uneven sizes)",
+             "So that the padding elements can hold AdamW's step counter",
+             "So that every rank's shard holds whole parameter tensors"],
             "b", "Each rank owns exactly P/N elements; the last shard ends in padding zeros, which "
                  "get zero gradients and stay zero.",
         ),
@@ -304,16 +334,19 @@ def quiz_05() -> Quiz:
     return Quiz("05 ZeRO-2", [
         SingleChoice(
             "What does ZeRO-2 shard that ZeRO-1 keeps whole on every rank?",
-            ["the parameters", "the gradients", "the activations", "the input batch"],
+            ["the parameters", "the gradients", "the activations", "the optimizer states"],
             "b", "ZeRO-1 shards the optimizer states; ZeRO-2 also the gradients. Parameters wait for "
                  "ZeRO-3; activations are never sharded by ZeRO.",
         ),
         SingleChoice(
             "Which collective does ZeRO-2 use on the gradients during backward?",
-            ["an all-reduce of every gradient", "a reduce-scatter of each bucket",
-             "a broadcast from rank 0", "none, gradients stay local"],
-            "b", "Some lecture notes say an all-reduce; that would hand every rank the full gradient, the "
-                 "very thing ZeRO-2 avoids. The ledger of notebook 05 shows reduce-scatters only.",
+            ["an all-reduce of every bucket, then each rank keeps its slice",
+             "a reduce-scatter of each bucket",
+             "an all-gather of each bucket's gradient shards",
+             "none during backward: one all-reduce after the optimizer step"],
+            "b", "An all-reduce would hand every rank the full gradient, the very thing ZeRO-2 avoids; "
+                 "an all-gather moves parameters, not gradients to be summed. The ledger of "
+                 "section 2 shows reduce-scatters only.",
         ),
         Numeric(
             f"Course GPT (Ψ = {psi:,}), fp32, ZeRO-2 on {n} ranks: bytes of gradient each rank "
@@ -342,7 +375,8 @@ def quiz_05() -> Quiz:
         SingleChoice(
             "Once parameters, gradients and optimizer states are all sharded, what usually "
             "dominates a GPU's memory in large-batch training?",
-            ["the optimizer states", "the gradients", "the activations", "the CUDA kernels"],
+            ["the optimizer states", "the gradients", "the activations",
+             "the communication buffers (gradient buckets)"],
             "c", "ZeRO shards model states, not activations; they grow with batch and sequence "
                  "length. Recomputation or tensor/sequence parallelism address them.",
         ),
@@ -359,7 +393,7 @@ def quiz_05() -> Quiz:
         Numeric(
             "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
             "fp32 Adam states (Megatron). A published benchmark measured 79 -> 65 GB when sharding was turned on. "
-            "How many GB does sharding the optimizer states alone save, by the calculator?",
+            "How many GB does sharding the optimizer states alone save (12 bytes per parameter, sharded 4 ways)?",
             (ddp.total - z1.total) / GB, unit="GB", tol=0.2, minimum=0,
             explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the benchmark's "
                         "14 GB drop matches ZeRO-1's saving; sharding the fp32 gradients too would "
@@ -380,6 +414,9 @@ def quiz_06() -> Quiz:
     z3 = comm_volume(7e9, world_size=4, stage=3)["total"]
     ddp = comm_volume(7e9, world_size=4, stage=0)["total"]
     states = model_states(7e9, world_size=4, stage=3, recipe="mixed")
+    target = 10                                # GB of model states per GPU
+    enough = next(n for n in range(1, 1000)
+                  if model_states(7e9, world_size=n, stage=3, recipe="mixed").total / GB <= target)
     return Quiz("06 ZeRO-3", [
         SingleChoice(
             "In ZeRO-3, when does a rank hold a layer's full parameters?",
@@ -403,12 +440,15 @@ def quiz_06() -> Quiz:
                 "gathered twice)?", z3 / ddp, tol=0.01, minimum=0,
                 explanation="All-gather in forward + all-gather in backward + reduce-scatter = 3 x "
                             "(N-1)/N x M, against 2 x (N-1)/N x M for the all-reduce: 1.5x."),
-        Numeric("7B parameters, mixed-precision Adam (16 B/param), ZeRO-3 on 4 GPUs: GB of model "
-                "states per GPU?", states.total / GB, unit="GB", tol=0.5, minimum=0,
-                explanation=f"16 x 7e9 / 4 = {states.total / GB:g} GB (a tutorial's '~21 GB' drops a "
-                            "part; its own table says 28)."),
+        Numeric(f"7B parameters, mixed-precision Adam: ZeRO-3 on 4 GPUs holds {states.total / GB:g} GB "
+                f"of model states per GPU (notebook 03). How many GPUs at least bring that to "
+                f"{target} GB or less?", enough, tol=0, minimum=1,
+                explanation=f"ZeRO-3 splits all 16 bytes: 16 x 7e9 / N = {16 * 7:g} / N GB. "
+                            f"{16 * 7:g} / {enough - 1} = {16 * 7 / (enough - 1):.1f} GB is over {target}; "
+                            f"{16 * 7:g} / {enough} = {16 * 7 / enough:.2f} GB: {enough} GPUs. No other "
+                            "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on every GPU."),
         SingleChoice("Why does backward need the parameters gathered again?",
-                     ["To recompute the loss",
+                     ["To recompute the activations that forward freed",
                       "The gradient of a layer's input is grad_output @ W: backward needs W, which "
                       "forward freed",
                       "To average the parameters across ranks",
@@ -519,42 +559,40 @@ def quiz_08() -> Quiz:
     from ..theory.multinode import hsdp_vs_fsdp_time
 
     cost = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)       # one 25 GB/s NIC per GPU
-    psi = 1_557_686_400                       # gpt2-xl with Megatron's padded vocabulary
-    drop = 12 * psi * 3 / 4 / 1e9             # optimizer states sharded 4 ways
     return Quiz("08 Beyond one box", [
         Numeric("7B parameters in bf16, 4 nodes of 8 GPUs with one network card (NIC) per GPU, HSDP "
                 "sharded inside each node: how many GB go through each NIC to other nodes per step?",
                 cost.hsdp_nic_bytes / 1e9, unit="GB", tol=0.1, minimum=0,
                 explanation=f"Only the all-reduce of each GPU's 1/8 gradient shard crosses nodes: 2 x (4-1)/4 "
-                            f"x 2 B x 7e9 / 8 = {cost.hsdp_nic_bytes / 1e9:.3f} GB. Full sharding over 32 GPUs "
-                            f"runs one ring per NIC, each crossing every node boundary once: a node sends "
+                            f"x 2 B x 7e9 / 8 = {cost.hsdp_nic_bytes / 1e9:.3f} GB."),
+        Numeric("The same cluster with full sharding over all 32 GPUs (one ring per NIC, each ring "
+                "crossing every node boundary once): how many GB go through each NIC to other "
+                "nodes per step?",
+                cost.fsdp_nic_bytes / 1e9, unit="GB", tol=0.1, minimum=0,
+                explanation=f"Two all-gathers and a reduce-scatter of 14 GB over 32 ranks: a node sends "
                             f"3 x 31/32 x 14 GB = {cost.fsdp_node_bytes / 1e9:.2f} GB through its 8 NICs, "
-                            f"{cost.fsdp_nic_bytes / 1e9:.2f} GB each. HSDP halves the bytes, but at 25 GB/s "
-                            f"per NIC the times are close ({cost.hsdp_s:.3f} s vs {cost.fsdp_s:.3f} s): HSDP "
-                            "also pays its NVLink passes on top of the network ones."),
+                            f"{cost.fsdp_nic_bytes / 1e9:.2f} GB each, against {cost.hsdp_nic_bytes / 1e9:.3f} "
+                            f"for HSDP. HSDP halves the network bytes, but at 25 GB/s per NIC the times are "
+                            f"close ({cost.hsdp_s:.3f} s vs {cost.fsdp_s:.3f} s): HSDP also pays its NVLink "
+                            "passes on top of the network ones."),
         SingleChoice("On a 2 x 2 mesh (2 replicas x 2 shards), which collectives run across the "
                      "replicas?",
                      ["The all-gathers of the parameters",
                       "The reduce-scatters of the gradients",
                       "An all-reduce of each rank's gradient shard",
-                      "None: replicas never communicate"],
+                      "A broadcast of the parameters from replica 0 after each step"],
                      "c", "All-gathers and reduce-scatters stay inside the shard group; the replicas "
                           "then all-reduce the reduced gradient shards so that they stay identical."),
-        Numeric("A published Megatron-LM benchmark turns on the distributed optimizer at DP=4 for gpt2-xl "
-                "(1,557,686,400 parameters with its padded vocabulary) and sees 79 -> 65 GB. How many "
-                "GB does sharding only the 12 B/param optimizer states 4 ways save?",
-                drop, unit="GB", tol=0.3, minimum=0,
-                explanation=f"12 B x 3/4 x Psi = {drop:.2f} GB: the measured 14 GB. Sharding the fp32 "
-                            "gradients too (real ZeRO-2) would save 18.7 GB: the benchmark's 'ZeRO-2' "
-                            "run has ZeRO-1 memory."),
         SingleChoice("Which DeepSpeed setting is ZeRO-Infinity's parameter offload?",
                      ['"zero_optimization": {"stage": 2, "offload_param": {"device": "nvme"}}',
                       '"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", '
                       '"nvme_path": "/local_nvme"}}',
-                      '"offload": true at the top level',
-                      '"fp16": {"enabled": "nvme"}'],
-                     "b", "Parameter offload exists only in stage 3 (stage 2 keeps full parameters on "
-                          "each GPU); NVMe needs a path."),
+                      '"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", '
+                      '"nvme_path": "/local_nvme"}}',
+                      '"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}'],
+                     "b", "Parameter offload exists only in stage 3 (stages 1 and 2 keep full parameters "
+                          "on each GPU); NVMe needs a path; offload_optimizer moves the optimizer "
+                          "states (ZeRO-Offload), not the parameters."),
         SingleChoice("Under torch DDP, rank 1's data loader has one batch fewer than rank 0's. What "
                      "happens at the end of the epoch?",
                      ["Rank 1 raises StopIteration on every rank",

@@ -23,6 +23,17 @@ Taught in ``notebooks/08_beyond_one_box.ipynb``.
 * :func:`side_by_side` prints planner, DeepSpeed and the torch equivalent next to each other
   (FSDP2's ``fully_shard``; for ZeRO-1, DDP + ``ZeroRedundancyOptimizer``).
 
+Recomputation. DeepSpeed's activation checkpointing (the ``activation_checkpointing``
+section configures ``deepspeed.checkpointing.checkpoint``) recomputes whatever function
+the model wraps in ``checkpoint()``; the config cannot say what that is. A choice with
+``recompute="full"`` means: wrap every block. ``recompute="selective"`` maps to the same
+config section with only each block's attention core wrapped (Korthikanti et al.'s
+selective recomputation, as Megatron-DeepSpeed's ``--recompute-granularity selective``
+does); :func:`side_by_side` says so. With flash attention there is nothing to wrap: the
+kernel recomputes the scores in its backward already. In torch, :func:`fsdp2_equivalent`
+writes op-level selective activation checkpointing (``create_selective_checkpoint_contexts``
+with a policy that recomputes the attention ops and saves every other result).
+
 Bucket sizes follow the rule of the HF Trainer's DeepSpeed integration ("auto"):
 ``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``,
 ``stage3_param_persistence_threshold = 10·h`` for hidden size h; 5e7 elements when the
@@ -178,6 +189,10 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
         raise ValueError("world_size (data-parallel GPUs) is needed to compute the batch sizes; "
                          "pass world_size=..., or pass a planner row")
     tbs, mb, ga = _resolve_batch(train_batch_size, micro_batch, grad_accum, world_size)
+    if recipe == "torch-amp":
+        raise ValueError("recipe 'torch-amp' is torch's layout (a plan with framework='torch'): DeepSpeed "
+                         "keeps bf16 parameters and an fp32 master copy; plan with framework='deepspeed' "
+                         "(recipe 'mixed'), or use fsdp2_equivalent(...) for the torch code")
     if recipe is not None and recipe not in ("fp32", "mixed", "mixed-fp32-grads"):
         raise ValueError(f"recipe must be 'fp32', 'mixed' or 'mixed-fp32-grads', got {recipe!r}")
     if precision is None:
@@ -243,7 +258,7 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
     if offload_device == "nvme" and choice.offload != "none":
         cfg["aio"] = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1,
                       "single_submit": False, "overlap_events": True}
-    if choice.recompute:
+    if choice.recomputes:       # "full": checkpoint() every block; "selective": each attention core
         cfg["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
                                            "contiguous_memory_optimization": False}
     return cfg
@@ -415,13 +430,54 @@ def _torch_zero1_difference(precision: str) -> str:
                "1.5x the ring bytes of DeepSpeed's reduce-scatter + all-gather (notebook 07's table)")
     if precision == "fp32":
         return "the same bytes per GPU (4 + 4 + 8/N per parameter), but " + traffic
-    psi = PRESETS["llama-2-7b"].num_params
+    from ..theory.planner import matmul_weights
+
+    cfg = PRESETS["llama-2-7b"].config
+    psi = cfg.num_params()
     torch_b, ds_b = (model_states(psi, world_size=8, stage=1, recipe=r).total / GB
                      for r in ("torch-amp", "mixed"))
     return (f"with autocast the fp32 parameters are the master and the gradients are fp32, so it "
             f"shards only Adam's m and v: 4 + 4 + 8/N bytes per parameter, not DeepSpeed's "
             f"2 + 2 + 12/N (llama-2-7b on 8 GPUs: {torch_b:.1f} GB of model states per GPU, not "
-            f"{ds_b:.1f} GB); and " + traffic)
+            f"{ds_b:.1f} GB), and autocast keeps a bf16 cast of every matmul weight from forward to "
+            f"backward ({2 * matmul_weights(cfg, psi) / GB:.1f} GB more; planner.plan(..., "
+            f"framework='torch') counts both); it all-reduces the fp32 gradients, then every owner "
+            f"broadcasts its fp32 parameters: 1.5x the ring bytes of DDP under autocast (notebook 07's "
+            f"table, measured in fp32), 3x those of DeepSpeed's bf16 reduce-scatter + all-gather")
+
+
+#: the ops torch's selective policy recomputes: the attention core (scaled-dot-product
+#: attention's kernels; softmax for a hand-written attention)
+_SAC_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+            "_softmax")
+
+
+def _recompute_imports(recompute: str) -> list[str]:
+    if recompute == "none":
+        return []
+    out = ["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper"]
+    if recompute == "selective":
+        out += ["from functools import partial",
+                "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts"]
+    return out
+
+
+def _recompute_lines(recompute: str, blocks: str, where: str) -> list[str]:
+    """The code that wraps every block for ``recompute`` ("none": nothing)."""
+    if recompute == "none":
+        return []
+    if recompute == "full":
+        return [f"for i, block in enumerate({blocks}):  # full recompute{':' if where else ''}{where}",
+                f"    {blocks}[i] = checkpoint_wrapper(block)"]
+    return [f"attention_ops = {{getattr(torch.ops.aten, n).default for n in {_SAC_OPS!r}",
+            "                 if hasattr(torch.ops.aten, n)}  # recompute these, save the rest",
+            "def policy(ctx, op, *args, **kwargs):",
+            "    return (CheckpointPolicy.PREFER_RECOMPUTE if op in attention_ops",
+            "            else CheckpointPolicy.MUST_SAVE)",
+            f"for i, block in enumerate({blocks}):  # selective recompute{':' if where else ''}{where}",
+            f"    {blocks}[i] = checkpoint_wrapper(",
+            "        block, context_fn=partial(create_selective_checkpoint_contexts, policy))"]
 
 
 def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | None = None,
@@ -430,10 +486,14 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
     """``fully_shard`` (FSDP2) settings and code for the same choice as :func:`deepspeed_config`.
 
     ``choice``: a Choice / PlanRow / tuple / dict / name (a PlanRow also gives
-    ``gpus_per_node``, ``nodes`` and ``recipe``). ``precision``: "bf16" or "fp16"
-    (``MixedPrecisionPolicy``; reduce in fp32 for the "mixed-fp32-grads" recipe) or
-    "fp32" (none). ``pin_memory``: for ``CPUOffloadPolicy`` (False is required on
-    CPU-only machines; True is faster on GPUs). ``blocks``: the expression naming the
+    ``gpus_per_node``, ``nodes`` and ``recipe``: a row of a torch plan has recipe
+    "torch-amp"). ``precision``: "bf16" or "fp16" (``MixedPrecisionPolicy`` with
+    ``reduce_dtype=torch.float32``) or "fp32" (none). ``recompute="full"``:
+    ``checkpoint_wrapper`` on every block; ``"selective"``: the same with a
+    ``context_fn`` from ``create_selective_checkpoint_contexts`` whose policy recomputes
+    the attention ops (scaled-dot-product attention, softmax) and saves every other result.
+    ``pin_memory``: for ``CPUOffloadPolicy`` (False is required on CPU-only machines;
+    True is faster on GPUs). ``blocks``: the expression naming the
     model's list of blocks in the code.
     """
     import torch
@@ -447,8 +507,8 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
         recipe = row.recipe
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if recipe not in ("fp32", "mixed", "mixed-fp32-grads"):
-        raise ValueError(f"recipe must be 'fp32', 'mixed' or 'mixed-fp32-grads', got {recipe!r}")
+    if recipe not in ("fp32", "mixed", "mixed-fp32-grads", "torch-amp"):
+        raise ValueError(f"recipe must be 'fp32', 'mixed', 'mixed-fp32-grads' or 'torch-amp', got {recipe!r}")
     if device_type not in ("cuda", "cpu"):
         raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
     if not isinstance(pin_memory, bool):
@@ -521,8 +581,7 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
     if api == "fully_shard":
         if mesh_shape is not None:
             lines.append("from torch.distributed.device_mesh import init_device_mesh")
-        if c.recompute:
-            lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper")
+        lines += _recompute_imports(c.recompute)
         lines.append("")
         if mesh_shape is not None:
             lines.append(f"mesh = init_device_mesh({device_type!r}, {mesh_shape}, mesh_dim_names={mesh_names})")
@@ -536,9 +595,7 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
         if "offload_policy" in kwargs:
             lines.append(f"offload = CPUOffloadPolicy(pin_memory={pin_memory})")
             args.append("offload_policy=offload")
-        if c.recompute:
-            lines += [f"for i, block in enumerate({blocks}):  # recompute: checkpoint before sharding",
-                      f"    {blocks}[i] = checkpoint_wrapper(block)"]
+        lines += _recompute_lines(c.recompute, blocks, " before sharding")
         root_args = [a for a in args if not a.startswith("reshard_after_forward")]
         lines += [f"for block in {blocks}:", f"    fully_shard(block, {', '.join(args)})",
                   f"fully_shard(model{', ' if root_args else ''}{', '.join(root_args)})"
@@ -548,12 +605,9 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
         lines = ["import torch", "from torch.nn.parallel import DistributedDataParallel as DDP"]
         if c.strategy == "ZeRO-1":
             lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
-        if c.recompute:
-            lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper")
+        lines += _recompute_imports(c.recompute)
         lines.append("")
-        if c.recompute:
-            lines += [f"for i, block in enumerate({blocks}):",
-                      f"    {blocks}[i] = checkpoint_wrapper(block)"]
+        lines += _recompute_lines(c.recompute, blocks, "")
         lines.append("model = DDP(model)  # on GPUs: DDP(model, device_ids=[local_rank])")
         if precision != "fp32":
             lines.append(f"# mixed precision: run forward under torch.autocast({device_type!r}, "
@@ -564,9 +618,14 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
         else:
             lines.append(f"optimizer = torch.optim.AdamW(model.parameters(), {_ADAMW})")
         kwargs = {}
-    if c.recompute:
+    if c.recompute == "full":
         notes.append("recomputation: checkpoint_wrapper on every block before sharding (FSDP2 "
                      "wants activation checkpointing applied first)")
+    elif c.recompute == "selective":
+        notes.append("selective recomputation: checkpoint_wrapper on every block with a "
+                     "create_selective_checkpoint_contexts policy that recomputes only the attention "
+                     "ops and saves every other result (with flash attention, which stores no s x s "
+                     "scores, it saves about as much as no recomputation)")
     return FSDP2Equivalent(c, api, kwargs, mesh_shape, mesh_names, "\n".join(lines) + "\n", exact,
                            tuple(notes))
 
@@ -659,9 +718,11 @@ def side_by_side(plan_row_or_choice, **kwargs) -> str:
     ``kwargs`` go to :func:`deepspeed_config` (e.g. ``world_size``, ``micro_batch``,
     ``grad_accum``, ``offload_device``, ``nvme_path``).
     """
-    cfg = deepspeed_config(plan_row_or_choice, **kwargs)
     c = as_choice(plan_row_or_choice)
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
+    if row is not None and row.recipe == "torch-amp" and kwargs.get("recipe") is None:
+        kwargs = {**kwargs, "recipe": "mixed"}    # a torch plan's row: DeepSpeed's own layout
+    cfg = deepspeed_config(plan_row_or_choice, **kwargs)
     gpn = kwargs.get("gpus_per_node", row.gpus_per_node if row else None)
     world = kwargs.get("world_size", row.world_size if row else None)
     recipe = kwargs.get("recipe") or (row.recipe if row else "mixed")
@@ -687,9 +748,11 @@ def side_by_side(plan_row_or_choice, **kwargs) -> str:
         ("sharded", what, "", ""),
         ("offload", c.offload, ds_off, fs_off),
         ("precision", f"recipe {recipe}", ds_prec + (", fp32 grad accumulation" if "data_types" in cfg else ""), fs_prec),
-        ("recompute", "yes" if c.recompute else "no",
-         "activation_checkpointing section + checkpoint() in the model" if c.recompute else "-",
-         "checkpoint_wrapper(block) before fully_shard" if c.recompute else "-"),
+        ("recompute", c.recompute,
+         {"none": "-", "full": "activation_checkpointing section + checkpoint() around every block",
+          "selective": "activation_checkpointing section + checkpoint() around each attention core"}[c.recompute],
+         {"none": "-", "full": "checkpoint_wrapper(block) on every block",
+          "selective": "checkpoint_wrapper(block, context_fn=selective policy)"}[c.recompute]),
         ("multi-node", f"{c.strategy}", f"zero_hpz_partition_size={zero['zero_hpz_partition_size']}"
          if "zero_hpz_partition_size" in zero else "flat over all GPUs",
          f"DeviceMesh {fs.mesh_shape} {fs.mesh_dim_names}" if fs.mesh_shape else

@@ -5,8 +5,8 @@ Taught in ``notebooks/08_beyond_one_box.ipynb``.
 :func:`plan` puts every option side by side for one model on one cluster: DDP, ZeRO-1,
 ZeRO-2, ZeRO-3 and HSDP (shard inside a node, replicate across nodes; only when there
 is more than one node), each without and with CPU offload (optimizer states; for
-ZeRO-3 and HSDP also the parameters) and without and with full activation
-recomputation. For each option it gives
+ZeRO-3 and HSDP also the parameters) and under each activation recomputation policy
+("none", "full" and, where it differs from "none", "selective"). For each option it gives
 
 * **memory per GPU** = model states on the GPU (:func:`course_utils.theory.memory.per_gpu`:
   :func:`~course_utils.theory.memory.model_states` after :func:`~course_utils.theory.memory.placement`)
@@ -18,7 +18,9 @@ recomputation. For each option it gives
   and an allocator slack proportional to the activations;
 * whether it fits, and the **largest micro-batch** that fits (memory is linear in it);
 * **time per optimizer step**: compute by the roofline ``6·Ψ·tokens`` FLOPs (``8·Ψ``
-  with recomputation) at ``gpu_flops × mfu``; communication by the alpha-beta model
+  with full recomputation; selective recomputation re-runs only the attention core,
+  whose s² FLOPs the roofline leaves out, so it stays ``6·Ψ``) at ``gpu_flops × mfu``;
+  communication by the alpha-beta model
   (:func:`course_utils.theory.alpha_beta.ring_steps` latencies + ring volumes from
   :func:`course_utils.theory.comm.comm_volume` over the bandwidth). Across nodes the links
   are those of :mod:`course_utils.theory.multinode`: ``nics_per_node`` NICs of
@@ -27,6 +29,20 @@ recomputation. For each option it gives
   each, while NVLink carries the hops inside the node at the same time; HSDP is hierarchical (ZeRO-3 inside the node, an
   all-reduce of a 1/gpus_per_node gradient shard across nodes, over the node's NICs);
   offload adds host transfers and the optimizer step on the host CPU.
+
+**Two layouts** (``framework``). DeepSpeed (and Megatron-LM) keep bf16 parameters and
+gradients in the model and a separate fp32 master copy in the optimizer (recipe
+``mixed``: 2 + 2 + 12 bytes per parameter; ZeRO-1 shards 12 of the 16). In torch the
+fp32 parameter *is* the master (recipe ``torch-amp``: 4 + 4 + 8): ``framework="torch"``
+plans each option as torch spells it (:data:`TORCH_NAMES`, the calls in
+:data:`TORCH_CALLS`) with torch's bytes: DDP + autocast 16 B per parameter plus the
+bf16 copy of every matmul weight that autograd saves from forward to backward; DDP +
+``ZeroRedundancyOptimizer`` 4 + 4 + 8/N (plus those copies); FSDP2 (4 + 4 + 8)/N plus
+the bf16 gathered units; FSDP2 with ``reshard_after_forward=False`` also every unit's
+bf16 parameters from forward to backward; its messages in torch's dtypes (DDP
+all-reduces fp32 gradients; ``ZeroRedundancyOptimizer`` adds a broadcast of every
+parameter, 1.5x DDP's bytes; FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)`` all-gathers 2 B and reduce-scatters 4 B per element).
 
 Every figure the model assumes is a field of :class:`Assumptions`, printed under the
 table. :func:`recommend` picks the fastest option that fits and says why.
@@ -47,11 +63,12 @@ from ..checks import check_int, check_number
 from .alpha_beta import ring_steps
 from .comm import comm_volume
 from .config import PRESETS, Preset, TransformerConfig, preset
-from .memory import GB, RECIPES, per_gpu
+from .memory import GB, RECIPES, per_gpu, recompute_policy
 from .multinode import cross_node_wire, flat_ring_wire
 
 __all__ = [
-    "STRATEGIES", "OFFLOADS", "Choice", "as_choice", "Assumptions", "PlanRow", "Plan", "plan",
+    "STRATEGIES", "OFFLOADS", "RECOMPUTE", "FRAMEWORKS", "TORCH_NAMES", "TORCH_CALLS", "Choice",
+    "as_choice", "matmul_weights", "Assumptions", "PlanRow", "Plan", "plan",
     "table", "Recommendation", "recommend", "plot", "DEFAULT_OVERHEAD_GB",
     "DEFAULT_ACTIVATION_SLACK", "NEAR_TIE", "GPT2XL_BENCHMARK", "megatron_param_count",
     "megatron_weight_and_optimizer_bytes", "benchmark_config", "benchmark_plan",
@@ -63,6 +80,38 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 _STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3, "HSDP": 3}
 _OFFLOADS_OF = {"DDP": ("none",), "ZeRO-1": ("none", "optimizer"), "ZeRO-2": ("none", "optimizer"),
                 "ZeRO-3": OFFLOADS, "HSDP": OFFLOADS}
+#: activation recomputation policies (memory.activation_bytes): none, selective (the
+#: attention core), full (every block); a Choice also takes False/True for none/full
+RECOMPUTE = ("none", "selective", "full")
+#: whose memory layout and messages a plan models (see the module docstring)
+FRAMEWORKS = ("deepspeed", "torch")
+#: torch has no optimizer-only offload: CPUOffloadPolicy (FSDP2) moves parameters,
+#: gradients and optimizer states to the host; DDP and ZeroRedundancyOptimizer offload nothing
+_TORCH_OFFLOADS_OF = {"DDP": ("none",), "ZeRO-1": ("none",), "ZeRO-2": ("none",),
+                      "ZeRO-3": ("none", "optimizer+params"), "HSDP": ("none", "optimizer+params")}
+#: each strategy as torch spells it (framework="torch"): the row labels
+TORCH_NAMES = {"DDP": "DDP + autocast", "ZeRO-1": "DDP + ZeroRedundancyOptimizer",
+               "ZeRO-2": "FSDP2 reshard_after_forward=False", "ZeRO-3": "FSDP2",
+               "HSDP": "FSDP2 on a 2-D mesh (HSDP)"}
+_TORCH_SHORT = {"DDP": "DDP+amp", "ZeRO-1": "DDP+ZeROopt", "ZeRO-2": "FSDP2 no-reshard",
+                "ZeRO-3": "FSDP2", "HSDP": "FSDP2 HSDP"}
+#: the torch calls each row of a torch plan means (printed under its table)
+TORCH_CALLS = {
+    "DDP": "DistributedDataParallel(model, gradient_as_bucket_view=True), forward under "
+           "torch.autocast('cuda', dtype=torch.bfloat16), torch.optim.AdamW",
+    "ZeRO-1": "the same DDP with ZeroRedundancyOptimizer(model.parameters(), "
+              "optimizer_class=torch.optim.AdamW)",
+    "ZeRO-2": "fully_shard(block, reshard_after_forward=False, mp_policy=MixedPrecisionPolicy("
+              "param_dtype=torch.bfloat16, reduce_dtype=torch.float32)) on every block, then "
+              "fully_shard(model, mp_policy=...)",
+    "ZeRO-3": "the same with reshard_after_forward=True (the default)",
+    "HSDP": "the same with mesh=init_device_mesh('cuda', (nodes, gpus_per_node), "
+            "mesh_dim_names=('replicate', 'shard'))",
+    "optimizer+params": "offload_policy=CPUOffloadPolicy(pin_memory=True) in every fully_shard call",
+    "selective": "checkpoint_wrapper(block, context_fn=...) with "
+                 "create_selective_checkpoint_contexts: recompute the attention ops, save the rest",
+    "full": "checkpoint_wrapper(block) on every block before fully_shard / DDP",
+}
 
 #: Runtime overhead per GPU (GB) outside model states, activations and comm buffers:
 #: CUDA context, cuBLAS/NCCL workspaces, allocator cache. Fitted to the benchmark's R1
@@ -87,17 +136,21 @@ NEAR_TIE = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """One option: a strategy, what is offloaded to the host, and full recomputation.
+    """One option: a strategy, what is offloaded to the host, and the recomputation policy.
 
     ``strategy``: one of :data:`STRATEGIES`; ``offload``: "none", "optimizer" (ZeRO-1/2/3,
     HSDP) or "optimizer+params" (ZeRO-3 and HSDP only: ZeRO-Infinity / FSDP's
-    ``CPUOffloadPolicy``); ``recompute``: full activation recomputation (checkpoint every
-    block, recompute it in backward).
+    ``CPUOffloadPolicy``); ``recompute``: "none", "selective" (recompute each block's
+    attention core in backward: torch's op-level selective activation checkpointing,
+    Korthikanti et al.'s selective recomputation) or "full" (checkpoint every block,
+    recompute it in backward). ``False``/``True`` are read as "none"/"full", so
+    ``Choice("ZeRO-3", "none", True) == Choice("ZeRO-3", "none", "full")``; the field
+    always holds the string (``recomputes`` is the bool).
     """
 
     strategy: str
     offload: str = "none"
-    recompute: bool = False
+    recompute: str = "none"
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -110,8 +163,10 @@ class Choice:
                                  "(ZeRO-1 or higher); use offload='none' or a ZeRO strategy")
             raise ValueError(f"{self.strategy} cannot offload parameters (only ZeRO-3 and HSDP "
                              "shard them); use offload='optimizer' or strategy='ZeRO-3'")
-        if not isinstance(self.recompute, bool):
-            raise TypeError(f"recompute must be True or False, got {self.recompute!r}")
+        if not isinstance(self.recompute, (bool, str)):
+            raise TypeError(f"recompute must be one of {RECOMPUTE} (or True/False for full/none), "
+                            f"got {self.recompute!r}")
+        object.__setattr__(self, "recompute", recompute_policy(self.recompute))
 
     @property
     def stage(self) -> int:
@@ -125,19 +180,46 @@ class Choice:
     def offload_params(self) -> bool:
         return self.offload == "optimizer+params"
 
-    def label(self) -> str:
-        """E.g. ``"ZeRO-3 + offload optimizer+params + recompute"``."""
-        parts = [self.strategy]
-        if self.offload != "none":
-            parts.append(f"offload {self.offload}")
-        if self.recompute:
-            parts.append("recompute")
+    @property
+    def recomputes(self) -> bool:
+        """Whether anything is recomputed ("selective" or "full")."""
+        return self.recompute != "none"
+
+    def label(self, framework: str = "deepspeed", *, amp: bool = True) -> str:
+        """E.g. ``"ZeRO-3 + offload optimizer+params + full recompute"``; with
+        ``framework="torch"`` torch's spelling, e.g. ``"FSDP2 + CPUOffloadPolicy"``
+        (``amp=False``: fp32 training, DDP without autocast)."""
+        _check_framework(framework)
+        if framework == "torch":
+            parts = ["DDP" if (self.strategy == "DDP" and not amp) else TORCH_NAMES[self.strategy]]
+            if self.offload == "optimizer+params":
+                parts.append("CPUOffloadPolicy")
+            elif self.offload != "none":
+                parts.append(f"offload {self.offload} (no torch API)")
+        else:
+            parts = [self.strategy]
+            if self.offload != "none":
+                parts.append(f"offload {self.offload}")
+        if self.recompute != "none":
+            parts.append(f"{self.recompute} recompute")
         return " + ".join(parts)
 
-    def short(self) -> str:
-        """Compact label for plots: ``"ZeRO-3 +opt+par +rc"``."""
+    def short(self, framework: str = "deepspeed") -> str:
+        """Compact label for plots: ``"ZeRO-3 +opt+par +full-rc"``, ``"FSDP2 +cpu +sel-rc"``."""
+        _check_framework(framework)
         off = {"none": "", "optimizer": " +opt", "optimizer+params": " +opt+par"}[self.offload]
-        return f"{self.strategy}{off}{' +rc' if self.recompute else ''}"
+        name = self.strategy
+        if framework == "torch":
+            name, off = _TORCH_SHORT[self.strategy], (" +cpu" if self.offload_params else off)
+        rc = {"none": "", "selective": " +sel-rc", "full": " +full-rc"}[self.recompute]
+        return f"{name}{off}{rc}"
+
+
+def _check_framework(framework) -> None:
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {FRAMEWORKS} ('deepspeed': bf16 parameters and "
+                         f"an fp32 master copy in the optimizer; 'torch': autocast / FSDP2, the fp32 "
+                         f"parameters are the master), got {framework!r}")
 
 
 def as_choice(value) -> Choice:
@@ -162,13 +244,20 @@ def as_choice(value) -> Choice:
                     f"(strategy, offload, recompute); got {type(value).__name__}")
 
 
-def _all_choices(nodes: int) -> list[Choice]:
+def _recompute_options(attention: str) -> tuple[str, ...]:
+    """The policies a default plan searches: "selective" only where it differs from "none"
+    (with flash attention no s x s scores are stored, so there is nothing to recompute)."""
+    return RECOMPUTE if attention == "standard" else ("none", "full")
+
+
+def _all_choices(nodes: int, framework: str = "deepspeed", attention: str = "flash") -> list[Choice]:
+    offloads = _TORCH_OFFLOADS_OF if framework == "torch" else _OFFLOADS_OF
     out = []
     for strategy in STRATEGIES:
         if strategy == "HSDP" and nodes == 1:
             continue
-        for offload in _OFFLOADS_OF[strategy]:
-            for recompute in (False, True):
+        for offload in offloads[strategy]:
+            for recompute in _recompute_options(attention):
                 out.append(Choice(strategy, offload, recompute))
     return out
 
@@ -209,36 +298,98 @@ class Assumptions:
     host_mem_gb: float | None
     max_micro_batch: int
     has_architecture: bool
+    framework: str = "deepspeed"
+    recompute_options: tuple = ("none", "full")     # the policies among the plan's rows
 
     @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 
+    @property
+    def amp(self) -> bool:
+        """Mixed precision (bf16 compute) rather than fp32 throughout."""
+        return self.recipe != "fp32"
+
+    @property
+    def wire_bytes(self) -> tuple[int, int]:
+        """(gather, reduce): bytes per element of the parameters gathered and the gradients
+        reduced. DeepSpeed sends what it stores; torch gathers FSDP2's ``param_dtype``
+        (bf16) and reduces in ``reduce_dtype`` (fp32), DDP under autocast all-reduces the
+        fp32 gradients."""
+        p, g, _ = RECIPES[self.recipe]
+        if self.framework == "torch":
+            return (2 if self.amp else 4), 4
+        return p, g
+
+    def layout(self) -> str:
+        """Whose memory layout the plan models, in words."""
+        if self.framework == "torch":
+            return ("torch's layout (the fp32 parameters are the master; "
+                    + ("autocast and MixedPrecisionPolicy make bf16 copies, gradients are fp32)"
+                       if self.amp else "no mixed precision)"))
+        return {"mixed": "DeepSpeed's layout (bf16 parameters and gradients, an fp32 master copy in "
+                         "the optimizer)",
+                "mixed-fp32-grads": "Megatron-LM's layout (bf16 parameters, fp32 gradients, an fp32 "
+                                    "master copy in the optimizer)",
+                "fp32": "fp32 throughout (no mixed precision)"}[self.recipe]
+
     def lines(self) -> list[str]:
         """The assumptions, one sentence each, as printed under :func:`table`."""
         p, g, o = RECIPES[self.recipe]
+        gather_b, reduce_b = self.wire_bytes
+        torch = self.framework == "torch"
+        selective = "selective" in self.recompute_options
         loss = ("F.cross_entropy's two fp32 gradients at its backward" if self.cross_entropy == "torch"
                 else "an in-place (fused) loss")
         acts = (f"activations: memory.activation_bytes (Korthikanti et al. for GPT blocks, a Llama "
                 f"block's own count), {self.attention} attention, 16-bit, fp32 "
                 f"log-probabilities, {loss}; +{self.activation_slack:.0%} allocator slack; with "
-                f"recomputation each block keeps its input, one block is rematerialised at a time "
+                f"full recomputation each block keeps its input, one block is rematerialised at a time "
                 f"(after the loss's buffers are freed: the larger of the two counts)"
+                + ("; with selective recomputation each block keeps all but its s x s attention "
+                   "scores, recomputed one block at a time" if selective else "")
                 if self.has_architecture else
                 "activations: not counted (the model is a bare parameter count: pass a preset "
                 "or TransformerConfig to count them)")
+        if torch:
+            bufs = (f"stages 0-1 {self.bucket_buffers} bucket(s) of {self.bucket_elems:.3g} fp32 gradient "
+                    f"elements, FSDP2 two gathered units of {self.unit_params:,} params in {gather_b} B "
+                    f"+ one unit of their gradients in {gather_b} B and its {reduce_b} B reduce-scatter "
+                    f"input ({self.units} units; reshard_after_forward=False: one unit of gradients)")
+        else:
+            bufs = (f"stages 0-2 {self.bucket_buffers} bucket(s) of {self.bucket_elems:.3g} gradient "
+                    f"elements, ZeRO-3/HSDP two gathered units of {self.unit_params:,} params + one "
+                    f"unit of their gradients ({self.units} units)")
         lines = [
             f"GPU memory {self.gpu_mem_gb:g} GB usable per GPU; {self.nodes} node(s) x "
             f"{self.gpus_per_node} GPU(s) = {self.world_size} data-parallel ranks (no tensor/pipeline parallelism)",
-            f"model states: recipe {self.recipe} = {p} B params + {g} B grads + {o} B optimizer per "
-            f"parameter (memory.RECIPES); ZeRO shards the analytic share (memory.model_states)",
+            f"model states: {self.layout()}: recipe {self.recipe} = {p} B params + {g} B grads + {o} B "
+            f"optimizer per parameter (memory.RECIPES); ZeRO shards the analytic share (memory.model_states)",
+        ]
+        if torch:
+            lines.append(
+                "copies (GB per GPU, held from forward to backward): "
+                + ("DDP under autocast: the bf16 cast of every matmul weight, which autograd saves "
+                   "for backward (measured with saved_tensors_hooks) and autocast's weight cache "
+                   "holds until the forward's autocast region exits, whatever the recompute policy (2 B per matmul parameter); "
+                   if self.amp else "")
+                + f"FSDP2 with reshard_after_forward=False: every unit's gathered parameters "
+                  f"({gather_b} B per parameter)")
+            lines.append("torch calls: " + "; ".join(
+                f"{TORCH_NAMES[k]} = {TORCH_CALLS[k]}"
+                for k in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "HSDP")
+                if k != "HSDP" or self.nodes > 1)
+                + f"; + CPUOffloadPolicy = {TORCH_CALLS['optimizer+params']}; + full recompute = "
+                f"{TORCH_CALLS['full']}" + (f"; + selective recompute = {TORCH_CALLS['selective']}"
+                                            if selective else ""))
+        lines += [
             acts,
             f"buffer allowance per GPU: {self.overhead_gb:g} GB runtime (CUDA context, workspaces, "
-            f"allocator cache) + comm buffers: stages 0-2 {self.bucket_buffers} bucket(s) of "
-            f"{self.bucket_elems:.3g} gradient elements, ZeRO-3/HSDP two gathered units of "
-            f"{self.unit_params:,} params + one unit of their gradients ({self.units} units)",
-            f"compute: 6 x params x tokens FLOPs (8 x with recomputation) at {self.gpu_flops / 1e12:g} "
-            f"TFLOP/s x MFU {self.mfu:g}; attention's s^2 FLOPs ignored",
+            f"allocator cache) + comm buffers: {bufs}",
+            f"compute: 6 x params x tokens FLOPs (8 x with full recomputation"
+            + ("; selective recomputation re-runs only the attention core, whose s^2 FLOPs this "
+               "count leaves out, so 6 x" if selective else "")
+            + f") at {self.gpu_flops / 1e12:g} TFLOP/s x MFU {self.mfu:g}; attention's s^2 FLOPs ignored",
             f"communication: ring alpha-beta model, {self.intra_bw_gbps:g} GB/s per GPU inside a node "
             f"(alpha {self.alpha_intra_us:g} us/step)"
             + ("" if self.nodes == 1 else
@@ -246,19 +397,30 @@ class Assumptions:
                f"(alpha {self.alpha_inter_us:g} us/step); a ring over all GPUs runs one ring per NIC, "
                f"each leaving a node once: a node's NICs carry what one rank sends, 1/{self.nics_per_node} "
                f"each, while NVLink carries the hops inside the node at the same time")
-            + f"; params gathered in {p} B, grads reduced in {g} B"
+            + f"; params gathered in {gather_b} B, grads reduced in {reduce_b} B"
+            + (f" (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32); DDP "
+               f"all-reduces the fp32 gradients; ZeroRedundancyOptimizer adds a broadcast of every "
+               f"updated parameter in {p} B, modelled as an all-gather: 1.5x DDP's bytes, as notebook 07 "
+               f"measured)" if torch else "")
             + ("" if self.nodes == 1 else
                f"; HSDP: ZeRO-3 inside the node + all-reduce of a 1/{self.gpus_per_node} gradient "
                f"shard across nodes over the node's NICs"),
-            "accumulation: DDP and ZeRO-1 reduce once per step; ZeRO-2 reduce-scatters every "
-            "micro-batch; ZeRO-3/HSDP gather and reduce-scatter every micro-batch (HSDP's "
-            "cross-node all-reduce once per step)",
+            ("accumulation: DDP and ZeroRedundancyOptimizer reduce once per step (no_sync() until "
+             "the last micro-batch); FSDP2 all-gathers twice per micro-batch (once with "
+             "reshard_after_forward=False) and reduce-scatters every micro-batch (its default); "
+             "HSDP's cross-node all-reduce once per "
+             "step (set_requires_all_reduce(False) until the last micro-batch)" if torch else
+             "accumulation: DDP and ZeRO-1 reduce once per step; ZeRO-2 reduce-scatters every "
+             "micro-batch; ZeRO-3/HSDP gather and reduce-scatter every micro-batch (HSDP's "
+             "cross-node all-reduce once per step)"),
             f"overlap: {self.overlap:.0%} of compute time can hide communication "
             f"(step = compute + offload + max(0, comm - overlap x compute))",
             f"offload: host<->GPU at {self.pcie_gbps:g} GB/s per GPU; optimizer step on the host at "
             f"{self.host_adam_params_per_s / 1e9:g}e9 params/s per node; transfers not overlapped"
             + (f"; host memory {self.host_mem_gb:g} GB per node" if self.host_mem_gb is not None
-               else "; host memory not checked"),
+               else "; host memory not checked")
+            + ("; torch offloads only with FSDP2 (CPUOffloadPolicy: parameters, gradients and "
+               "AdamW on the host)" if torch else ""),
             "micro-batch: " + (f"{self.micro_batch} for every option" if self.micro_batch is not None
                                else f"the largest that fits (at most {self.max_micro_batch})")
             + "; global batch " + (f"{self.global_batch} sequences per step (accumulation fills it)"
@@ -267,6 +429,9 @@ class Assumptions:
         ]
         if self.nodes == 1:
             lines.append("HSDP rows left out: on one node HSDP is ZeRO-3")
+        if self.has_architecture and not selective and self.attention == "flash":
+            lines.append("selective-recompute rows left out: flash attention stores no s x s "
+                         "scores, so selective recomputation keeps what no recomputation keeps")
         return lines
 
 
@@ -300,6 +465,8 @@ class PlanRow:
     recipe: str
     comm_detail: dict          # bytes per step: {"intra": the busiest GPU over NVLink, "inter": one NIC}
     config: TransformerConfig | None = None
+    copies: float = 0          # torch: bf16 copies of parameters held from forward to backward, bytes
+    framework: str = "deepspeed"
 
     @property
     def strategy(self) -> str:
@@ -315,7 +482,14 @@ class PlanRow:
 
     @property
     def total(self) -> float:
-        return self.states + self.activations + self.buffers
+        return self.states + self.copies + self.activations + self.buffers
+
+    def label(self) -> str:
+        """The option as its framework spells it (:meth:`Choice.label`)."""
+        return self.choice.label(self.framework, amp=self.recipe != "fp32")
+
+    def short(self) -> str:
+        return self.choice.short(self.framework)
 
     @property
     def tokens_per_s(self) -> float:
@@ -329,7 +503,7 @@ class PlanRow:
     def describe(self) -> str:
         """One line: the option, its memory and time, and whether it fits."""
         fit = "fits" if self.fits else f"does not fit ({self.why})"
-        return (f"{self.choice.label()}: {self.total / GB:.1f} GB per GPU at micro-batch "
+        return (f"{self.label()}: {self.total / GB:.1f} GB per GPU at micro-batch "
                 f"{self.micro_batch} x {self.grad_accum} accumulation, {fit}; step "
                 f"{self.step_s:.3f} s (compute {self.compute_s:.3f}, comm {self.comm_s:.3f}, "
                 f"offload {self.offload_s:.3f})")
@@ -348,7 +522,7 @@ class Plan(list):
         for r in self:
             if r.choice == choice:
                 return r
-        raise ValueError(f"{choice.label()} is not an option of this plan"
+        raise ValueError(f"{choice.label(self.assumptions.framework)} is not an option of this plan"
                          + (" (HSDP needs more than one node)" if choice.strategy == "HSDP" else ""))
 
     def table(self) -> str:
@@ -388,6 +562,18 @@ def _unit_params(config: TransformerConfig | None, num_params: int) -> int:
     return max(config.block_params(), config.embedding_params())
 
 
+def matmul_weights(config: TransformerConfig | None, num_params: int) -> int:
+    """Parameters that are matmul weights (autocast casts them to bf16 and autograd saves the
+    cast): q, k, v, output and MLP projections of every block and the output layer (the
+    tied embedding in GPT-2); not the embedding lookup, norms or biases. A bare parameter
+    count: all of them (an upper bound)."""
+    if config is None:
+        return num_params
+    h, kv, f = config.hidden, config.kv_heads_ * config.head_dim, config.ffn_
+    block = 2 * h * h + 2 * h * kv + (3 if config.mlp == "swiglu" else 2) * h * f
+    return config.layers * block + config.vocab * h
+
+
 def _latency_s(op: str, world: int, calls: int, alpha_s: float) -> float:
     """Alpha part of ``calls`` ring collectives over ``world`` ranks."""
     return calls * ring_steps(op, world) * alpha_s
@@ -402,10 +588,17 @@ def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
     NICs carry what one rank sends, 1/nics_per_node each, while NVLink carries the hops
     inside the node at the same time; every step pays the inter-node alpha. HSDP: ZeRO-3 on NVLink inside
     the node, then ``gpus_per_node`` rings across nodes (one per local rank) that share the
-    node's NICs.
+    node's NICs. Messages are in :attr:`Assumptions.wire_bytes` (torch: parameters
+    gathered in bf16, gradients reduced in fp32). Torch's ZeRO-1 (ZeroRedundancyOptimizer)
+    all-reduces the gradients and then every rank broadcasts its updated fp32 parameters:
+    modelled as an all-gather of them (a pipelined broadcast sends the same (N-1)/N of each
+    shard per rank). Torch's ZeRO-2 (FSDP2, ``reshard_after_forward=False``) gathers once
+    per micro-batch, as FSDP2 reshards after backward.
     """
     psi = a.num_params
-    pb, gb, _ = RECIPES[a.recipe]
+    p_stored = RECIPES[a.recipe][0]
+    pb, gb = a.wire_bytes
+    torch = a.framework == "torch"
     n, g, nodes, nics = a.world_size, a.gpus_per_node, a.nodes, a.nics_per_node
     intra, nic_bw = a.intra_bw_gbps * 1e9, a.inter_bw_gbps * 1e9
     al_in, al_out = a.alpha_intra_us * 1e-6, a.alpha_inter_us * 1e-6
@@ -425,15 +618,21 @@ def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
         return t_in + t_out, {"intra": sent_in, "inter": per_nic}
     stage = choice.stage
     calls = max(1, math.ceil(psi / bucket))
-    if stage == 0:
+    if stage == 0 or (torch and stage == 1):
         v = comm_volume(psi, world_size=n, stage=0, bytes_per_elem=gb)
         parts = [("all_reduce", calls)]
         sent = v["all_reduce"]
+        if stage == 1:      # ZeroRedundancyOptimizer: + every rank broadcasts its updated shard
+            parts.append(("all_gather", calls))
+            sent += comm_volume(psi, world_size=n, stage=1, bytes_per_elem=p_stored)["all_gather"]
     else:
         rs = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=gb)
         ag = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=pb)
         if stage == 3:
             parts = [("all_gather", k * 2 * units), ("reduce_scatter", k * units)]
+            sent = k * (ag["all_gather"] + rs["reduce_scatter"])
+        elif torch:         # FSDP2, reshard_after_forward=False: one gather per micro-batch
+            parts = [("all_gather", k * units), ("reduce_scatter", k * units)]
             sent = k * (ag["all_gather"] + rs["reduce_scatter"])
         else:
             rs_times = k if stage == 2 else 1
@@ -462,20 +661,38 @@ def _offload_s(choice: Choice, a: Assumptions, shard_size: int, k: int) -> float
 
 
 def _memory(choice: Choice, a: Assumptions, model_arg, config, shard_size: int, mb: int):
-    """(GpuMemory-like parts, activations, buffers) at micro-batch ``mb``."""
-    mem = per_gpu(model_arg, world_size=shard_size, stage=choice.stage, recipe=a.recipe,
+    """(GpuMemory, activations, buffers, copies) at micro-batch ``mb``.
+
+    ``copies``: torch only, bf16 copies of parameters held from forward to backward: under
+    autocast the cast of every matmul weight that autograd saves (DDP, ZeroRedundancyOptimizer);
+    with ``reshard_after_forward=False`` every unit's gathered parameters (FSDP2).
+    """
+    # FSDP2 with reshard_after_forward=False keeps every fp32 state sharded (stage 3's bytes);
+    # what it holds more are the gathered bf16 parameters, counted as copies below
+    stage = 3 if a.framework == "torch" and choice.stage == 2 else choice.stage
+    mem = per_gpu(model_arg, world_size=shard_size, stage=stage, recipe=a.recipe,
                   offload_optimizer=choice.offload_optimizer, offload_params=choice.offload_params,
                   micro_batch=mb if config is not None else None, seq=a.seq_len,
-                  attention=a.attention, recompute=choice.recompute,   # True: full recomputation
+                  attention=a.attention, recompute=choice.recompute,
                   cross_entropy=a.cross_entropy)
     acts = mem.activations      # its peak: loss buffers or one rematerialised block, the larger
-    pb, gb, _ = RECIPES[a.recipe]
-    if choice.stage == 3:
+    pb, gb = a.wire_bytes
+    copies = 0
+    if a.framework == "torch":
+        if choice.stage == 3:
+            comm_buf = a.unit_params * (2 * pb + pb + gb)
+        elif choice.stage == 2:
+            comm_buf = a.unit_params * (pb + gb)
+            copies = a.num_params * pb
+        else:
+            comm_buf = a.bucket_buffers * a.bucket_elems * gb
+            copies = 2 * matmul_weights(config, a.num_params) if a.amp else 0
+    elif choice.stage == 3:
         comm_buf = a.unit_params * (2 * pb + gb)
     else:
         comm_buf = a.bucket_buffers * a.bucket_elems * gb
     buffers = a.overhead_gb * GB + comm_buf + a.activation_slack * acts
-    return mem, acts, buffers
+    return mem, acts, buffers, copies
 
 
 def _row(choice: Choice, a: Assumptions, model_arg, config) -> PlanRow:
@@ -484,8 +701,8 @@ def _row(choice: Choice, a: Assumptions, model_arg, config) -> PlanRow:
     cap = a.gpu_mem_gb * GB
 
     def total(mb):
-        mem, acts, buf = _memory(choice, a, model_arg, config, shard_size, mb)
-        return mem.params + mem.grads + mem.optimizer + acts + buf
+        mem, acts, buf, copies = _memory(choice, a, model_arg, config, shard_size, mb)
+        return mem.params + mem.grads + mem.optimizer + copies + acts + buf
 
     # memory is linear in the micro-batch: total(b) = fixed + per_seq * b
     t1, t2 = total(1), total(2)
@@ -510,9 +727,9 @@ def _row(choice: Choice, a: Assumptions, model_arg, config) -> PlanRow:
     else:   # the largest micro-batch that fits and divides this rank's share of the batch
         mb = max(d for d in range(1, min(max(1, max_mb), per_rank) + 1) if per_rank % d == 0)
         k, seqs = per_rank // mb, per_rank
-    mem, acts, buf = _memory(choice, a, model_arg, config, shard_size, mb)
+    mem, acts, buf, copies = _memory(choice, a, model_arg, config, shard_size, mb)
     states = mem.params + mem.grads + mem.optimizer
-    used = states + acts + buf
+    used = states + copies + acts + buf
     host = mem.cpu * a.gpus_per_node
     why = []
     if used > cap:
@@ -522,7 +739,9 @@ def _row(choice: Choice, a: Assumptions, model_arg, config) -> PlanRow:
         why.append(f"host needs {host / GB:.0f} GB > {a.host_mem_gb:g} GB per node")
 
     tokens = seqs * a.seq_len                       # per GPU per optimizer step
-    compute = (8 if choice.recompute else 6) * a.num_params * tokens / (a.gpu_flops * a.mfu)
+    # full recomputation runs each block's forward twice: 8 instead of 6 FLOPs per parameter
+    # and token; selective re-runs only the attention core, whose s^2 FLOPs 6·Ψ leaves out
+    compute = (8 if choice.recompute == "full" else 6) * a.num_params * tokens / (a.gpu_flops * a.mfu)
     comm, detail = _comm(choice, a, k)
     off = _offload_s(choice, a, shard_size, k)
     step = compute + off + max(0.0, comm - a.overlap * compute)
@@ -531,13 +750,15 @@ def _row(choice: Choice, a: Assumptions, model_arg, config) -> PlanRow:
                    why="; ".join(why), params=mem.params, grads=mem.grads, optimizer=mem.optimizer,
                    activations=acts, buffers=buf, host_bytes_per_node=host, compute_s=compute,
                    comm_s=comm, offload_s=off, step_s=step, tokens_per_step=tokens * n,
-                   seq_len=a.seq_len, recipe=a.recipe, comm_detail=detail, config=config)
+                   seq_len=a.seq_len, recipe=a.recipe, comm_detail=detail, config=config,
+                   copies=copies, framework=a.framework)
 
 
 def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
          intra_bw_gbps: float, inter_bw_gbps: float, seq_len: int,
          nics_per_node: int | None = None, micro_batch: int | None = None, global_batch: int | None = None,
-         recipe: str = "mixed", attention: str = "flash", cross_entropy: str = "torch",
+         recipe: str | None = None, framework: str | None = None,
+         attention: str = "flash", cross_entropy: str = "torch",
          gpu_flops: float = 989e12, mfu: float = 0.4, overlap: float = 0.0,
          alpha_intra_us: float = 5.0, alpha_inter_us: float = 10.0,
          overhead_gb: float = DEFAULT_OVERHEAD_GB, activation_slack: float = DEFAULT_ACTIVATION_SLACK,
@@ -563,7 +784,15 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
             accumulation x GPUs is exactly the global batch, as DeepSpeed requires).
         global_batch: sequences per optimizer step over all GPUs (a multiple of the
             number of GPUs); None: GPUs x micro-batch, no accumulation.
-        recipe: a key of :data:`course_utils.memory.RECIPES`; attention: "flash" or
+        recipe: a key of :data:`course_utils.memory.RECIPES`; None: "mixed" for
+            DeepSpeed, "torch-amp" for torch.
+        framework: "deepspeed" (bf16 parameters and gradients, an fp32 master copy in the
+            optimizer: the ZeRO paper's layout) or "torch" (DDP + autocast, DDP +
+            ZeroRedundancyOptimizer, FSDP2: the fp32 parameters are the master, bf16 copies
+            while a unit is gathered or a matmul needs them; FSDP2 gathers bf16 and
+            reduce-scatters fp32); None: "torch" when ``recipe="torch-amp"``, else
+            "deepspeed". Each row is labelled as that framework spells it.
+        attention: "flash" or
             "standard" (stores the s x s scores); cross_entropy: "torch"
             (``F.cross_entropy``) or "fused" (in place, as Megatron-LM's): see
             :func:`course_utils.memory.activation_bytes`.
@@ -577,7 +806,9 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
         pcie_gbps, host_adam_params_per_s, host_mem_gb: offload costs; host memory per
             node (None: not checked).
         max_micro_batch: the largest micro-batch searched.
-        choices: only these options (Choice, tuples, dicts or names); default all.
+        choices: only these options (Choice, tuples, dicts or names); default all (with
+            flash attention "selective" recomputation is left out: it keeps what "none"
+            keeps; torch offers only FSDP2's CPUOffloadPolicy, "optimizer+params").
     """
     label, num_params, config = _resolve_model(model)
     check_number("gpu_mem_gb", gpu_mem_gb, above=0, example="80")
@@ -600,8 +831,20 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
         if micro_batch is not None and (global_batch // world) % micro_batch:
             raise ValueError(f"global_batch / GPUs = {global_batch // world} sequences per GPU is not a "
                              f"multiple of micro_batch ({micro_batch}); change one of them")
+    if framework is None:
+        framework = "torch" if recipe == "torch-amp" else "deepspeed"
+    _check_framework(framework)
+    if recipe is None:
+        recipe = "torch-amp" if framework == "torch" else "mixed"
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
+    if framework == "deepspeed" and recipe == "torch-amp":
+        raise ValueError("recipe 'torch-amp' is torch's layout (the fp32 parameters are the master): "
+                         "pass framework='torch' (or leave framework out), or recipe='mixed' for DeepSpeed")
+    if framework == "torch" and recipe not in ("torch-amp", "fp32"):
+        raise ValueError(f"recipe {recipe!r} is DeepSpeed's / Megatron's layout (bf16 parameters, an fp32 "
+                         "master copy in the optimizer); torch's are 'torch-amp' (autocast, "
+                         "MixedPrecisionPolicy) and 'fp32': pass one of them, or framework='deepspeed'")
     if attention not in ("standard", "flash"):
         raise ValueError(f"attention must be 'standard' or 'flash', got {attention!r}")
     if cross_entropy not in ("torch", "fused"):
@@ -633,11 +876,18 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
                     host_adam_params_per_s=host_adam_params_per_s, host_mem_gb=host_mem_gb,
                     max_micro_batch=max_micro_batch, has_architecture=config is not None)
     if choices is None:
-        wanted = _all_choices(nodes)
+        wanted = _all_choices(nodes, framework, attention)
     else:
         wanted = [as_choice(c) for c in choices]
         if any(c.strategy == "HSDP" for c in wanted) and nodes == 1:
             raise ValueError("HSDP needs nodes > 1 (on one node it is ZeRO-3)")
+        for c in wanted:
+            if framework == "torch" and c.offload not in _TORCH_OFFLOADS_OF[c.strategy]:
+                raise ValueError(f"{c.label()} has no torch form: torch offloads only with FSDP2's "
+                                 "CPUOffloadPolicy (parameters, gradients and optimizer states): use "
+                                 "offload='optimizer+params' with ZeRO-3 or HSDP, or framework='deepspeed'")
+    a = dataclasses.replace(a, framework=framework,
+                            recompute_options=tuple(r for r in RECOMPUTE if any(c.recompute == r for c in wanted)))
     model_arg = config if config is not None else num_params
     return Plan([_row(c, a, model_arg, config) for c in wanted], a)
 
@@ -645,18 +895,23 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
 # ---------------------------------------------------------------------- table
 
 def table(rows: Plan) -> str:
-    """A fixed-width text table of a :func:`plan`, then its assumptions."""
+    """A fixed-width text table of a :func:`plan`, then its assumptions. A torch plan has a
+    ``copies`` column: bf16 copies of parameters held from forward to backward."""
     if not isinstance(rows, Plan):
         raise TypeError("table() takes the Plan returned by plan(...)")
     a = rows.assumptions
+    torch = a.framework == "torch"
     head = (f"{a.model} ({a.num_params / 1e9:.2f}B params) on {a.nodes} node(s) x {a.gpus_per_node} "
-            f"GPU(s) of {a.gpu_mem_gb:g} GB, seq {a.seq_len}")
-    cols = (f"{'option':<46}{'mb':>4}{'acc':>4}{'states':>8}{'activ':>7}{'buffer':>7}{'total':>7}"
+            f"GPU(s) of {a.gpu_mem_gb:g} GB, seq {a.seq_len}" + (", torch's layout" if torch else ""))
+    w = max([46] + [len(r.label()) + 2 for r in rows])
+    cols = (f"{'option':<{w}}{'mb':>4}{'acc':>4}{'states':>8}" + (f"{'copies':>7}" if torch else "")
+            + f"{'activ':>7}{'buffer':>7}{'total':>7}"
             f"{'host':>7}  {'fits':<4}{'compute':>9}{'comm':>8}{'offload':>8}{'step s':>8}{'tok/s':>10}")
     out = [head, "GB per GPU (host: GB per node); seconds per optimizer step", cols, "-" * len(cols)]
     for r in rows:
-        out.append(f"{r.choice.label():<46}{r.micro_batch:>4}{r.grad_accum:>4}{r.states / GB:8.1f}"
-                   f"{r.activations / GB:7.1f}{r.buffers / GB:7.1f}{r.total / GB:7.1f}"
+        out.append(f"{r.label():<{w}}{r.micro_batch:>4}{r.grad_accum:>4}{r.states / GB:8.1f}"
+                   + (f"{r.copies / GB:7.1f}" if torch else "")
+                   + f"{r.activations / GB:7.1f}{r.buffers / GB:7.1f}{r.total / GB:7.1f}"
                    f"{r.host_bytes_per_node / GB:7.0f}  {'yes' if r.fits else 'no':<4}"
                    f"{r.compute_s:9.3f}{r.comm_s:8.3f}{r.offload_s:8.3f}{r.step_s:8.3f}"
                    f"{r.tokens_per_s:10.0f}")
@@ -679,17 +934,21 @@ class Recommendation:
     def choice(self) -> Choice | None:
         return None if self.row is None else self.row.choice
 
+    def label(self) -> str | None:
+        """The recommended option as its framework spells it (None: nothing fits)."""
+        return None if self.row is None else self.row.label()
+
     def __str__(self) -> str:
         return self.reason
 
 
 def _simplicity(r: PlanRow) -> tuple:
-    return (OFFLOADS.index(r.choice.offload), r.choice.recompute, STRATEGIES.index(r.strategy))
+    return (OFFLOADS.index(r.choice.offload), RECOMPUTE.index(r.choice.recompute), STRATEGIES.index(r.strategy))
 
 
 def recommend(rows: Plan, *, near_tie: float = NEAR_TIE) -> Recommendation:
-    """The fastest option that fits (ties broken by fewer offloads, no recomputation,
-    a lower stage), with the reason in words."""
+    """The fastest option that fits (ties broken by fewer offloads, less recomputation
+    (none, then selective, then full), a lower stage), with the reason in words."""
     if not isinstance(rows, Plan):
         raise TypeError("recommend() takes the Plan returned by plan(...)")
     check_number("near_tie", near_tie, minimum=0, maximum=1)
@@ -697,35 +956,35 @@ def recommend(rows: Plan, *, near_tie: float = NEAR_TIE) -> Recommendation:
     if not fitting:
         closest = min(rows, key=lambda r: r.total)
         return Recommendation(None, (
-            f"nothing fits: the smallest option, {closest.choice.label()}, {closest.why}. "
+            f"nothing fits: the smallest option, {closest.label()}, {closest.why}. "
             "Add GPUs or nodes, shorten the sequences, or use a GPU with more memory."))
     best = min(fitting, key=lambda r: (r.step_s, _simplicity(r)))
     ties = tuple(r for r in fitting if r is not best and r.step_s <= best.step_s * (1 + near_tie))
-    head = (f"{best.choice.label()}: fits ({best.total / GB:.1f} of {rows.assumptions.gpu_mem_gb:g} GB "
+    head = (f"{best.label()}: fits ({best.total / GB:.1f} of {rows.assumptions.gpu_mem_gb:g} GB "
             f"per GPU at micro-batch {best.micro_batch}, {best.grad_accum} accumulation step(s)) and is "
             f"the fastest option that fits: {best.step_s:.3f} s per step = compute "
             f"{best.compute_s:.3f} + offload {best.offload_s:.3f} + exposed comm "
             f"{best.step_s - best.compute_s - best.offload_s:.3f}.")
-    lower = [r for r in rows if not r.fits and r.stage <= best.stage and not r.choice.recompute
+    lower = [r for r in rows if not r.fits and r.stage <= best.stage and not r.choice.recomputes
              and r.choice.offload == "none"]
     why_not = ""
     if lower:
         simplest = min(lower, key=lambda r: (r.stage, r.strategy))
-        why_not = f" {simplest.choice.label()} does not fit: {simplest.why}."
+        why_not = f" {simplest.label()} does not fit: {simplest.why}."
     faster_unfit = [r for r in rows if not r.fits and r.step_s < best.step_s]
     if faster_unfit and not why_not:
         f = min(faster_unfit, key=lambda r: r.step_s)
-        why_not = f" {f.choice.label()} would be faster but does not fit: {f.why}."
+        why_not = f" {f.label()} would be faster but does not fit: {f.why}."
     others = [r for r in fitting if r.strategy != best.strategy and r not in ties]
     if others:
         o = min(others, key=lambda r: (r.step_s, _simplicity(r)))
-        why_not += (f" The best other strategy, {o.choice.label()}, is {o.step_s / best.step_s - 1:+.0%}: "
+        why_not += (f" The best other strategy, {o.label()}, is {o.step_s / best.step_s - 1:+.0%}: "
                     f"compute {o.compute_s:.3f} + offload {o.offload_s:.3f} + exposed comm "
                     f"{o.step_s - o.compute_s - o.offload_s:.3f} s.")
     tie = ""
     if ties:
         tie = " Within {:.0%}: ".format(near_tie) + ", ".join(
-            f"{r.choice.label()} ({(r.step_s / best.step_s - 1):+.1%})" for r in ties) + "."
+            f"{r.label()} ({(r.step_s / best.step_s - 1):+.1%})" for r in ties) + "."
     return Recommendation(best, head + why_not + tie, ties)
 
 
@@ -763,7 +1022,7 @@ def plot(rows: Plan, *, highlight: Choice | None = None):
             ax_t.barh(y, value, left=left, color=_PART_COLORS[part], alpha=alpha, **edge)
             left += value
     ax_mem.axvline(a.gpu_mem_gb, color="black", linestyle="--", linewidth=1)
-    ax_mem.set_yticks(ys, [r.choice.short() + ("" if r.fits else " (no fit)") for r in rows], fontsize=7)
+    ax_mem.set_yticks(ys, [r.short() + ("" if r.fits else " (no fit)") for r in rows], fontsize=7)
     ax_mem.set_xlabel("GB per GPU")
     ax_t.set_xlabel("seconds per optimizer step")
     ax_mem.set_xlim(0, max(a.gpu_mem_gb * 1.6, 1.0))     # a bar that does not fit may run off the edge
@@ -772,7 +1031,7 @@ def plot(rows: Plan, *, highlight: Choice | None = None):
         ax.legend(handles=handles, fontsize=7, frameon=False, ncol=3, loc="lower center",
                   bbox_to_anchor=(0.5, 1.0))
     fig.suptitle(f"{a.model} on {a.nodes} x {a.gpus_per_node} GPUs of {a.gpu_mem_gb:g} GB, seq {a.seq_len}"
-                 + (f": recommended {rec.label()}" if rec else ": nothing fits"), fontsize=9)
+                 + (f": recommended {rec.label(a.framework, amp=a.amp)}" if rec else ": nothing fits"), fontsize=9)
     for ax in (ax_mem, ax_t):
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
@@ -834,7 +1093,7 @@ def megatron_weight_and_optimizer_bytes(config: TransformerConfig, *, dp: int = 
 def benchmark_plan(*, gpus: int = 1, micro_batch: int | None = None, strategy: str = "DDP",
                  overhead_gb: float = DEFAULT_OVERHEAD_GB,
                  activation_slack: float = DEFAULT_ACTIVATION_SLACK,
-                 attention: str = "flash", recompute: bool = False) -> PlanRow:
+                 attention: str = "flash", recompute="none") -> PlanRow:
     """One planner row in the benchmark's setting: Megatron's gpt2-xl, seq 1024, bf16 weights
     with fp32 gradients (``mixed-fp32-grads``, 18 B), the whole 81559 MiB of an H100,
     ``gpus`` GPUs on one node (NVLink 4 at 450 GB/s), no recomputation (Megatron's

@@ -1,4 +1,4 @@
-"""The exercises' graders (``check_*``), one module per notebook (``nb00`` ... ``nb08``):
+"""The exercises' graders (``check_*``), one module per notebook (``nb00`` ... ``nb09``):
 each runs the learner's function on real ranks (or on cases, for plain arithmetic),
 compares with the expected answer and prints, in a few lines, what is right and what
 differs. The engine they share is :mod:`course_utils.harness.grading`; every grader is
@@ -14,6 +14,7 @@ from .nb05 import check_reduce_scatter_bucket, check_zero2
 from .nb06 import check_zero3, check_zero3_forward
 from .nb07 import check_accumulation, check_fsdp_wrap, check_sharded_clip
 from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, reference_choice
+from .nb09 import check_megatron_states_gb
 
 __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_ranks",
            "check_rank_sum", "check_gather_squares",
@@ -23,4 +24,5 @@ __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_rank
            "check_shard_bounds", "check_zero1_step", "check_zero1", "check_reduce_scatter_bucket",
            "check_zero2", "check_zero3_forward", "check_zero3",
            "check_fsdp_wrap", "check_sharded_clip", "check_accumulation",
-           "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone"]
+           "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone",
+           "check_megatron_states_gb"]

@@ -1,20 +1,41 @@
-"""The capstone of ``notebooks/08_beyond_one_box.ipynb``: choose a strategy for three clusters."""
+"""The capstone of ``notebooks/08_beyond_one_box.ipynb``: size and choose a strategy for three clusters.
+
+The learner gets each scenario's numbers (parameters, GPUs, memory, network, and the
+activations + buffers per GPU at micro-batch 1, given) and writes
+``choose(scenario) -> (choice, gb_per_gpu)``: the option to run and its memory per GPU at
+micro-batch 1, computed from the model-state formulas of notebooks 03-06 (2 + 2 + 12
+bytes per parameter, sharded per stage). :func:`check_capstone` grades both against the
+planner, which the scenario does not offer: :func:`reference_plan` is the grader's.
+"""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from typing import Callable
 
 from ...harness.grading import Verdict
+from ...theory.config import preset
 from ...theory.memory import GB
 from ...theory.planner import NEAR_TIE, Choice, Plan, as_choice, plan, recommend
 
-__all__ = ["Scenario", "reference_choice", "check_capstone", "CAPSTONE_SCENARIOS"]
+__all__ = ["Scenario", "reference_plan", "reference_choice", "reference_gb", "check_capstone",
+           "CAPSTONE_SCENARIOS", "MEMORY_TOLERANCE"]
+
+#: How close the learner's GB per GPU must be to the planner's (relative).
+MEMORY_TOLERANCE = 0.01
+
+_SHARDED_PARAMS = ("ZeRO-3", "HSDP")       # these gather parameters: bigger buffers
 
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """A capstone scenario: a model, a cluster and a workload (:func:`plan`'s arguments;
-    ``inter_bw_gbps`` is per NIC, ``nics_per_node`` None: one NIC per GPU)."""
+    """A capstone scenario: a model, a cluster and a workload, as numbers.
+
+    ``params`` is Ψ; ``gpus`` = ``nodes`` x ``gpus_per_node``; ``inter_bw_gbps`` is per
+    network card (NIC), ``nics_per_node`` None: one NIC per GPU; ``host_mem_gb`` per node.
+    :meth:`other_gb` gives the activations + buffers per GPU at micro-batch 1.
+    """
 
     name: str
     story: str
@@ -29,14 +50,72 @@ class Scenario:
     host_mem_gb: float
     nics_per_node: int | None = None
 
-    def plan_kwargs(self) -> dict:
-        """The keyword arguments of :func:`plan` for this scenario (with ``model``)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "story")}
+    @property
+    def params(self) -> int:
+        """Ψ, the model's parameter count."""
+        return preset(self.model).num_params
 
-    def plan(self) -> Plan:
-        kw = self.plan_kwargs()
-        return plan(kw.pop("model"), **kw)
+    @property
+    def gpus(self) -> int:
+        """N, every GPU of every node (all of them data-parallel ranks)."""
+        return self.gpus_per_node * self.nodes
+
+    def other_gb(self, strategy: str, recompute: bool) -> float:
+        """GB per GPU besides the model states at micro-batch 1: activations + buffers
+        (runtime, communication buckets or gathered units, allocator slack). Given: it
+        depends only on whether the strategy gathers parameters (ZeRO-3, HSDP) and on
+        full recomputation."""
+        choice = as_choice((strategy, "none", recompute))   # a clear error for a bad name
+        return _other_gb(self)[(strategy in _SHARDED_PARAMS, choice.recompute not in (False, "none"))]
+
+    def numbers(self) -> str:
+        """The scenario's numbers in one line."""
+        nics = "one per GPU" if self.nics_per_node is None else str(self.nics_per_node)
+        o = _other_gb(self)
+        return (f"Ψ = {self.params:,}, N = {self.gpus} GPUs ({self.nodes} node(s) x {self.gpus_per_node}) of "
+                f"{self.gpu_mem_gb:g} GB, NICs per node: {nics}; other GB at micro-batch 1: "
+                f"DDP/ZeRO-1/ZeRO-2 {o[(False, False)]:.2f} (recompute {o[(False, True)]:.2f}), "
+                f"ZeRO-3/HSDP {o[(True, False)]:.2f} (recompute {o[(True, True)]:.2f})")
+
+
+def _plan_kwargs(scenario: Scenario, micro_batch: int | None) -> dict:
+    kw = {f.name: getattr(scenario, f.name) for f in dataclasses.fields(scenario)
+          if f.name not in ("name", "story", "model")}
+    return dict(kw, micro_batch=micro_batch, recipe="mixed")
+
+
+@functools.lru_cache(maxsize=None)
+def reference_plan(scenario: Scenario, micro_batch: int | None = None) -> Plan:
+    """The grader's planner on a scenario (None: the largest micro-batch that fits)."""
+    if not isinstance(scenario, Scenario):
+        raise TypeError("reference_plan() takes one of CAPSTONE_SCENARIOS")
+    return plan(scenario.model, **_plan_kwargs(scenario, micro_batch))
+
+
+@functools.lru_cache(maxsize=None)
+def _other_gb(scenario: Scenario) -> dict:
+    rows = reference_plan(scenario, 1)
+    out = {}
+    for sharded in (False, True):
+        for rc in (False, True):
+            r = rows.row(("ZeRO-3" if sharded else "ZeRO-1", "none", rc))
+            out[(sharded, rc)] = round((r.total - r.states) / GB, 2)     # activations + buffers
+    return out
+
+
+def reference_gb(scenario: Scenario, choice) -> float:
+    """The planner's GB per GPU for ``choice`` at micro-batch 1 (states + activations + buffers)."""
+    return reference_plan(scenario, 1).row(as_choice(choice)).total / GB
+
+
+def reference_choice(scenario: Scenario) -> Choice:
+    """The planner's answer for a scenario (what :func:`check_capstone` compares with)."""
+    if not isinstance(scenario, Scenario):
+        raise TypeError("reference_choice() takes one of CAPSTONE_SCENARIOS")
+    rec = recommend(reference_plan(scenario))
+    if rec.choice is None:
+        raise ValueError(f"nothing fits in scenario {scenario.name!r}: {rec.reason}")
+    return rec.choice
 
 
 CAPSTONE_SCENARIOS: tuple[Scenario, ...] = (
@@ -51,24 +130,52 @@ CAPSTONE_SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
-def reference_choice(scenario: Scenario) -> Choice:
-    """The planner's answer for a scenario (what :func:`check_capstone` compares with)."""
-    if not isinstance(scenario, Scenario):
-        raise TypeError("reference_choice() takes one of CAPSTONE_SCENARIOS")
-    rec = recommend(scenario.plan())
-    if rec.choice is None:
-        raise ValueError(f"nothing fits in scenario {scenario.name!r}: {rec.reason}")
-    return rec.choice
+def _answer(value) -> tuple[Choice, float]:
+    """``(choice, gb_per_gpu)`` from what the learner's function returned."""
+    if isinstance(value, dict) and set(value) == {"choice", "gb_per_gpu"}:
+        value = (value["choice"], value["gb_per_gpu"])
+    if not (isinstance(value, tuple) and len(value) == 2):
+        raise TypeError("return a pair (choice, gb_per_gpu), e.g. (planner.Choice('ZeRO-2'), 54.1); "
+                        f"got {type(value).__name__}")
+    choice, gb = value
+    if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not math.isfinite(gb):
+        raise TypeError(f"gb_per_gpu must be a number of GB (1e9 bytes), got {gb!r}")
+    return as_choice(choice), float(gb)
+
+
+def _memory_verdict(scenario: Scenario, choice: Choice, gb: float) -> tuple[bool, str]:
+    row = reference_plan(scenario, 1).row(choice)
+    ref, states = row.total / GB, row.states / GB
+    if abs(gb - ref) <= MEMORY_TOLERANCE * ref:
+        return True, f"memory right ({gb:.1f} GB per GPU at micro-batch 1)"
+    return False, (f"memory differs: yours {gb:.1f} GB, the planner's {ref:.1f} (model states "
+                   f"{states:.1f} of it)")
+
+
+def _choice_verdict(scenario: Scenario, choice: Choice, near_tie: float) -> tuple[bool, str]:
+    rows = reference_plan(scenario)
+    got, best = rows.row(choice), recommend(rows, near_tie=near_tie).row
+    if not got.fits:
+        return False, f"{choice.label()} does not fit ({got.why})"
+    if got.step_s > best.step_s * (1 + near_tie):
+        return False, (f"{choice.label()} fits but takes {got.step_s:.1f} s per step, "
+                       f"{got.step_s / best.step_s - 1:+.0%} vs the fastest option that fits "
+                       f"(compute / comm / offload {got.compute_s:.1f} / {got.comm_s:.1f} / "
+                       f"{got.offload_s:.1f} vs {best.compute_s:.1f} / {best.comm_s:.1f} / {best.offload_s:.1f})")
+    tie = "" if got is best else f", within {near_tie:.0%} of the fastest that fits"
+    return True, f"{choice.label()} fits, {got.step_s:.2f} s per step{tie}"
 
 
 def check_capstone(fn: Callable, *, near_tie: float = NEAR_TIE):
-    """Capstone exercise of notebook 08: ``fn(scenario) -> choice`` for each of
-    :data:`CAPSTONE_SCENARIOS`.
+    """Capstone exercise of notebook 08: ``fn(scenario) -> (choice, gb_per_gpu)`` for each
+    of :data:`CAPSTONE_SCENARIOS`.
 
-    A choice is a :class:`Choice`, a dict ``{"strategy", "offload", "recompute"}`` or a
-    tuple ``(strategy, offload, recompute)``. It is right when the planner says it fits
-    and its step time is within ``near_tie`` (5%) of the fastest option that fits.
-    Prints, per scenario, what is right and what differs; returns a
+    ``choice`` is a :class:`Choice`, a dict ``{"strategy", "offload", "recompute"}``, a
+    tuple ``(strategy, offload, recompute)`` or a strategy name; ``gb_per_gpu`` is its
+    memory per GPU at micro-batch 1 (model states + ``scenario.other_gb(...)``). The
+    memory is right within 1 % of the planner's; the choice is right when the planner
+    says it fits and its step time is within ``near_tie`` (5 %) of the fastest option
+    that fits. Prints one line per scenario; returns a
     :class:`course_utils.course.exercises.Verdict`.
     """
     name = "capstone"
@@ -77,32 +184,16 @@ def check_capstone(fn: Callable, *, near_tie: float = NEAR_TIE):
         return Verdict(name, False)
     right = 0
     for sc in CAPSTONE_SCENARIOS:
-        rows = sc.plan()
-        rec = recommend(rows, near_tie=near_tie)
         try:
-            choice = as_choice(fn(sc))
+            choice, gb = _answer(fn(sc))
+            reference_plan(sc).row(choice)                  # an option of this cluster?
         except Exception as exc:  # noqa: BLE001 - a learner's bug is reported, never raised
-            print(f"  {sc.name}: your function raised {type(exc).__name__}: {exc}")
+            print(f"  {sc.name}: {type(exc).__name__}: {exc}")
             continue
-        try:
-            got = rows.row(choice)
-        except ValueError as exc:
-            print(f"  {sc.name}: {exc}")
-            continue
-        best = rec.row
-        if not got.fits:
-            print(f"  {sc.name}: differs: {choice.label()} does not fit ({got.why}); "
-                  f"the planner recommends {best.choice.label()}")
-        elif got.step_s > best.step_s * (1 + near_tie):
-            print(f"  {sc.name}: differs: {choice.label()} fits but takes {got.step_s:.2f} s per step, "
-                  f"{got.step_s / best.step_s - 1:+.0%} vs {best.choice.label()} at {best.step_s:.2f} s "
-                  f"(compute {got.compute_s:.2f} / comm {got.comm_s:.2f} / offload {got.offload_s:.2f} "
-                  f"vs {best.compute_s:.2f} / {best.comm_s:.2f} / {best.offload_s:.2f})")
-        else:
-            right += 1
-            extra = "" if got is best else f" (within {near_tie:.0%} of {best.choice.label()})"
-            print(f"  {sc.name}: right: {choice.label()} fits ({got.total / GB:.1f} GB per GPU) and "
-                  f"takes {got.step_s:.2f} s per step{extra}")
+        mem_ok, mem = _memory_verdict(sc, choice, gb)
+        pick_ok, pick = _choice_verdict(sc, choice, near_tie)
+        right += mem_ok and pick_ok
+        print(f"  {sc.name}: {mem}; choice {'right' if pick_ok else 'differs'}: {pick}")
     n = len(CAPSTONE_SCENARIOS)
     print(f"{right} of {n} scenarios right")
     return Verdict(name, right == n)

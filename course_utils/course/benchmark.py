@@ -1,0 +1,169 @@
+"""A published gpt2-xl benchmark: its runs with their setup, and the planner checked against it.
+
+A benchmark trained gpt2-xl (1.56B parameters, sequences of 1024 tokens) with Megatron-LM
+on H100 80 GB GPUs (bf16 weights, fp32 gradients, fp32 Adam) and reported step times,
+batch sizes and memory for a series of runs, R1 ... R12. The figures live in
+:data:`course_utils.theory.planner.GPT2XL_BENCHMARK` and
+:data:`course_utils.theory.scaling.GPT2XL_RUNS`; this module only lays them out.
+
+* :func:`runs_table`: the runs and their setup (GPUs, micro-batch x accumulation, global
+  batch, Megatron's distributed optimizer, step time, memory), shown in notebooks 02
+  (step times) and 05 (batch sizes and memory), and in full in the appendix, 09;
+* :func:`plot_check`: :func:`~course_utils.theory.planner.benchmark_comparison` as a
+  picture, predicted / reported for every figure with its tolerance band (notebook 09);
+* :func:`mib_to_gb`: Megatron's and nvidia-smi's "MB" (2**20 bytes) in GB (1e9 bytes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from ..theory.planner import GPT2XL_BENCHMARK, BenchmarkRow, benchmark_comparison
+from ..theory.scaling import GPT2XL_RUNS
+
+__all__ = ["Run", "RUNS", "runs", "runs_table", "tolerance_band", "plot_check", "mib_to_gb"]
+
+_B, _S = GPT2XL_BENCHMARK, GPT2XL_RUNS
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of the benchmark: its setup and what it reported (text as reported, '-' if not)."""
+
+    name: str
+    gpus: int
+    micro_batch: int
+    accumulation: int
+    distributed_optimizer: bool
+    step_time: str
+    memory: str
+    what: str
+
+    @property
+    def global_batch(self) -> int:
+        return self.gpus * self.micro_batch * self.accumulation
+
+
+def mib_to_gb(mib: float) -> float:
+    """``mib`` MiB (2**20 bytes: what Megatron and nvidia-smi print as "MB") in GB (1e9 bytes)."""
+    if isinstance(mib, bool) or not isinstance(mib, (int, float)):
+        raise TypeError(f"mib must be a number of MiB, got {mib!r}")
+    if mib < 0:
+        raise ValueError(f"mib must be >= 0, got {mib!r}")
+    return mib * 2**20 / 1e9
+
+
+_per_gpu_12 = _B["dp8_max_global_batch"] // 8
+_per_gpu_12z = _B["dp8_max_global_batch_distopt"] // 8
+
+#: The runs the course uses, in the benchmark's order (R8-R11 scale the distributed
+#: optimizer from 2 to 8 GPUs; the course uses their end point, R12).
+RUNS: tuple[Run, ...] = (
+    Run("R1", 1, 1, 1, False, "-", f"{_B['r1_used_mib']:,} MiB", "baseline: one sequence, one GPU"),
+    Run("R2", _S["dp"], 1, 1, False,
+        f"R1 + {_S['overhead_batch1_ms']} ms (+{_S['overhead_batch1_share']:.0%})", "about R1's",
+        "R1 data-parallel on 4 GPUs"),
+    Run("R3", 1, _B["max_batch_one_gpu"], 1, False, f"{_B['r3_step_ms']} ms", "-",
+        "the largest micro-batch that fits one GPU"),
+    Run("R4", 1, _B["max_batch_one_gpu"], _S["accum_k"], False, f"{_B['r4_step_ms']} ms", "-",
+        "R3 with 4 micro-batches accumulated"),
+    Run("R5", _S["dp"], _B["max_batch_one_gpu"], 1, False, f"{_B['r5_step_ms']} ms",
+        f"{_B['dp4_batch15_gb']} GB", "R3 data-parallel on 4 GPUs"),
+    Run("R6", _S["dp"], _B["max_batch_one_gpu"], 1, True, "-", f"{_B['dp4_batch15_distopt_gb']} GB",
+        "R5 + distributed optimizer"),
+    Run("R7", 1, _B["max_batch_one_gpu"] + 1, 1, True, "-", "out of memory",
+        "one GPU: no other rank to shard with"),
+    Run("R12", 8, _per_gpu_12, 1, False, "-", "largest that fits", "8 GPUs, plain data parallel"),
+    Run("R12+", 8, _per_gpu_12z, 1, True, "-", "largest that fits", "8 GPUs + distributed optimizer"),
+)
+_BY_NAME = {r.name: r for r in RUNS}
+
+
+def runs(names=None) -> list[Run]:
+    """The :class:`Run` of each name (all of them by default), in the order given."""
+    if names is None:
+        return list(RUNS)
+    if isinstance(names, str):
+        names = names.split()
+    out = []
+    for n in names:
+        if n not in _BY_NAME:
+            raise ValueError(f"no run {n!r}; the runs are {', '.join(_BY_NAME)}")
+        out.append(_BY_NAME[n])
+    if not out:
+        raise ValueError("name at least one run, e.g. runs('R1 R2')")
+    return out
+
+
+def runs_table(names=None) -> str:
+    """The runs as a text table with their setup: GPUs, micro-batch x accumulation steps,
+    global batch, Megatron's distributed optimizer (``--use-distributed-optimizer``; the
+    column is left out when none of the runs uses it), and the step time and memory per
+    GPU as reported ('-' where the run reported none)."""
+    rows = runs(names)
+    dist = any(r.distributed_optimizer for r in rows)
+    head = (f"{'run':<6}{'GPUs':>4}  {'micro x accum':>13}{'global':>8}  " + (f"{'dist. opt.':<11}" if dist else "")
+            + f"{'step time':<19}{'memory per GPU':<19}what changes")
+    out = [head, "-" * (len(head) + 22)]
+    for r in rows:
+        out.append(f"{r.name:<6}{r.gpus:>4}  {f'{r.micro_batch} x {r.accumulation}':>13}{r.global_batch:>8}  "
+                   + (f"{'yes' if r.distributed_optimizer else 'no':<11}" if dist else "")
+                   + f"{r.step_time:<19}{r.memory:<19}{r.what}")
+    out.append("gpt2-xl, sequences of 1024 tokens, Megatron-LM, H100 80 GB, bf16 weights + fp32 gradients "
+               "and Adam (18 B/param).")
+    return "\n".join(out)
+
+
+_TOLERANCES = [
+    (re.compile(r"same (\d+) decimals"), lambda rep, m: (rep - 0.5 * 10 ** -int(m), rep + 0.5 * 10 ** -int(m))),
+    (re.compile(r"within (\d+(?:\.\d+)?)%"), lambda rep, m: (rep * (1 - float(m) / 100), rep * (1 + float(m) / 100))),
+    (re.compile(r"\+-(\d+)"), lambda rep, m: (rep - int(m), rep + int(m))),
+    (re.compile(r"must be < (\d+)"), lambda rep, m: (0.0, float(m))),
+]
+
+
+def tolerance_band(row: BenchmarkRow) -> tuple[float, float]:
+    """The range of predicted values a row accepts, from its tolerance ("same 2 decimals",
+    "within 10%", "+-8", "must be < 10"), in the row's unit."""
+    if not isinstance(row, BenchmarkRow):
+        raise TypeError(f"tolerance_band() takes a planner.BenchmarkRow, got {type(row).__name__}")
+    for pattern, band in _TOLERANCES:
+        m = pattern.search(row.tolerance)
+        if m:
+            return band(row.reported, m.group(1))
+    raise ValueError(f"tolerance {row.tolerance!r} of {row.quantity!r} is none of: same N decimals, "
+                     "within X%, +-N, must be < N")
+
+
+def _short(v: float) -> str:
+    return f"{v:,.2f}".rstrip("0").rstrip(".") if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def plot_check(rows=None):
+    """Every figure of the benchmark as predicted / reported (1 = exact), with the band its
+    tolerance accepts shaded; green if the planner is inside it. Returns the Figure."""
+    from matplotlib.figure import Figure
+
+    rows = benchmark_comparison() if rows is None else list(rows)
+    if not rows or not all(isinstance(r, BenchmarkRow) for r in rows):
+        raise TypeError("plot_check() takes the list of BenchmarkRow of planner.benchmark_comparison()")
+    fig = Figure(figsize=(8.6, 0.34 * len(rows) + 1.5))
+    ax = fig.subplots()
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows):
+        lo, hi = tolerance_band(r)
+        ax.barh(y, (hi - lo) / r.reported, left=lo / r.reported, height=0.8, color="#dddddd", zorder=1)
+        ratio = r.predicted / r.reported
+        ax.plot([1, ratio], [y, y], color="#999999", lw=1, zorder=2)
+        ax.plot(ratio, y, "o", color="#55A868" if r.within else "#C44E52", zorder=3)
+        ax.text(1.62, y, f"{_short(r.reported)} vs {_short(r.predicted)} {r.unit}", va="center", fontsize=7)
+    ax.text(1.62, len(rows) - 0.4, "reported vs predicted", fontsize=7, fontweight="bold")
+    ax.axvline(1, color="black", lw=0.8)
+    ax.set_yticks(ys, [r.quantity for r in rows], fontsize=7)
+    ax.set_xlim(0, 1.6)
+    ax.set_xlabel("predicted / reported (grey: the range the row's tolerance accepts)", fontsize=8)
+    ax.set_title("gpt2-xl on H100: the planner against every reported figure", fontsize=9)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig

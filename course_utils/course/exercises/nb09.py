@@ -1,0 +1,31 @@
+"""Exercise of ``notebooks/09_appendix_forensics.ipynb``: Megatron's weight-and-optimizer figure."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ...harness.grading import Verdict, grade_cases
+
+__all__ = ["check_megatron_states_gb", "megatron_states_gb"]
+
+#: gpt2-xl as Megatron counts it (its "most loaded shard"), and a 7B model.
+_CASES = [
+    dict(num_params=1_555_356_800, dp=1, distributed_optimizer=False),
+    dict(num_params=1_555_356_800, dp=4, distributed_optimizer=False),
+    dict(num_params=1_555_356_800, dp=4, distributed_optimizer=True),
+    dict(num_params=1_555_356_800, dp=8, distributed_optimizer=True),
+    dict(num_params=7_000_000_000, dp=1, distributed_optimizer=True),
+    dict(num_params=7_000_000_000, dp=64, distributed_optimizer=True),
+]
+
+
+def megatron_states_gb(num_params: float, dp: int, distributed_optimizer: bool) -> float:
+    """Reference: GB (1e9 bytes) per GPU of Megatron-LM's "weight and optimizer" figure for
+    bf16 weights with fp32 gradients: 18 bytes per parameter, or 6 + 12/dp with
+    ``--use-distributed-optimizer`` (bf16 weights and the fp32 gradient buffer stay whole;
+    the fp32 master copy and Adam's two moments are sharded over the dp ranks)."""
+    return num_params * ((6 + 12 / dp) if distributed_optimizer else 18) / 1e9
+
+
+def check_megatron_states_gb(fn: Callable) -> Verdict:
+    """Exercise 09.1: ``fn(num_params, dp, distributed_optimizer)`` -> GB per GPU."""
+    return grade_cases(fn, _CASES, megatron_states_gb, name="megatron_states_gb")
