@@ -21,11 +21,11 @@ The subpackages, each allowed to import only those above it in this list:
     ``precision``, ``checkpoint``, ``train`` (the torchrun script), ``grading``.
 ``labs``
     the experiments of notebooks 02 and 05-08: ``overlap``, ``accumulation``, ``fsdp_options``,
-    ``fsdp_wrapping``, ``comparison``, ``hsdp_lab``, ``hangs``, ``deepspeed_config``.
+    ``fsdp_api``, ``fsdp_wrapping``, ``comparison``, ``hsdp_lab``, ``hangs``, ``deepspeed_config``.
 ``course``
     the course around them: ``quiz``, ``questions``, ``quizbank``, ``exercises`` (one
-    module per notebook), ``figures``, ``calculator`` (widgets), ``badges``, ``book``,
-    ``paths``.
+    module per notebook), ``figures``, ``calculator`` (widgets), ``benchmark`` (published runs), ``badges``,
+    ``book``, ``paths``.
 
 ``memory``, ``comm``, ``launch``, ``experiments``, ``config`` and ``train`` at the top
 are the same code under the import paths used before the subpackages existed.

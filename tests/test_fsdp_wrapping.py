@@ -199,6 +199,10 @@ def test_issue_oom(granularity):
     tight = fw.issue_oom(granularity, budget_bytes=granularity.row("per-block")["peak_total"] - 1)
     assert tight.after["fits"] is False
     assert "limit_all_gathers" in rep.table()
+    assert rep.brief().splitlines() == [       # what notebook 07 prints
+        f"root-only: peak {granularity.row('root-only')['peak_total']:,} B of unsharded parameters + "
+        f"buffers, budget {rep.before['budget (B)']:,} B: out of memory at 'copied out (root)'",
+        f"per-block: peak {granularity.row('per-block')['peak_total']:,} B: fits"]
     with pytest.raises(TypeError):
         fw.issue_oom({"rows": []})
     partial = fw.GranularityReport([granularity.row("per-block")], 2, 3, granularity.where, [])
@@ -213,6 +217,9 @@ def test_issue_slow(granularity, strategies):
     assert "SHARD_GRAD_OP: 5 all-gathers/step" in rep.after["vs SHARD_GRAD_OP"]
     assert any("FULL_SHARD 9 all-gathers/step, SHARD_GRAD_OP 5" in n for n in rep.notes)
     assert "(varies)" not in rep.table() and "step ms (varies)" in rep.table(include_time=True)
+    brief = rep.brief().splitlines()
+    assert len(brief) == 3 and "= 101 calls/step" in brief[0] and "= 14 calls/step" in brief[1]
+    assert brief[2].startswith("per-block-zero2 (SHARD_GRAD_OP): 5 all-gathers")
 
 
 def test_issue_inconsistent_init(seeding):
@@ -226,6 +233,9 @@ def test_issue_inconsistent_init(seeding):
     # the gathered embedding: rank 0's rows 0-50 and rank 1's rows 51-100
     assert seeding.before["tok_emb rows each rank's init supplies"] == "rank 0: 51, rank 1: 50 (of 101)"
     assert any("ValueError" in n for n in seeding.notes)
+    brief = seeding.brief().splitlines()
+    assert len(brief) == 3 and brief[0].endswith(" %)") and " % off " in brief[0]
+    assert all(line.count("≤ 1e-6 ✓") == want for line, want in zip(brief[1:], (1, 2)))
 
 
 def test_text_table():

@@ -1,7 +1,9 @@
 """FSDP2's options, each run on N ranks and measured against a prediction computed by code.
 
-Taught in ``notebooks/07_fsdp.ipynb``. Every ``measure_*`` function below launches a small
-real experiment (:func:`course_utils.launch.launch`: gloo ranks on CPU here, NCCL with one
+Notebook 07 (``notebooks/07_fsdp.ipynb``, section 5) shows each option as its own FSDP2
+cell, measured with :mod:`course_utils.labs.fsdp_api`; the functions here are the checked
+versions of those cells, run by ``tests/test_fsdp_options.py``. Every ``measure_*`` function
+below launches a small real experiment (:func:`course_utils.launch.launch`: gloo ranks on CPU here, NCCL with one
 GPU per rank where there are enough GPUs) on the course GPT, sharded the way
 ``course_utils.impl.fsdp``'s ``"torch-fsdp"`` strategy shards it (``fully_shard`` on every block,
 then on the root, which stays gathered from forward to backward; :func:`shard_model`), and
@@ -15,8 +17,7 @@ The options measured, one function each: :func:`measure_mixed_precision`
 :func:`measure_prefetch` (``set_modules_to_forward_prefetch`` /
 ``set_modules_to_backward_prefetch``), :func:`measure_activation_checkpointing`,
 :func:`measure_gradient_clipping` (``clip_grad_norm_`` on DTensor gradients) and
-:func:`measure_gradient_accumulation` (``set_requires_gradient_sync``). What each one
-shows, with its numbers, is in the notebook; ``tests/test_fsdp_options.py`` checks them.
+:func:`measure_gradient_accumulation` (``set_requires_gradient_sync``).
 
 Which units are gathered and where the unsharded gradients wait is read from FSDP2's
 private ``FSDPParamGroup`` (through :mod:`course_utils.runtime.compat`); everything else

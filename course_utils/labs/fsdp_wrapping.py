@@ -877,13 +877,19 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
 @dataclasses.dataclass
 class IssueReport:
     """One of the tutorial's "Common issues", reproduced (``before``) and fixed (``after``):
-    each a dict of measured numbers; ``where`` the run; ``notes`` what to take away."""
+    each a dict of measured numbers; ``where`` the run; ``notes`` what to take away;
+    ``summary`` the same story in at most 4 lines (:meth:`brief`, what the notebook prints)."""
 
     issue: str
     before: dict
     after: dict
     where: str
     notes: list
+    summary: list = dataclasses.field(default_factory=list)
+
+    def brief(self) -> str:
+        """At most 4 lines: the problem measured, and the fix measured."""
+        return "\n".join(self.summary)
 
     def table(self, *, include_time: bool = False) -> str:
         """The before/after numbers side by side, as text; entries marked "(varies)" (step
@@ -915,11 +921,17 @@ def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
                 "budget (B)": budget_bytes, "fits": r["peak_total"] <= budget_bytes,
                 "first event over budget": None if over is None else f"{over[0]} ({over[1]})"}
 
-    return IssueReport("OOM with FSDP", side(coarse), side(fine), report.where,
+    before, after = side(coarse), side(fine)
+    summary = [f"{coarse['granularity']}: peak {coarse['peak_total']:,} B of unsharded parameters + "
+               f"buffers, budget {budget_bytes:,} B: "
+               + ("fits" if before["fits"] else f"out of memory at '{before['first event over budget']}'"),
+               f"{fine['granularity']}: peak {fine['peak_total']:,} B: "
+               + ("fits" if after["fits"] else f"out of memory at '{after['first event over budget']}'")]
+    return IssueReport("OOM with FSDP", before, after, report.where,
                        ["fix: wrap each transformer block (fully_shard per block, or FSDP1's "
                         "auto_wrap_policy); the root then holds only the embeddings",
                         "the tutorial's other fix, limit_all_gathers=True, is an FSDP1 knob "
-                        "(LIMIT_ALL_GATHERS_NOTE says why FSDP2 has none)"])
+                        "(LIMIT_ALL_GATHERS_NOTE says why FSDP2 has none)"], summary)
 
 
 def issue_slow(report: GranularityReport | None = None, strategies: StrategyReport | None = None,
@@ -959,7 +971,18 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
         full, grad_op = strategies.row("FULL_SHARD"), strategies.row("SHARD_GRAD_OP")
         notes.append(f"FSDP1 on {strategies.where}: FULL_SHARD {full['fsdp1']['calls']['all_gather']} "
                      f"all-gathers/step, SHARD_GRAD_OP {grad_op['fsdp1']['calls']['all_gather']}")
-    return IssueReport("Slow training (too much communication)", before, after, report.where, notes)
+    def calls(r):
+        c = r["calls"]
+        return (f"{r['granularity']}: {r['units']} units, {c['all_gather']} all-gathers + "
+                f"{c['reduce_scatter']} reduce-scatters = {sum(c.values())} calls/step for "
+                f"{sum(r['bytes'].values()):,} B")
+
+    summary = [calls(leaf), calls(block),
+               f"{zero2['granularity']} (SHARD_GRAD_OP): {zero2['calls']['all_gather']} all-gathers, "
+               f"{sum(zero2['bytes'].values()):,} B/step, but an unsharded peak of "
+               f"{zero2['peak_total']:,} B instead of {block['peak_total']:,} B"]
+    return IssueReport("Slow training (too much communication)", before, after, report.where, notes,
+                       summary)
 
 
 def _require(report, names) -> None:
@@ -1086,5 +1109,18 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
     if r0["guard lifted"]:
         notes.append("on CPU that check was patched out for the demo so that FSDP1's own "
                      "broadcast (torch's _sync_module_params_and_buffers) ran over gloo")
+    v = {key: verdict(key) for key in ("seed+rank, FSDP2", "seed+rank, FSDP1",
+                                       "same seed for the model, FSDP2",
+                                       "seed+rank, broadcast_from_rank0, FSDP2",
+                                       "seed+rank, FSDP1 sync_module_states=True")}
+    summary = [
+        f"manual_seed(seed + rank), then fully_shard: losses {v['seed+rank, FSDP2']['losses']}, one "
+        f"process {nums(single)}: {v['seed+rank, FSDP2']['max rel. diff from single']} off "
+        f"(FSDP1 without sync_module_states: {v['seed+rank, FSDP1']['max rel. diff from single']})",
+        f"fix 1, the same manual_seed(seed) for the model on every rank: rel. diff from one process "
+        f"{v['same seed for the model, FSDP2']['max rel. diff from single']}",
+        f"fix 2, broadcast_from_rank0 before fully_shard: rel. diff "
+        f"{v['seed+rank, broadcast_from_rank0, FSDP2']['max rel. diff from single']}; fix 3, FSDP1's "
+        f"sync_module_states=True: {v['seed+rank, FSDP1 sync_module_states=True']['max rel. diff from single']}"]
     return IssueReport("Inconsistent results (per-rank seed before building)", before, after,
-                       where(results), notes)
+                       where(results), notes, summary)

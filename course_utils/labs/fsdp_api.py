@@ -1,0 +1,155 @@
+"""Small measuring tools for the FSDP2 cells of ``notebooks/07_fsdp.ipynb``.
+
+The notebook's cells call FSDP2 themselves (``fully_shard``, ``MixedPrecisionPolicy``,
+``CPUOffloadPolicy``, prefetching, ``set_requires_gradient_sync``, DCP...); what they need
+to *see* the effect is here, each a few lines, all used inside a launched rank:
+
+- :func:`batch`: this rank's share of one step of the course data;
+- :class:`HeldParams`: bytes of parameters held unsharded right now (between forward and
+  backward, say), apart from the rank's own shards;
+- :class:`SavedActivations`: bytes of the activations autograd saves for backward;
+- :class:`EventOrder`: the order of all-gathers, reduce-scatters and block forwards;
+- :func:`unsharded_grad_bytes`: gradient bytes FSDP2 keeps unsharded between micro-batches;
+- :func:`state_digest` / :func:`digest`: one hash of the full parameters (and optimizer
+  states), to compare two runs or a run with a file bit for bit.
+
+``course_utils.labs.fsdp_options`` runs the same measurements as checked experiments
+(``tests/test_fsdp_options.py``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..checks import check_int, require_process_group
+from ..harness.experiments import GLOBAL_BATCH, param_digest
+from ..harness.model import SyntheticData
+from ..runtime import compat
+from ..runtime.launch import rank_device
+from ..runtime.ledger import CommLedger
+from . import fsdp_options
+
+__all__ = ["batch", "HeldParams", "SavedActivations", "EventOrder", "unsharded_grad_bytes",
+           "state_digest", "digest"]
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+
+
+def batch(step: int = 0, *, seed: int = 0):
+    """``(x, y)``: this rank's rows of step ``step`` of the course data (global batch
+    :data:`~course_utils.harness.experiments.GLOBAL_BATCH`), on this rank's device."""
+    check_int("step", step, 0)
+    require_process_group("batch")
+    data = SyntheticData(global_batch=GLOBAL_BATCH, seed=seed)
+    x, y = data.shard(step, dist.get_rank(), dist.get_world_size())
+    device = rank_device()
+    return x.to(device), y.to(device)
+
+
+class HeldParams:
+    """``held = HeldParams(model)`` right after sharding remembers the shards' storages;
+    ``held()`` later returns the bytes of the parameter storages registered on the model
+    now that are not those shards: what FSDP2 keeps gathered (or, with an int
+    ``reshard_after_forward``, re-sharded to a smaller group) at that moment."""
+
+    def __init__(self, model: nn.Module):
+        _check_model(model)
+        self.model = model
+        self._shards = {fsdp_options.local_tensor(p).untyped_storage().data_ptr()
+                        for p in model.parameters()}
+
+    def __call__(self) -> int:
+        return fsdp_options._unsharded_param_bytes(self.model, self._shards)
+
+
+class SavedActivations:
+    """``with SavedActivations(model) as saved:`` around a forward: ``saved.bytes`` is then
+    the bytes of the activations autograd saved for backward (each storage once;
+    parameters are left out). Keeps them alive until the block ends."""
+
+    def __init__(self, model: nn.Module):
+        _check_model(model)
+        self.model = model
+        self.bytes = 0
+
+    def __enter__(self) -> "SavedActivations":
+        pack, unpack, self._counts, self._keep = fsdp_options._saved_tensor_counter(self.model)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._hooks.__exit__(*exc)
+        self.bytes = self._counts["activations"]
+        self._keep.clear()
+        return False
+
+
+class EventOrder:
+    """``with EventOrder(model) as order:`` around a forward and backward of a model sharded
+    per block then at the root: ``order.forward`` and ``order.backward`` are the events in
+    the order the CPU issued them, e.g. ``["AG root", "fwd 0", "AG 0", ...]`` (AG/RS: an
+    all-gather/reduce-scatter issued; ``fwd i``: block i's forward starts; ``bwd i``: its
+    backward starts); ``order.gathered`` the most units gathered at once, per phase."""
+
+    def __init__(self, model: nn.Module):
+        _check_model(model)
+        self._ledger = CommLedger()
+        self._events, self.gathered, _, self._watch = fsdp_options._instrument(model, self._ledger)
+
+    def __enter__(self) -> "EventOrder":
+        self._ledger.__enter__()
+        self._watch.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._watch.__exit__(*exc)
+        self._ledger.__exit__(*exc)
+        return False
+
+    def _split(self):
+        text = [e.replace("block", "") for e in self._events]
+        cut = text.index("bwd root") if "bwd root" in text else len(text)
+        return text[:cut], text[cut:]
+
+    @property
+    def forward(self) -> list[str]:
+        return self._split()[0]
+
+    @property
+    def backward(self) -> list[str]:
+        return self._split()[1]
+
+
+def unsharded_grad_bytes(model: nn.Module) -> int:
+    """Bytes of the unsharded gradients FSDP2 holds now (between micro-batches with gradient
+    sync off); 0 once they have been reduce-scattered."""
+    _check_model(model)
+    return compat.fsdp2_unsharded_grad_bytes(model)
+
+
+def digest(tensors: dict) -> str:
+    """SHA-256 of names and bytes of ``{name: tensor}``: equal digests, equal tensors."""
+    if not isinstance(tensors, dict):
+        raise TypeError(f"tensors must be a dict of name -> tensor, got {type(tensors).__name__}")
+    return param_digest({k: t.detach().reshape(-1) for k, t in tensors.items()})
+
+
+def state_digest(model: nn.Module, optimizer=None) -> str | None:
+    """A collective: every rank calls it. On rank 0, the :func:`digest` of the full
+    parameters (names as in the unwrapped model) and, with ``optimizer``, of every optimizer
+    state tensor (``<param>.exp_avg``...); None on the other ranks."""
+    from ..harness.checkpoint import full_state_dict, optimizer_tensors
+
+    _check_model(model)
+    state = full_state_dict(model, optimizer)
+    if not state:
+        return None
+    tensors = dict(state["model"])
+    if optimizer is not None:
+        tensors.update(optimizer_tensors(state["optimizer"]))
+    return digest(tensors)
