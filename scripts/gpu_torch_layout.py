@@ -34,6 +34,7 @@ import sys
 import torch
 
 from course_utils.harness.model import SyntheticData, build_model
+from course_utils.runtime.launch import gpu_count
 from course_utils.theory.config import TransformerConfig
 from course_utils.theory.memory import model_states
 from course_utils.theory.planner import plan
@@ -153,7 +154,7 @@ def measure_gathered_blocks() -> tuple[int, int, int]:
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
+    if not gpu_count():
         print("no CUDA GPU visible: nothing measured. With one GPU this script measures FSDP2's "
               "model states (4 + 4 + 8 B per parameter) and reshard_after_forward=False's gathered "
               "blocks (2 B per parameter) against the planner's torch layout.")
