@@ -33,7 +33,7 @@ NOTEBOOKS = [
      "fully_shard on the course model: wrapping, mixed precision, offload, checkpoints."),
     ("08_beyond_one_box.ipynb", "Beyond one box",
      "Hybrid sharding, DeepSpeed configs, choosing a strategy, torchrun on several nodes."),
-    ("09_appendix_forensics.ipynb", "Appendix: checking the numbers against published runs",
+    ("09_appendix_forensics.ipynb", "Appendix: published runs",
      "Optional: the planner against every figure of a published gpt2-xl benchmark, Megatron's "
      "distributed optimizer, and why memory estimators disagree."),
 ]
