@@ -64,9 +64,10 @@ class Scenario:
         """GB per GPU besides the model states at micro-batch 1: activations + buffers
         (runtime, communication buckets or gathered units, allocator slack). Given: it
         depends only on whether the strategy gathers parameters (ZeRO-3, HSDP) and on
-        full recomputation."""
+        full recomputation (with flash attention, selective recomputation keeps what no
+        recomputation keeps)."""
         choice = as_choice((strategy, "none", recompute))   # a clear error for a bad name
-        return _other_gb(self)[(strategy in _SHARDED_PARAMS, choice.recompute not in (False, "none"))]
+        return _other_gb(self)[(strategy in _SHARDED_PARAMS, choice.recompute == "full")]
 
     def numbers(self) -> str:
         """The scenario's numbers in one line."""
