@@ -7,27 +7,41 @@ STAMP  := $(VENV)/.installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k launch"`.
 PYTEST_ARGS ?=
 
-.PHONY: lab test test-portable test-spawn test-compat test-nb outputs install figures badges book gpu-check clean-venv
+.PHONY: lab install install-test test test-portable test-spawn test-compat test-nb outputs figures badges book gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch==2.13.0 first, and only when no torch is importable: an unpinned torch would
-# pull a multi-GB CUDA build; the package itself asks for torch>=2.10, already satisfied.
-$(STAMP): $(PY) pyproject.toml
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[test]"
+# torch first, and only when no torch is importable (scripts/install_torch.py): without an
+# NVIDIA GPU the CPU build from PyTorch's CPU index (about 200 MB; PyPI's Linux wheel is the
+# CUDA build, several GB), else the default index. TORCH_SPEC (default "torch==2.13.0") and
+# TORCH_INDEX (auto, default, cpu or a URL) choose otherwise. The package itself asks for
+# torch>=2.10, already satisfied, so an installed torch is never replaced.
+$(STAMP): $(PY) pyproject.toml scripts/install_torch.py
+	$(PY) scripts/install_torch.py
+	$(PY) -m pip install -e .
 	@touch $(STAMP)
 
-install: $(STAMP)
+# What a learner needs (make lab); the test tools only for the test targets.
+TEST_STAMP := $(VENV)/.installed-test
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -e ".[test]"
+	@touch $(TEST_STAMP)
 
+install: $(STAMP)
+install-test: $(TEST_STAMP)
+
+# JupyterLab on notebooks/. As root (a container, a cloud shell) it needs --allow-root.
+# LAB_ARGS adds options, e.g. `make lab LAB_ARGS="--no-browser --port 8899"`.
+LAB_ARGS ?=
+ROOT_ARG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: install
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(ROOT_ARG) $(LAB_ARGS) notebooks/
 
 # The notebooks' committed outputs are CPU (gloo) outputs: hide GPUs so nbval compares
 # like with like on any machine. A plain `make test` then runs the portability passes;
 # with a PYTEST_ARGS selection it does not.
-test: install
+test: install-test
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $(PY) -m pytest --durations=10 $(PYTEST_ARGS)
 	$(if $(strip $(PYTEST_ARGS)),,@$(MAKE) --no-print-directory test-portable)
 
@@ -43,7 +57,7 @@ PORTABLE_NB  ?= $(wildcard notebooks/02_*.ipynb notebooks/04_*.ipynb notebooks/0
 # file sets it). Against the outputs committed before they existed, 1 fails 16 of the 18
 # cells that differed on another CPU, 2 fails the other two.
 NUMERIC_ENVS ?= ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE;ATEN_CPU_CAPABILITY=default IPYTHONDIR=$(CURDIR)/tests/ipython_threads COURSE_TEST_THREADS=4
-test-portable: install
+test-portable: install-test
 	@settings='$(NUMERIC_ENVS)'; IFS=';'; for setting in $$settings; do \
 		echo "== nbval under $$setting"; \
 		( IFS=' '; env PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $$setting \
@@ -53,7 +67,7 @@ test-portable: install
 # Every notebook with its ranks spawned (new interpreters) instead of forked, as on macOS
 # and Windows: functions defined in cells must reach the ranks by value. Not part of
 # `make test` (about 14 minutes on 2 cores: each launch starts new interpreters).
-test-spawn: install
+test-spawn: install-test
 	@cat tests/sanitize.cfg tests/sanitize_spawn.cfg > $(VENV)/sanitize_spawn.cfg
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= COURSE_START_METHOD=spawn \
 		$(PY) -m pytest -q tests/test_spawn.py notebooks/ \
@@ -78,20 +92,20 @@ test-compat: $(COMPAT_VENV)/.installed
 		$(if $(filter all,$(NB)),tests notebooks,tests) $(PYTEST_ARGS)
 
 # One notebook: `make test-nb NB=00` (or NB=notebooks/00_orientation.ipynb).
-test-nb: install
+test-nb: install-test
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $(PY) -m pytest $(PYTEST_ARGS) \
 		$(if $(filter notebooks/%,$(NB)),$(NB),$(wildcard notebooks/$(NB)_*.ipynb))
 
 # Re-execute notebooks in place (their committed outputs are what nbval compares):
 # `make outputs` (all) or `make outputs NB=07`.
-outputs: install
+outputs: install-test
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $(PY) scripts/execute_notebooks.py $(NB)
 
 # What only GPUs can check, on the GPUs this machine has (so GPUs stay visible here): NCCL
 # ranks, a training step's GPU memory against memory.per_gpu, every strategy on NCCL vs one
 # process, gloo ranks next to a GPU. One table; non-zero exit if a check fails; with no
 # GPU it says so, lists what it would run, and exits 0.
-gpu-check: install
+gpu-check: install-test
 	$(PY) scripts/gpu_check.py
 
 figures: install

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import io
 
+from ..runtime import widgets
 from ..theory import planner
 from ..theory.config import PRESETS
 from ..theory.memory import GB, RECIPES, STAGE_NAMES, GpuMemory, per_gpu
@@ -50,7 +51,8 @@ class Setting:
             raise ValueError(f"gpu_memory must be one of {list(GPU_MEMORY)}, got {self.gpu_memory!r}")
         if self.model == CUSTOM and not (isinstance(self.custom_billions, (int, float))
                                          and self.custom_billions > 0):
-            raise ValueError("custom_billions must be a positive number of billions of parameters")
+            raise ValueError(f"the custom size must be a positive number of billions of parameters "
+                             f"(e.g. 7 for 7B), got {self.custom_billions!r}")
 
     @property
     def has_architecture(self) -> bool:
@@ -156,8 +158,9 @@ class Calculator:
         style = {"description_width": "120px"}
         self.controls = {
             "model": w.Dropdown(options=list(PRESETS) + [CUSTOM], value=s.model, description="model", style=style),
-            "custom_billions": w.BoundedFloatText(value=s.custom_billions, min=0.001, max=10000, step=0.5,
-                                                  description="custom (billions)", style=style),
+            # A plain FloatText: a bounded one would turn 0 or -3 into its minimum silently.
+            "custom_billions": w.FloatText(value=s.custom_billions, step=0.5, disabled=s.model != CUSTOM,
+                                           description="custom (billions)", style=style),
             "gpus": w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=s.gpus,
                                description="GPUs", style=style),
             "stage": w.ToggleButtons(options=[(STAGE_NAMES[i], i) for i in range(4)], value=s.stage,
@@ -181,11 +184,14 @@ class Calculator:
         self.out = w.Output()
         for c in self.controls.values():
             c.observe(self._changed, names="value")
-        self.box = w.VBox([w.HBox([w.VBox(list(self.controls.values())[:6]),
-                                   w.VBox(list(self.controls.values())[6:])]), self.out])
+        items = list(self.controls.values())
+        # The two columns wrap under each other in a narrow notebook (a side panel open).
+        self.box = w.VBox([w.HBox([w.VBox(items[:6]), w.VBox(items[6:])],
+                                  layout=w.Layout(flex_flow="row wrap")), self.out])
         self._render()
 
     def _changed(self, _):
+        self.controls["custom_billions"].disabled = self.controls["model"].value != CUSTOM
         try:
             self.setting = Setting(**{k: c.value for k, c in self.controls.items()})
         except ValueError as exc:
@@ -206,14 +212,8 @@ class Calculator:
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        got = self.box._repr_mimebundle_(include=include, exclude=exclude)
-        bundle = dict(got[0] if isinstance(got, tuple) else got)
         # Without a widget frontend: a static figure and the text table of this setting.
-        import base64
-
-        bundle["image/png"] = base64.b64encode(_png(plot(self.setting))).decode()
-        bundle["text/plain"] = table(self.setting)
-        return bundle
+        return widgets.bundle(self.box, table(self.setting), {"image/png": _png_b64(plot(self.setting))})
 
 
 def show(setting: Setting | None = None):
@@ -334,7 +334,8 @@ class PlannerWidget:
         for c in self.controls.values():
             c.observe(self._changed, names="value")
         items = list(self.controls.values())
-        self.box = w.VBox([w.HBox([w.VBox(items[:6]), w.VBox(items[6:])]), self.out])
+        self.box = w.VBox([w.HBox([w.VBox(items[:6]), w.VBox(items[6:])],
+                                  layout=w.Layout(flex_flow="row wrap")), self.out])
         self._render()
 
     def _changed(self, _):
@@ -355,11 +356,8 @@ class PlannerWidget:
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        got = self.box._repr_mimebundle_(include=include, exclude=exclude)
-        bundle = dict(got[0] if isinstance(got, tuple) else got)
-        bundle["image/png"] = _png_b64(planner.plot(self.setting.plan()))
-        bundle["text/plain"] = self.setting.text()
-        return bundle
+        return widgets.bundle(self.box, self.setting.text(),
+                              {"image/png": _png_b64(planner.plot(self.setting.plan()))})
 
 
 def planner_widget(setting: PlannerSetting | None = None, **fields) -> PlannerWidget:

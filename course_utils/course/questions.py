@@ -12,6 +12,8 @@ import re
 import string
 from typing import Iterable, Sequence
 
+from ..runtime import widgets
+
 __all__ = ["Feedback", "Question", "SingleChoice", "MultiChoice", "Numeric", "Quiz"]
 
 LETTERS = string.ascii_lowercase
@@ -52,6 +54,10 @@ class Question:
 
     def text(self) -> str:
         return self.prompt
+
+    def answer_text(self) -> str:  # pragma: no cover - abstract
+        """The right answer in words, for a reader who cannot run the check."""
+        raise NotImplementedError
 
     def _right(self, lead: str = "") -> Feedback:
         return Feedback(True, " ".join(x for x in (lead, self.explanation) if x))
@@ -117,6 +123,9 @@ class _Choice(Question):
     def text(self) -> str:
         opts = "\n".join(f"   ({ch}) {opt}" for ch, opt in zip(self.letters, self.options))
         return f"{self.prompt}\n{opts}"
+
+    def answer_text(self) -> str:
+        return ", ".join(f"({c}) {o}" for c, o in zip(self.letters, self.options) if c in self.answer)
 
 
 class SingleChoice(_Choice):
@@ -190,6 +199,12 @@ class Numeric(Question):
         unit = f" (answer in {self.unit})" if self.unit else ""
         return f"{self.prompt}{unit}"
 
+    def answer_text(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        allowed = self._allowed()
+        within = f" (within ±{allowed:g})" if allowed > 1e-9 * max(1.0, abs(self.answer)) else ""
+        return f"{self.answer:g}{unit}{within}"
+
     def parse(self, raw) -> tuple[float | None, str]:
         """The number in ``raw``, or a friendly problem description."""
         if raw is None:
@@ -261,8 +276,8 @@ class Quiz:
             lines.append(f"{i}. {first}")
             lines.extend(rest)
         lines.append("")
-        lines.append("Answer in the form above (JupyterLab/Colab), or from code: "
-                     "quiz.check(<quiz>, <question number>, <answer>).")
+        lines.append("Run this cell to answer in a form with instant feedback (JupyterLab or "
+                     "Colab), or from code: quiz.check(<quiz>, <question number>, <answer>).")
         return "\n".join(lines)
 
     def widget(self):
@@ -270,6 +285,20 @@ class Quiz:
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return self.widget()._repr_mimebundle_(include=include, exclude=exclude)
+
+    def answers_html(self) -> str:
+        """The quiz for a reader without a kernel (the offline book): each question with
+        its options, and its answer and explanation behind a click (``<details>``)."""
+        parts = [f"<div class='course-quiz'><p><b>Quiz: {_esc(self.title)}</b> "
+                 f"({len(self)} questions): answer each, then open its answer.</p>"]
+        for i, q in enumerate(self.questions, 1):
+            first, *rest = q.text().split("\n")
+            opts = "".join(f"<li>{_esc(line.strip())}</li>" for line in rest if line.strip())
+            parts.append(f"<p><b>{i}.</b> {_esc(first)}</p>" + (f"<ul style='list-style:none'>{opts}</ul>" if opts else ""))
+            parts.append(f"<details><summary>Answer</summary><p>{_esc(q.answer_text())}</p>"
+                         + (f"<p>{_esc(q.explanation)}</p>" if q.explanation else "") + "</details>")
+        parts.append("</div>")
+        return "\n".join(parts)
 
     def __repr__(self) -> str:
         return self.text()
@@ -333,12 +362,7 @@ class _QuizForm:
                             f"({len(self.results)} answered)")
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = {}
-        if self.box is not None:
-            got = self.box._repr_mimebundle_(include=include, exclude=exclude)
-            bundle = dict(got[0] if isinstance(got, tuple) else got)
-        bundle["text/plain"] = self.quiz.text()
-        return bundle
+        return widgets.bundle(self.box, self.quiz.text())
 
 
 def _esc(s: str) -> str:

@@ -25,6 +25,7 @@ import io
 import string
 
 from ..checks import check_int
+from ..runtime import widgets
 
 __all__ = ["ring_all_reduce_steps", "bytes_sent_per_rank", "chunk_label", "describe_step",
            "describe_ring", "ring_all_reduce", "draw_ring_step", "draw_ring_sequence",
@@ -318,11 +319,7 @@ class RingStepper:
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        got = self.box._repr_mimebundle_(include=include, exclude=exclude)
-        bundle = dict(got[0] if isinstance(got, tuple) else got)
-        bundle["image/png"] = _png(ring_figure_draw(self.data))
-        bundle["text/plain"] = describe_ring(self.steps)
-        return bundle
+        return widgets.bundle(self.box, describe_ring(self.steps), {"image/png": _png(ring_figure_draw(self.data))})
 
 
 def ring_step_widget(world_size: int = 4) -> RingStepper:
