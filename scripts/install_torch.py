@@ -1,11 +1,12 @@
 """Install torch into this Python for the course, sized for the machine: what `make` runs first.
 
 * A torch that already imports is kept, whatever it is (Colab's, a cluster's CUDA build).
-* Linux or Windows **without an NVIDIA GPU**: the CPU build from PyTorch's CPU wheel index
+* Linux **without an NVIDIA GPU**: the CPU build from PyTorch's CPU wheel index
   (about 200 MB), when that index answers; PyPI's Linux build of the same version is the
   CUDA one, which pulls several GB of ``nvidia-*`` libraries the machine cannot use.
-* With an NVIDIA GPU, and on macOS (PyPI's macOS wheels are CPU/MPS builds): the default
-  index (PyPI, or whatever pip is configured to use).
+* With an NVIDIA GPU, on macOS (PyPI's macOS wheels are CPU/MPS builds) and on Windows
+  (PyPI's Windows wheels are CPU builds): the default index (PyPI, or whatever pip is
+  configured to use).
 * The index cannot be reached (offline, a proxy, a mirror-only network): the default
   index, with a line saying so.
 
@@ -80,6 +81,8 @@ def choose(*, system: str, has_gpu: bool, reachable, spec: str = DEFAULT_SPEC,
         return Choice(spec, index, f"TORCH_INDEX={index}")
     if system == "Darwin":
         return Choice(spec, None, "macOS: PyPI's wheel is the CPU/MPS build")
+    if system == "Windows":
+        return Choice(spec, None, "Windows: PyPI's wheel is the CPU build")
     if has_gpu:
         return Choice(spec, None, "an NVIDIA GPU is present: the default (CUDA) build")
     if reachable(CPU_INDEX):

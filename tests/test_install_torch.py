@@ -31,10 +31,9 @@ class Probe:
         return self.answer
 
 
-@pytest.mark.parametrize("system", ["Linux", "Windows"])
-def test_no_gpu_and_the_cpu_index_answers_gives_the_cpu_build(system):
+def test_linux_without_a_gpu_and_the_cpu_index_answering_gets_the_cpu_build():
     probe = Probe(True)
-    c = it.choose(system=system, has_gpu=False, reachable=probe)
+    c = it.choose(system="Linux", has_gpu=False, reachable=probe)
     assert c.index == it.CPU_INDEX == "https://download.pytorch.org/whl/cpu"
     assert c.pip_args() == ["install", "torch==2.13.0", "--index-url", it.CPU_INDEX]
     assert probe.asked == [it.CPU_INDEX]
@@ -53,9 +52,10 @@ def test_a_gpu_gets_the_default_cuda_build_without_asking_the_cpu_index():
     assert c.index is None and probe.asked == [] and "NVIDIA GPU" in c.reason
 
 
-def test_macos_gets_pypis_wheel():
+@pytest.mark.parametrize("system", ["Darwin", "Windows"])
+def test_macos_and_windows_get_pypis_wheel_which_is_a_cpu_build_there(system):
     probe = Probe(True)
-    c = it.choose(system="Darwin", has_gpu=False, reachable=probe)
+    c = it.choose(system=system, has_gpu=False, reachable=probe)
     assert c.index is None and probe.asked == []
 
 
