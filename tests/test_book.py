@@ -5,9 +5,14 @@ fetched to show the content: the lab template's require.js, MathJax, Mermaid and
 loaders come from CDNs and are dropped), no <link> to a remote resource, and every
 <img> is a data: URI or a file inside the book, except the Open-in-Colab badge (alt text
 "Open In Colab"), a link to an online service by nature.
+
+What a reader sees without a kernel, tested too: each quiz with every answer and its
+explanation behind a click (<details>), each widget's figure and its text table, and text
+outputs never broken inside a word (tables whole, scrolling sideways; prose wraps).
 """
 import html
 import json
+import re
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
@@ -125,3 +130,113 @@ def test_build_validates_its_arguments(tmp_path):
         book.build(tmp_path / "out", root=tmp_path)
     with pytest.raises(TypeError, match="out_dir"):
         book.build(42)
+
+
+# ------------------------------------------------------------ what a reader sees offline
+
+def _quiz_cells():
+    """(notebook path, quiz key) for every notebook whose quiz cell saved an output."""
+    found = []
+    for nb_path in notebook_paths():
+        for cell in json.loads(nb_path.read_text(encoding="utf-8"))["cells"]:
+            m = book._QUIZ_CELL.search("".join(cell["source"]))
+            if cell["cell_type"] == "code" and m and cell.get("outputs"):
+                found.append((nb_path, m.group("key")))
+    return found
+
+
+def test_quizzes_show_their_answers_behind_a_click(built):
+    """A quiz output is the quiz a reader checks without a kernel: every question, and its
+    answer and explanation in a <details> (no script), not the text form pointing to a
+    form that is not there."""
+    from course_utils.course import quiz
+    from course_utils.course.questions import MultiChoice, SingleChoice
+
+    cells = _quiz_cells()
+    assert len(cells) >= 9, cells                      # 00-08 end with a quiz
+    for nb_path, key in cells:
+        page = (built.out_dir / f"{nb_path.stem}.html").read_text(encoding="utf-8")
+        q = quiz.get(key)
+        assert page.count("<details><summary>Answer</summary>") == len(q), nb_path.name
+        assert "Run this cell to answer" not in page, nb_path.name
+        after = page.index('class="course-quiz"')
+        for i, question in enumerate(q.questions, 1):
+            prompt = html.escape(question.prompt.split("`")[0], quote=False)
+            at = page.index(f"<b>{i}.</b> {prompt}", after)
+            details = page[page.index("<details>", at):page.index("</details>", at)]
+            if isinstance(question, (SingleChoice, MultiChoice)):
+                right = [f"({c}) {o}" for c, o in zip(question.letters, question.options) if c in question.answer]
+                for c, o in zip(question.letters, question.options):   # every option is listed
+                    assert f"<div>{html.escape(f'({c}) {o}', quote=False)}</div>" in page[at:], (nb_path.name, i)
+            else:
+                right = [question.answer_text()]
+            for r in right:
+                assert html.escape(r, quote=False) in details, (nb_path.name, i, r)
+            assert html.escape(question.explanation, quote=False).split("`")[0] in details, (nb_path.name, i)
+            after = at
+    page = (built.out_dir / "03_memory_anatomy.html").read_text(encoding="utf-8")
+    assert "<details><summary>Answer</summary><p><b>16 bytes</b></p>" in page   # 03, question 1
+
+
+def _css_rules(page):
+    """(selector, {property: value}) of every CSS rule of the page's <style>s, in order."""
+    css = "\n".join(re.findall(r"<style[^>]*>(.*?)</style>", page, re.S))
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    rules = []
+    for selector, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css):
+        decls = dict((k.strip(), v.strip()) for k, _, v in
+                     (d.partition(":") for d in body.split(";") if ":" in d))
+        rules.append((" ".join(selector.split()), decls))
+    return rules
+
+
+def test_text_outputs_are_not_broken_inside_words(built):
+    """The lab template's `.jp-OutputArea-output pre { word-break: break-all }` cut "states"
+    into "state|s" at the margin; the book's rule, later in the page, keeps lines whole."""
+    for page_path in sorted(built.out_dir.glob("*_*.html")):
+        rules = _css_rules(page_path.read_text(encoding="utf-8"))
+        breaking = [s for s, d in rules if d.get("word-break") == "break-all"]
+        assert set(breaking) <= {".jp-OutputArea-output pre"}, (page_path.name, breaking)
+        last = [d for s, d in rules if s == ".jp-OutputArea-output pre"][-1]
+        assert last["word-break"] == "normal" and last["white-space"] == "pre", page_path.name
+        assert last["overflow-x"] == "auto" and last["overflow-wrap"] == "normal", page_path.name
+        prose = [d for s, d in rules if s == ".jp-OutputArea-output pre .book-prose"]
+        assert prose == [{"white-space": "pre-wrap", "overflow-wrap": "break-word"}], page_path.name
+
+
+def test_prose_lines_wrap_between_words_and_table_lines_stay_whole():
+    text = ("stage      params    grads\n"
+            "DDP         13.48    13.48\n"
+            "------------------------------\n"
+            "  - model states: DeepSpeed&#39;s layout (bf16 parameters)\n"
+            "\n"
+            '<span class="ansi-red-fg">error: x y</span>')
+    lines = book._book_lines(text).split("\n")
+    assert lines[:3] == text.split("\n")[:3]
+    assert lines[3] == '<span class="book-prose">  - model states: DeepSpeed&#39;s layout (bf16 parameters)</span>'
+    assert lines[4:] == ["", '<span class="ansi-red-fg">error: x y</span>']
+
+
+def test_widgets_show_their_figure_and_their_text(built):
+    """A widget output that carries a figure and a text table (the calculator, the planner
+    widget, the ring stepper) shows both offline; a frontend would pick only one."""
+    seen = 0
+    for nb_path in notebook_paths():
+        page = (built.out_dir / f"{nb_path.stem}.html").read_text(encoding="utf-8")
+        for cell in json.loads(nb_path.read_text(encoding="utf-8"))["cells"]:
+            for out in cell.get("outputs", []):
+                data = out.get("data", {})
+                if not {"application/vnd.jupyter.widget-view+json", "image/png", "text/plain"} <= set(data):
+                    continue
+                seen += 1
+                png = "".join(data["image/png"]).strip()
+                text = "".join(data["text/plain"]).splitlines()
+                at = page.index(f"data:image/png;base64,{png[:200]}")     # the figure ...
+                for line in (text[0], text[-1]):                          # ... then the table
+                    assert html.escape(line, quote=False) in page[at:], (nb_path.name, line)
+    assert seen >= 3, seen          # the ring stepper (01), the calculator (03), the planner (08)
+    page = (built.out_dir / "03_memory_anatomy.html").read_text(encoding="utf-8")
+    cell = page[page.index("calculator</span><span class=\"o\">.</span><span class=\"n\">show"):]
+    cell = cell[:cell.index('<div class="jp-Cell ')]
+    assert "data:image/png;base64," in cell and "stage      params    grads" in cell
+    assert "fits in 80 GB: ZeRO-1, ZeRO-2, ZeRO-3" in cell

@@ -27,10 +27,14 @@ def test_every_figure_is_shown_by_some_notebook():
 
 
 def test_saving_is_deterministic_and_detects_stale_data(tmp_path, monkeypatch):
-    first = {p.stem: p.read_bytes() for p in figures.make_all(tmp_path)}
-    assert set(first) == set(figures.FIGURES)
-    for name, blob in first.items():
-        assert figures.save(name, tmp_path).read_bytes() == blob, name
+    first = {p.name: p.read_bytes() for p in figures.make_all(tmp_path)}
+    assert set(first) == {f"{n}.{fmt}" for n in figures.FIGURES for fmt in ("svg", "png")}
+    for name in figures.FIGURES:
+        for p in figures.save(name, tmp_path):           # the SVG and the PNG, byte for byte
+            assert p.read_bytes() == first[p.name], p.name
+        png = first[f"{name}.png"]
+        assert png.startswith(b"\x89PNG") and b"Matplotlib" not in png, name   # no version stamp
+        assert f"data-sha256={figures.data_hash(name)}".encode() in png, name
     assert figures.stale(tmp_path) == {}
     data_fn, draw_fn = figures.FIGURES["zero_stages"]
 
@@ -42,6 +46,36 @@ def test_saving_is_deterministic_and_detects_stale_data(tmp_path, monkeypatch):
     monkeypatch.setitem(figures.FIGURES, "zero_stages", (changed, draw_fn))
     assert "other data" in figures.stale(tmp_path)["zero_stages"]
     assert "missing" in figures.stale(tmp_path / "nowhere")["zero_stages"]
+    monkeypatch.undo()
+    (tmp_path / "zero_stages.png").unlink()                # an SVG without its PNG is stale
+    assert "zero_stages.png is missing" in figures.stale(tmp_path)["zero_stages"]
+
+
+def test_committed_pngs_are_sharp_and_show_displays_them_at_svg_width(monkeypatch):
+    """show() displays the committed PNG (an untrusted notebook and GitHub draw it; an SVG
+    output they do not), as wide in CSS pixels as the SVG, with a short text form."""
+    import base64
+    import re
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.append((a, k)))
+    for name in figures.FIGURES:
+        png = figures.path(name, fmt="png").read_bytes()
+        svg = figures.path(name).read_text(encoding="utf-8")
+        svg_pt = float(re.search(r'<svg[^>]* width="([0-9.]+)pt"', svg).group(1))
+        px = int.from_bytes(png[16:20], "big")
+        assert px == round(svg_pt / 72 * figures.DPI), name           # same drawing, DPI dots/inch
+        figures.show(name)
+        (bundle,), kwargs = shown.pop()
+        assert bundle == {"image/png": base64.b64encode(png).decode(), "text/plain": f"figure: {name}"}
+        assert kwargs["raw"] is True
+        assert abs(kwargs["metadata"]["image/png"]["width"] - svg_pt * 96 / 72) <= 1, name   # CSS px
+    committed = figures.path("zero_stages", fmt="png").read_bytes()
+    monkeypatch.setattr(figures, "VIS_DIR", figures.VIS_DIR / "nowhere")   # no vis/: drawn live
+    figures.show("zero_stages")
+    (bundle,), _ = shown.pop()
+    assert bundle["text/plain"] == "figure: zero_stages"
+    assert base64.b64decode(bundle["image/png"]) == committed
 
 
 def test_zero_stages_data_comes_from_the_calculator():

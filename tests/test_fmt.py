@@ -55,3 +55,34 @@ def test_ratio_of_measured_values_or_not_measured():
 
     assert ratio(5_833_800, 3_889_160) == "1.50" and ratio(1, 3, digits=3) == "0.333"
     assert ratio(None, 3) == ratio(3, None) == ratio(3, 0) == NOT_MEASURED   # macOS, NCCL
+
+
+
+def test_plural_says_1_rank_and_2_ranks():
+    assert fmt.plural(1, "rank") == "1 rank"
+    assert [fmt.plural(n, "rank") for n in (0, 2, 4)] == ["0 ranks", "2 ranks", "4 ranks"]
+    assert fmt.plural(1, "GPU") == "1 GPU" and fmt.plural(8, "GPU") == "8 GPUs"
+    assert fmt.plural(2, "process") == "2 processes" and fmt.plural(3, "micro-batch") == "3 micro-batches"
+    assert fmt.plural(1, "gloo rank") == "1 gloo rank"
+    assert fmt.plural(2, "child", "children") == "2 children" and fmt.plural(1, "child", "children") == "1 child"
+    assert fmt.plural(torch.tensor(3), "rank") == "3 ranks"        # an int-like count
+    for bad in (1.0, True, "1", None):
+        with pytest.raises(TypeError, match="count"):
+            fmt.plural(bad, "rank")
+    with pytest.raises(ValueError, match="noun"):
+        fmt.plural(2, "")
+
+
+def test_labels_that_count_ranks_say_1_rank():
+    """Where a printed label counts ranks, GPUs or nodes, 1 is singular ("zero1, 1 ranks" was not)."""
+    from course_utils.course.exercises.nb08 import CAPSTONE_SCENARIOS
+    from course_utils.labs.fsdp_options import _group_sizes
+    from course_utils.runtime.launch import where
+
+    assert where(1, "gloo") == "1 rank, gloo on CPU" and where(3, "gloo") == "3 ranks, gloo on CPU"
+    assert where(1, "gloo", backend_first=True) == "1 gloo rank on CPU"
+    assert where(2, "gloo", backend_first=True) == "2 gloo ranks on CPU"
+    assert where(1, "nccl", backend_first=True) == "1 NCCL rank, one GPU each"
+    assert _group_sizes([4, 4, 1]) == "2 over 4 ranks, 1 over 1 rank"
+    one_gpu = [s for s in CAPSTONE_SCENARIOS if s.gpus == 1]
+    assert one_gpu and all("N = 1 GPU (1 node x 1)" in s.numbers() for s in one_gpu)

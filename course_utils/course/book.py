@@ -14,13 +14,20 @@ Offline-safe by construction (nbconvert's ``lab`` template, trimmed):
   jupyter-widgets loaders, all fetched from CDNs, are dropped. The notebooks use no
   LaTeX math and no Mermaid; a notebook that adds ``$...$`` math would show it as raw
   TeX here;
-* widget outputs (quizzes, the calculator, sliders) are shown as their text form,
-  which every course widget carries (``text/plain``); their interactive forms need a
-  live kernel (``make lab`` or Colab);
-* images are inline: SVG outputs as SVG, PNG outputs as ``data:`` URIs, CSS inlined.
-
-What stays online-only: the Open-in-Colab badge image and its link at the top of each
-page (without a network the badge shows its alt text, "Open In Colab").
+* a quiz (the output of a cell ``quiz.show("NN")``) is shown as a quiz a reader can
+  check without a kernel: its questions and options, each answer and explanation
+  behind a click (:meth:`~course_utils.course.questions.Quiz.answers_html`, a
+  ``<details>`` element: no script);
+* other widget outputs (the calculator, the planner, the ring stepper) show their
+  static form, every part of it: the figure (``image/png``) and the text table
+  (``text/plain``) one after the other, where a notebook frontend would pick one. Their
+  interactive forms need a live kernel (``make lab`` or Colab);
+* text outputs are never broken inside a word: the lab template's ``word-break:
+  break-all`` (which cut "states" into "state|s" at the right margin) is overridden.
+  A line of a table (columns apart by two or more spaces) stays whole and scrolls
+  sideways when wider than the page, so tables stay aligned; a line of prose wraps
+  between words (:func:`_book_lines`);
+* images are inline: PNG outputs as ``data:`` URIs, SVG outputs as SVG, CSS inlined.
 """
 from __future__ import annotations
 
@@ -32,13 +39,16 @@ import re
 import shutil
 from pathlib import Path
 
-from . import paths
+from . import paths, quiz
 from .badges import ROOT, notebook_paths
 
 __all__ = ["BOOK_DIR", "Page", "Book", "build", "main"]
 
 BOOK_DIR = ROOT / "_build" / "book"
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_QUIZ_CELL = re.compile(r"""\bquiz\.show\(\s*["'](?P<key>[^"']+)["']\s*\)""")
+_COLUMNS = re.compile(r"\S {2,}\S")   # a line of a table: columns apart by 2+ spaces
+_WORDS = re.compile(r"\S \S")          # a line of prose: words apart by one space
 _VIS_REF = re.compile(r"(?P<prefix>\.\./|\./)?vis/(?P<file>[A-Za-z0-9_.-]+\.(?:svg|png))")
 _TEMPLATE = "course_book.html.j2"
 _TEMPLATE_SOURCE = """{%- extends 'lab/index.html.j2' -%}
@@ -49,7 +59,32 @@ _TEMPLATE_SOURCE = """{%- extends 'lab/index.html.j2' -%}
 {%- block extra_css -%}<style type="text/css">
 nav.book-nav { max-width: 1100px; margin: 0.6em auto; font-family: var(--jp-ui-font-family);
                display: flex; justify-content: space-between; gap: 1em; }
+.course-quiz details { margin: 0.2em 0 0.8em 1.5em; }
+.course-quiz summary { cursor: pointer; color: var(--jp-content-link-color, #1976d2); }
 </style>{%- endblock extra_css -%}
+{%- block html_head_css -%}{{ super() }}<style type="text/css">
+/* after the lab template's CSS, which breaks text outputs anywhere ("state|s"): keep
+   every line whole, so tables stay aligned and scroll sideways when wider than the
+   page; a line of prose (book_lines) wraps between words */
+.jp-OutputArea-output pre { white-space: pre; word-break: normal; overflow-wrap: normal;
+                            word-wrap: normal; overflow-x: auto; }
+.jp-OutputArea-output pre .book-prose { white-space: pre-wrap; overflow-wrap: break-word; }
+</style>{%- endblock html_head_css -%}
+{% block stream_stdout -%}
+<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="text/plain">
+<pre>{{- output.text | ansi2html | book_lines -}}</pre>
+</div>
+{%- endblock stream_stdout %}
+{% block stream_stderr -%}
+<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="application/vnd.jupyter.stderr">
+<pre>{{- output.text | ansi2html | book_lines -}}</pre>
+</div>
+{%- endblock stream_stderr %}
+{%- block data_text scoped %}
+<div class="jp-RenderedText jp-OutputArea-output {{ extra_class }}" data-mime-type="text/plain">
+<pre>{{- output.data['text/plain'] | ansi2html | book_lines -}}</pre>
+</div>
+{%- endblock -%}
 {%- block body_header -%}{{ super() }}{{ resources.book_nav }}{%- endblock body_header -%}
 {% block body_footer %}{{ resources.book_nav }}{{ super() }}{% endblock body_footer %}
 """
@@ -97,13 +132,62 @@ def _sequence(root: Path) -> list[tuple[str, str, str, Path | None]]:
     return out
 
 
+def _book_lines(text_html: str) -> str:
+    """A text output (HTML from ``ansi2html``) with each line of prose (words with single
+    spaces between them) marked ``book-prose``, which wraps between words. A line aligned
+    in columns (two or more spaces inside it), a rule (``-----``) or a coloured (ANSI)
+    line is left as it is: whole, scrolling sideways if wider than the page."""
+    return "\n".join(f'<span class="book-prose">{line}</span>'
+                     if _WORDS.search(line) and not _COLUMNS.search(line) and "<" not in line
+                     else line for line in text_html.split("\n"))
+
+
 def _heading(notebook: str, title: str) -> str:
     return f"{notebook[:2]} · {title}"
 
 
+def _quiz_html(source: str, data: dict) -> str | None:
+    """The quiz with its answers (HTML) if ``data`` is the output of ``quiz.show("NN")``."""
+    match = _QUIZ_CELL.search(source)
+    if not match or not str(data.get("text/plain", "")).startswith("Quiz:"):
+        return None
+    try:
+        return quiz.get(match.group("key")).answers_html()
+    except ValueError:             # not a quiz of the bank: keep its text form
+        return None
+
+
+def _offline_outputs(cell) -> list:
+    """The outputs of ``cell`` as a page without a kernel shows them: a quiz as its
+    questions with answers behind a click, another widget as its static form, every
+    part of it (HTML or text, and a figure: one output each, since a page draws only one
+    mime type of an output), anything else as saved."""
+    outputs = []
+    for out in cell.get("outputs", []):
+        data = out.get("data")
+        if data is None or _WIDGET_VIEW not in data:
+            outputs.append(out)
+            continue
+        del data[_WIDGET_VIEW]
+        html_form = _quiz_html("".join(cell.source), data)
+        if html_form is not None:
+            data.clear()
+            data["text/html"] = html_form
+        parts = [m for m in ("text/html", "image/png", "text/plain") if m in data]
+        if "text/html" in parts and "text/plain" in parts:   # HTML is the richer text form
+            parts.remove("text/plain")
+        for mime in parts:
+            part = copy.copy(out)
+            part.data = {mime: data[mime]}
+            part.metadata = {mime: out.metadata[mime]} if mime in out.get("metadata", {}) else {}
+            outputs.append(part)
+    return outputs
+
+
 def _offline_notebook(nb, vis_dir: Path, out_dir: Path, copied: set):
-    """A copy of ``nb`` ready for offline HTML: widget views replaced by their text form,
-    figures referenced from ``vis/`` copied next to the pages and re-pointed."""
+    """A copy of ``nb`` ready for offline HTML: quizzes and widgets in their static forms
+    (:func:`_offline_outputs`), figures referenced from ``vis/`` copied next to the pages
+    and re-pointed."""
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
@@ -118,15 +202,7 @@ def _offline_notebook(nb, vis_dir: Path, out_dir: Path, copied: set):
                 return f"vis/{src.name}"
             cell.source = _VIS_REF.sub(repoint, "".join(cell.source))
         elif cell.cell_type == "code":
-            outputs = []
-            for out in cell.get("outputs", []):
-                data = out.get("data")
-                if data is not None and _WIDGET_VIEW in data:
-                    del data[_WIDGET_VIEW]
-                    if not data:           # a widget with no text form: nothing to show offline
-                        continue
-                outputs.append(out)
-            cell.outputs = outputs
+            cell.outputs = _offline_outputs(cell)
     return nb
 
 
@@ -178,8 +254,8 @@ notebooks (<code>make lab</code>, or the Open-in-Colab badge at the top of each 
 <ol start="0">
 {body}
 </ol>
-<p><small>Quizzes and widgets appear here as text; their interactive forms need a running
-notebook.</small></p>
+<p><small>Each quiz appears with its answers behind a click, each widget as its figure and
+its text; their interactive forms need a running notebook.</small></p>
 </body>
 </html>
 """
@@ -211,6 +287,7 @@ def build(out_dir: Path | str = BOOK_DIR, *, root: Path | str = ROOT) -> Book:
              for name, title, line, src in sequence]
     exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({_TEMPLATE: _TEMPLATE_SOURCE})])
     exporter.template_file = _TEMPLATE
+    exporter.register_filter("book_lines", _book_lines)
     copied: set = set()
     for i, ((name, title, _line, src), page) in enumerate(zip(sequence, pages)):
         if src is None:

@@ -5,13 +5,16 @@ the notebook that teaches it (``figures.show(name)``): ``collectives`` and
 ``ring_all_reduce`` in 01, ``ddp_redundancy`` and ``memory_vs_gpus`` in 03,
 ``zero3_timeline`` and ``comm_table`` in 06. A figure is two
 functions: ``data()`` returns the numbers it draws (plain JSON-able values, computed by
-``course_utils``), ``draw(data)`` returns a matplotlib figure. The SVG written to
-``vis/`` carries the SHA-256 of that data in its metadata, so
-``tests/test_figures.py`` can tell when a committed figure no longer matches the
-code, without comparing pixels (which change with matplotlib versions).
+``course_utils``), ``draw(data)`` returns a matplotlib figure. Each figure is written
+twice to ``vis/``, from the same drawing: an SVG (what markdown cells and the README
+reference) and a PNG at :data:`DPI` dots per inch (what ``show`` displays: a notebook
+opened untrusted, and GitHub, draw a PNG output but not an SVG one). Both carry the
+SHA-256 of the data in their metadata, so ``tests/test_figures.py`` can tell when a
+committed figure no longer matches the code, without comparing pixels (which change
+with matplotlib versions). Both are byte-identical from one run to the next.
 
 Add a figure: write ``_<name>_data`` and ``_<name>_draw``, register them in
-``FIGURES``, run ``make figures``, commit the SVG.
+``FIGURES``, run ``make figures``, commit the SVG and the PNG.
 """
 from __future__ import annotations
 
@@ -23,11 +26,16 @@ from typing import Callable
 
 from ..theory.memory import GB, STAGE_NAMES, model_states
 
-__all__ = ["FIGURES", "VIS_DIR", "data", "data_hash", "draw", "save", "make_all",
-           "stale", "show", "path"]
+__all__ = ["FIGURES", "VIS_DIR", "DPI", "FORMATS", "data", "data_hash", "draw", "save",
+           "make_all", "stale", "show", "path", "png_bytes"]
 
 VIS_DIR = Path(__file__).resolve().parents[2] / "vis"
-_HASH_RE = re.compile(r"data-sha256=([0-9a-f]{64})")
+_HASH_RE = re.compile(rb"data-sha256=([0-9a-f]{64})")
+#: Resolution of the PNGs: sharp text on a high-density screen, displayed at CSS size.
+DPI = 150
+#: The files each figure is written as, in ``vis/<name>.<format>``.
+FORMATS = ("svg", "png")
+_CSS_DPI = 96   # CSS pixels per inch: an 8-inch figure shows 768 px wide, as its SVG does
 
 
 # ------------------------------------------------------------------- zero_stages
@@ -267,7 +275,7 @@ def _memory_vs_gpus_draw(d: dict):
         for n, v in zip(gpus, s["total_GB"]):
             if n in (gpus[2], gpus[-1]):
                 ax.annotate(f"{v:.3g}", (n, v), textcoords="offset points",
-                            xytext=(-12, -12) if s["stage"] == 3 else (0, 6),
+                            xytext=(-12, -12) if s["stage"] == 3 and n != gpus[-1] else (0, 6),
                             ha="center", fontsize=7.5, color=color)
         if 0 < s["floor_GB"] < s["total_GB"][0]:
             ax.axhline(s["floor_GB"], color=color, linestyle=":", linewidth=1)
@@ -279,7 +287,7 @@ def _memory_vs_gpus_draw(d: dict):
     ax.set_ylabel("GB per GPU (1 GB = 10^9 bytes)")
     ax.set_ylim(0, max(d["stages"][0]["total_GB"]) * 1.15)
     ax.set_title(f"Model states per GPU vs N: {d['num_params'] / 1e9:g}B parameters, "
-                 "mixed-precision Adam (2 + 2 + 12 bytes/param); ZeRO-3 alone falls as 1/N", fontsize=9)
+                 "mixed-precision Adam (2 + 2 + 12 bytes/param)\nZeRO-3 alone falls as 1/N", fontsize=9)
     ax.legend(fontsize=8, frameon=False, loc="center right")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -444,10 +452,12 @@ def _check(name: str) -> None:
         raise ValueError(f"unknown figure {name!r}; known figures: {sorted(FIGURES)}")
 
 
-def path(name: str, vis_dir: Path | str | None = None) -> Path:
-    """Where figure ``name`` lives (``vis/<name>.svg``)."""
+def path(name: str, vis_dir: Path | str | None = None, fmt: str = "svg") -> Path:
+    """Where figure ``name`` lives: ``vis/<name>.svg`` (``fmt="png"``: ``vis/<name>.png``)."""
     _check(name)
-    return Path(vis_dir or VIS_DIR) / f"{name}.svg"
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    return Path(vis_dir or VIS_DIR) / f"{name}.{fmt}"
 
 
 def data(name: str) -> dict:
@@ -469,54 +479,88 @@ def draw(name: str):
     return draw_fn(data_fn())
 
 
-def save(name: str, vis_dir: Path | str | None = None) -> Path:
-    """Draw ``name`` and write it as a deterministic SVG tagged with its data hash."""
+def _metadata(name: str, fmt: str) -> dict:
+    """Metadata that makes the file deterministic (no date, no version) and tags its data."""
+    tag = {"Title": name, "Description": f"data-sha256={data_hash(name)}"}
+    return {**tag, "Software": None} if fmt == "png" else {**tag, "Date": None, "Creator": None}
+
+
+def png_bytes(fig, name: str) -> bytes:
+    """``fig`` (figure ``name``) as deterministic PNG bytes at :data:`DPI`."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata=_metadata(name, "png"))
+    return buf.getvalue()
+
+
+def save(name: str, vis_dir: Path | str | None = None) -> list[Path]:
+    """Draw ``name`` once and write it as a deterministic SVG and PNG, each tagged with
+    its data hash; returns their paths (``vis/<name>.svg``, ``vis/<name>.png``)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    target = path(name, vis_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    targets = [path(name, vis_dir, fmt) for fmt in FORMATS]
+    targets[0].parent.mkdir(parents=True, exist_ok=True)
     with matplotlib.rc_context({"svg.hashsalt": "zero-to-fsdp", "svg.fonttype": "none"}):
         fig = draw(name)
-        fig.savefig(target, format="svg", metadata={
-            "Date": None, "Creator": None,
-            "Title": name, "Description": f"data-sha256={data_hash(name)}"})
+        fig.savefig(targets[0], format="svg", metadata=_metadata(name, "svg"))
+        targets[1].write_bytes(png_bytes(fig, name))
     plt.close(fig)
-    return target
+    return targets
 
 
 def make_all(vis_dir: Path | str | None = None) -> list[Path]:
-    """Redraw every registered figure (``make figures``)."""
-    return [save(name, vis_dir) for name in FIGURES]
+    """Redraw every registered figure (``make figures``): every file written."""
+    return [p for name in FIGURES for p in save(name, vis_dir)]
 
 
 def stale(vis_dir: Path | str | None = None) -> dict[str, str]:
-    """Figures whose committed SVG is missing or drawn from other data: name -> why."""
+    """Figures whose committed SVG or PNG is missing or drawn from other data: name -> why."""
     problems = {}
     for name in FIGURES:
-        p = path(name, vis_dir)
-        if not p.exists():
-            problems[name] = f"{p} is missing: run `make figures`"
-            continue
-        m = _HASH_RE.search(p.read_text(encoding="utf-8"))
-        if not m:
-            problems[name] = f"{p} carries no data hash: run `make figures`"
-        elif m.group(1) != data_hash(name):
-            problems[name] = f"{p} was drawn from other data than the code gives now: run `make figures`"
+        for fmt in FORMATS:
+            p = path(name, vis_dir, fmt)
+            if not p.exists():
+                problems[name] = f"{p} is missing: run `make figures`"
+                break
+            m = _HASH_RE.search(p.read_bytes())
+            if not m:
+                problems[name] = f"{p} carries no data hash: run `make figures`"
+                break
+            if m.group(1).decode() != data_hash(name):
+                problems[name] = f"{p} was drawn from other data than the code gives now: run `make figures`"
+                break
     return problems
 
 
-def show(name: str):
-    """Display figure ``name`` in a notebook (the committed SVG; drawn live if absent)."""
-    from IPython.display import SVG, display
+def _png_width(png: bytes) -> int:
+    """Pixel width of a PNG (its IHDR chunk)."""
+    return int.from_bytes(png[16:20], "big")
 
-    p = path(name)
+
+def show(name: str):
+    """Display figure ``name`` in a notebook: the committed PNG (drawn live if absent),
+    as wide as its SVG, with ``figure: <name>`` as its text form. A PNG output renders
+    in an untrusted notebook, on GitHub and in the offline book; an SVG output does not."""
+    import base64
+
+    from IPython.display import display
+
+    p = path(name, fmt="png")
     if p.exists():
-        display(SVG(filename=str(p)))
+        png = p.read_bytes()
     else:  # e.g. a non-editable install without the repo's vis/ folder
-        display(draw(name))
+        import matplotlib.pyplot as plt
+
+        fig = draw(name)
+        png = png_bytes(fig, name)
+        plt.close(fig)
+    width = round(_png_width(png) * _CSS_DPI / DPI)
+    display({"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"figure: {name}"},
+            raw=True, metadata={"image/png": {"width": width}})
 
 
 if __name__ == "__main__":  # python -m course_utils.course.figures  (what `make figures` runs)

@@ -287,16 +287,26 @@ class Quiz:
         return self.widget()._repr_mimebundle_(include=include, exclude=exclude)
 
     def answers_html(self) -> str:
-        """The quiz for a reader without a kernel (the offline book): each question with
-        its options, and its answer and explanation behind a click (``<details>``)."""
+        """The quiz for a reader without a kernel (the offline book): each question,
+        numbered, with its options one per line as (a), (b), ..., and its answer and
+        explanation behind a click (``<details><summary>Answer</summary>``). Text is
+        HTML-escaped; `backticks` become ``<code>``."""
         parts = [f"<div class='course-quiz'><p><b>Quiz: {_esc(self.title)}</b> "
                  f"({len(self)} questions): answer each, then open its answer.</p>"]
         for i, q in enumerate(self.questions, 1):
             first, *rest = q.text().split("\n")
-            opts = "".join(f"<li>{_esc(line.strip())}</li>" for line in rest if line.strip())
-            parts.append(f"<p><b>{i}.</b> {_esc(first)}</p>" + (f"<ul style='list-style:none'>{opts}</ul>" if opts else ""))
-            parts.append(f"<details><summary>Answer</summary><p>{_esc(q.answer_text())}</p>"
-                         + (f"<p>{_esc(q.explanation)}</p>" if q.explanation else "") + "</details>")
+            opts = "".join(f"<div>{_esc(line.strip())}</div>" for line in rest if line.strip())
+            if isinstance(q, _Choice):     # each right option on its own line
+                right = [f"({c}) {o}" for c, o in zip(q.letters, q.options) if c in q.answer]
+            else:
+                right = [q.answer_text()]
+            parts.append(
+                f"<div class='course-quiz-question'><p><b>{i}.</b> {_esc(first)}</p>"
+                + (f"<div class='course-quiz-options' style='margin-left:1.5em'>{opts}</div>" if opts else "")
+                + "<details><summary>Answer</summary>"
+                + f"<p><b>{'<br>'.join(_esc(r) for r in right)}</b></p>"
+                + (f"<p>{_esc(q.explanation)}</p>" if q.explanation else "")
+                + "</details></div>")
         parts.append("</div>")
         return "\n".join(parts)
 
@@ -366,8 +376,7 @@ class _QuizForm:
 
 
 def _esc(s: str) -> str:
+    """``s`` as HTML text: escaped, `code` in backticks as ``<code>``, stray backticks dropped."""
     import html
 
-    return html.escape(s).replace("`", "")
-
-
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(s)).replace("`", "")

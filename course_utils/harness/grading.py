@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..runtime.fmt import num as _num
+from ..runtime.fmt import plural
 from ..runtime.fmt import show as _show
 from ..runtime.launch import LaunchError, LaunchTimeout, launch
 
@@ -118,13 +119,13 @@ def launch_or_report(fn: Callable, world_size: int, *args, timeout_s: float, qui
     try:
         return launch(fn, world_size, *args, backend=GRADER_BACKEND, timeout_s=timeout_s, quiet=quiet)
     except LaunchTimeout as exc:
-        print(f"{world_size} ranks: ranks {exc.rank} and maybe others never finished within "
+        print(f"{plural(world_size, 'rank')}: rank {exc.rank} and maybe others never finished within "
               f"{timeout_s:g} s. Do all ranks call the same collectives in the same order?")
     except LaunchError as exc:
         if exc.exc_type is None:     # killed by a signal (e.g. gloo aborted it): no Python error
-            print(f"{world_size} ranks: {str(exc).splitlines()[0]}")
+            print(f"{plural(world_size, 'rank')}: {str(exc).splitlines()[0]}")
         else:
-            print(f"{world_size} ranks: rank {exc.rank} raised {exc.exc_type}: "
+            print(f"{plural(world_size, 'rank')}: rank {exc.rank} raised {exc.exc_type}: "
                   f"{str(exc).splitlines()[0].split(': ', 1)[-1]}")
     return None
 

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..impl.common import DEFAULT_BUCKET_BYTES
+from ..runtime.fmt import plural
 from ..runtime.launch import gpu_count
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG, PRESETS, TransformerConfig
@@ -154,7 +155,7 @@ def _setup(spec: strategies.Strategy, timeout_s: float):
     rank, world = dist.get_rank(), dist.get_world_size()
     nodes = max(1, world // max(local_world, 1))
     kind = "NCCL" if use_gpu else "gloo on CPU"
-    ranks = f"{world} rank{'s' if world > 1 else ''}"
+    ranks = plural(world, "rank")
     where = f"{ranks} on {nodes} nodes, {kind}" if nodes > 1 else f"{ranks}, {kind}"
     return rank, world, device, where
 

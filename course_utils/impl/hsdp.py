@@ -35,6 +35,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from ..checks import check_int, require_process_group
+from ..runtime.fmt import plural
 from . import fsdp
 
 __all__ = ["DEFAULT_SHARDS", "MESH_DIM_NAMES", "mesh_shape", "mesh_groups", "make_mesh",
@@ -55,7 +56,7 @@ def mesh_shape(world_size: int, shards: int = DEFAULT_SHARDS) -> tuple[int, int]
     check_int("shards", shards, 1)
     if world_size % shards:
         fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(f"HSDP needs world_size divisible by shards: {world_size} ranks cannot form "
+        raise ValueError(f"HSDP needs world_size divisible by shards: {plural(world_size, 'rank')} cannot form "
                          f"groups of {shards}; use shards in {fits} (or a world size that "
                          f"{shards} divides)")
     return world_size // shards, shards

@@ -36,6 +36,7 @@ from ..checks import check_int
 from ..harness import experiments
 from ..harness.strategies import STRATEGIES
 from ..harness.strategies import get as get_strategy
+from ..runtime.fmt import plural
 
 __all__ = ["Row", "Comparison", "compare", "PEAK_NOTE"]
 
@@ -212,5 +213,5 @@ def compare(world_size: int = 4, *, steps: int = 3, strategies=None, seed: int =
                         state["optimizer"], comm, calls, max(r.step_time_s for r in results),
                         max(peaks) if peaks else None))
         if not quiet:
-            print(f"{name}: done on {n} rank(s)")
+            print(f"{name}: done on {plural(n, 'rank')}")
     return Comparison(tuple(rows), world_size, steps, where or "one process", rel)

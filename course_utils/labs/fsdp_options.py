@@ -45,7 +45,7 @@ from ..impl import fsdp
 from ..impl.fsdp import (calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_state_bytes,
                          fsdp_units, local_tensor, message_numels)
 from ..runtime import compat
-from ..runtime.fmt import num, sci
+from ..runtime.fmt import num, plural, sci
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG
@@ -509,7 +509,7 @@ def _reshard_prediction(setting, world_size: int) -> dict:
 def _group_sizes(sizes: list) -> str:
     """'5 over 4 ranks, 4 over 2 ranks': how many collectives ran on groups of each size."""
     counts = {n: sizes.count(n) for n in sorted(set(sizes), reverse=True)}
-    return ", ".join(f"{c} over {n} ranks" for n, c in counts.items())
+    return ", ".join(f"{c} over {plural(n, 'rank')}" for n, c in counts.items())
 
 
 def _groups(groups: list) -> str:

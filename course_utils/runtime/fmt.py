@@ -21,9 +21,10 @@ The exact checks (bitwise where they hold, a tolerance elsewhere) live in the te
 from __future__ import annotations
 
 import math
+import operator
 
 __all__ = ["SIG", "LOSS_RTOL", "GRAD_ATOL", "num", "nums", "sci", "bound", "above", "near", "ratio",
-           "losses_match", "max_abs_diff", "max_rel_diff", "show"]
+           "losses_match", "max_abs_diff", "max_rel_diff", "show", "plural"]
 
 #: Significant digits of a measured float (a loss, a norm) in a notebook's output.
 SIG = 3
@@ -140,6 +141,24 @@ def losses_match(losses, reference, rtol: float = LOSS_RTOL) -> str:
         raise ValueError(f"need two equally long, non-empty loss lists, got "
                          f"{len(losses)} and {len(reference)}")
     return bound(max_rel_diff(losses, reference), rtol)
+
+
+def plural(n, noun: str, nouns: str | None = None) -> str:
+    """A count and its noun, in the plural unless the count is 1: ``plural(1, "rank") ==
+    "1 rank"``, ``plural(4, "rank") == "4 ranks"``, ``plural(0, "GPU") == "0 GPUs"``,
+    ``plural(2, "process") == "2 processes"``; ``nouns`` is an irregular plural. Every
+    label and message of the course that counts something says it through this."""
+    if isinstance(n, bool):
+        raise TypeError("n must be a count (an int), got bool")
+    try:
+        n = operator.index(n)              # an int, a numpy or 0-d tensor int; not a float
+    except TypeError:
+        raise TypeError(f"n must be a count (an int), got {type(n).__name__}") from None
+    if not isinstance(noun, str) or not noun.strip():
+        raise ValueError(f"noun must be a non-empty str, got {noun!r}")
+    if nouns is None:
+        nouns = noun + ("es" if noun.endswith(("s", "x", "ch", "sh")) else "s")
+    return f"{n} {noun if n == 1 else nouns}"
 
 
 def show(value) -> str:

@@ -49,6 +49,7 @@ from datetime import timedelta
 from typing import Callable
 
 from ..checks import check_int, check_timeout
+from .fmt import plural
 
 __all__ = [
     "launch",
@@ -130,8 +131,8 @@ def resolve_backend(world_size: int, backend: str = "auto") -> str:
         return "nccl" if gpus >= world_size else "gloo"
     if backend == "nccl" and gpus < world_size:
         raise ValueError(
-            f"backend='nccl' needs one GPU per rank: {world_size} ranks but {gpus} GPU(s) "
-            "visible. Use backend='gloo' (CPU) or fewer ranks."
+            f"backend='nccl' needs one GPU per rank: {plural(world_size, 'rank')} but "
+            f"{plural(gpus, 'GPU')} visible. Use backend='gloo' (CPU) or fewer ranks."
         )
     return backend
 
@@ -220,11 +221,10 @@ def where(ranks, backend: str | None = None, *, backend_first: bool = False) -> 
         if isinstance(ranks, int):
             raise TypeError("where(world_size, backend): a world size needs its backend")
         backend = ranks.backend
-    plural = "rank" if n == 1 else "ranks"
     if backend_first:
-        return (f"{n} NCCL {plural}, one GPU each" if backend == "nccl"
-                else f"{n} gloo {plural} on CPU")
-    return f"{n} {plural}, {backend_label(backend)}"
+        return (plural(n, "NCCL rank") + ", one GPU each" if backend == "nccl"
+                else plural(n, "gloo rank") + " on CPU")
+    return f"{plural(n, 'rank')}, {backend_label(backend)}"
 
 
 def _why_spawn() -> str:
@@ -683,7 +683,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
         if interrupted or sys.exc_info()[0] is not None:
             shutil.rmtree(workdir, ignore_errors=True)
     if interrupted:
-        raise KeyboardInterrupt(f"launch interrupted: all {world_size} ranks were stopped") from None
+        stopped = "its 1 rank was" if world_size == 1 else f"all {plural(world_size, 'rank')} were"
+        raise KeyboardInterrupt(f"launch interrupted: {stopped} stopped") from None
 
     try:
         base = [os.path.join(workdir, f"rank{r}") for r in range(world_size)]

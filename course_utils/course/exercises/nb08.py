@@ -15,6 +15,7 @@ import math
 from typing import Callable
 
 from ...harness.grading import Verdict
+from ...runtime.fmt import plural
 from ...theory.config import preset
 from ...theory.memory import GB
 from ...theory.planner import NEAR_TIE, Choice, Plan, as_choice, plan, recommend
@@ -73,7 +74,8 @@ class Scenario:
         """The scenario's numbers in one line."""
         nics = "one per GPU" if self.nics_per_node is None else str(self.nics_per_node)
         o = _other_gb(self)
-        return (f"Ψ = {self.params:,}, N = {self.gpus} GPUs ({self.nodes} node(s) x {self.gpus_per_node}) of "
+        return (f"Ψ = {self.params:,}, N = {plural(self.gpus, 'GPU')} ({plural(self.nodes, 'node')} "
+                f"x {self.gpus_per_node}) of "
                 f"{self.gpu_mem_gb:g} GB, NICs per node: {nics}; other GB at micro-batch 1: "
                 f"DDP/ZeRO-1/ZeRO-2 {o[(False, False)]:.2f} (recompute {o[(False, True)]:.2f}), "
                 f"ZeRO-3/HSDP {o[(True, False)]:.2f} (recompute {o[(True, True)]:.2f})")
