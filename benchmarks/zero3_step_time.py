@@ -27,16 +27,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--models", default="course,wide")
     args = ap.parse_args()
-    variants = [("ddp", True, "ddp"), ("zero3", True, "zero3 prefetch"),
-                ("zero3", False, "zero3 no prefetch")]
+    # (strategy, its options, label): only zero3 has the overlap (prefetch) option
+    variants = [("ddp", {"overlap": True}, "ddp"), ("zero3", {"overlap": True}, "zero3 prefetch"),
+                ("zero3", {"overlap": False}, "zero3 no prefetch")]
     if "torch-fsdp" in STRATEGIES:
-        variants.append(("torch-fsdp", True, "torch-fsdp"))
+        variants.append(("torch-fsdp", {}, "torch-fsdp"))
     for name in args.models.split(","):
         config = MODELS[name]
         times = {label: [] for _, _, label in variants}
         for _ in range(args.repeat):
-            for strategy, overlap, label in variants:
-                times[label].append(step_time(strategy, config, args.ranks, args.steps, overlap=overlap))
+            for strategy, options, label in variants:
+                times[label].append(step_time(strategy, config, args.ranks, args.steps, **options))
         ddp = statistics.median(times["ddp"])
         print(f"model {name} ({args.ranks} ranks, median of {args.repeat} runs x {args.steps} steps)")
         for _, _, label in variants:

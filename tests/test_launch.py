@@ -18,6 +18,14 @@ from course_utils.runtime.launch import (LaunchError, LaunchTimeout, RankResults
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
 
+@pytest.fixture(params=["fork", "forkserver"])
+def each_start_method(request, monkeypatch):
+    """The failure tests, with ranks forked from here (Linux, CI) and from the forkserver
+    (macOS; Linux after CUDA or a backward next to a GPU): reported the same way."""
+    monkeypatch.setenv("COURSE_START_METHOD", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_results_in_rank_order(world_size):
     out = launch(rank_fns.rank_and_sum, world_size, quiet=True)
@@ -111,22 +119,29 @@ def test_start_method_can_be_forced_from_the_environment(monkeypatch, capsys):
     assert launch(rank_sum, 2).start_method == "spawn"
     assert "spawned as new interpreters" in capsys.readouterr().out     # ...a launch does
     monkeypatch.setenv("COURSE_START_METHOD", "forkserver")
-    with pytest.raises(ValueError, match="COURSE_START_METHOD must be 'fork' or 'spawn'"):
+    assert choose_start_method() == "forkserver"
+    assert launch(rank_sum, 2).start_method == "forkserver"
+    assert ("forked from a preloaded forkserver (COURSE_START_METHOD=forkserver)"
+            in capsys.readouterr().out)
+    monkeypatch.setenv("COURSE_START_METHOD", "fork-server")
+    with pytest.raises(ValueError, match="COURSE_START_METHOD must be one of fork, forkserver, spawn"):
         choose_start_method()
 
 
-def test_a_backward_next_to_a_gpu_makes_ranks_spawn(monkeypatch):
+def test_a_backward_next_to_a_gpu_makes_ranks_start_from_the_forkserver(monkeypatch):
     """On an H200 with torch 2.11, a backward in the caller (even on the CPU) started
     autograd's GPU threads, and every forked rank then failed its first backward
     ("Unable to handle autograd's threading in combination with fork-based
-    multiprocessing"): the launcher must spawn then. Here (no GPU) the probe is stood in."""
+    multiprocessing"): the launcher must not fork the caller then, and uses the forkserver
+    (a fresh process: the caller's threads are not in it). Here (no GPU) the probe is
+    stood in."""
     from course_utils.runtime import launch as launch_mod
 
     monkeypatch.delenv("COURSE_START_METHOD", raising=False)
     x = torch.ones(2, requires_grad=True)
     (x * x).sum().backward()
-    if launch_mod.gpu_count():      # measured on the H200: the probe sees it, ranks spawn
-        assert not launch_mod.autograd_survives_fork() and choose_start_method() == "spawn"
+    if launch_mod.gpu_count():      # measured on the H200: the probe sees it
+        assert not launch_mod.autograd_survives_fork() and choose_start_method() == "forkserver"
         return
     assert launch_mod.autograd_survives_fork()          # no GPU threads on this machine
     assert choose_start_method() == "fork"
@@ -134,8 +149,10 @@ def test_a_backward_next_to_a_gpu_makes_ranks_spawn(monkeypatch):
     assert choose_start_method() == "fork"              # the real probe: still fine here
     monkeypatch.setattr(launch_mod, "_AUTOGRAD_FORK_BROKEN", True)
     assert not launch_mod.autograd_survives_fork()
-    assert choose_start_method() == "spawn"
-    assert launch_mod._why_spawn() == "a backward ran here next to a GPU: forked ranks could not run one"
+    assert choose_start_method() == "forkserver"
+    assert describe_plan(2, "gloo", "forkserver") == (
+        "launch: 2 ranks, gloo on CPU, forked from a preloaded forkserver "
+        "(a backward ran here next to a GPU: forked ranks could not run one)")
     monkeypatch.setattr(launch_mod, "gpu_count", lambda: 0)
     assert choose_start_method() == "fork"              # without a GPU, never asked
 
@@ -164,6 +181,7 @@ def test_output_is_printed_in_rank_order_with_prefix(capsys):
         f"[rank {r}] warned" for r in range(4)]
 
 
+@pytest.mark.usefixtures("each_start_method")
 def test_rank_that_raises_is_reported_within_seconds():
     def fn():
         if dist.get_rank() == 1:
@@ -179,6 +197,7 @@ def test_rank_that_raises_is_reported_within_seconds():
     assert "Traceback" in err.rank_traceback
 
 
+@pytest.mark.usefixtures("each_start_method")
 def test_every_rank_raising_reports_the_lowest_rank():
     def fn():
         raise RuntimeError("same everywhere")
@@ -189,6 +208,7 @@ def test_every_rank_raising_reports_the_lowest_rank():
         assert info.value.rank == 0
 
 
+@pytest.mark.usefixtures("each_start_method")
 def test_hanging_rank_is_killed_at_the_timeout():
     def fn():
         if dist.get_rank() == 2:
@@ -204,6 +224,7 @@ def test_hanging_rank_is_killed_at_the_timeout():
     assert "in fn" in str(info.value)  # where each rank was stuck
 
 
+@pytest.mark.usefixtures("each_start_method")
 def test_crashing_rank_without_python_error_is_reported():
     def fn():
         if dist.get_rank() == 1:
@@ -215,6 +236,7 @@ def test_crashing_rank_without_python_error_is_reported():
     assert info.value.rank == 1 and "signal 9" in str(info.value)
 
 
+@pytest.mark.usefixtures("each_start_method")
 def test_unpicklable_return_value_is_a_clear_error():
     def fn():
         return lambda: 0
@@ -223,11 +245,13 @@ def test_unpicklable_return_value_is_a_clear_error():
         launch(fn, 2, quiet=True)
 
 
+@pytest.mark.usefixtures("each_start_method")
 def test_ten_launches_in_a_row():
     for i in range(10):
         assert launch(rank_fns.rank_and_sum, 2, quiet=True) == [(0, 3.0), (1, 3.0)]
 
 
+@pytest.mark.usefixtures("each_start_method")
 def test_env_reaches_the_ranks():
     def fn():
         return os.environ["COURSE_TEST_VAR"], os.environ["WORLD_SIZE"], torch.get_num_threads()
@@ -241,7 +265,7 @@ def test_env_reaches_the_ranks():
     (dict(world_size=2, backend="mpi"), ValueError, "backend must be one of"),
     (dict(world_size=2, backend="nccl"), ValueError, "one GPU per rank"),
     (dict(world_size=2, timeout_s=0), ValueError, "timeout_s must be a positive"),
-    (dict(world_size=2, start_method="forkserver"), ValueError, "start_method must be"),
+    (dict(world_size=2, start_method="fork-server"), ValueError, "start_method must be"),
     (dict(world_size=2, env={"A": 1}), TypeError, "env must be a dict"),
 ])
 def test_bad_arguments_get_clear_errors(kwargs, exc, words):
@@ -264,7 +288,7 @@ def test_auto_backend_uses_nccl_only_with_a_gpu_per_rank(monkeypatch):
     assert resolve_backend(4, "gloo") == "gloo"
 
 
-def _script(body: str, tmp_path) -> subprocess.Popen:
+def _script(body: str, tmp_path, start_method: str = "fork") -> subprocess.Popen:
     # Python ignores SIGINT if it started ignored (a job started with `&`, as CI may be):
     # handle it as a notebook kernel does, whatever this process inherited.
     code = textwrap.dedent(f"""
@@ -276,7 +300,8 @@ def _script(body: str, tmp_path) -> subprocess.Popen:
         {body}
     """)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, COURSE_START_METHOD=start_method))
 
 
 def _wait_for_pids(pid_dir, n, timeout=30):
@@ -300,9 +325,11 @@ def _all_gone(pids, timeout=10):
     return False
 
 
-def test_interrupt_kills_the_ranks(tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_interrupt_kills_the_ranks(tmp_path, start_method):
     """The kernel's Stop button sends SIGINT: the launch stops and no rank survives."""
-    proc = _script(f"launch(rank_fns.write_pid_then_sleep, 3, {str(tmp_path)!r}, timeout_s=300)", tmp_path)
+    proc = _script(f"launch(rank_fns.write_pid_then_sleep, 3, {str(tmp_path)!r}, timeout_s=300)", tmp_path,
+                   start_method)
     pids = _wait_for_pids(tmp_path, 3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
@@ -310,15 +337,19 @@ def test_interrupt_kills_the_ranks(tmp_path):
     assert _all_gone(pids), "a rank survived the interrupt"
 
 
-def test_ranks_die_with_a_killed_parent(tmp_path):
-    proc = _script(f"launch(rank_fns.write_pid_then_sleep, 2, {str(tmp_path)!r}, timeout_s=300)", tmp_path)
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_ranks_die_with_a_killed_parent(tmp_path, start_method):
+    """A kernel killed outright: its forked ranks die with it; under a forkserver, the
+    server sees its parent gone and exits, and the ranks die with the server."""
+    proc = _script(f"launch(rank_fns.write_pid_then_sleep, 2, {str(tmp_path)!r}, timeout_s=300)", tmp_path,
+                   start_method)
     pids = _wait_for_pids(tmp_path, 2)
     proc.kill()
     proc.communicate(timeout=30)
     assert _all_gone(pids), "a rank outlived its killed parent"
 
 
-@pytest.mark.parametrize("world_size,start_method", [(4, "fork"), (2, "spawn")])
+@pytest.mark.parametrize("world_size,start_method", [(4, "fork"), (2, "forkserver"), (2, "spawn")])
 def test_a_launch_listens_on_loopback_only(world_size, start_method):
     """A demo opens nothing to the network: no rendezvous store listening on every
     interface (the ranks meet through a file), and gloo's sockets on loopback."""

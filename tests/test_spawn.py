@@ -1,6 +1,6 @@
-"""Demos and graders with the start method forced to spawn, as macOS and Windows always
-run them: functions defined where the learner defines them (a notebook cell, here a test
-body) travel to the new interpreters by value."""
+"""Demos and graders with ranks started as on macOS (from a forkserver) and Windows
+(spawned): functions defined where the learner defines them (a notebook cell, here a test
+body) travel to the ranks by value."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,18 +13,21 @@ from course_utils.runtime.launch import describe_plan, launch
 from course_utils.runtime.magics import ranks
 
 
-@pytest.fixture(autouse=True)
-def forced_spawn(monkeypatch):
-    monkeypatch.setenv("COURSE_START_METHOD", "spawn")
+@pytest.fixture(autouse=True, params=["forkserver", "spawn"])
+def forced_method(request, monkeypatch):
+    monkeypatch.setenv("COURSE_START_METHOD", request.param)
+    return request.param
 
 
-def test_a_demo_prints_what_it_prints_when_forked(capsys, monkeypatch):
+def test_a_demo_prints_what_it_prints_when_forked(capsys, monkeypatch, forced_method):
     launch(collectives.demo_all_reduce, 4)
     spawned = capsys.readouterr().out.splitlines()
+    plan = describe_plan(4, "gloo", forced_method)     # says why: COURSE_START_METHOD=...
+    assert plan.endswith(f"(COURSE_START_METHOD={forced_method})")
     monkeypatch.setenv("COURSE_START_METHOD", "fork")
     launch(collectives.demo_all_reduce, 4)
     forked = capsys.readouterr().out.splitlines()
-    assert spawned[0] == describe_plan(4, "gloo", "spawn")
+    assert spawned[0] == plan
     assert spawned[1:] == forked[1:] and len(spawned) == 5
 
 

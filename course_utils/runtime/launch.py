@@ -10,10 +10,14 @@ cell behaves like the body of a ``torchrun`` script:
   ``world_size`` GPUs, and gloo on CPU otherwise (laptops, CI, one-GPU Colab);
 * on Linux, when CUDA is not initialised in the caller (and, with a GPU visible, no
   backward there has started autograd's GPU threads), ranks are *forked* from the
-  caller (about 0.1 s for 4 ranks); otherwise (macOS, Windows, CUDA touched) they are
-  *spawned* as new interpreters (a few seconds), and ``fn`` and its arguments travel to
-  them *by value* with ``cloudpickle``, so a function defined in a notebook cell runs
-  either way (``COURSE_START_METHOD=spawn`` forces spawning, e.g. to test that);
+  caller (about 0.1 s for 4 ranks). Where forking the caller is unsafe (macOS; Linux
+  with CUDA or autograd's GPU threads started) they are forked from a *forkserver*: a
+  fresh process, started once, that has imported torch and ``course_utils`` and nothing
+  else (the first launch pays about a second for it, later ones about as little as a
+  fork). Only where no forkserver exists (Windows) are they *spawned* as new
+  interpreters (a few seconds each launch). Under a forkserver or spawn, ``fn`` and its
+  arguments travel *by value* with ``cloudpickle``, so a function defined in a notebook
+  cell runs either way (``COURSE_START_METHOD=fork|forkserver|spawn`` forces one);
 * what each rank prints is captured and shown afterwards in rank order, prefixed with
   the rank, so the output of a cell is the same on every run;
 * a rank that raises fails the launch within a fraction of a second with a
@@ -58,6 +62,8 @@ __all__ = [
     "RankResults",
     "resolve_backend",
     "choose_start_method",
+    "START_METHODS",
+    "FORKSERVER_PRELOAD",
     "autograd_survives_fork",
     "rank_device",
     "describe_plan",
@@ -137,33 +143,63 @@ def resolve_backend(world_size: int, backend: str = "auto") -> str:
     return backend
 
 
-#: Environment variable that overrides the automatic start method ("fork" or "spawn").
+#: Environment variable that overrides the automatic start method.
 START_METHOD_ENV = "COURSE_START_METHOD"
+START_METHODS = ("fork", "forkserver", "spawn")
+#: What the forkserver imports once, before it forks any rank: never anything that
+#: initialises CUDA (importing torch does not; ``torch.cuda.is_available()`` would).
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "course_utils.runtime.launch"]
+#: The longest AF_UNIX socket path: 104 bytes on macOS and the BSDs, 108 on Linux. The
+#: forkserver listens on ``$TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX`` (34 bytes more).
+_SUN_PATH_MAX = 108 if sys.platform.startswith("linux") else 104
+_forkserver_broken: str | None = None      # why the forkserver failed here, once it has
+
+
+def _available(method: str) -> bool:
+    return method in mp.get_all_start_methods()
 
 
 def choose_start_method() -> str:
-    """``"fork"`` on Linux while CUDA is not initialised in this process and a forked
-    child can still run backward (:func:`autograd_survives_fork`, asked only when a GPU is
-    visible), else ``"spawn"``; ``COURSE_START_METHOD=spawn`` (or ``fork``) in the
-    environment overrides it.
+    """How ranks start: ``"fork"``, ``"forkserver"`` or ``"spawn"``.
 
-    Forking is fast; CUDA does not survive a fork, so once this process has touched the
-    GPU we must spawn (and macOS and Windows always spawn). Nor do autograd's GPU threads:
-    after a backward in this process next to a visible GPU, forked ranks cannot run one.
+    * ``"fork"`` on Linux while CUDA is not initialised in this process and a forked
+      child can still run backward (:func:`autograd_survives_fork`, asked only when a GPU
+      is visible): the fastest, and what CI runs.
+    * else ``"forkserver"`` where the platform has one (macOS, Linux): ranks are forked
+      from a fresh server process that preloaded torch (:data:`FORKSERVER_PRELOAD`), so
+      neither this process's CUDA state nor its threads reach them, and Apple's frameworks
+      never see a fork of a multi-threaded notebook kernel;
+    * else ``"spawn"`` (Windows; or a forkserver that failed here: :func:`_why_not_fork`).
+
+    ``COURSE_START_METHOD=fork|forkserver|spawn`` in the environment overrides it.
     """
     forced = os.environ.get(START_METHOD_ENV, "").strip()
     if forced:
-        if forced not in ("fork", "spawn"):
-            raise ValueError(f"{START_METHOD_ENV} must be 'fork' or 'spawn', got {forced!r}")
-        if forced == "fork" and "fork" not in mp.get_all_start_methods():
-            raise ValueError(f"{START_METHOD_ENV}=fork: this platform ({sys.platform}) cannot fork")
+        if forced not in START_METHODS:
+            raise ValueError(f"{START_METHOD_ENV} must be one of {', '.join(START_METHODS)}, got {forced!r}")
+        if not _available(forced):
+            raise ValueError(f"{START_METHOD_ENV}={forced}: this platform ({sys.platform}) "
+                             f"has no {forced} start method")
         return forced
     import torch
 
     if sys.platform.startswith("linux") and not torch.cuda.is_initialized() and \
             (gpu_count() == 0 or autograd_survives_fork()):
         return "fork"
+    if _available("forkserver") and _forkserver_problem() is None:
+        return "forkserver"
     return "spawn"
+
+
+def _forkserver_problem() -> str | None:
+    """Why a forkserver cannot be used here, or None."""
+    if _forkserver_broken:
+        return _forkserver_broken
+    need = len(tempfile.gettempdir()) + len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+    if need >= _SUN_PATH_MAX:
+        return (f"the temporary folder's path is too long for the forkserver's socket "
+                f"({need} of {_SUN_PATH_MAX - 1} bytes: set TMPDIR to a short folder, e.g. /tmp)")
+    return None
 
 
 _AUTOGRAD_FORK_BROKEN = False       # once broken in this process, it stays broken
@@ -227,11 +263,14 @@ def where(ranks, backend: str | None = None, *, backend_first: bool = False) -> 
     return f"{plural(n, 'rank')}, {backend_label(backend)}"
 
 
-def _why_spawn() -> str:
-    if os.environ.get(START_METHOD_ENV, "").strip() == "spawn":
-        return f"{START_METHOD_ENV}=spawn"
+def _why_not_fork() -> str:
+    """Why ranks are not forked from this process, in a few words."""
+    forced = os.environ.get(START_METHOD_ENV, "").strip()
+    if forced in ("forkserver", "spawn"):
+        return f"{START_METHOD_ENV}={forced}"
     if not sys.platform.startswith("linux"):
-        return f"{sys.platform} cannot fork safely"
+        return (f"{sys.platform} cannot fork a kernel safely" if _available("fork")
+                else f"{sys.platform} cannot fork")
     import torch
 
     if torch.cuda.is_initialized():
@@ -241,10 +280,27 @@ def _why_spawn() -> str:
     return "asked for"
 
 
-def describe_plan(world_size: int, backend: str, method: str) -> str:
-    """The one line ``launch`` prints: how many ranks, which backend, fork or spawn."""
-    how = "forked from this process" if method == "fork" else "spawned as new interpreters"
-    return f"launch: {where(world_size, backend)}, {how}"
+def _why_spawn() -> str:
+    """Why ranks are spawned: why not forked, and why not from a forkserver."""
+    why = _why_not_fork()
+    problem = None if why.startswith(START_METHOD_ENV) else (
+        "no forkserver on this platform" if not _available("forkserver") else _forkserver_problem())
+    return f"{why}; {problem}" if problem else why
+
+
+_HOW = {"fork": "forked from this process",
+        "forkserver": "forked from a preloaded forkserver",
+        "spawn": "spawned as new interpreters"}
+
+
+def describe_plan(world_size: int, backend: str, method: str, why: str | None = None) -> str:
+    """The one line ``launch`` prints: how many ranks, which backend, how they start and,
+    unless they are forked from this process, why (``why``, or worked out here)."""
+    if method not in _HOW:
+        raise ValueError(f"method must be one of {START_METHODS}, got {method!r}")
+    if why is None and method != "fork":
+        why = _why_not_fork() if method == "forkserver" else _why_spawn()
+    return f"launch: {where(world_size, backend)}, {_HOW[method]}" + (f" ({why})" if why else "")
 
 
 def rank_device():
@@ -275,11 +331,45 @@ class _Config:
     timeout_s: float
     workdir: str
     env: dict
+    #: forkserver: the caller's environment and folder now (the server holds the ones it
+    #: started with), so a rank sees what a forked one would
+    caller_env: dict | None = None
+    caller_cwd: str | None = None
+
+
+def _release_forkserver() -> None:
+    """In a rank forked by the forkserver: close the forkserver's "a client is alive" pipe
+    that multiprocessing hands every child (so that a child could start processes of its
+    own). While a rank holds it, the server outlives a killed kernel, and the ranks, which
+    die with the server, outlive it too."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+
+
+def _watch_parent() -> None:
+    """macOS (no PR_SET_PDEATHSIG): a daemon thread ends this rank once its parent (the
+    kernel, or the forkserver, which ends with the kernel) is gone."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="course-watch-parent", daemon=True).start()
 
 
 def _die_with_parent() -> None:
-    """Linux: ask the kernel to SIGKILL this rank if the launching process dies."""
+    """Ask the OS to end this rank if the process that started it dies."""
     if not sys.platform.startswith("linux"):
+        if os.name == "posix":
+            _watch_parent()
         return
     try:
         import ctypes
@@ -334,18 +424,19 @@ class _ByValue:
         self.payload = payload
 
     @classmethod
-    def pack(cls, fn: Callable, args: tuple, rank_kwargs: list) -> "_ByValue":
+    def pack(cls, fn: Callable, args: tuple, rank_kwargs: list, method: str = "spawn") -> "_ByValue":
+        why = _why_not_fork() if method == "forkserver" else _why_spawn()
         try:
             import cloudpickle
         except ImportError:
-            raise LaunchError(f"ranks are spawned here ({_why_spawn()}) and need cloudpickle to "
+            raise LaunchError(f"ranks are {_HOW[method]} here ({why}) and need cloudpickle to "
                               "receive fn: pip install cloudpickle", rank=None) from None
 
         try:
             return cls(cloudpickle.dumps((fn, args, rank_kwargs)))
         except Exception as exc:
             raise LaunchError(
-                f"ranks are spawned here ({_why_spawn()}), so fn and its arguments are sent to "
+                f"ranks are {_HOW[method]} here ({why}), so fn and its arguments are sent to "
                 f"them by value, but {getattr(fn, '__qualname__', fn)!r} or an argument cannot "
                 f"be serialised ({type(exc).__name__}: {exc}). Pass plain values and tensors, "
                 "and leave out what belongs to this process (open files, locks, sockets).",
@@ -360,8 +451,18 @@ class _ByValue:
 def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict) -> None:
     if signal.getsignal(signal.SIGINT) is _hold_interrupt:  # forked inside _interrupts_held
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if cfg.caller_env is not None:                  # forked by the forkserver
+        _release_forkserver()
     _die_with_parent()
     base = os.path.join(cfg.workdir, f"rank{rank}")
+    with open(base + ".started", "wb"):             # the launcher tells a rank that never
+        pass                                         # ran from one that failed
+    if cfg.caller_env is not None:
+        os.environ.clear()
+        os.environ.update(cfg.caller_env)
+    if cfg.caller_cwd is not None:
+        with contextlib.suppress(OSError):
+            os.chdir(cfg.caller_cwd)
     _redirect_output(base + ".out", base + ".err")
     if hasattr(signal, "SIGUSR1"):  # the launcher asks a hung rank for its stack
         stack_file = open(base + ".stack", "wb", buffering=0)
@@ -589,8 +690,9 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
         env: extra environment variables for the ranks
             (e.g. ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}``).
         quiet: do not print the one-line plan before the ranks' output.
-        start_method: ``"auto"`` (see :func:`choose_start_method`), ``"fork"`` or ``"spawn"``
-            (spawned ranks get ``fn`` and its arguments by value, with ``cloudpickle``).
+        start_method: ``"auto"`` (see :func:`choose_start_method`), ``"fork"``,
+            ``"forkserver"`` or ``"spawn"`` (the last two send ``fn`` and its arguments by
+            value, with ``cloudpickle``).
 
     Returns:
         A :class:`RankResults` list (``results[r]`` is rank r's return value, tensors
@@ -608,13 +710,36 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
                                 and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise TypeError("env must be a dict of str -> str environment variables")
     chosen = resolve_backend(world_size, backend)
-    if start_method not in ("auto", "fork", "spawn"):
-        raise ValueError(f"start_method must be 'auto', 'fork' or 'spawn', got {start_method!r}")
-    if start_method == "fork" and "fork" not in mp.get_all_start_methods():
-        raise ValueError(f"this platform ({sys.platform}) cannot fork; use start_method='spawn'")
+    if start_method not in ("auto",) + START_METHODS:
+        raise ValueError(f"start_method must be 'auto', 'fork', 'forkserver' or 'spawn', got {start_method!r}")
+    if start_method != "auto" and not _available(start_method):
+        raise ValueError(f"this platform ({sys.platform}) has no {start_method} start method; "
+                         "use start_method='spawn'")
+    automatic = start_method == "auto" and not os.environ.get(START_METHOD_ENV, "").strip()
     method = choose_start_method() if start_method == "auto" else start_method
+    why = None if start_method == "auto" or method == "fork" else f"start_method={method!r}"
+    try:
+        return _launch_with(method, fn, world_size, chosen, args, kwargs, timeout_s, env, quiet, why)
+    except _ForkserverFailed as failed:
+        global _forkserver_broken
+        _forkserver_broken = f"the forkserver failed here: {failed}"
+        if not automatic:
+            raise LaunchError(f"ranks could not start from a forkserver: {failed}. "
+                              "Use start_method='spawn' (or COURSE_START_METHOD=spawn).", rank=None) from None
+    # outside the except clause: _launch_with cleans up differently while an exception is live
+    return _launch_with("spawn", fn, world_size, chosen, args, kwargs, timeout_s, env, quiet)
+
+
+class _ForkserverFailed(Exception):
+    """The forkserver could not start, or its ranks died before running a line of ours."""
+
+
+def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: tuple,
+                 kwargs: dict, timeout_s: float, env: dict | None, quiet: bool,
+                 why: str | None = None) -> RankResults:
+    """:func:`launch` with the start method decided."""
     if not quiet:
-        print(describe_plan(world_size, chosen, method), flush=True)
+        print(describe_plan(world_size, chosen, method, why), flush=True)
 
     rank_kwargs = []
     for r in range(world_size):
@@ -624,12 +749,15 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
         if "world_size" not in kw and _wants(fn, "world_size"):
             kw["world_size"] = world_size
         rank_kwargs.append(kw)
-    if method == "spawn":          # fn, args, kwargs travel by value (notebook functions too)
-        fn, args, rank_kwargs = _ByValue.pack(fn, args, rank_kwargs), (), [{}] * world_size
+    if method != "fork":           # fn, args, kwargs travel by value (notebook functions too)
+        fn, args, rank_kwargs = _ByValue.pack(fn, args, rank_kwargs, method), (), [{}] * world_size
 
     workdir = tempfile.mkdtemp(prefix="course-launch-")
     cfg = _Config(world_size, chosen, float(timeout_s), workdir, dict(env or {}))
     ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+        cfg.caller_env, cfg.caller_cwd = dict(os.environ), os.getcwd()
     procs = []
     codes: list = [None] * world_size
     timed_out = interrupted = False
@@ -640,7 +768,12 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
             for r in range(world_size):
                 p = ctx.Process(target=_rank_main, args=(r, cfg, fn, args, rank_kwargs[r]),
                                 name=f"course-rank-{r}", daemon=False)
-                p.start()
+                try:
+                    p.start()
+                except OSError as exc:
+                    if method != "forkserver":
+                        raise
+                    raise _ForkserverFailed(f"{type(exc).__name__}: {exc}") from None
                 procs.append(p)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -678,7 +811,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
         interrupted = True
     finally:
         _stop(procs)
-        if method == "spawn":
+        if method == "spawn":      # a forkserver keeps its tracker, as it keeps itself
             _stop_resource_tracker()
         if interrupted or sys.exc_info()[0] is not None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -686,8 +819,16 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
         stopped = "its 1 rank was" if world_size == 1 else f"all {plural(world_size, 'rank')} were"
         raise KeyboardInterrupt(f"launch interrupted: {stopped} stopped") from None
 
+    base = [os.path.join(workdir, f"rank{r}") for r in range(world_size)]
+    never_ran = [r for r in range(world_size)
+                 if codes[r] not in (None, 0) and not os.path.exists(base[r] + ".started")]
+    if method == "forkserver" and never_ran and not timed_out:
+        # e.g. macOS aborting a child forked from a process with threads it distrusts
+        shutil.rmtree(workdir, ignore_errors=True)
+        code = codes[never_ran[0]]
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        raise _ForkserverFailed(f"rank {never_ran[0]} died ({how}) before it started")
     try:
-        base = [os.path.join(workdir, f"rank{r}") for r in range(world_size)]
         outputs = {r: _read(base[r] + ".out") for r in range(world_size)}
         errors = {r: _read(base[r] + ".err") for r in range(world_size)}
         stacks_seen = {r: _user_stack(_read(base[r] + ".stack")) for r in range(world_size)}

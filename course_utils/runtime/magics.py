@@ -71,7 +71,7 @@ def ranks(line: str, cell: str, user_ns: dict | None = None):
         ) from None
     ns = {k: v for k, v in (user_ns or {}).items()
           if not k.startswith("_") and k not in ("In", "Out", "exit", "quit", "get_ipython")}
-    if choose_start_method() == "spawn":
+    if choose_start_method() != "fork":                 # the namespace travels by value
         ns = {k: v for k, v in ns.items() if _travels(v)}
     return list(launch(run_cell, opts.world_size, cell, ns,
                        backend=opts.backend, timeout_s=opts.timeout))

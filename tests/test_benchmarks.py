@@ -1,0 +1,34 @@
+"""Every script in benchmarks/ runs once, as small as it goes, so none can rot. Their
+timings are printed, never asserted (the machine's load decides them)."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from course_utils.course.badges import ROOT
+
+SMALL = {
+    "launch_overhead.py": ["--ranks", "2", "--repeat", "1"],
+    "ddp_step_time.py": ["--ranks", "2", "--steps", "2", "--repeat", "1", "--models", "course"],
+    "zero3_step_time.py": ["--ranks", "2", "--steps", "2", "--repeat", "1", "--models", "course"],
+}
+
+
+def test_every_benchmark_is_listed_here():
+    assert sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")) == sorted(SMALL)
+
+
+@pytest.mark.parametrize("script", sorted(SMALL))
+def test_the_benchmark_runs(script):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("COURSE_START_METHOD", None)
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *SMALL[script]],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    print(out.stdout)
+    if script == "launch_overhead.py":          # every start method, first launch and median
+        for method in ("fork", "forkserver", "spawn"):
+            assert re.search(rf"^ *{method}: first \d+\.\d+ s; then median \d+\.\d+ s", out.stdout, re.M), out.stdout
+        assert "forkserver / fork, median after the first:" in out.stdout
