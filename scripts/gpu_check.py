@@ -17,14 +17,16 @@ Each check is independent: one that fails or raises is a FAIL row, the others st
      whose ranks must end with the same full parameters;
   3. ddp on 2 gloo ranks after a backward ran in this process (on the CPU, next to the
      GPU): autograd's device threads started, so forked ranks could not run backward;
-     the launcher must notice and spawn them (``launch.autograd_survives_fork``);
+     the launcher must notice (``launch.autograd_survives_fork``) and start them from its
+     preloaded forkserver;
   4. one training step of the course GPT scaled up (:data:`MEMORY_CONFIG`, bf16 with fp32
      master weights and AdamW, the ``mixed`` recipe) on GPU 0 of this process: the model
      states held, the memory allocated and the peak, against ``memory.per_gpu``;
   5. a few strategies on 2 gloo CPU ranks next to the visible GPU, as on a one-GPU Colab
      after a cell used the GPU: CUDA is initialised in this process (the check makes
-     sure of it), so the ranks must be spawned, and their losses must still equal one
-     process's.
+     sure of it), so the ranks must start from the forkserver, and their losses must
+     still equal one process's; then the all-reduce on 1 NCCL rank from the forkserver:
+     its preload must not have initialised CUDA, or the rank could not use the GPU.
 
 Nothing here needs to be imported by a notebook or the package: it only drives
 ``launch``, ``experiments.run``, ``precision`` and ``memory``.
@@ -221,15 +223,19 @@ def _all_reduce_rank(rank: int, world_size: int):
     return t.item(), str(t.device)
 
 
+_STARTED = {"fork": "forked", "forkserver": "forked from the forkserver", "spawn": "spawned"}
+
+
 def _ran(results, suffix: str = "") -> str:
     """Where a launch ran, and how its ranks started: "1 NCCL rank, one GPU each, forked"."""
-    return f"{where(results, backend_first=True)}{suffix}, {results.start_method}ed"
+    return f"{where(results, backend_first=True)}{suffix}, {_STARTED[results.start_method]}"
 
 
-def check_all_reduce(world_size: int, backend: str = "nccl") -> list[Row]:
+def check_all_reduce(world_size: int, backend: str = "nccl", start_method: str = "auto") -> list[Row]:
     """All-reduce ``rank + 1`` on ``world_size`` ranks: every rank must hold N(N+1)/2, on
     its own GPU under NCCL (rank r on cuda:r), on the CPU under gloo."""
-    results = launch(_all_reduce_rank, world_size, backend=backend, quiet=True, timeout_s=TIMEOUT_S)
+    results = launch(_all_reduce_rank, world_size, backend=backend, quiet=True, timeout_s=TIMEOUT_S,
+                     start_method=start_method)
     total = world_size * (world_size + 1) / 2
     devices = [d for _, d in results]
     want = [f"cuda:{r}" if backend == "nccl" else "cpu" for r in range(world_size)]
@@ -258,32 +264,42 @@ def check_strategy(strategy: str, world_size: int, backend: str, suffix: str = "
                      results[0].losses, _single_losses(), same_parameters=same)
     if start_method is not None and results.start_method != start_method:
         row = dataclasses.replace(row, ok=False, note="; ".join(filter(None, [
-            row.note, f"the ranks were {results.start_method}ed, not {start_method}ed"])))
+            row.note, f"the ranks were {_STARTED[results.start_method]}, not {_STARTED[start_method]}"])))
     return [row]
 
 
 def check_gloo_next_to_gpu(strategy: str) -> list[Row]:
     """A one-GPU Colab learner's case: CUDA is initialised in this process (as after any
-    cell that used the GPU), so 2 gloo CPU ranks must be spawned, and train as they do
-    everywhere else."""
+    cell that used the GPU), so 2 gloo CPU ranks must start from the forkserver, and train
+    as they do everywhere else."""
     import torch
 
     torch.cuda.init()
-    return check_strategy(strategy, 2, "gloo", " next to a visible GPU", start_method="spawn")
+    return check_strategy(strategy, 2, "gloo", " next to a visible GPU", start_method="forkserver")
+
+
+def check_nccl_from_forkserver() -> list[Row]:
+    """CUDA initialised here, 1 NCCL rank from the forkserver: the server's preload (torch,
+    the launcher) must leave CUDA uninitialised, or the forked rank could not use its GPU."""
+    import torch
+
+    torch.cuda.init()
+    rows = check_all_reduce(1, "nccl")
+    return [dataclasses.replace(r, check=r.check + " after CUDA was initialised here") for r in rows]
 
 
 def check_after_backward(strategy: str = "ddp") -> list[Row]:
     """A learner's cell that trained one process (a reference) before a demo: a backward
     in this process, next to a visible GPU, starts autograd's device threads, and ranks
     forked afterwards cannot run a backward. CUDA stays uninitialised here, so only
-    ``launch.autograd_survives_fork`` tells: the ranks must be spawned and train."""
+    ``launch.autograd_survives_fork`` tells: the ranks must start from the forkserver and train."""
     import torch
 
     x = torch.ones(2, requires_grad=True)
     (x * x).sum().backward()                       # on the CPU, as notebook 02's single()
     if torch.cuda.is_initialized():
         raise RuntimeError("a CPU backward initialised CUDA: this check cannot tell anything")
-    return check_strategy(strategy, 2, "gloo", " after a backward here", start_method="spawn")
+    return check_strategy(strategy, 2, "gloo", " after a backward here", start_method="forkserver")
 
 
 def strategy_world_size(strategy: str, gpus: int) -> int:
@@ -446,8 +462,8 @@ def plan(gpus: int) -> list[Planned]:
                                   where(n, "nccl", backend_first=True) + forked,
                                   functools.partial(check_strategy, name, n, "nccl")))
     checks.append(Planned(f"ddp: losses = one process's ({STEPS} steps)",
-                          where(2, "gloo", backend_first=True) + " after a backward here, spawned "
-                          "(autograd's GPU threads started here)", check_after_backward))
+                          where(2, "gloo", backend_first=True) + " after a backward here, forked from "
+                          "the forkserver (autograd's GPU threads started here)", check_after_backward))
     checks.append(Planned(
         f"memory of a training step, course GPT at {MEMORY_CONFIG.num_params() / 1e6:.0f}M "
         "parameters (mixed) vs memory.per_gpu", "this process, GPU 0", check_memory))
@@ -457,8 +473,11 @@ def plan(gpus: int) -> list[Planned]:
     for name in GLOO_NEXT_TO_GPU:
         checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",
                               where(2, "gloo", backend_first=True) + beside
-                              + ", spawned (CUDA initialised here)",
+                              + ", forked from the forkserver (CUDA initialised here)",
                               functools.partial(check_gloo_next_to_gpu, name)))
+    checks.append(Planned("all-reduce of rank + 1 on 1 rank after CUDA was initialised here",
+                          where(1, "nccl", backend_first=True) + ", forked from the forkserver",
+                          check_nccl_from_forkserver))
     return checks
 
 
