@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k launch"`.
 PYTEST_ARGS ?=
 
-.PHONY: lab install install-test test test-portable test-spawn test-compat test-nb outputs figures badges book gpu-check clean-venv
+.PHONY: lab install install-test test test-browser test-portable test-spawn test-compat test-widgets test-colab test-nb outputs figures badges book gpu-check clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,18 @@ lab: install
 test: install-test
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $(PY) -m pytest --durations=10 $(PYTEST_ARGS)
 	$(if $(strip $(PYTEST_ARGS)),,@$(MAKE) --no-print-directory test-portable)
+	$(if $(strip $(PYTEST_ARGS)),,@$(MAKE) --no-print-directory test-widgets)
+	$(if $(strip $(PYTEST_ARGS)),,@$(MAKE) --no-print-directory test-spawn START_METHODS=forkserver SPAWN_NB="$(FORKSERVER_NB)")
+
+# A real browser: `make lab` on loopback, headless Chromium (Debian: apt-get install chromium
+# chromium-driver) runs 00 and 03, answers their quizzes, moves the calculator; screenshots
+# in _build/browser/. Not part of `make test`; selenium (the browser extra) only here.
+BROWSER_STAMP := $(VENV)/.installed-browser
+$(BROWSER_STAMP): $(TEST_STAMP)
+	$(PY) -m pip install -q -e ".[browser]"
+	@touch $(BROWSER_STAMP)
+test-browser: $(BROWSER_STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -s -q tests/browser/test_jupyterlab.py $(PYTEST_ARGS)
 
 # Portability: the notebooks that print measured floats, re-run under numeric settings
 # that change float32 results on this machine, must print the same text (README,
@@ -64,14 +76,23 @@ test-portable: install-test
 			$(PY) -m pytest -q $(PORTABLE_NB) ) || exit 1; \
 	done
 
-# Every notebook with its ranks spawned (new interpreters) instead of forked, as on macOS
-# and Windows: functions defined in cells must reach the ranks by value. Not part of
-# `make test` (about 14 minutes on 2 cores: each launch starts new interpreters).
+# Every notebook with its ranks started as on macOS (from a preloaded forkserver) and as
+# on Windows (spawned: new interpreters), instead of forked: functions defined in cells
+# must reach the ranks by value, and each notebook must print what it prints forked. Not
+# part of `make test`, which runs the launch-heavy FORKSERVER_NB under the forkserver only
+# (tests/test_spawn.py and the launcher tests cover both methods there). START_METHODS
+# and SPAWN_NB choose, e.g. `make test-spawn START_METHODS=spawn SPAWN_NB=notebooks/04_zero1.ipynb`.
+START_METHODS ?= forkserver spawn
+SPAWN_NB      ?= notebooks/
+FORKSERVER_NB ?= $(wildcard notebooks/04_*.ipynb)
 test-spawn: install-test
 	@cat tests/sanitize.cfg tests/sanitize_spawn.cfg > $(VENV)/sanitize_spawn.cfg
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= COURSE_START_METHOD=spawn \
-		$(PY) -m pytest -q tests/test_spawn.py notebooks/ \
-		--nbval-sanitize-with $(VENV)/sanitize_spawn.cfg $(PYTEST_ARGS)
+	@for method in $(START_METHODS); do \
+		echo "== $(SPAWN_NB) with COURSE_START_METHOD=$$method"; \
+		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= COURSE_START_METHOD=$$method \
+			$(PY) -m pytest -q --durations=5 $(SPAWN_NB) \
+			--nbval-sanitize-with $(VENV)/sanitize_spawn.cfg $(PYTEST_ARGS) || exit 1; \
+	done
 
 # The oldest torch the course supports (course_utils.runtime.compat.MIN_TORCH) in a second venv,
 # and the unit tests on it; `make test-compat NB=all` also runs every notebook there
@@ -90,6 +111,52 @@ test-compat: $(COMPAT_VENV)/.installed
 	PATH="$(CURDIR)/$(COMPAT_VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $(COMPAT_PY) -m pytest -q \
 		--durations=5 --nbval-sanitize-with $(COMPAT_VENV)/sanitize_compat.cfg \
 		$(if $(filter all,$(NB)),tests notebooks,tests) $(PYTEST_ARGS)
+
+# Colab's widget stack (tests/colab/colab-pins.txt: ipywidgets 7.7, IPython 7.34, ipykernel
+# 6.17, ...) with this repo's torch in a second small venv, the course installed as the
+# notebooks' Colab cell does it (--no-deps -e .): every quiz and widget displayed and
+# clicked (tests/test_widgets_display.py), then WIDGETS_NB under nbval. Part of `make test`.
+COLAB_PINS    := tests/colab/colab-pins.txt
+WIDGETS_VENV  ?= .venv-widgets
+WIDGETS_PY    := $(WIDGETS_VENV)/bin/python
+WIDGETS_STACK := ipywidgets ipython ipykernel jupyter_client traitlets widgetsnbextension \
+                 matplotlib numpy cloudpickle
+WIDGETS_NB    ?= $(wildcard notebooks/00_*.ipynb notebooks/03_*.ipynb)
+# The main venv's torch (scripts/install_torch.py's default; tests/test_widgets_display.py checks).
+WIDGETS_TORCH ?= torch==2.13.0
+$(WIDGETS_VENV)/.installed: $(COLAB_PINS)
+	$(PYTHON) -m venv --clear $(WIDGETS_VENV)
+	grep -v -E '^(torch|setuptools)==' $(COLAB_PINS) > $(WIDGETS_VENV)/pins.txt  # torch 2.13 wants setuptools>=77
+	$(WIDGETS_PY) -m pip install -q --no-compile -c $(WIDGETS_VENV)/pins.txt "$(WIDGETS_TORCH)" \
+		$(WIDGETS_STACK) pytest psutil nbformat nbval
+	$(WIDGETS_PY) -m pip uninstall -q -y jedi
+	$(WIDGETS_PY) -m pip install -q --no-compile --no-deps -e .
+	@touch $@
+test-widgets: $(WIDGETS_VENV)/.installed
+	PATH="$(CURDIR)/$(WIDGETS_VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= COURSE_EXPECT_IPYWIDGETS=7 \
+		COURSE_EXPECT_COLAB_PINS=1 $(WIDGETS_PY) -m pytest -q -W ignore::DeprecationWarning \
+		tests/test_widgets_display.py $(WIDGETS_NB)
+
+# Colab's package list for everything the course touches (tests/colab/colab-pins.txt: its
+# Python 3.13, torch 2.11.0 from PyPI, a CUDA build of a few GB run on the CPU, the widget
+# and kernel stack), the course installed as the Colab cell does it, then every notebook
+# under nbval (torch < 2.13 names two collectives differently: tests/sanitize_compat.cfg).
+# Colab's package list on Linux, not Colab itself. Not part of `make test`.
+COLAB_PYTHON ?= $(firstword $(foreach p,python3.13 $(wildcard $(HOME)/.pyenv/versions/3.13.*/bin/python3.13),\
+                $(if $(shell $(p) -V 2>/dev/null),$(p))) python3.13)
+COLAB_VENV   ?= .venv-colab
+COLAB_PY     := $(COLAB_VENV)/bin/python
+$(COLAB_VENV)/.installed: $(COLAB_PINS)
+	$(COLAB_PYTHON) -m venv --clear $(COLAB_VENV)
+	$(COLAB_PY) -m pip install -q --no-compile -r $(COLAB_PINS) -c $(COLAB_PINS) nbval
+	$(COLAB_PY) -m pip uninstall -q -y jedi
+	$(COLAB_PY) -m pip install -q --no-compile --no-deps -e .
+	@touch $@
+test-colab: $(COLAB_VENV)/.installed
+	@cat tests/sanitize.cfg tests/sanitize_compat.cfg > $(COLAB_VENV)/sanitize_colab.cfg
+	PATH="$(CURDIR)/$(COLAB_VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= COURSE_EXPECT_IPYWIDGETS=7 \
+		COURSE_EXPECT_COLAB_PINS=1 $(COLAB_PY) -m pytest -q --durations=5 -W ignore::DeprecationWarning \
+		--nbval-sanitize-with $(COLAB_VENV)/sanitize_colab.cfg tests/test_widgets_display.py notebooks $(PYTEST_ARGS)
 
 # One notebook: `make test-nb NB=00` (or NB=notebooks/00_orientation.ipynb).
 test-nb: install-test

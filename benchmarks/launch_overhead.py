@@ -45,7 +45,7 @@ def main() -> None:
     print(f"{args.ranks} gloo ranks on CPU, {os.cpu_count()} cores, torch {torch.__version__}")
     medians = {}
     for method, repeat in (("fork", args.repeat), ("forkserver", args.repeat),
-                           ("spawn", max(3, args.repeat // 3))):
+                           ("spawn", max(1, args.repeat // 3))):
         first, *rest = measure(method, args.ranks, repeat + 1)
         medians[method] = statistics.median(rest)
         print(f"{method:>10}: first {first:.3f} s; then median {medians[method]:.3f} s, best "

@@ -8,6 +8,7 @@ except ModuleNotFoundError:            # Python 3.10: the same parser, as pip ve
 
 import yaml
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from course_utils.course.badges import ROOT
 
@@ -30,7 +31,7 @@ def _conda_requirements():
         name, spec = re.match(r"^([A-Za-z0-9_.-]+)(.*)$", dep).groups()
         if name in ("python", "pip"):
             continue
-        out[CONDA_TO_PIP.get(name, name).lower()] = spec
+        out[CONDA_TO_PIP.get(name, name).lower()] = str(SpecifierSet(spec))  # pip's order: '<9,>=7.7'
     return out, env
 
 

@@ -22,6 +22,8 @@ def test_single_right(answer):
 def test_single_wrong(answer):
     fb = quiz.check(single, answer)
     assert fb.correct is False and not fb
+    # a wrong answer does not give the right one away: no explanation until it is right
+    assert single.explanation and single.explanation not in fb.message and "try another answer" in fb.message
 
 
 @pytest.mark.parametrize("answer", ["", None, "   ", "z", "a,b", 7, -1, 3.5, True, {"x": 1}])

@@ -92,15 +92,19 @@ def table(setting: Setting) -> str:
             f"{setting.attention} attention, recompute {setting.recompute}")
     off = [n for n, on in (("optimizer", setting.offload_optimizer or setting.offload_params),
                            ("params", setting.offload_params)) if on]
+    # the host's column only when something is offloaded: the table stays narrow enough
+    # for a notebook beside an open side panel
+    host = bool(off)
     lines = [head, f"offload: {', '.join(off) if off else 'none'}; GPU: {setting.gpu_memory}; "
                    f"GB per GPU (1 GB = 1e9 bytes); {acts}",
              f"{'stage':<8}{'params':>9}{'grads':>9}{'optim':>9}{'activ':>9}{'total':>9}"
-             f"{'on host':>9}  fits?"]
+             + (f"{'on host':>9}" if host else "") + "  fits?"]
     for stage, m in rows(setting):
         mark = "<-" if stage == setting.stage else ""
         lines.append(f"{STAGE_NAMES[stage]:<8}{m.params / GB:9.2f}{m.grads / GB:9.2f}"
                      f"{m.optimizer / GB:9.2f}{m.activations / GB:9.2f}{m.total / GB:9.2f}"
-                     f"{m.cpu / GB:9.2f}  {'yes' if m.fits(cap) else 'no'} {mark}".rstrip())
+                     + (f"{m.cpu / GB:9.2f}" if host else "")
+                     + f"  {'yes' if m.fits(cap) else 'no'} {mark}".rstrip())
     fitting = [STAGE_NAMES[st] for st, m in rows(setting) if m.fits(cap)]
     lines.append(f"fits in {setting.gpu_memory}: {', '.join(fitting) if fitting else 'no stage'}")
     return "\n".join(lines)

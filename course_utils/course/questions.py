@@ -63,7 +63,8 @@ class Question:
         return Feedback(True, " ".join(x for x in (lead, self.explanation) if x))
 
     def _wrong(self, lead: str = "") -> Feedback:
-        return Feedback(False, " ".join(x for x in (lead, self.explanation) if x))
+        # The explanation gives the answer away: it comes with the right answer only.
+        return Feedback(False, " ".join(x for x in (lead, "Think again and try another answer.") if x))
 
 
 class _Choice(Question):
