@@ -45,7 +45,6 @@ test: install-test
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= $(PY) -m pytest --durations=10 $(PYTEST_ARGS)
 	$(if $(strip $(PYTEST_ARGS)),,@$(MAKE) --no-print-directory test-portable)
 	$(if $(strip $(PYTEST_ARGS)),,@$(MAKE) --no-print-directory test-widgets)
-	$(if $(strip $(PYTEST_ARGS)),,@$(MAKE) --no-print-directory test-spawn START_METHODS=forkserver SPAWN_NB="$(FORKSERVER_NB)")
 
 # A real browser: `make lab` on loopback, headless Chromium (Debian: apt-get install chromium
 # chromium-driver) runs 00 and 03, answers their quizzes, moves the calculator; screenshots
@@ -78,19 +77,19 @@ test-portable: install-test
 
 # Every notebook with its ranks started as on macOS (from a preloaded forkserver) and as
 # on Windows (spawned: new interpreters), instead of forked: functions defined in cells
-# must reach the ranks by value, and each notebook must print what it prints forked. Not
-# part of `make test`, which runs the launch-heavy FORKSERVER_NB under the forkserver only
-# (tests/test_spawn.py and the launcher tests cover both methods there). START_METHODS
-# and SPAWN_NB choose, e.g. `make test-spawn START_METHODS=spawn SPAWN_NB=notebooks/04_zero1.ipynb`.
+# must reach the ranks by value, and each notebook must print what it prints forked; and
+# tests/test_spawn.py under both. Not part of `make test` (about 20 minutes on 2 cores),
+# which runs the launcher's tests and tests/test_spawn.py under the forkserver (and a few
+# spawn tests). START_METHODS and SPAWN_NB choose, e.g.
+# `make test-spawn START_METHODS=spawn SPAWN_NB=notebooks/04_zero1.ipynb`.
 START_METHODS ?= forkserver spawn
 SPAWN_NB      ?= notebooks/
-FORKSERVER_NB ?= $(wildcard notebooks/04_*.ipynb)
 test-spawn: install-test
 	@cat tests/sanitize.cfg tests/sanitize_spawn.cfg > $(VENV)/sanitize_spawn.cfg
 	@for method in $(START_METHODS); do \
-		echo "== $(SPAWN_NB) with COURSE_START_METHOD=$$method"; \
+		echo "== tests/test_spawn.py and $(SPAWN_NB) with COURSE_START_METHOD=$$method"; \
 		PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CUDA_VISIBLE_DEVICES= COURSE_START_METHOD=$$method \
-			$(PY) -m pytest -q --durations=5 $(SPAWN_NB) \
+			COURSE_SPAWN_TESTS=$$method $(PY) -m pytest -q --durations=5 tests/test_spawn.py $(SPAWN_NB) \
 			--nbval-sanitize-with $(VENV)/sanitize_spawn.cfg $(PYTEST_ARGS) || exit 1; \
 	done
 
@@ -121,7 +120,7 @@ WIDGETS_VENV  ?= .venv-widgets
 WIDGETS_PY    := $(WIDGETS_VENV)/bin/python
 WIDGETS_STACK := ipywidgets ipython ipykernel jupyter_client traitlets widgetsnbextension \
                  matplotlib numpy cloudpickle
-WIDGETS_NB    ?= $(wildcard notebooks/00_*.ipynb notebooks/03_*.ipynb)
+WIDGETS_NB    ?= $(wildcard notebooks/03_*.ipynb)
 # The main venv's torch (scripts/install_torch.py's default; tests/test_widgets_display.py checks).
 WIDGETS_TORCH ?= torch==2.13.0
 $(WIDGETS_VENV)/.installed: $(COLAB_PINS)

@@ -1,6 +1,8 @@
 """Demos and graders with ranks started as on macOS (from a forkserver) and Windows
 (spawned): functions defined where the learner defines them (a notebook cell, here a test
 body) travel to the ranks by value."""
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,7 +15,12 @@ from course_utils.runtime.launch import describe_plan, launch
 from course_utils.runtime.magics import ranks
 
 
-@pytest.fixture(autouse=True, params=["forkserver", "spawn"])
+# `make test` runs these under the forkserver (spawn's launches cost seconds each; the
+# launcher's own spawn tests stay in it); `make test-spawn` under each method in turn.
+_METHODS = [os.environ.get("COURSE_SPAWN_TESTS", "forkserver")]
+
+
+@pytest.fixture(autouse=True, params=_METHODS)
 def forced_method(request, monkeypatch):
     monkeypatch.setenv("COURSE_START_METHOD", request.param)
     return request.param

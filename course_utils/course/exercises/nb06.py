@@ -23,22 +23,30 @@ def _zero3_weight(numel: int):
     return (torch.arange(numel, dtype=torch.float32) % 7 - 3) / 4
 
 
+_kept_once = False      # in this rank: a buffer already outlived the full patience
+
+
 def _alive_after(refs, gc, patience_s: float = 3.0) -> int:
     """How many weakly referenced gathered buffers still hold memory. The backend's work
     object may keep the output alive for a moment after the collective returns (gloo
     releases it from its worker thread), so a buffer counts as kept only if it is still
-    alive after ``patience_s`` (3 s: a loaded 2-core machine, a free Colab, once took over 1 s)."""
+    alive after ``patience_s`` (3 s: a loaded 2-core machine, a free Colab, once took over
+    1 s). Once one has outlived it, the answer keeps buffers: later checks in this rank
+    wait 0.2 s, so a wrong answer is not graded 3 s per case."""
     import time
+
+    global _kept_once
 
     def count():
         gc.collect()
         return sum(1 for ref in refs if ref() is not None and ref().untyped_storage().nbytes() > 0)
 
-    deadline = time.monotonic() + patience_s
+    deadline = time.monotonic() + (min(patience_s, 0.2) if _kept_once else patience_s)
     alive = count()
     while alive and time.monotonic() < deadline:
         time.sleep(0.01)
         alive = count()
+    _kept_once = _kept_once or alive > 0
     return alive
 
 
