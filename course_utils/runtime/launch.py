@@ -13,8 +13,8 @@ cell behaves like the body of a ``torchrun`` script:
   caller (about 0.1 s for 4 ranks). Where forking the caller is unsafe (macOS; Linux
   with CUDA or autograd's GPU threads started) they are forked from a *forkserver*: a
   fresh process, started once, that has imported torch and ``course_utils`` and nothing
-  else (the first launch pays about a second for it, later ones about as little as a
-  fork). Only where no forkserver exists (Windows) are they *spawned* as new
+  else (the first launch pays about 4 s for it on 2 cores, later ones about as little
+  as a fork: benchmarks/launch_overhead.py). Only where no forkserver exists (Windows) are they *spawned* as new
   interpreters (a few seconds each launch). Under a forkserver or spawn, ``fn`` and its
   arguments travel *by value* with ``cloudpickle``, so a function defined in a notebook
   cell runs either way (``COURSE_START_METHOD=fork|forkserver|spawn`` forces one);
