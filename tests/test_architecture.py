@@ -83,9 +83,10 @@ def test_the_tree_is_the_documented_one():
     assert top == sorted(SHIMS | {"checks"})
 
 
-def test_imports_flow_one_way():
+def _upward(edges) -> list[str]:
+    """The edges of ``edges`` ((src, dst, names, line)) that break the one-way rule."""
     wrong = []
-    for src, dst, _, line in EDGES:
+    for src, dst, _, line in edges:
         a, b = _layer(src), _layer(dst)
         if a is None or a == "shim":                 # the package __init__ and the shims may import anything
             continue
@@ -93,6 +94,11 @@ def test_imports_flow_one_way():
             wrong.append(f"{src}:{line} imports {dst} (a re-export for code outside the package)")
         elif b in LAYERS and LAYERS.index(b) > LAYERS.index(a):
             wrong.append(f"{src}:{line} ({a}) imports {dst} ({b}), a layer above it")
+    return wrong
+
+
+def test_imports_flow_one_way():
+    wrong = _upward(EDGES)
     assert not wrong, "\n".join(wrong)
 
 
@@ -134,10 +140,12 @@ def test_no_import_cycle():
 @pytest.mark.parametrize("bad", [
     ("course_utils.theory.memory", "course_utils.impl.zero"),
     ("course_utils.impl.zero", "course_utils.harness.experiments"),
+    ("course_utils.harness.train", "course_utils.memory"),
 ])
 def test_the_direction_check_would_catch_an_upward_import(bad):
     src, dst = bad
-    assert LAYERS.index(_layer(dst)) > LAYERS.index(_layer(src))
+    assert len(_upward([(src, dst, [], 1)])) == 1
+    assert _upward([(dst, "course_utils.checks", [], 1)]) == []    # downwards is allowed
 
 
 FSDP2_PRIVATE = {"_training_state", "_all_gather_result", "_fsdp_param_group", "_fsdp_param_groups",
@@ -177,4 +185,41 @@ def test_private_torch_apis_only_in_compat():
                 if node.attr in FSDP2_PRIVATE or (head in ("torch", "dist") and node.attr.startswith("_")
                                                   and not node.attr.startswith("__")):
                     wrong.append(f"{name}:{node.lineno} reads {chain or node.attr}")
+        wrong += _private_library_reads(name, tree)
     assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+#: Private names of other libraries that are documented for use (os._exit: the way a
+#: forked child leaves; sys._getframe).
+DOCUMENTED_PRIVATE = {"os._exit", "sys._getframe"}
+
+
+def _private_library_reads(name: str, tree) -> list[str]:
+    """``module._x`` or ``getattr(module, "_x")`` on a module imported from outside the
+    package (multiprocessing's resource tracker, say): only compat may."""
+    imported = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update({(a.asname or a.name).split(".")[0]: a.name for a in node.names})
+        elif isinstance(node, ast.ImportFrom) and not node.level and not (node.module or "").startswith("course_utils"):
+            imported.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    wrong = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            base, attr = node.value.id, node.attr
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2 and isinstance(node.args[0], ast.Name)
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            base, attr = node.args[0].id, node.args[1].value
+        else:
+            continue
+        if (base in imported and attr.startswith("_") and not attr.startswith("__")
+                and f"{imported[base]}.{attr}" not in DOCUMENTED_PRIVATE):
+            wrong.append(f"{name}:{node.lineno} reads {imported[base]}.{attr}")
+    return wrong
+
+
+def test_the_private_check_sees_a_library_private_read():
+    tree = ast.parse("from multiprocessing import resource_tracker\n"
+                     "t = getattr(resource_tracker, '_resource_tracker', None)\nimport os\nos._exit(0)\n")
+    assert _private_library_reads("m", tree) == ["m:2 reads multiprocessing.resource_tracker._resource_tracker"]

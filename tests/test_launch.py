@@ -388,3 +388,19 @@ def test_an_interrupt_while_ranks_start_is_held_until_all_are_started():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_the_fork_probe_kills_a_child_that_hangs(monkeypatch):
+    """A probe child whose backward deadlocks (as autograd's threads can after a fork) must
+    not hang the caller: it is killed after FORK_PROBE_TIMEOUT_S and counts as broken."""
+    import time
+
+    from course_utils.runtime import launch as launch_mod
+
+    monkeypatch.setattr(launch_mod, "_AUTOGRAD_FORK_BROKEN", False)
+    monkeypatch.setattr(launch_mod, "FORK_PROBE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: time.sleep(3600))
+    start = time.monotonic()
+    assert not launch_mod.autograd_survives_fork()
+    assert time.monotonic() - start < 30          # killed, not waited for (a bound, not a timing)
+    assert launch_mod._AUTOGRAD_FORK_BROKEN

@@ -143,14 +143,20 @@ def _learner_text():
     """(where, text) of everything a learner reads: each notebook's file (cells, outputs and
     the saved widget state, which holds the quiz questions), the README, and the package's
     source (its docstrings and the strings it prints)."""
-    for path in [*notebook_paths(), ROOT / "README.md", *sorted((ROOT / "course_utils").glob("*.py"))]:
-        yield path.name, path.read_text(encoding="utf-8")
+    for path in [*notebook_paths(), ROOT / "README.md", *sorted((ROOT / "course_utils").rglob("*.py"))]:
+        yield path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8")
 
 
 def test_nothing_a_learner_reads_names_the_source_documents():
     hits = [f"{where}: {m.group(0)!r}" for where, text in _learner_text()
             for m in SOURCE_NAMES.finditer(text)]
     assert hits == []
+
+
+def test_the_learner_text_covers_every_module_of_the_package():
+    read = {where for where, _ in _learner_text()}
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "course_utils").rglob("*.py")}
+    assert modules <= read and "course_utils/impl/zero3.py" in read
 
 
 def test_the_source_names_pattern_finds_them():

@@ -42,7 +42,8 @@ __all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "HAS_SINGLE_NAMES"
            "fsdp2_param_group", "fsdp2_param_groups", "fsdp2_training_state", "fsdp2_is_gathered",
            "fsdp2_unsharded_bytes", "fsdp2_unsharded_grad_bytes", "watch_fsdp2", "queue_backward_callback", "storage_key",
            "resolve_process_group", "functional_collectives", "mem_tracker",
-           "checkpoint_functions", "fsdp1_allow_cpu_sync_module_states", "tree_flatten", "tree_unflatten", "DDP_BUFFER_BROADCAST"]
+           "checkpoint_functions", "fsdp1_allow_cpu_sync_module_states", "tree_flatten", "tree_unflatten", "DDP_BUFFER_BROADCAST",
+           "release_forkserver_pipe", "stop_resource_tracker"]
 
 #: The oldest torch the course runs on (README, "Where it runs"). Measured on CPU/gloo:
 #: 2.10 passes every test and notebook; on 2.9 FSDP2's ``replicate`` and sharded
@@ -282,3 +283,33 @@ def fsdp1_allow_cpu_sync_module_states():
     from unittest import mock
 
     return mock.patch("torch.distributed.fsdp._init_utils._check_module_states_for_sync_module_states")
+
+
+# -- multiprocessing's private state (the launcher's, runtime/launch.py) --------------
+
+def release_forkserver_pipe() -> None:
+    """In a rank forked by the forkserver: close the forkserver's "a client is alive" pipe
+    that multiprocessing hands every child (so that a child could start processes of its
+    own). While a rank holds it, the server outlives a killed kernel, and the ranks, which
+    die with the server, outlive it too. Private state of ``multiprocessing.forkserver``."""
+    import os
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+
+
+def stop_resource_tracker() -> None:
+    """Spawning starts multiprocessing's resource-tracker helper, which would outlive the
+    launch; nothing of ours is registered with it, so stop it (it restarts on demand).
+    ``resource_tracker._stop`` is private (Python 3.8-3.13 have it)."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    if tracker is not None and hasattr(tracker, "_stop"):
+        with contextlib.suppress(Exception):
+            tracker._stop()

@@ -212,6 +212,9 @@ def _forkserver_problem() -> str | None:
 
 
 _AUTOGRAD_FORK_BROKEN = False       # once broken in this process, it stays broken
+#: How long the probe child may take; one that deadlocks (autograd's threads after a fork)
+#: is killed then, and counts as "broken".
+FORK_PROBE_TIMEOUT_S = 10.0
 
 
 def autograd_survives_fork() -> bool:
@@ -223,6 +226,7 @@ def autograd_survives_fork() -> bool:
     multiprocessing"). Measured on an H200 with torch 2.11: a notebook cell that ran a
     one-process reference, then forked ranks. torch has no public flag for it, so this asks
     a forked child to run a tiny backward (a few milliseconds); a False is remembered.
+    A child still running after :data:`FORK_PROBE_TIMEOUT_S` is killed: False.
     """
     global _AUTOGRAD_FORK_BROKEN
     if _AUTOGRAD_FORK_BROKEN:
@@ -239,8 +243,15 @@ def autograd_survives_fork() -> bool:
         except BaseException:  # noqa: BLE001 - any failure means "do not fork"
             pass
         os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    ok = os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + FORK_PROBE_TIMEOUT_S
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.005)
+        done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:                                     # deadlocked: kill it, reap it
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    ok = bool(done) and os.waitstatus_to_exitcode(status) == 0
     _AUTOGRAD_FORK_BROKEN = not ok
     return ok
 
@@ -346,21 +357,6 @@ class _Config:
     caller_cwd: str | None = None
 
 
-def _release_forkserver() -> None:
-    """In a rank forked by the forkserver: close the forkserver's "a client is alive" pipe
-    that multiprocessing hands every child (so that a child could start processes of its
-    own). While a rank holds it, the server outlives a killed kernel, and the ranks, which
-    die with the server, outlive it too."""
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        server._forkserver_alive_fd = None
-
-
 def _watch_parent() -> None:
     """macOS (no PR_SET_PDEATHSIG): a daemon thread ends this rank once its parent (the
     kernel, or the forkserver, which ends with the kernel) is gone."""
@@ -461,7 +457,9 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
     if signal.getsignal(signal.SIGINT) is _hold_interrupt:  # forked inside _interrupts_held
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if cfg.caller_env is not None:                  # forked by the forkserver
-        _release_forkserver()
+        from .compat import release_forkserver_pipe
+
+        release_forkserver_pipe()
     _die_with_parent()
     base = os.path.join(cfg.workdir, f"rank{rank}")
     with open(base + ".started", "wb"):             # the launcher tells a rank that never
@@ -658,17 +656,6 @@ def _stop(procs: list) -> None:
             p.close()
 
 
-def _stop_resource_tracker() -> None:
-    """Spawning starts multiprocessing's resource-tracker helper, which would outlive the
-    launch; nothing of ours is registered with it, so stop it (it restarts on demand)."""
-    from multiprocessing import resource_tracker
-
-    tracker = getattr(resource_tracker, "_resource_tracker", None)
-    if tracker is not None and hasattr(tracker, "_stop"):
-        with contextlib.suppress(Exception):
-            tracker._stop()
-
-
 def _print_outputs(outputs: dict[int, str], errors: dict[int, str]) -> None:
     for rank in sorted(outputs):
         for line in outputs[rank].splitlines():
@@ -821,7 +808,9 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
     finally:
         _stop(procs)
         if method == "spawn":      # a forkserver keeps its tracker, as it keeps itself
-            _stop_resource_tracker()
+            from .compat import stop_resource_tracker
+
+            stop_resource_tracker()
         if interrupted or sys.exc_info()[0] is not None:
             shutil.rmtree(workdir, ignore_errors=True)
     if interrupted:
