@@ -1,4 +1,5 @@
-"""Step time of ZeRO-3 from scratch ("zero3", prefetch on and off) vs the course's DDP ("ddp").
+"""Step time of ZeRO-3 from scratch ("zero3", prefetch on and off) vs torch FSDP2
+("torch-fsdp") and the course's DDP ("ddp"). Goal: scratch ZeRO-3 within 1.3x of FSDP2.
 
     python benchmarks/zero3_step_time.py [--ranks 2] [--steps 20] [--repeat 3] [--models course,wide]
 
@@ -38,11 +39,14 @@ def main() -> None:
         for _ in range(args.repeat):
             for strategy, options, label in variants:
                 times[label].append(step_time(strategy, config, args.ranks, args.steps, **options))
-        ddp = statistics.median(times["ddp"])
+        med = {label: statistics.median(t) for label, t in times.items()}
         print(f"model {name} ({args.ranks} ranks, median of {args.repeat} runs x {args.steps} steps)")
         for _, _, label in variants:
-            t = statistics.median(times[label])
-            print(f"  {label:<18} {t * 1e3:8.1f} ms/step   {t / ddp:5.2f}x ddp")
+            fsdp = f"   {med[label] / med['torch-fsdp']:5.2f}x torch-fsdp" if "torch-fsdp" in med else ""
+            print(f"  {label:<18} {med[label] * 1e3:8.1f} ms/step   {med[label] / med['ddp']:5.2f}x ddp{fsdp}")
+        if "torch-fsdp" in med:
+            ratio = med["zero3 prefetch"] / med["torch-fsdp"]
+            print(f"  zero3 prefetch / torch-fsdp: {ratio:.2f}x ({'within' if ratio <= 1.3 else 'OVER'} 1.3x)")
 
 
 if __name__ == "__main__":

@@ -32,3 +32,7 @@ def test_the_benchmark_runs(script):
         for method in ("fork", "forkserver", "spawn"):
             assert re.search(rf"^ *{method}: first \d+\.\d+ s; then median \d+\.\d+ s", out.stdout, re.M), out.stdout
         assert "forkserver / fork, median after the first:" in out.stdout
+    if script == "ddp_step_time.py":            # the ratio against torch, with its goal
+        assert re.search(r"ratio \d+\.\d+x \((within|OVER) 1\.2x\)", out.stdout), out.stdout
+    if script == "zero3_step_time.py":
+        assert re.search(r"zero3 prefetch / torch-fsdp: \d+\.\d+x \((within|OVER) 1\.3x\)", out.stdout), out.stdout
