@@ -23,7 +23,9 @@ from __future__ import annotations
 import math
 import operator
 
-__all__ = ["SIG", "LOSS_RTOL", "GRAD_ATOL", "num", "nums", "sci", "bound", "above", "near", "ratio",
+from ..theory.text import fmt_bytes, table
+
+__all__ = ["fmt_bytes", "table", "SIG", "LOSS_RTOL", "GRAD_ATOL", "num", "nums", "sci", "bound", "above", "near", "ratio",
            "losses_match", "max_abs_diff", "max_rel_diff", "show", "plural"]
 
 #: Significant digits of a measured float (a loss, a norm) in a notebook's output.

@@ -20,6 +20,7 @@ import time as _time
 from fractions import Fraction as _Fraction
 
 from ..theory.comm import OPS, sent_bytes
+from ..theory.text import fmt_bytes, table
 from .compat import DDP_BUFFER_BROADCAST, functional_collectives, resolve_process_group
 
 __all__ = ["CommLedger", "CommRecord", "LEDGER_OPS", "ddp_comm_hook"]
@@ -306,8 +307,7 @@ def ddp_comm_hook(process_group, bucket):
         _TLS.label = None
 
 
-def _fmt_bytes(x) -> str:
-    return f"{x:,}" if isinstance(x, int) else f"{x:,.2f}"
+_fmt_bytes = _functools.partial(fmt_bytes, unit=None, digits=2, sep=True)
 
 
 class CommLedger:
@@ -482,14 +482,7 @@ class CommLedger:
         rows.append(("total", str(sum(counts.values())), _fmt_bytes(sum(msgs.values())),
                      _fmt_bytes(_from_fraction(sum(self.totals(exact=True).values(), _Fraction(0)))),
                      f"{sum(secs.values()):.4f}"))
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        lines = []
-        for i, row in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                                   for j, (c, w) in enumerate(zip(row, widths))))
-            if i == 0 or i == len(rows) - 2:
-                lines.append("  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        return table(rows[0], rows[1:], rules=(0, len(rows) - 2))
 
     def compare(self, expected: dict) -> str:
         """The ledger's bytes (the ring model applied to each recorded call) vs ``expected``
@@ -513,9 +506,7 @@ class CommLedger:
         if "total" in expected:
             all_m = sum(measured.values(), _Fraction(0))
             rows.append(self._compare_row("total", all_m, expected["total"]))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        return "\n".join("  ".join(c.ljust(w) if j in (0, 4) else c.rjust(w)
-                                   for j, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows)
+        return table(rows[0], rows[1:], left=(0, 4), rules=())
 
     @staticmethod
     def _compare_row(op, measured: _Fraction, expected) -> tuple:

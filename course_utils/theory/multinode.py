@@ -65,6 +65,7 @@ from ..checks import check_int, check_positive
 from .alpha_beta import predict_time, ring_steps
 from .comm import collective_bytes
 from .memory import model_states
+from .text import table
 
 __all__ = ["flat_ring_wire", "cross_node_wire", "HybridCost", "hsdp_vs_fsdp_time", "crossovers",
            "crossover_inter_bw", "crossover_summary", "crossover_table", "plot_crossover",
@@ -307,12 +308,8 @@ def crossover_table(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intr
                                  nics_per_node=nics_per_node, **model)
         rows.append((f"{bw / 1e9:g}", f"{cost.fsdp_s:.4f}", f"{cost.hsdp_s:.4f}",
                      f"{cost.speedup:.2f}x", cost.faster))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) if 0 < j < 4 else c.ljust(w) for j, (c, w) in
-                       enumerate(zip(r, widths))).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines + ["", crossover_summary(num_params, gpus_per_node, nodes, intra_bw,
-                                                    nics_per_node=nics_per_node, **model)])
+    summary = crossover_summary(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
+    return table(rows[0], rows[1:], left=(0, 4), notes=["", summary])
 
 
 def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9, *,
