@@ -105,17 +105,9 @@ NEAR_TIE = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """One option: a strategy, what is offloaded to the host, and the recomputation policy.
-
-    ``strategy``: one of :data:`STRATEGIES`; ``offload``: "none", "optimizer" (ZeRO-1/2/3,
-    HSDP) or "optimizer+params" (ZeRO-3 and HSDP only: ZeRO-Infinity / FSDP's
-    ``CPUOffloadPolicy``); ``recompute``: "none", "selective" (recompute each block's
-    attention core in backward: torch's op-level selective activation checkpointing,
-    Korthikanti et al.'s selective recomputation) or "full" (checkpoint every block,
-    recompute it in backward). ``False``/``True`` are read as "none"/"full", so
-    ``Choice("ZeRO-3", "none", True) == Choice("ZeRO-3", "none", "full")``; the field
-    always holds the string (``recomputes`` is the bool).
-    """
+    """One option: a :data:`STRATEGIES` name, an offload ("none", "optimizer", or
+    "optimizer+params" for ZeRO-3/HSDP) and a :data:`RECOMPUTE` policy ("selective":
+    the attention core; ``False``/``True`` are read as "none"/"full")."""
 
     strategy: str
     offload: str = "none"
@@ -549,21 +541,12 @@ def _latency_s(op: str, world: int, calls: int, alpha_s: float) -> float:
 
 
 def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
-    """Seconds of communication per optimizer step, and the bytes per step that the busiest
-    GPU sends over NVLink (``"intra"``) and that one NIC sends to other nodes (``"inter"``).
-
-    The link model is :mod:`course_utils.theory.multinode`'s: a flat ring over all GPUs
-    (DDP, ZeRO-1/2/3) runs one ring per NIC, each leaving every node once, so a node's
-    NICs carry what one rank sends, 1/nics_per_node each, while NVLink carries the hops
-    inside the node at the same time; every step pays the inter-node alpha. HSDP: ZeRO-3 on NVLink inside
-    the node, then ``gpus_per_node`` rings across nodes (one per local rank) that share the
-    node's NICs. Messages are in :attr:`Assumptions.wire_bytes` (torch: parameters
-    gathered in bf16, gradients reduced in fp32). Torch's ZeRO-1 (ZeroRedundancyOptimizer)
-    all-reduces the gradients and then every rank broadcasts its updated fp32 parameters:
-    modelled as an all-gather of them (a pipelined broadcast sends the same (N-1)/N of each
-    shard per rank). Torch's ZeRO-2 (FSDP2, ``reshard_after_forward=False``) gathers once
-    per micro-batch, as FSDP2 reshards after backward.
-    """
+    """(seconds of communication per step, {"intra": bytes the busiest GPU sends over NVLink,
+    "inter": bytes one NIC sends}). A flat ring (DDP, ZeRO) runs one ring per NIC, paying
+    the inter-node alpha at every step; HSDP is ZeRO-3 on NVLink, then ``gpus_per_node``
+    rings across nodes sharing the NICs. Torch's ZeRO-1 adds the broadcast of the updated
+    parameters, modelled as an all-gather; torch's ZeRO-2 (FSDP2 without reshard) gathers
+    once per micro-batch."""
     psi = a.num_params
     p_stored = RECIPES[a.recipe][0]
     pb, gb = a.wire_bytes
@@ -630,12 +613,9 @@ def _offload_s(choice: Choice, a: Assumptions, shard_size: int, k: int) -> float
 
 
 def _memory(choice: Choice, a: Assumptions, model_arg, config, shard_size: int, mb: int):
-    """(GpuMemory, activations, buffers, copies) at micro-batch ``mb``.
-
-    ``copies``: torch only, bf16 copies of parameters held from forward to backward: under
-    autocast the cast of every matmul weight that autograd saves (DDP, ZeroRedundancyOptimizer);
-    with ``reshard_after_forward=False`` every unit's gathered parameters (FSDP2).
-    """
+    """(GpuMemory, activations, buffers, copies) at micro-batch ``mb``; ``copies`` (torch):
+    bf16 copies of parameters held from forward to backward (autocast's saved casts, or
+    FSDP2's gathered units without reshard)."""
     # FSDP2 with reshard_after_forward=False keeps every fp32 state sharded (stage 3's bytes);
     # what it holds more are the gathered bf16 parameters, counted as copies below
     stage = 3 if a.framework == "torch" and choice.stage == 2 else choice.stage
