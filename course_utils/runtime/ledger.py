@@ -32,16 +32,8 @@ LEDGER_OPS = OPS + ("broadcast", "reduce", "scatter", "gather", "all_to_all", "s
 
 @_dataclasses.dataclass(frozen=True)
 class CommRecord:
-    """One collective call seen by a :class:`CommLedger`.
-
-    op: normalised name (a :data:`LEDGER_OPS` entry); function: what was called
-    (``"all_gather_single"``, ``"funcol.all_reduce"``, ``"all_reduce (DDP comm hook)"``);
-    message_bytes: M, see :class:`CommLedger`; sent_bytes: what this rank sends under
-    the ring model; world_size: ranks in the group; rank: this process's rank in the
-    group; seconds: wall time of the call (for ``async_op=True`` calls, until the call
-    returned, i.e. until the collective was *issued*, not finished); async_op: whether it
-    returned a work handle / async tensor instead of waiting.
-    """
+    """One collective call seen by a :class:`CommLedger` (its docstring says what each
+    field means); ``function``: what was called, e.g. ``"funcol.all_reduce"``."""
 
     op: str
     function: str
@@ -341,22 +333,9 @@ class CommLedger:
     input; the full (unreduced) input for reduce-scatter, N × the output (so the
     ring formulas of :func:`collective_bytes` apply with the same M); this rank's chunk
     for scatter and gather; this rank's whole input for all-to-all; the tensor for
-    send/recv; 0 for barrier. ``sent_bytes``, what this rank puts on the wire:
-
-    ==============  =================================================================
-    all_reduce      2(N-1)/N·M          ring (= reduce-scatter + all-gather)
-    reduce_scatter  (N-1)/N·M           ring
-    all_gather      (N-1)/N·M           ring
-    broadcast       M, but 0 on the rank just before the root in the ring: a
-                    pipelined ring (root -> root+1 -> ...), NCCL's algorithm; the mean
-                    over ranks is (N-1)/N·M
-    reduce          M, but 0 on the root: a pipelined ring ending at the root
-    scatter         (N-1)·M on the root (one chunk to each other rank), 0 elsewhere
-    gather          M on every rank but the root, 0 on the root
-    all_to_all      M minus the chunk this rank keeps
-    send / recv     M / 0
-    barrier         0
-    ==============  =================================================================
+    send/recv; 0 for barrier. ``sent_bytes``: what this rank puts on the wire in the ring
+    model (:func:`course_utils.theory.comm.sent_bytes`; broadcast and reduce as pipelined
+    rings, NCCL's algorithm).
 
     With N = 1 nothing is sent. ``seconds`` is the wall time of the call; for
     ``async_op=True`` calls (and DDP's hook, and functional collectives) that is the time
@@ -436,35 +415,29 @@ class CommLedger:
         seen = {r.op for r in self.records}
         return [op for op in LEDGER_OPS if op in OPS or op in seen] + sorted(seen - set(LEDGER_OPS))
 
-    def totals(self, *, exact: bool = False) -> dict:
-        """``{op: bytes this rank sent in the ring model}`` summed over the records (see the class docstring).
-        Summed exactly (ring ops as fractions), then an int when whole, else a float;
-        ``exact=True`` returns the :class:`fractions.Fraction` sums."""
-        sums = {op: _Fraction(0) for op in self._ops()}
+    def _per_op(self, value, zero=0) -> dict:
+        out = dict.fromkeys(self._ops(), zero)
         for r in self.records:
-            sums[r.op] += _exact_sent(r)
+            out[r.op] += value(r)
+        return out
+
+    def totals(self, *, exact: bool = False) -> dict:
+        """``{op: bytes this rank sent in the ring model}``, summed exactly (ring ops as
+        fractions), then an int when whole, else a float; ``exact=True``: the Fractions."""
+        sums = self._per_op(_exact_sent, _Fraction(0))
         return sums if exact else {op: _from_fraction(v) for op, v in sums.items()}
 
     def counts(self) -> dict:
         """``{op: number of calls}``."""
-        out = dict.fromkeys(self._ops(), 0)
-        for r in self.records:
-            out[r.op] += 1
-        return out
+        return self._per_op(lambda r: 1)
 
     def message_bytes(self) -> dict:
         """``{op: sum of M}`` (the message sizes, before the ring factors)."""
-        out = dict.fromkeys(self._ops(), 0)
-        for r in self.records:
-            out[r.op] += r.message_bytes
-        return out
+        return self._per_op(lambda r: r.message_bytes)
 
     def seconds(self) -> dict:
         """``{op: wall seconds spent in the calls}`` (issue time for async calls)."""
-        out = dict.fromkeys(self._ops(), 0.0)
-        for r in self.records:
-            out[r.op] += r.seconds
-        return out
+        return self._per_op(lambda r: r.seconds, 0.0)
 
     def summary(self) -> dict:
         """Plain, picklable dicts: ``totals``, ``counts``, ``message_bytes``, ``seconds``."""
