@@ -46,26 +46,24 @@ __all__ = [
     "linear_model_bounds", "BenchmarkRow", "benchmark_comparison", "benchmark_table",
 ]
 
-STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "HSDP")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-_STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3, "HSDP": 3}
-_OFFLOADS_OF = {"DDP": ("none",), "ZeRO-1": ("none", "optimizer"), "ZeRO-2": ("none", "optimizer"),
-                "ZeRO-3": OFFLOADS, "HSDP": OFFLOADS}
+_TORCH_OFFLOAD = ("none", "optimizer+params")
+#: strategy: (ZeRO stage, DeepSpeed's offloads, torch's offloads, torch's name (the row
+#: label with framework="torch"), torch's short name). Torch has no optimizer-only offload:
+#: FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer states to the host.
+_SPEC = {"DDP": (0, ("none",), ("none",), "DDP + autocast", "DDP+amp"),
+         "ZeRO-1": (1, OFFLOADS[:2], ("none",), "DDP + ZeroRedundancyOptimizer", "DDP+ZeROopt"),
+         "ZeRO-2": (2, OFFLOADS[:2], ("none",), "FSDP2 reshard_after_forward=False", "FSDP2 no-reshard"),
+         "ZeRO-3": (3, OFFLOADS, _TORCH_OFFLOAD, "FSDP2", "FSDP2"),
+         "HSDP": (3, OFFLOADS, _TORCH_OFFLOAD, "FSDP2 on a 2-D mesh (HSDP)", "FSDP2 HSDP")}
+STRATEGIES = tuple(_SPEC)
+_STAGE, _OFFLOADS_OF, _TORCH_OFFLOADS_OF, TORCH_NAMES, _TORCH_SHORT = (
+    {k: v[i] for k, v in _SPEC.items()} for i in range(5))
 #: activation recomputation policies (memory.activation_bytes): none, selective (the
 #: attention core), full (every block); a Choice also takes False/True for none/full
 RECOMPUTE = ("none", "selective", "full")
 #: whose memory layout and messages a plan models (see the module docstring)
 FRAMEWORKS = ("deepspeed", "torch")
-#: torch has no optimizer-only offload: CPUOffloadPolicy (FSDP2) moves parameters,
-#: gradients and optimizer states to the host; DDP and ZeroRedundancyOptimizer offload nothing
-_TORCH_OFFLOADS_OF = {"DDP": ("none",), "ZeRO-1": ("none",), "ZeRO-2": ("none",),
-                      "ZeRO-3": ("none", "optimizer+params"), "HSDP": ("none", "optimizer+params")}
-#: each strategy as torch spells it (framework="torch"): the row labels
-TORCH_NAMES = {"DDP": "DDP + autocast", "ZeRO-1": "DDP + ZeroRedundancyOptimizer",
-               "ZeRO-2": "FSDP2 reshard_after_forward=False", "ZeRO-3": "FSDP2",
-               "HSDP": "FSDP2 on a 2-D mesh (HSDP)"}
-_TORCH_SHORT = {"DDP": "DDP+amp", "ZeRO-1": "DDP+ZeROopt", "ZeRO-2": "FSDP2 no-reshard",
-                "ZeRO-3": "FSDP2", "HSDP": "FSDP2 HSDP"}
 #: the torch calls each row of a torch plan means (printed under its table)
 TORCH_CALLS = {
     "DDP": "DistributedDataParallel(model, gradient_as_bucket_view=True), forward under "
