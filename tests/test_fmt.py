@@ -86,3 +86,27 @@ def test_labels_that_count_ranks_say_1_rank():
     assert _group_sizes([4, 4, 1]) == "2 over 4 ranks, 1 over 1 rank"
     one_gpu = [s for s in CAPSTONE_SCENARIOS if s.gpus == 1]
     assert one_gpu and all("N = 1 GPU (1 node x 1)" in s.numbers() for s in one_gpu)
+
+
+def test_the_one_byte_formatter_covers_every_format_the_package_prints():
+    from course_utils.runtime.fmt import fmt_bytes
+
+    assert fmt_bytes(28e9) == "28.0 GB" and fmt_bytes(2**30, "GiB", 2) == "1.00 GiB"
+    assert [fmt_bytes(n, "auto", 2, sep=True) for n in (1000, 3 * 2**20, 5 * 2**40, -2000)] == [
+        "1,000 B", "3.00 MiB", "5.00 TiB", "-1.95 KiB"]
+    assert [fmt_bytes(n, None, 2, sep=True) for n in (4000, 925925.25)] == ["4,000", "925,925.25"]
+    assert [fmt_bytes(m, "auto", 3, sig=True, largest="MiB") for m in (16, 523.7, 3 * 2**10, 2**30)] == [
+        "16 B", "523.7 B", "3 KiB", "1.02e+03 MiB"]
+    with pytest.raises(ValueError, match="unit must be one of"):
+        fmt_bytes(1, "GiBs")
+
+
+def test_the_one_table_renderer_aligns_rules_and_notes():
+    from course_utils.runtime.fmt import table
+
+    text = table(["op", "bytes", "ok"], [["all_reduce", 6000, "ok"], ["total", 6000, "DIFFERS"]],
+                 left=(0, 2), rules=(0, 1), notes=["a note"])
+    assert text.splitlines() == ["op          bytes  ok", "----------  -----  -------",
+                                 "all_reduce  6,000  ok", "----------  -----  -------",
+                                 "total       6,000  DIFFERS", "a note"]
+    assert table(["a"], [["x"]], rules=()).splitlines() == ["a", "x"]

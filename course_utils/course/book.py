@@ -1,33 +1,17 @@
 """The course as a static HTML book, for reading offline: ``make book``.
 
-Not taught in a notebook: this is how the notebooks are published. ``python -m
-course_utils.course.book [--out _build/book]`` turns every notebook of the sequence
-(:data:`course_utils.course.paths.NOTEBOOKS`) that exists in ``notebooks/`` into one HTML page,
-with its committed outputs (nothing is re-executed), and writes an ``index.html`` that
-lists them in order with their titles; notebooks not written yet are listed as such.
-Figures of ``vis/`` that a markdown cell references (``../vis/<name>.svg``) are copied
-to ``<out>/vis/``. The same notebooks give the same bytes.
+``python -m course_utils.course.book [--out _build/book]`` turns every notebook of
+:data:`course_utils.course.paths.NOTEBOOKS` in ``notebooks/`` into one HTML page with its
+committed outputs (nothing re-executed), an ``index.html`` in order, and copies the
+``vis/`` figures markdown cells reference. The same notebooks give the same bytes.
 
-Offline-safe by construction (nbconvert's ``lab`` template, trimmed):
-
-* no ``<script>`` at all: the template's require.js, MathJax, Mermaid and
-  jupyter-widgets loaders, all fetched from CDNs, are dropped. The notebooks use no
-  LaTeX math and no Mermaid; a notebook that adds ``$...$`` math would show it as raw
-  TeX here;
-* a quiz (the output of a cell ``quiz.show("NN")``) is shown as a quiz a reader can
-  check without a kernel: its questions and options, each answer and explanation
-  behind a click (:meth:`~course_utils.course.questions.Quiz.answers_html`, a
-  ``<details>`` element: no script);
-* other widget outputs (the calculator, the planner, the ring stepper) show their
-  static form, every part of it: the figure (``image/png``) and the text table
-  (``text/plain``) one after the other, where a notebook frontend would pick one. Their
-  interactive forms need a live kernel (``make lab`` or Colab);
-* text outputs are never broken inside a word: the lab template's ``word-break:
-  break-all`` (which cut "states" into "state|s" at the right margin) is overridden.
-  A line of a table (columns apart by two or more spaces) stays whole and scrolls
-  sideways when wider than the page, so tables stay aligned; a line of prose wraps
-  between words (:func:`_book_lines`);
-* images are inline: PNG outputs as ``data:`` URIs, SVG outputs as SVG, CSS inlined.
+Offline-safe by construction (nbconvert's ``lab`` template, trimmed): no ``<script>``
+(the CDN loaders of require.js, MathJax, Mermaid and widgets are dropped: ``$...$`` math
+would show as raw TeX); a quiz output is shown with each answer behind a ``<details>``
+click; other widgets show their static form (figure and text table); a line of a table
+(columns two or more spaces apart) stays whole and scrolls sideways, prose wraps between
+words (:func:`_book_lines`), overriding the template's ``word-break: break-all``; images
+and CSS are inline.
 """
 from __future__ import annotations
 

@@ -151,8 +151,54 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-class Calculator:
+class _Form:
+    """A form of ipywidgets ``controls`` (two columns) over a frozen setting dataclass, with a
+    figure and a text table out; where no widget frontend renders (nbval, GitHub) the
+    display is that figure and table, deterministically."""
+
+    _label = "<figure>"
+
+    def _start(self):
+        import ipywidgets as w
+
+        self.out = w.Output()
+        for c in self.controls.values():
+            c.observe(self._changed, names="value")
+        items = list(self.controls.values())
+        # The two columns wrap under each other in a narrow notebook (a side panel open).
+        self.box = w.VBox([w.HBox([w.VBox(items[:6]), w.VBox(items[6:])],
+                                  layout=w.Layout(flex_flow="row wrap")), self.out])
+        self._render()
+
+    def _sync(self):
+        pass
+
+    def _changed(self, _):
+        self._sync()
+        try:
+            self.setting = type(self.setting)(**{k: c.value for k, c in self.controls.items()})
+        except (ValueError, TypeError) as exc:
+            self.out.outputs = (_stream(f"Change the inputs: {exc}\n"),)
+            return
+        self._render()
+
+    def _render(self):
+        # The Output widget's content is set directly (never `with out: print`), so
+        # nothing leaks into the cell's saved output.
+        self.out.outputs = (
+            {"output_type": "display_data", "metadata": {},
+             "data": {"image/png": _png_b64(self._figure()), "text/plain": self._label}},
+            _stream(self._text() + "\n"),
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        return widgets.bundle(self.box, self._text(), {"image/png": _png_b64(self._figure())})
+
+
+class Calculator(_Form):
     """The widget. ``Calculator(setting)``; display it in a notebook (or call :func:`show`)."""
+
+    _label = "<calculator figure>"
 
     def __init__(self, setting: Setting | None = None):
         import ipywidgets as w
@@ -185,39 +231,16 @@ class Calculator:
             "gpu_memory": w.ToggleButtons(options=list(GPU_MEMORY), value=s.gpu_memory,
                                           description="GPU memory", style={**style, "button_width": "80px"}),
         }
-        self.out = w.Output()
-        for c in self.controls.values():
-            c.observe(self._changed, names="value")
-        items = list(self.controls.values())
-        # The two columns wrap under each other in a narrow notebook (a side panel open).
-        self.box = w.VBox([w.HBox([w.VBox(items[:6]), w.VBox(items[6:])],
-                                  layout=w.Layout(flex_flow="row wrap")), self.out])
-        self._render()
+        self._start()
 
-    def _changed(self, _):
+    def _sync(self):
         self.controls["custom_billions"].disabled = self.controls["model"].value != CUSTOM
-        try:
-            self.setting = Setting(**{k: c.value for k, c in self.controls.items()})
-        except ValueError as exc:
-            self.out.outputs = (_stream(f"Change the inputs: {exc}\n"),)
-            return
-        self._render()
 
-    def _render(self):
-        # Set the Output widget's content directly (synced through the widget, not printed
-        # into the cell), so no frontend or test runner sees stray cell output.
-        import base64
+    def _figure(self):
+        return plot(self.setting)
 
-        png = base64.b64encode(_png(plot(self.setting))).decode()
-        self.out.outputs = (
-            {"output_type": "display_data", "metadata": {},
-             "data": {"image/png": png, "text/plain": "<calculator figure>"}},
-            _stream(table(self.setting) + "\n"),
-        )
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        # Without a widget frontend: a static figure and the text table of this setting.
-        return widgets.bundle(self.box, table(self.setting), {"image/png": _png_b64(plot(self.setting))})
+    def _text(self) -> str:
+        return table(self.setting)
 
 
 def show(setting: Setting | None = None):
@@ -297,12 +320,10 @@ def _png_b64(fig) -> str:
     return base64.b64encode(_png(fig)).decode()
 
 
-class PlannerWidget:
-    """The planner as a form: sliders and dropdowns in, a table and a bar plot out.
+class PlannerWidget(_Form):
+    """The planner as a form: sliders and dropdowns in, a table and a bar plot out."""
 
-    Display it in a notebook; without a widget frontend (nbval, GitHub) the display is
-    the PNG plot and the text table of the current setting, deterministically.
-    """
+    _label = "<planner figure>"
 
     def __init__(self, setting: PlannerSetting | None = None):
         import ipywidgets as w
@@ -334,34 +355,13 @@ class PlannerWidget:
             "overlap": w.FloatSlider(value=s.overlap, min=0.0, max=1.0, step=0.1,
                                      description="comm overlap", style=style),
         }
-        self.out = w.Output()
-        for c in self.controls.values():
-            c.observe(self._changed, names="value")
-        items = list(self.controls.values())
-        self.box = w.VBox([w.HBox([w.VBox(items[:6]), w.VBox(items[6:])],
-                                  layout=w.Layout(flex_flow="row wrap")), self.out])
-        self._render()
+        self._start()
 
-    def _changed(self, _):
-        try:
-            self.setting = PlannerSetting(**{k: c.value for k, c in self.controls.items()})
-        except (ValueError, TypeError) as exc:
-            self.out.outputs = (_stream(f"Change the inputs: {exc}\n"),)
-            return
-        self._render()
+    def _figure(self):
+        return planner.plot(self.setting.plan())
 
-    def _render(self):
-        # The Output widget's content is set directly (never `with out: print`), so
-        # nothing leaks into the cell's saved output.
-        self.out.outputs = (
-            {"output_type": "display_data", "metadata": {},
-             "data": {"image/png": _png_b64(planner.plot(self.setting.plan())), "text/plain": "<planner figure>"}},
-            _stream(self.setting.text() + "\n"),
-        )
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        return widgets.bundle(self.box, self.setting.text(),
-                              {"image/png": _png_b64(planner.plot(self.setting.plan()))})
+    def _text(self) -> str:
+        return self.setting.text()
 
 
 def planner_widget(setting: PlannerSetting | None = None, **fields) -> PlannerWidget:

@@ -36,6 +36,19 @@ DPI = 150
 #: The files each figure is written as, in ``vis/<name>.<format>``.
 FORMATS = ("svg", "png")
 _CSS_DPI = 96   # CSS pixels per inch: an 8-inch figure shows 768 px wide, as its SVG does
+_STATE_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+
+
+def _despine(*axes) -> None:
+    for ax in axes:
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+
+
+def _finish(fig, *axes):
+    _despine(*axes)
+    fig.tight_layout()
+    return fig
 
 
 # ------------------------------------------------------------------- zero_stages
@@ -58,7 +71,7 @@ def _zero_stages_draw(d: dict):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    colors = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+    colors = _STATE_COLORS
     fig, ax = plt.subplots(figsize=(8.0, 3.6))
     names = [s["name"] for s in d["stages"]][::-1]
     stages = d["stages"][::-1]
@@ -82,10 +95,7 @@ def _zero_stages_draw(d: dict):
     handles = [Patch(facecolor=c, edgecolor="black", label=p) for p, c in colors.items()]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="sharded 1/N"))
     ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=False)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 # ------------------------------------------------------------------ ddp_redundancy
@@ -104,7 +114,7 @@ def _ddp_redundancy_data() -> dict:
 def _ddp_redundancy_draw(d: dict):
     import matplotlib.pyplot as plt
 
-    colors = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
+    colors = _STATE_COLORS
     fig, ax = plt.subplots(figsize=(8.0, 3.4))
     for g in range(d["gpus"]):
         bottom = 0.0
@@ -122,10 +132,7 @@ def _ddp_redundancy_draw(d: dict):
     ax.set_title(f"DDP keeps {d['gpus']} identical copies: {d['cluster_GB']:g} GB in the cluster, "
                  f"{d['unique_GB']:g} GB of it unique ({d['num_params'] / 1e9:g}B params)", fontsize=9)
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 def _ring_data() -> dict:
@@ -242,8 +249,7 @@ def _collectives_draw(d: dict):
     ax.axis("off")
     ax.set_title(f"The four collectives of ZeRO and FSDP on {n} ranks: rank r starts from 10·r + i; "
                  "colour = the rank a value comes from, yellow = a sum over all ranks", fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 # ----------------------------------------------------------------- memory_vs_gpus
@@ -289,10 +295,7 @@ def _memory_vs_gpus_draw(d: dict):
     ax.set_title(f"Model states per GPU vs N: {d['num_params'] / 1e9:g}B parameters, "
                  "mixed-precision Adam (2 + 2 + 12 bytes/param)\nZeRO-3 alone falls as 1/N", fontsize=9)
     ax.legend(fontsize=8, frameon=False, loc="center right")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax)
 
 
 # ------------------------------------------------------------------ zero3_timeline
@@ -335,15 +338,13 @@ def _zero3_timeline_draw(d: dict):
                       rotation=90, fontsize=7)
         ax.set_xlim(-0.5, len(tl) - 0.5)
         ax.set_title(f"prefetch={key.capitalize()}", fontsize=9)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        _despine(ax)
     axes[0].set_ylabel("KB of full fp32 parameters alive")
     axes[0].set_ylim(0, d["full_model_bytes"] / 1e3 * 1.15)
     axes[0].legend(fontsize=7.5, frameon=False, loc="center", bbox_to_anchor=(0.5, 0.68))
     fig.suptitle(f"ZeRO-3 (course_utils.impl.zero3) on the course GPT, {d['world_size']} ranks: one training "
                  "step, gather by gather (root = embeddings + final norm, b0..b3 = blocks)", fontsize=9)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 # ---------------------------------------------------------------------- comm_table
@@ -408,8 +409,7 @@ def _comm_table_draw(d: dict):
     ax.set_xlim(0, max(r["total"] for r in rows) / GB * 1.6)
     ax.set_xlabel("GB one rank sends per step (ring algorithms, 1 GB = 10^9 bytes)", fontsize=8)
     ax.legend(fontsize=8, frameon=False, loc="upper right")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    _despine(ax)
     ax.set_title(f"Communication per step: {d['preset']} (Ψ = {d['num_params']:,}, {d['layers']} blocks), "
                  f"{d['world_size']} ranks, {8 * d['bytes_per_elem']}-bit messages", fontsize=9)
 
@@ -430,8 +430,7 @@ def _comm_table_draw(d: dict):
     tab.set_title(f"L = {d['layers']} blocks + the root. ZeRO-3 as in the paper gathers every unit in forward "
                   "and again in backward: 2L+2.\nFSDP2 keeps the root gathered between forward and backward: "
                   "2L+1.\nThe paper counts elements and drops (N-1)/N: 2Ψ vs 3Ψ.", fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 FIGURES: dict[str, tuple[Callable[[], dict], Callable[[dict], object]]] = {

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 
+from .fmt import table as fmt_table
 from .launch import backend_label, choose_start_method, gpu_count, resolve_backend
 
 __all__ = ["Environment", "detect", "in_colab", "gpu_names", "plan", "table"]
@@ -96,14 +97,9 @@ def plan(world_sizes=(1, 2, 4, 8)) -> list[tuple[int, str]]:
     return [(n, resolve_backend(n, "auto")) for n in sizes]
 
 
-def _format(rows: list[tuple[str, str]]) -> str:
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
 def table(world_sizes=(1, 2, 4, 8), env: Environment | None = None) -> str:
     """One short table: this machine, then the backend each demo size will use."""
     env = env or detect()
     rows = env.rows() + [(f"demo, {n} rank{'s' if n > 1 else ''}", backend_label(b))
                          for n, b in plan(world_sizes)]
-    return _format(rows)
+    return fmt_table(rows[0], rows[1:], left=(0, 1), rules=())

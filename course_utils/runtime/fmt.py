@@ -17,13 +17,18 @@ is ``4.476452`` on another, and a difference to a reference, ``1.6e-07`` here, i
 * equality of tensors across ranks as a boolean, not as a digest of their bits.
 
 The exact checks (bitwise where they hold, a tolerance elsewhere) live in the tests.
+Bytes and text tables: :func:`fmt_bytes` and :func:`table`, the package's one byte
+formatter and one table renderer (defined in ``theory/text.py`` so that ``theory`` can use
+them too).
 """
 from __future__ import annotations
 
 import math
 import operator
 
-__all__ = ["SIG", "LOSS_RTOL", "GRAD_ATOL", "num", "nums", "sci", "bound", "above", "near", "ratio",
+from ..theory.text import fmt_bytes, table
+
+__all__ = ["fmt_bytes", "table", "SIG", "LOSS_RTOL", "GRAD_ATOL", "num", "nums", "sci", "bound", "above", "near", "ratio",
            "losses_match", "max_abs_diff", "max_rel_diff", "show", "plural"]
 
 #: Significant digits of a measured float (a loss, a norm) in a notebook's output.

@@ -20,6 +20,7 @@ import time as _time
 from fractions import Fraction as _Fraction
 
 from ..theory.comm import OPS, sent_bytes
+from ..theory.text import fmt_bytes, table
 from .compat import DDP_BUFFER_BROADCAST, functional_collectives, resolve_process_group
 
 __all__ = ["CommLedger", "CommRecord", "LEDGER_OPS", "ddp_comm_hook"]
@@ -31,16 +32,8 @@ LEDGER_OPS = OPS + ("broadcast", "reduce", "scatter", "gather", "all_to_all", "s
 
 @_dataclasses.dataclass(frozen=True)
 class CommRecord:
-    """One collective call seen by a :class:`CommLedger`.
-
-    op: normalised name (a :data:`LEDGER_OPS` entry); function: what was called
-    (``"all_gather_single"``, ``"funcol.all_reduce"``, ``"all_reduce (DDP comm hook)"``);
-    message_bytes: M, see :class:`CommLedger`; sent_bytes: what this rank sends under
-    the ring model; world_size: ranks in the group; rank: this process's rank in the
-    group; seconds: wall time of the call (for ``async_op=True`` calls, until the call
-    returned, i.e. until the collective was *issued*, not finished); async_op: whether it
-    returned a work handle / async tensor instead of waiting.
-    """
+    """One collective call seen by a :class:`CommLedger` (its docstring says what each
+    field means); ``function``: what was called, e.g. ``"funcol.all_reduce"``."""
 
     op: str
     function: str
@@ -306,8 +299,7 @@ def ddp_comm_hook(process_group, bucket):
         _TLS.label = None
 
 
-def _fmt_bytes(x) -> str:
-    return f"{x:,}" if isinstance(x, int) else f"{x:,.2f}"
+_fmt_bytes = _functools.partial(fmt_bytes, unit=None, digits=2, sep=True)
 
 
 class CommLedger:
@@ -341,22 +333,9 @@ class CommLedger:
     input; the full (unreduced) input for reduce-scatter, N × the output (so the
     ring formulas of :func:`collective_bytes` apply with the same M); this rank's chunk
     for scatter and gather; this rank's whole input for all-to-all; the tensor for
-    send/recv; 0 for barrier. ``sent_bytes``, what this rank puts on the wire:
-
-    ==============  =================================================================
-    all_reduce      2(N-1)/N·M          ring (= reduce-scatter + all-gather)
-    reduce_scatter  (N-1)/N·M           ring
-    all_gather      (N-1)/N·M           ring
-    broadcast       M, but 0 on the rank just before the root in the ring: a
-                    pipelined ring (root -> root+1 -> ...), NCCL's algorithm; the mean
-                    over ranks is (N-1)/N·M
-    reduce          M, but 0 on the root: a pipelined ring ending at the root
-    scatter         (N-1)·M on the root (one chunk to each other rank), 0 elsewhere
-    gather          M on every rank but the root, 0 on the root
-    all_to_all      M minus the chunk this rank keeps
-    send / recv     M / 0
-    barrier         0
-    ==============  =================================================================
+    send/recv; 0 for barrier. ``sent_bytes``: what this rank puts on the wire in the ring
+    model (:func:`course_utils.theory.comm.sent_bytes`; broadcast and reduce as pipelined
+    rings, NCCL's algorithm).
 
     With N = 1 nothing is sent. ``seconds`` is the wall time of the call; for
     ``async_op=True`` calls (and DDP's hook, and functional collectives) that is the time
@@ -436,35 +415,29 @@ class CommLedger:
         seen = {r.op for r in self.records}
         return [op for op in LEDGER_OPS if op in OPS or op in seen] + sorted(seen - set(LEDGER_OPS))
 
-    def totals(self, *, exact: bool = False) -> dict:
-        """``{op: bytes this rank sent in the ring model}`` summed over the records (see the class docstring).
-        Summed exactly (ring ops as fractions), then an int when whole, else a float;
-        ``exact=True`` returns the :class:`fractions.Fraction` sums."""
-        sums = {op: _Fraction(0) for op in self._ops()}
+    def _per_op(self, value, zero=0) -> dict:
+        out = dict.fromkeys(self._ops(), zero)
         for r in self.records:
-            sums[r.op] += _exact_sent(r)
+            out[r.op] += value(r)
+        return out
+
+    def totals(self, *, exact: bool = False) -> dict:
+        """``{op: bytes this rank sent in the ring model}``, summed exactly (ring ops as
+        fractions), then an int when whole, else a float; ``exact=True``: the Fractions."""
+        sums = self._per_op(_exact_sent, _Fraction(0))
         return sums if exact else {op: _from_fraction(v) for op, v in sums.items()}
 
     def counts(self) -> dict:
         """``{op: number of calls}``."""
-        out = dict.fromkeys(self._ops(), 0)
-        for r in self.records:
-            out[r.op] += 1
-        return out
+        return self._per_op(lambda r: 1)
 
     def message_bytes(self) -> dict:
         """``{op: sum of M}`` (the message sizes, before the ring factors)."""
-        out = dict.fromkeys(self._ops(), 0)
-        for r in self.records:
-            out[r.op] += r.message_bytes
-        return out
+        return self._per_op(lambda r: r.message_bytes)
 
     def seconds(self) -> dict:
         """``{op: wall seconds spent in the calls}`` (issue time for async calls)."""
-        out = dict.fromkeys(self._ops(), 0.0)
-        for r in self.records:
-            out[r.op] += r.seconds
-        return out
+        return self._per_op(lambda r: r.seconds, 0.0)
 
     def summary(self) -> dict:
         """Plain, picklable dicts: ``totals``, ``counts``, ``message_bytes``, ``seconds``."""
@@ -482,14 +455,7 @@ class CommLedger:
         rows.append(("total", str(sum(counts.values())), _fmt_bytes(sum(msgs.values())),
                      _fmt_bytes(_from_fraction(sum(self.totals(exact=True).values(), _Fraction(0)))),
                      f"{sum(secs.values()):.4f}"))
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        lines = []
-        for i, row in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                                   for j, (c, w) in enumerate(zip(row, widths))))
-            if i == 0 or i == len(rows) - 2:
-                lines.append("  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        return table(rows[0], rows[1:], rules=(0, len(rows) - 2))
 
     def compare(self, expected: dict) -> str:
         """The ledger's bytes (the ring model applied to each recorded call) vs ``expected``
@@ -513,9 +479,7 @@ class CommLedger:
         if "total" in expected:
             all_m = sum(measured.values(), _Fraction(0))
             rows.append(self._compare_row("total", all_m, expected["total"]))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        return "\n".join("  ".join(c.ljust(w) if j in (0, 4) else c.rjust(w)
-                                   for j, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows)
+        return table(rows[0], rows[1:], left=(0, 4), rules=())
 
     @staticmethod
     def _compare_row(op, measured: _Fraction, expected) -> tuple:

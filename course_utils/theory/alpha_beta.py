@@ -19,6 +19,7 @@ from typing import Sequence
 
 from ..checks import check_int, check_positive
 from .comm import OPS, collective_bytes
+from .text import fmt_bytes
 
 __all__ = ["ring_steps", "predict_time", "crossover_bytes", "AlphaBetaFit", "fit_alpha_beta",
            "plot_alpha_beta"]
@@ -138,10 +139,7 @@ def fit_alpha_beta(sizes: Sequence, times: Sequence, op: str = "all_reduce",
 
 
 def _bytes_label(m: float) -> str:
-    for unit, scale in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if m >= scale:
-            return f"{m / scale:.3g} {unit}"
-    return f"{m:g} B"
+    return fmt_bytes(m, "auto", 3, sig=True, largest="MiB")
 
 
 def plot_alpha_beta(sizes: Sequence, times: Sequence, fit: AlphaBetaFit):

@@ -86,17 +86,12 @@ def deepspeed_zero2(num_params, *, gpus_per_node: int = 1, nodes: int = 1,
                     cpu_offload: bool = False, additional_buffer_factor: float = 1.5):
     """DeepSpeed's ZeRO-2 model-states estimate: ``(gpu_bytes, cpu_bytes)`` per GPU / per node.
 
-    Same arithmetic, in the same order, as ``estimate_zero2_model_states_mem_needs``
-    (DeepSpeed 0.19.8, ``deepspeed/runtime/zero/stage_1_and_2.py``), with N = all GPUs:
-
-    * no offload: GPU = ``2Ψ + int(18Ψ/N)`` (fp16 params replicated; fp16 + fp32 grads,
-      fp32 master, Adam m and v sharded); CPU = ``Ψ·4·gpus_per_node·factor``, the fp32
-      model each local rank builds before DeepSpeed takes over.
-    * ``cpu_offload``: GPU = ``2Ψ``; CPU = ``Ψ·max(4N, 16)·factor``.
-
-    DeepSpeed returns ``(cpu, gpu)`` and defaults to ``cpu_offload=True``; we return
-    ``(gpu, cpu)`` and default to no offload. Before DeepSpeed PR #5099 (2024) the
-    no-offload GPU line was ``4Ψ + int(16Ψ/N)``; its docs' ZeRO-2 table still shows that.
+    The arithmetic of ``estimate_zero2_model_states_mem_needs`` (DeepSpeed 0.19.8), in its
+    order, N = all GPUs: GPU = ``2Ψ`` replicated fp16 params + ``int(18Ψ/N)`` sharded (fp16
+    + fp32 grads, master, m, v; none of it with offload); CPU = the fp32 model each local
+    rank builds before DeepSpeed takes over. DeepSpeed returns ``(cpu, gpu)`` and defaults
+    to ``cpu_offload=True``. Before DeepSpeed PR #5099 (2024) the no-offload GPU line was
+    ``4Ψ + int(16Ψ/N)``; its docs' ZeRO-2 table still shows that.
     """
     num_params, _ = _resolve(num_params)
     _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
@@ -117,19 +112,10 @@ def deepspeed_zero3(num_params, largest_layer_params=None, *, gpus_per_node: int
                     zero_init: bool = True, additional_buffer_factor: float = 1.5):
     """DeepSpeed's ZeRO-3 model-states estimate: ``(gpu_bytes, cpu_bytes)`` per GPU / per node.
 
-    Same arithmetic as ``estimate_zero3_model_states_mem_needs`` (DeepSpeed 0.19.8,
-    ``deepspeed/runtime/zero/stage3.py``). With L = largest layer's params, N = all GPUs,
-    g = gpus_per_node, f = additional_buffer_factor:
-
-    * no offload: GPU ``4L + int(18Ψ/N)``; CPU ``4·L·g·f`` with zero_init, else ``4·Ψ·g·f``.
-    * ``cpu_offload``: GPU ``4L + int(2Ψ/N)``; CPU ``16·Ψ/nodes·f`` with zero_init,
-      else ``Ψ·max(4g, 16/nodes)·f``.
-    * ``cpu_offload`` and ``cpu_offload_params``: GPU ``4L``; CPU ``18·Ψ/nodes·f`` with
-      zero_init, else ``Ψ·max(4g, 18/nodes)·f``.
-
-    ``4L``: the largest layer gathered as fp16 params plus its fp16 grads. ``largest_layer_params``
-    may be left out when a TransformerConfig (or a preset with one) is passed.
-    DeepSpeed returns ``(cpu, gpu, 4L)`` and defaults to both offloads on.
+    The arithmetic of ``estimate_zero3_model_states_mem_needs`` (DeepSpeed 0.19.8). ``4L``
+    (L = the largest layer's params, from the config when one is given): that layer
+    gathered as fp16 params plus its fp16 grads. DeepSpeed returns ``(cpu, gpu, 4L)`` and
+    defaults to both offloads on.
     """
     num_params, largest_layer_params = _resolve(num_params, largest_layer_params, need_largest=True)
     _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
@@ -344,26 +330,22 @@ def compare(model, world_size: int, *, largest_layer_params=None,
                             f"{what}; {_SHARDED[stage]}",
                             _IGNORED))
     kw = dict(gpus_per_node=gpus_per_node, nodes=nodes)
-    gpu, cpu = deepspeed_zero2(num_params, **kw)
-    rows.append(Row("DeepSpeed ZeRO-2", 2, gpu, _DS_NOTE,
-                    "2 B fp16 params replicated + 18 B/param sharded (fp16+fp32 grads, master, m, v)",
-                    "activations, reduce buckets, CUDA context; its CPU figure is init-time only", cpu))
-    gpu, cpu = deepspeed_zero2(num_params, cpu_offload=True, **kw)
-    rows.append(Row("DeepSpeed ZeRO-2 + offload_optimizer", 2, gpu, _DS_NOTE,
-                    "2 B fp16 params on GPU; fp32 states and grads in host RAM (x1.5 buffer)",
-                    "activations, fp16 grad buckets on GPU, pinned-memory limits", cpu))
-    gpu, cpu = deepspeed_zero3(num_params, largest, **kw)
-    rows.append(Row("DeepSpeed ZeRO-3", 3, gpu, _DS_NOTE,
-                    "4 B x largest layer (gathered fp16 param + grad) + 18 B/param sharded",
-                    "activations, prefetch/all-gather buckets beyond one layer, CUDA context", cpu))
-    gpu, cpu = deepspeed_zero3(num_params, largest, cpu_offload=True, **kw)
-    rows.append(Row("DeepSpeed ZeRO-3 + offload_optimizer", 3, gpu, _DS_NOTE,
-                    "4 B x largest layer + 2 B/param fp16 shard on GPU; 16 B/param in host RAM",
-                    "activations, prefetch buckets, CUDA context", cpu))
-    gpu, cpu = deepspeed_zero3(num_params, largest, cpu_offload=True, cpu_offload_params=True, **kw)
-    rows.append(Row("DeepSpeed ZeRO-3 + offload_param+opt", 3, gpu, _DS_NOTE,
-                    "only 4 B x largest layer on GPU; 18 B/param in host RAM",
-                    "activations, prefetch buckets, CUDA context, PCIe traffic", cpu))
+    for stage, offload, counts, ignores in (
+            (2, {}, "2 B fp16 params replicated + 18 B/param sharded (fp16+fp32 grads, master, m, v)",
+             "activations, reduce buckets, CUDA context; its CPU figure is init-time only"),
+            (2, {"cpu_offload": True}, "2 B fp16 params on GPU; fp32 states and grads in host RAM (x1.5 buffer)",
+             "activations, fp16 grad buckets on GPU, pinned-memory limits"),
+            (3, {}, "4 B x largest layer (gathered fp16 param + grad) + 18 B/param sharded",
+             "activations, prefetch/all-gather buckets beyond one layer, CUDA context"),
+            (3, {"cpu_offload": True}, "4 B x largest layer + 2 B/param fp16 shard on GPU; 16 B/param in host RAM",
+             "activations, prefetch buckets, CUDA context"),
+            (3, {"cpu_offload": True, "cpu_offload_params": True},
+             "only 4 B x largest layer on GPU; 18 B/param in host RAM",
+             "activations, prefetch buckets, CUDA context, PCIe traffic")):
+        gpu, cpu = (deepspeed_zero2(num_params, **kw, **offload) if stage == 2
+                    else deepspeed_zero3(num_params, largest, **kw, **offload))
+        name = f"DeepSpeed ZeRO-{stage}" + {0: "", 1: " + offload_optimizer", 2: " + offload_param+opt"}[len(offload)]
+        rows.append(Row(name, stage, gpu, _DS_NOTE, counts, ignores, cpu))
     for dtype, what in (("float32", "max over stages; fp32 step = 4 B weights + 4 grads + 8 Adam"),
                         ("float16", "max over stages; mixed peak = 8 B Adam states alone")):
         rows.append(Row(f"accelerate estimate-memory ({dtype})", None,

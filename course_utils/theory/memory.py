@@ -34,6 +34,8 @@ import dataclasses
 import math
 from numbers import Real
 
+from .text import GB, UNITS, GiB, fmt_bytes, to_unit  # noqa: F401 (re-exported)
+
 __all__ = ["RECIPES", "ModelStates", "model_states", "GB", "GiB", "fmt_bytes", "to_unit",
            "Placement", "placement", "Activations", "activation_bytes", "block_terms",
            "recompute_policy", "GpuMemory", "per_gpu",
@@ -50,9 +52,6 @@ RECIPES: dict[str, tuple[int, int, int]] = {
 STAGES = (0, 1, 2, 3)
 STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
-GB = 10**9      #: the ZeRO paper's "GB" (decimal)
-GiB = 2**30     #: what nvidia-smi and DeepSpeed's estimators print (they label it "GB")
-UNITS = {"B": 1, "GB": GB, "GiB": GiB, "MB": 10**6, "MiB": 2**20}
 
 
 def _exact(x):
@@ -86,22 +85,6 @@ class ModelStates:
                            for k in ("params", "grads", "optimizer"))
         return (f"{STAGE_NAMES[self.stage]} x{self.world_size}, {self.recipe}: {parts}"
                 f" = {fmt_bytes(self.total, unit, digits)} per GPU")
-
-
-def _check_unit(unit: str) -> None:
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {sorted(UNITS)}, got {unit!r}")
-
-
-def to_unit(num_bytes, unit: str = "GB") -> float:
-    """Bytes expressed in ``unit`` ("GB" = 1e9 bytes, "GiB" = 2**30 bytes, ...)."""
-    _check_unit(unit)
-    return num_bytes / UNITS[unit]
-
-
-def fmt_bytes(num_bytes, unit: str = "GB", digits: int = 1) -> str:
-    """``28000000000`` -> ``"28.0 GB"``; always labelled with its unit."""
-    return f"{to_unit(num_bytes, unit):.{digits}f} {unit}"
 
 
 def model_states(num_params, *, world_size: int = 1, stage: int = 0,

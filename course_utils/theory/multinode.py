@@ -65,6 +65,7 @@ from ..checks import check_int, check_positive
 from .alpha_beta import predict_time, ring_steps
 from .comm import collective_bytes
 from .memory import model_states
+from .text import table
 
 __all__ = ["flat_ring_wire", "cross_node_wire", "HybridCost", "hsdp_vs_fsdp_time", "crossovers",
            "crossover_inter_bw", "crossover_summary", "crossover_table", "plot_crossover",
@@ -83,13 +84,7 @@ def flat_ring_wire(sent_bytes: float, gpus_per_node: int, nodes: int, intra_bw: 
                    nics_per_node: int | None = None) -> tuple[float, float, float]:
     """The bandwidth part of ring collectives over all ``gpus_per_node × nodes`` GPUs in
     which every rank sends ``sent_bytes``: ``(seconds, bytes per NIC, NVLink bytes of the
-    busiest GPU)``.
-
-    One ring per NIC, each leaving every node once: a node sends ``sent_bytes`` through
-    its R NICs (``sent_bytes / R`` each) while its busiest GPU sends
-    ``sent_bytes·(1 - floor(R/g)/R)`` over NVLink; both at once, so the slower bounds the
-    time. On one node everything goes over NVLink. ``nics_per_node`` None: one per GPU.
-    """
+    busiest GPU)``, as derived in the module docstring (all on NVLink on one node)."""
     r = _nics(nics_per_node, gpus_per_node)
     if nodes == 1:
         return sent_bytes / intra_bw, 0.0, float(sent_bytes)
@@ -100,12 +95,9 @@ def flat_ring_wire(sent_bytes: float, gpus_per_node: int, nodes: int, intra_bw: 
 
 def cross_node_wire(sent_bytes: float, gpus_per_node: int, nodes: int, nic_bw: float,
                     nics_per_node: int | None = None) -> tuple[float, float]:
-    """The bandwidth part of HSDP's replicate collectives: ``(seconds, bytes per NIC)``.
-
-    ``gpus_per_node`` rings (one per local rank) of ``nodes`` ranks, every hop crossing
-    nodes, each rank sending ``sent_bytes``: a node sends ``g·sent_bytes`` through its R
-    NICs, ``g·sent_bytes / R`` each. Nothing on one node.
-    """
+    """The bandwidth part of HSDP's replicate collectives, ``(seconds, bytes per NIC)``:
+    ``gpus_per_node`` rings of ``nodes`` ranks share a node's R NICs, each rank sending
+    ``sent_bytes`` (so ``g·sent_bytes / R`` per NIC). Nothing on one node."""
     r = _nics(nics_per_node, gpus_per_node)
     if nodes == 1:
         return 0.0, 0.0
@@ -307,12 +299,8 @@ def crossover_table(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intr
                                  nics_per_node=nics_per_node, **model)
         rows.append((f"{bw / 1e9:g}", f"{cost.fsdp_s:.4f}", f"{cost.hsdp_s:.4f}",
                      f"{cost.speedup:.2f}x", cost.faster))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) if 0 < j < 4 else c.ljust(w) for j, (c, w) in
-                       enumerate(zip(r, widths))).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines + ["", crossover_summary(num_params, gpus_per_node, nodes, intra_bw,
-                                                    nics_per_node=nics_per_node, **model)])
+    summary = crossover_summary(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
+    return table(rows[0], rows[1:], left=(0, 4), notes=["", summary])
 
 
 def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9, *,

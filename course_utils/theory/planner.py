@@ -1,56 +1,27 @@
 """Choosing a strategy: memory, communication and compute of every option, for a model and a cluster.
 
-Taught in ``notebooks/08_beyond_one_box.ipynb``.
+Taught in ``notebooks/08_beyond_one_box.ipynb``. :func:`plan` puts every option side by
+side: DDP, ZeRO-1/2/3 and HSDP (more than one node only), without and with CPU offload,
+under each activation recomputation policy. Per option:
 
-:func:`plan` puts every option side by side for one model on one cluster: DDP, ZeRO-1,
-ZeRO-2, ZeRO-3 and HSDP (shard inside a node, replicate across nodes; only when there
-is more than one node), each without and with CPU offload (optimizer states; for
-ZeRO-3 and HSDP also the parameters) and under each activation recomputation policy
-("none", "full" and, where it differs from "none", "selective"). For each option it gives
+* **memory per GPU** = model states (:func:`course_utils.theory.memory.per_gpu`) +
+  activations (:func:`~course_utils.theory.memory.activation_bytes`) + a stated **buffer
+  allowance** (runtime overhead, communication buffers, allocator slack on activations);
+  whether it fits and the **largest micro-batch** that fits (memory is linear in it);
+* **time per optimizer step**: compute by the roofline ``6·Ψ·tokens`` FLOPs (``8·Ψ`` with
+  full recomputation; selective re-runs only the attention core, whose s² FLOPs the
+  roofline leaves out) at ``gpu_flops × mfu``; communication by the alpha-beta model over
+  the links of :mod:`course_utils.theory.multinode`; offload by host transfers and a host
+  optimizer step.
 
-* **memory per GPU** = model states on the GPU (:func:`course_utils.theory.memory.per_gpu`:
-  :func:`~course_utils.theory.memory.model_states` after :func:`~course_utils.theory.memory.placement`)
-  + activations (:func:`~course_utils.theory.memory.activation_bytes`: Korthikanti et al.'s
-  count for GPT blocks, its own for Llama blocks, the loss's buffers, the recompute peak)
-  + a stated **buffer allowance**: a fixed runtime overhead (CUDA context, library
-  workspaces, allocator cache), communication buffers (two gradient buckets for
-  stages 0-2; two gathered units of parameters and one of gradients for ZeRO-3/HSDP),
-  and an allocator slack proportional to the activations;
-* whether it fits, and the **largest micro-batch** that fits (memory is linear in it);
-* **time per optimizer step**: compute by the roofline ``6·Ψ·tokens`` FLOPs (``8·Ψ``
-  with full recomputation; selective recomputation re-runs only the attention core,
-  whose s² FLOPs the roofline leaves out, so it stays ``6·Ψ``) at ``gpu_flops × mfu``;
-  communication by the alpha-beta model
-  (:func:`course_utils.theory.alpha_beta.ring_steps` latencies + ring volumes from
-  :func:`course_utils.theory.comm.comm_volume` over the bandwidth). Across nodes the links
-  are those of :mod:`course_utils.theory.multinode`: ``nics_per_node`` NICs of
-  ``inter_bw_gbps`` each; a flat ring (DDP, ZeRO-1/2/3) runs one ring per NIC, each
-  leaving every node once, so a node's NICs carry what one rank sends, 1/nics_per_node
-  each, while NVLink carries the hops inside the node at the same time; HSDP is hierarchical (ZeRO-3 inside the node, an
-  all-reduce of a 1/gpus_per_node gradient shard across nodes, over the node's NICs);
-  offload adds host transfers and the optimizer step on the host CPU.
+**Two layouts** (``framework``): DeepSpeed/Megatron keep bf16 parameters and gradients and
+an fp32 master copy in the optimizer (recipe ``mixed``, 2 + 2 + 12 B); in torch the fp32
+parameter *is* the master (``torch-amp``, 4 + 4 + 8 B), plus the bf16 copies autocast and
+FSDP2 make, and torch's message dtypes (:data:`TORCH_NAMES`, :data:`TORCH_CALLS`).
 
-**Two layouts** (``framework``). DeepSpeed (and Megatron-LM) keep bf16 parameters and
-gradients in the model and a separate fp32 master copy in the optimizer (recipe
-``mixed``: 2 + 2 + 12 bytes per parameter; ZeRO-1 shards 12 of the 16). In torch the
-fp32 parameter *is* the master (recipe ``torch-amp``: 4 + 4 + 8): ``framework="torch"``
-plans each option as torch spells it (:data:`TORCH_NAMES`, the calls in
-:data:`TORCH_CALLS`) with torch's bytes: DDP + autocast 16 B per parameter plus the
-bf16 copy of every matmul weight that autograd saves from forward to backward; DDP +
-``ZeroRedundancyOptimizer`` 4 + 4 + 8/N (plus those copies); FSDP2 (4 + 4 + 8)/N plus
-the bf16 gathered units; FSDP2 with ``reshard_after_forward=False`` also every unit's
-bf16 parameters from forward to backward; its messages in torch's dtypes (DDP
-all-reduces fp32 gradients; ``ZeroRedundancyOptimizer`` adds a broadcast of every
-parameter, 1.5x DDP's bytes; FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=fp32)`` all-gathers 2 B and reduce-scatters 4 B per element).
-
-Every figure the model assumes is a field of :class:`Assumptions`, printed under the
-table. :func:`recommend` picks the fastest option that fits and says why.
-
-:func:`benchmark_comparison` checks the model against a published Megatron-LM benchmark (gpt2-xl with Megatron-LM
-on H100 80GB): predicted next to reported, with the gap explained on every row.
-The interactive form is :func:`course_utils.course.calculator.planner_widget`; the
-capstone exercise is graded by :func:`course_utils.course.exercises.check_capstone`.
+Every figure the model assumes is a field of :class:`Assumptions`, printed under the table;
+:func:`recommend` picks the fastest option that fits. :func:`benchmark_comparison` checks
+the model against a published Megatron-LM run (gpt2-xl on H100 80GB).
 """
 from __future__ import annotations
 
@@ -75,26 +46,24 @@ __all__ = [
     "linear_model_bounds", "BenchmarkRow", "benchmark_comparison", "benchmark_table",
 ]
 
-STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "HSDP")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-_STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3, "HSDP": 3}
-_OFFLOADS_OF = {"DDP": ("none",), "ZeRO-1": ("none", "optimizer"), "ZeRO-2": ("none", "optimizer"),
-                "ZeRO-3": OFFLOADS, "HSDP": OFFLOADS}
+_TORCH_OFFLOAD = ("none", "optimizer+params")
+#: strategy: (ZeRO stage, DeepSpeed's offloads, torch's offloads, torch's name (the row
+#: label with framework="torch"), torch's short name). Torch has no optimizer-only offload:
+#: FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer states to the host.
+_SPEC = {"DDP": (0, ("none",), ("none",), "DDP + autocast", "DDP+amp"),
+         "ZeRO-1": (1, OFFLOADS[:2], ("none",), "DDP + ZeroRedundancyOptimizer", "DDP+ZeROopt"),
+         "ZeRO-2": (2, OFFLOADS[:2], ("none",), "FSDP2 reshard_after_forward=False", "FSDP2 no-reshard"),
+         "ZeRO-3": (3, OFFLOADS, _TORCH_OFFLOAD, "FSDP2", "FSDP2"),
+         "HSDP": (3, OFFLOADS, _TORCH_OFFLOAD, "FSDP2 on a 2-D mesh (HSDP)", "FSDP2 HSDP")}
+STRATEGIES = tuple(_SPEC)
+_STAGE, _OFFLOADS_OF, _TORCH_OFFLOADS_OF, TORCH_NAMES, _TORCH_SHORT = (
+    {k: v[i] for k, v in _SPEC.items()} for i in range(5))
 #: activation recomputation policies (memory.activation_bytes): none, selective (the
 #: attention core), full (every block); a Choice also takes False/True for none/full
 RECOMPUTE = ("none", "selective", "full")
 #: whose memory layout and messages a plan models (see the module docstring)
 FRAMEWORKS = ("deepspeed", "torch")
-#: torch has no optimizer-only offload: CPUOffloadPolicy (FSDP2) moves parameters,
-#: gradients and optimizer states to the host; DDP and ZeroRedundancyOptimizer offload nothing
-_TORCH_OFFLOADS_OF = {"DDP": ("none",), "ZeRO-1": ("none",), "ZeRO-2": ("none",),
-                      "ZeRO-3": ("none", "optimizer+params"), "HSDP": ("none", "optimizer+params")}
-#: each strategy as torch spells it (framework="torch"): the row labels
-TORCH_NAMES = {"DDP": "DDP + autocast", "ZeRO-1": "DDP + ZeroRedundancyOptimizer",
-               "ZeRO-2": "FSDP2 reshard_after_forward=False", "ZeRO-3": "FSDP2",
-               "HSDP": "FSDP2 on a 2-D mesh (HSDP)"}
-_TORCH_SHORT = {"DDP": "DDP+amp", "ZeRO-1": "DDP+ZeROopt", "ZeRO-2": "FSDP2 no-reshard",
-                "ZeRO-3": "FSDP2", "HSDP": "FSDP2 HSDP"}
 #: the torch calls each row of a torch plan means (printed under its table)
 TORCH_CALLS = {
     "DDP": "DistributedDataParallel(model, gradient_as_bucket_view=True), forward under "
@@ -130,23 +99,13 @@ DEFAULT_ACTIVATION_SLACK = 0.15
 NEAR_TIE = 0.05
 
 
-# ----------------------------------------------------------------- validation
-
 # -------------------------------------------------------------------- choices
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """One option: a strategy, what is offloaded to the host, and the recomputation policy.
-
-    ``strategy``: one of :data:`STRATEGIES`; ``offload``: "none", "optimizer" (ZeRO-1/2/3,
-    HSDP) or "optimizer+params" (ZeRO-3 and HSDP only: ZeRO-Infinity / FSDP's
-    ``CPUOffloadPolicy``); ``recompute``: "none", "selective" (recompute each block's
-    attention core in backward: torch's op-level selective activation checkpointing,
-    Korthikanti et al.'s selective recomputation) or "full" (checkpoint every block,
-    recompute it in backward). ``False``/``True`` are read as "none"/"full", so
-    ``Choice("ZeRO-3", "none", True) == Choice("ZeRO-3", "none", "full")``; the field
-    always holds the string (``recomputes`` is the bool).
-    """
+    """One option: a :data:`STRATEGIES` name, an offload ("none", "optimizer", or
+    "optimizer+params" for ZeRO-3/HSDP) and a :data:`RECOMPUTE` policy ("selective":
+    the attention core; ``False``/``True`` are read as "none"/"full")."""
 
     strategy: str
     offload: str = "none"
@@ -580,21 +539,12 @@ def _latency_s(op: str, world: int, calls: int, alpha_s: float) -> float:
 
 
 def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
-    """Seconds of communication per optimizer step, and the bytes per step that the busiest
-    GPU sends over NVLink (``"intra"``) and that one NIC sends to other nodes (``"inter"``).
-
-    The link model is :mod:`course_utils.theory.multinode`'s: a flat ring over all GPUs
-    (DDP, ZeRO-1/2/3) runs one ring per NIC, each leaving every node once, so a node's
-    NICs carry what one rank sends, 1/nics_per_node each, while NVLink carries the hops
-    inside the node at the same time; every step pays the inter-node alpha. HSDP: ZeRO-3 on NVLink inside
-    the node, then ``gpus_per_node`` rings across nodes (one per local rank) that share the
-    node's NICs. Messages are in :attr:`Assumptions.wire_bytes` (torch: parameters
-    gathered in bf16, gradients reduced in fp32). Torch's ZeRO-1 (ZeroRedundancyOptimizer)
-    all-reduces the gradients and then every rank broadcasts its updated fp32 parameters:
-    modelled as an all-gather of them (a pipelined broadcast sends the same (N-1)/N of each
-    shard per rank). Torch's ZeRO-2 (FSDP2, ``reshard_after_forward=False``) gathers once
-    per micro-batch, as FSDP2 reshards after backward.
-    """
+    """(seconds of communication per step, {"intra": bytes the busiest GPU sends over NVLink,
+    "inter": bytes one NIC sends}). A flat ring (DDP, ZeRO) runs one ring per NIC, paying
+    the inter-node alpha at every step; HSDP is ZeRO-3 on NVLink, then ``gpus_per_node``
+    rings across nodes sharing the NICs. Torch's ZeRO-1 adds the broadcast of the updated
+    parameters, modelled as an all-gather; torch's ZeRO-2 (FSDP2 without reshard) gathers
+    once per micro-batch."""
     psi = a.num_params
     p_stored = RECIPES[a.recipe][0]
     pb, gb = a.wire_bytes
@@ -661,12 +611,9 @@ def _offload_s(choice: Choice, a: Assumptions, shard_size: int, k: int) -> float
 
 
 def _memory(choice: Choice, a: Assumptions, model_arg, config, shard_size: int, mb: int):
-    """(GpuMemory, activations, buffers, copies) at micro-batch ``mb``.
-
-    ``copies``: torch only, bf16 copies of parameters held from forward to backward: under
-    autocast the cast of every matmul weight that autograd saves (DDP, ZeroRedundancyOptimizer);
-    with ``reshard_after_forward=False`` every unit's gathered parameters (FSDP2).
-    """
+    """(GpuMemory, activations, buffers, copies) at micro-batch ``mb``; ``copies`` (torch):
+    bf16 copies of parameters held from forward to backward (autocast's saved casts, or
+    FSDP2's gathered units without reshard)."""
     # FSDP2 with reshard_after_forward=False keeps every fp32 state sharded (stage 3's bytes);
     # what it holds more are the gathered bf16 parameters, counted as copies below
     stage = 3 if a.framework == "torch" and choice.stage == 2 else choice.stage
@@ -767,48 +714,24 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
          max_micro_batch: int = 256, choices: Sequence | None = None) -> Plan:
     """Every option for ``model`` on ``nodes`` x ``gpus_per_node`` GPUs: a :class:`Plan`.
 
-    Args:
-        model: a preset name (``"llama-2-7b"``), a TransformerConfig, or a parameter
-            count (then activations are not counted).
-        gpu_mem_gb: usable memory of one GPU, GB (1e9 bytes). An "80GB" H100 shows
-            81559 MiB = 85.5 GB in nvidia-smi.
-        gpus_per_node, nodes: the cluster; every GPU is a data-parallel rank.
-        intra_bw_gbps, inter_bw_gbps: GB/s one GPU can send inside its node (NVLink),
-            and GB/s of one network card (NIC) between nodes (400 Gb/s InfiniBand: 50).
-        nics_per_node: NICs per node; None: one per GPU (a DGX H100 has 8 for 8 GPUs).
-            A ring over all GPUs crosses each node boundary once per NIC, so its
-            cross-node bandwidth is nics_per_node x inter_bw_gbps per node.
-        seq_len: tokens per sequence.
-        micro_batch: sequences per GPU per forward; None: the largest that fits (and,
-            with ``global_batch``, divides the sequences per GPU, so that micro-batch x
-            accumulation x GPUs is exactly the global batch, as DeepSpeed requires).
-        global_batch: sequences per optimizer step over all GPUs (a multiple of the
-            number of GPUs); None: GPUs x micro-batch, no accumulation.
-        recipe: a key of :data:`course_utils.memory.RECIPES`; None: "mixed" for
-            DeepSpeed, "torch-amp" for torch.
-        framework: "deepspeed" (bf16 parameters and gradients, an fp32 master copy in the
-            optimizer: the ZeRO paper's layout) or "torch" (DDP + autocast, DDP +
-            ZeroRedundancyOptimizer, FSDP2: the fp32 parameters are the master, bf16 copies
-            while a unit is gathered or a matmul needs them; FSDP2 gathers bf16 and
-            reduce-scatters fp32); None: "torch" when ``recipe="torch-amp"``, else
-            "deepspeed". Each row is labelled as that framework spells it.
-        attention: "flash" or
-            "standard" (stores the s x s scores); cross_entropy: "torch"
-            (``F.cross_entropy``) or "fused" (in place, as Megatron-LM's): see
-            :func:`course_utils.memory.activation_bytes`.
-        gpu_flops, mfu: peak FLOP/s of one GPU (989e12: H100 SXM dense bf16) and the
-            fraction of it achieved.
-        overlap: fraction of compute time that can hide communication (0: none).
-        alpha_intra_us, alpha_inter_us: latency per ring step, microseconds.
-        overhead_gb, activation_slack, bucket_elems, bucket_buffers: the buffer
-            allowance (see :class:`Assumptions`); ``bucket_buffers=0`` when buckets are
-            views of a contiguous gradient buffer (Megatron, ``gradient_as_bucket_view``).
-        pcie_gbps, host_adam_params_per_s, host_mem_gb: offload costs; host memory per
-            node (None: not checked).
-        max_micro_batch: the largest micro-batch searched.
-        choices: only these options (Choice, tuples, dicts or names); default all (with
-            flash attention "selective" recomputation is left out: it keeps what "none"
-            keeps; torch offers only FSDP2's CPUOffloadPolicy, "optimizer+params").
+    ``model``: a preset name, a TransformerConfig, or a parameter count (activations then
+    not counted). Units are in the names: GB = 1e9 bytes (an "80GB" H100 shows 81559 MiB
+    = 85.5 GB), GB/s one GPU sends over NVLink (``intra``) and one NIC sends between nodes
+    (``inter``; 400 Gb/s InfiniBand: 50), latency ``alpha_*_us`` per ring step.
+    ``nics_per_node``: None is one per GPU. ``micro_batch``: None is the largest that fits
+    (and, with ``global_batch``, divides the sequences per GPU, as DeepSpeed requires).
+    ``global_batch``: sequences per step over all GPUs (a multiple of their number); None
+    is GPUs x micro-batch. ``recipe``: a key of :data:`course_utils.memory.RECIPES`; None
+    is "mixed" for DeepSpeed, "torch-amp" for torch. ``framework``: "deepspeed" or "torch"
+    (see the module docstring); None is "torch" for ``recipe="torch-amp"``. ``attention``
+    ("flash", "standard") and ``cross_entropy`` ("torch", "fused"): see
+    :func:`course_utils.memory.activation_bytes`. ``gpu_flops`` (989e12: H100 SXM dense
+    bf16) x ``mfu``; ``overlap``: fraction of compute that can hide communication.
+    ``overhead_gb``, ``activation_slack``, ``bucket_elems``, ``bucket_buffers``: the buffer
+    allowance (``bucket_buffers=0`` when buckets are views of one gradient buffer).
+    ``pcie_gbps``, ``host_adam_params_per_s``, ``host_mem_gb`` (None: not checked): offload
+    costs. ``choices``: only these options; default all (with flash attention "selective"
+    is left out: it keeps what "none" keeps; torch offloads only "optimizer+params").
     """
     label, num_params, config = _resolve_model(model)
     check_number("gpu_mem_gb", gpu_mem_gb, above=0, example="80")
@@ -849,17 +772,16 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
         raise ValueError(f"attention must be 'standard' or 'flash', got {attention!r}")
     if cross_entropy not in ("torch", "fused"):
         raise ValueError(f"cross_entropy must be 'torch' or 'fused', got {cross_entropy!r}")
-    check_number("gpu_flops", gpu_flops, above=0, example="989e12")
+    for name, value, example in (("gpu_flops", gpu_flops, "989e12"), ("alpha_intra_us", alpha_intra_us, "5"),
+                                 ("alpha_inter_us", alpha_inter_us, "10"), ("pcie_gbps", pcie_gbps, "25"),
+                                 ("host_adam_params_per_s", host_adam_params_per_s, "2e9")):
+        check_number(name, value, above=0, example=example)
     check_number("mfu", mfu, above=0, maximum=1, example="0.4")
     check_number("overlap", overlap, minimum=0, maximum=1, example="0.5")
-    check_number("alpha_intra_us", alpha_intra_us, above=0, example="5")
-    check_number("alpha_inter_us", alpha_inter_us, above=0, example="10")
     check_number("overhead_gb", overhead_gb, minimum=0, example="3.6")
     check_number("activation_slack", activation_slack, minimum=0, example="0.15")
     check_int("bucket_elems", bucket_elems, 1, what="gradient elements per communication bucket")
     check_int("bucket_buffers", bucket_buffers, minimum=0, what="bucket-sized temporary buffers")
-    check_number("pcie_gbps", pcie_gbps, above=0, example="25")
-    check_number("host_adam_params_per_s", host_adam_params_per_s, above=0, example="2e9")
     if host_mem_gb is not None:
         check_number("host_mem_gb", host_mem_gb, above=0, example="1024")
     check_int("max_micro_batch", max_micro_batch, 1)
