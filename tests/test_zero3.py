@@ -22,6 +22,7 @@ from course_utils.harness.strategies import STRATEGIES
 from course_utils.runtime.launch import launch
 from course_utils.harness.model import SyntheticData, build_model, num_params
 from course_utils.impl.zero3 import Zero3
+from course_utils.labs.zero3_timeline import record_timeline
 from course_utils.theory.layout import padded_numel
 from course_utils.theory.timeline import max_alive
 from toys import DIM, VOCAB, toy_batch, toy_optimizer
@@ -110,6 +111,7 @@ def _train_course(prefetch, reshard_root=False, steps=STEPS):
     model = build_model(seed=0)
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=0)
     z = Zero3(model, prefetch=prefetch, reshard_root=reshard_root)
+    timeline = record_timeline(z)
     opt = make_adamw(z.shard_parameters())
     at_rest = [p.numel() for p in model.parameters()]
     snaps, losses, timelines = [full_parameters(z)], [], []
@@ -120,7 +122,7 @@ def _train_course(prefetch, reshard_root=False, steps=STEPS):
             loss.backward()
             opt.step()
             opt.zero_grad()
-            timelines.append(list(z.timeline))
+            timelines.append(list(timeline))
             with ledger.pause():
                 losses.append(global_loss(loss))
                 snaps.append(full_parameters(z))
@@ -255,11 +257,12 @@ def _toy_train(strategy, rank=0, world_size=1):
         counts = ledger.counts()
         extra = None
         if world_size > 1:
-            units = [(u.name, u.numel, u.padded) for u in model.units]
+            names = {m: n for n, m in model.module.named_modules()}
+            units = [(names[u.module], u.numel, u.padded) for u in model.units]
             # "extra" used on rank 0 only: collectives stay matched, rank 1 sends zeros
             x, y = (t[rank * b:(rank + 1) * b] for t in toy_batch(0))
             model(x, y, use_extra=(rank == 0)).backward()
-            extra = [u.shard_grad.clone() for u in model.units]
+            extra = [u.shard.grad.clone() for u in model.units]
             opt.step()
             opt.zero_grad()
             snaps.append(full_parameters(model))
