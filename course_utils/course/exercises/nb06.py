@@ -138,8 +138,7 @@ BUILD_BATCH, BUILD_LR, BUILD_STEPS = 12, 0.5, 2
 
 
 class _TiedTwice(nn.Module):
-    """A unit that uses one weight twice: ``second.weight`` *is* ``first.weight`` (one
-    Parameter under two names, listed once by ``parameters()``), each with its own bias."""
+    """One Parameter used twice (``second.weight`` *is* ``first.weight``), two biases."""
 
     def __init__(self):
         super().__init__()
@@ -151,10 +150,9 @@ class _TiedTwice(nn.Module):
 
 
 def build_units() -> list[nn.Module]:
-    """The three units of exercise 06.2, the same on every rank and at every call:
-    ``Linear(4, 7)`` + tanh (35 trainable elements); a LayerNorm whose weight is frozen (7
-    elements, kept whole) and ``Linear(7, 5)`` (47 trainable); one ``Linear(5, 5)`` weight
-    used twice, tied, with two biases (35). 35 and 47 divide by none of 2, 3, 4."""
+    """The three units of exercise 06.2, the same on every rank: ``Linear(4, 7)`` + tanh (35
+    trainable elements); a LayerNorm with a frozen weight and ``Linear(7, 5)`` (47); a
+    ``Linear(5, 5)`` weight used twice with two biases (35): none divides by 2, 3 or 4."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
         units = [nn.Sequential(nn.Linear(4, 7), nn.Tanh()),
@@ -183,7 +181,6 @@ def _shard_of(tensors, rank: int, world: int):
 
 
 def _held_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (anything not a tensor skipped)."""
     return storage_bytes([t for t in tensors if isinstance(t, torch.Tensor)], set())
 
 
