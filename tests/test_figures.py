@@ -1,6 +1,6 @@
 """Figures in vis/ are drawn by code and up to date, and what they draw is what the code does:
 the collectives figure against the live demos and the CommLedger (4 gloo ranks), the ZeRO-3
-timeline against Zero3.timeline measured on 2 and 3 ranks, the tables against the formulas."""
+timeline against the one labs.zero3_timeline measures on 2 and 3 ranks, the tables against the formulas."""
 import pytest
 import torch.distributed as dist
 
@@ -125,15 +125,17 @@ def _zero3_timelines():
     from course_utils.harness.experiments import make_adamw
     from course_utils.harness.model import SyntheticData, build_model
     from course_utils.impl.zero3 import Zero3
+    from course_utils.labs.zero3_timeline import record_timeline
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
     for prefetch in (False, True):
         z = Zero3(build_model(seed=0), prefetch=prefetch)
+        timeline = record_timeline(z)
         opt = make_adamw(z.shard_parameters())
         z(*SyntheticData(global_batch=12, seed=0).shard(0, rank, world)).backward()
         opt.step()
-        out[prefetch] = [{k: e[k] for k in TIMELINE_KEYS} for e in z.timeline]
+        out[prefetch] = [{k: e[k] for k in TIMELINE_KEYS} for e in timeline]
         z.remove_hooks()
     return out
 

@@ -22,6 +22,7 @@ from course_utils.harness.strategies import STRATEGIES
 from course_utils.runtime.launch import launch
 from course_utils.harness.model import SyntheticData, build_model, num_params
 from course_utils.impl.zero3 import Zero3
+from course_utils.labs.zero3_timeline import record_timeline
 from course_utils.theory.layout import padded_numel
 from course_utils.theory.timeline import max_alive
 from toys import DIM, VOCAB, toy_batch, toy_optimizer
@@ -110,6 +111,7 @@ def _train_course(prefetch, reshard_root=False, steps=STEPS):
     model = build_model(seed=0)
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=0)
     z = Zero3(model, prefetch=prefetch, reshard_root=reshard_root)
+    timeline = record_timeline(z)
     opt = make_adamw(z.shard_parameters())
     at_rest = [p.numel() for p in model.parameters()]
     snaps, losses, timelines = [full_parameters(z)], [], []
@@ -120,7 +122,7 @@ def _train_course(prefetch, reshard_root=False, steps=STEPS):
             loss.backward()
             opt.step()
             opt.zero_grad()
-            timelines.append(list(z.timeline))
+            timelines.append(list(timeline))
             with ledger.pause():
                 losses.append(global_loss(loss))
                 snaps.append(full_parameters(z))
@@ -255,11 +257,12 @@ def _toy_train(strategy, rank=0, world_size=1):
         counts = ledger.counts()
         extra = None
         if world_size > 1:
-            units = [(u.name, u.numel, u.padded) for u in model.units]
+            names = {m: n for n, m in model.module.named_modules()}
+            units = [(names[u.module], u.numel, u.padded) for u in model.units]
             # "extra" used on rank 0 only: collectives stay matched, rank 1 sends zeros
             x, y = (t[rank * b:(rank + 1) * b] for t in toy_batch(0))
             model(x, y, use_extra=(rank == 0)).backward()
-            extra = [u.shard_grad.clone() for u in model.units]
+            extra = [u.shard.grad.clone() for u in model.units]
             opt.step()
             opt.zero_grad()
             snaps.append(full_parameters(model))
@@ -294,6 +297,90 @@ def test_toy_frozen_tied_odd_unused():
             assert counts == {"all_gather": (2 * 4 - 1) * TOY_STEPS, "reduce_scatter": 4 * TOY_STEPS}
             # the step with "extra" used on rank 0 only still averaged over all ranks
             assert all(torch.isfinite(g).all() for g in extra)
+
+
+# ------------------------------------------------------- ignored_params: left to the caller
+
+class Normed(nn.Module):
+    """Two units (the ModuleList's children), the first ending in a LayerNorm, and a root
+    LayerNorm: both norms replicated through ``ignored_params``."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(DIM, 5), nn.LayerNorm(5)), nn.Linear(5, DIM)])
+        self.norm = nn.LayerNorm(DIM)
+
+    def forward(self, x, y):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return F.mse_loss(self.norm(x), y)
+
+
+def _normed_batch(step):
+    g = torch.Generator().manual_seed(200 + step)
+    return torch.randn(12, DIM, generator=g), torch.randn(12, DIM, generator=g)
+
+
+def _normed_train(rank=0, world_size=1):
+    torch.manual_seed(0)
+    model = Normed()
+    with torch.no_grad():                                 # norms away from their 1, 0 start
+        for p in [*model.norm.parameters(), *model.layers[0][1].parameters()]:
+            p.add_(torch.linspace(-0.5, 0.5, p.numel()))
+    norms = [*model.norm.parameters(), *model.layers[0][1].parameters()]
+    if world_size > 1:
+        model = Zero3(model, ignored_params=norms)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    b = 12 // world_size
+    losses = []
+    for step in range(3):
+        x, y = (t[rank * b:(rank + 1) * b] for t in _normed_batch(step))
+        loss = model(x, y)
+        loss.backward()
+        if world_size > 1:                                # the caller averages the replicated ones
+            for p in norms:
+                dist.all_reduce(p.grad)
+                p.grad /= world_size
+        opt.step()
+        opt.zero_grad()
+        losses.append(global_loss(loss))
+    sizes = [u.numel for u in model.units] if world_size > 1 else None
+    return losses, [p.detach().clone() for p in norms], sizes
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ignored_params_stay_whole_and_are_left_to_the_caller(world_size):
+    ref_losses, ref_norms, _ = _normed_train()
+    for losses, norms, sizes in launch(_normed_train, world_size, quiet=True):
+        assert losses == pytest.approx(ref_losses, rel=REL)
+        assert sizes == [DIM * 5 + 5, 5 * DIM + DIM]     # no unit holds a norm (the root: none left)
+        for got, want in zip(norms, ref_norms):           # whole, and trained as one process trains them
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _bad_ignored():
+    model = Normed()
+    for bad in ([nn.Parameter(torch.ones(2))], [model.norm.weight.detach()]):
+        with pytest.raises(ValueError, match="ignored_params"):
+            Zero3(model, ignored_params=bad)
+    return True
+
+
+def test_ignored_params_must_be_parameters_of_the_module():
+    assert launch(_bad_ignored, 2, quiet=True) == [True, True]
+
+
+def test_the_reference_holds_no_measurement():
+    """What notebook 06 prints is the algorithm: the timeline is recorded from outside
+    (labs.zero3_timeline), nothing in impl/zero3.py logs, times or keeps peaks."""
+    import inspect
+    import re
+
+    import course_utils.impl.zero3 as z3
+
+    source = inspect.getsource(z3)
+    assert not re.search(r"timeline|_log\b|\blog\(|observer|peak|ledger|record|print\(|\btime\.[a-z]", source, re.I)
 
 
 # ------------------------------------------------------------------ exercise, registry

@@ -33,6 +33,7 @@ from torch import nn
 from ..checks import require_process_group
 from ..theory.layout import dim0_padded_numel, local_rows
 from .common import broadcast_from_rank0, storage_bytes
+from .zero3 import find_units
 
 __all__ = ["shard_per_unit", "wrap_fsdp2", "wrap_torch_fsdp", "wrap_torch_fsdp_zero2", "fsdp_units", "fsdp_state_bytes",
            "local_tensor", "unit_message_numel", "message_numels",
@@ -42,32 +43,18 @@ __all__ = ["shard_per_unit", "wrap_fsdp2", "wrap_torch_fsdp", "wrap_torch_fsdp_z
 # ------------------------------------------------------------------ the layout, analytically
 
 def fsdp_units(model: nn.Module, unit_types=None) -> list[nn.Module]:
-    """The submodules ``fully_shard`` is applied to before the root: every child of the first
-    ``nn.ModuleList`` (the course GPT's blocks), or every submodule (not the root) that is an
-    instance of ``unit_types``, innermost first."""
-    if unit_types is not None:
-        types = tuple(unit_types) if isinstance(unit_types, (list, tuple, set)) else (unit_types,)
-        return [m for m in reversed(list(model.modules())) if m is not model and isinstance(m, types)]
-    for m in model.modules():
-        if isinstance(m, nn.ModuleList):
-            return list(m)
-    return []
+    """The submodules ``fully_shard`` is applied to before the root: the units of
+    :func:`~course_utils.impl.zero3.find_units` (the course's ``Zero3`` cuts the same way),
+    innermost first when ``unit_types`` may nest."""
+    units = [m for m, _ in find_units(model, unit_types)[1:]]
+    return units if unit_types is None else units[::-1]
 
 
 def _unit_params(model: nn.Module, unit_types=None) -> list[list[nn.Parameter]]:
-    """Trainable parameters per FSDP unit: ``[root, unit_1, ..., unit_L]`` (each Parameter once,
-    owned by the innermost unit containing it, as ``fully_shard`` assigns them)."""
-    units = fsdp_units(model, unit_types)
-    owner: dict[int, int] = {}
-    for i, u in enumerate(units, start=1):       # innermost first: the first claim wins
-        for p in u.parameters():
-            if p.requires_grad and id(p) not in owner:
-                owner[id(p)] = i
-    out: list[list[nn.Parameter]] = [[] for _ in range(len(units) + 1)]
-    for p in model.parameters():
-        if p.requires_grad:
-            out[owner.get(id(p), 0)].append(p)
-    return out
+    """Trainable parameters per FSDP unit: ``[root, *in fsdp_units order]``, each Parameter
+    once, owned as :func:`~course_utils.impl.zero3.find_units` says."""
+    root, *units = [ps for _, ps in find_units(model, unit_types)]
+    return [root] + (units if unit_types is None else units[::-1])
 
 
 def unit_message_numel(params, world_size: int) -> int:

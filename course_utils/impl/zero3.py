@@ -1,248 +1,188 @@
 """ZeRO-3 from scratch: parameters, gradients and optimizer states all sharded.
 
 Taught in ``notebooks/06_zero3.ipynb``; the strategy ``"zero3"`` of
-:mod:`course_utils.harness.strategies`, so ``experiments.run("zero3", N)`` trains the
-course GPT with it.
+:mod:`course_utils.harness.strategies`.
 
-What :class:`Zero3` does (the same design as PyTorch FSDP, written out in Python):
+* **Units** (:func:`find_units`, shared with the FSDP2 wrapping of :mod:`.fsdp`): every
+  child of the first ``nn.ModuleList`` (the course GPT's blocks), or every submodule of
+  ``unit_types``, plus the *root*, which owns the rest (embeddings, final norm). A
+  Parameter shared by two units belongs to their innermost common ancestor (e.g. the root);
+  frozen Parameters and ``ignored_params`` stay whole on every rank, never communicated.
+* **A unit** (:class:`FlatUnit`): its trainable Parameters flattened into one buffer,
+  zero-padded to a multiple of N; rank r keeps chunk r, the *shard*. At rest each
+  Parameter *is* its piece of the shard (a 1-D view, empty when none of its elements is
+  on this rank), so an optimizer over ``model.parameters()`` updates the shard.
+* **Forward**: all-gather a unit before its forward, free it after; the root stays gathered
+  until the end of backward (the course GPT uses its embedding at both ends), so a step
+  makes 2L + 1 all-gathers for L blocks (``reshard_root=True``: 2L + 2).
+* **Backward**: a hook on a unit's output gathers it again before its backward; a hook on
+  each Parameter counts the gradients in, and once all of a unit's are, its flat gradient
+  is reduce-scattered (SUM, / N) into ``shard.grad`` and the full gradients and
+  parameters are freed. Units are reduce-scattered strictly in backward order, and the
+  first hook queues a callback that finishes the rest when backward ends, as the course's
+  DDP does with its buckets, so every rank issues the same collectives in the same order.
+* **Optimizer**: any torch optimizer over ``model.parameters()``; ``step()`` sends nothing.
+* **Mixed precision**: ``param_dtype`` gathers copies of the fp32 shards in that dtype;
+  gradients are reduce-scattered in ``reduce_dtype`` (FSDP2's ``MixedPrecisionPolicy``).
+* **Prefetch**: the next unit's all-gather (the previous one's, in backward) starts
+  asynchronously while the current unit computes.
 
-* **Units.** The model is cut into *units*: every child of the first ``nn.ModuleList``
-  (the course GPT's ``blocks``), or every submodule of ``unit_types``, plus the *root*
-  unit, which owns everything else (embeddings, final norm). A Parameter shared by two
-  units (tied weights) belongs to their innermost common ancestor unit (e.g. the root);
-  a frozen Parameter (``requires_grad=False``) is kept whole on every rank, is never
-  communicated and never updated.
-* **Storage.** A unit's trainable parameters are flattened into one fp32 buffer, padded
-  with zeros to a multiple of the world size N. Rank r keeps only chunk r of it: the
-  *shard*. At rest each of the module's Parameters *is* its piece of the shard (a 1-D
-  view, empty when none of its elements is on this rank), as FSDP2's Parameters are
-  their local shards, so an optimizer over ``model.parameters()`` updates the shard.
-* **Forward.** A forward pre-hook all-gathers the unit's full flat buffer and points
-  the module's Parameters at views of it; a forward hook frees it again. The root is
-  gathered first and stays gathered until the end of backward: the course GPT uses its
-  embedding at both ends (tied output layer), so freeing it after forward would only
-  gather it again at once. Hence the all-gathers per step: each of the L blocks twice
-  (forward, backward), the root once: **2L + 1** for L blocks (L + 1 units),
-  ``collective_calls(3, num_blocks=L)`` of :mod:`course_utils.theory.comm`.
-  ``reshard_root=True`` frees the root after forward as well: 2L + 2 all-gathers.
-* **Backward.** A tiny autograd Function marks the unit boundaries in the graph. The
-  unit's *output* passes through a :class:`_BackwardHook` calling ``_pre_backward``:
-  autograd calls its backward when the gradient of the output arrives, i.e. just before
-  the unit's own backward, and it gathers the parameters again. The unit's *inputs*
-  pass through one calling ``_post_backward``: its backward runs once the gradient of the
-  inputs is complete, i.e. after every operation of the unit (and the gradient
-  accumulation of its Parameters: autograd runs those first) has run. It flattens the
-  Parameters' ``.grad`` (zeros for a Parameter without one), reduce-scatters it (SUM,
-  then divided by N) into the shard gradient (each Parameter's ``.grad`` is then its
-  piece of it) and frees the full gradients and parameters. Units whose inputs need no gradient (the root) are finished by a callback
-  at the end of backward, in a fixed order, so every rank issues the same collectives
-  in the same order. One reduce-scatter per unit per step: L.
-* **Optimizer.** Any torch optimizer over ``model.parameters()``, parameter groups
-  included; ``step()`` updates the pieces of the shards in place and sends nothing: the
-  next forward gathers. ``experiments.clip_grad_norm_`` clips by the global norm.
-* **Mixed precision.** ``param_dtype=torch.bfloat16`` gathers bf16 copies of the fp32
-  shards and computes in bf16; gradients are reduce-scattered in ``reduce_dtype`` and
-  kept as fp32 shard gradients (FSDP2's ``MixedPrecisionPolicy``).
-* **Prefetch.** ``prefetch=True`` starts the next unit's all-gather asynchronously
-  (``async_op=True``) while the current one computes (forward: the next unit; backward:
-  the previous one) and waits for it just before use. Units gathered (or in flight) at
-  once: root + 1 without prefetch, root + 2 with it (:attr:`Zero3.timeline`).
-
-Frees are real: a unit's full buffer keeps one tensor whose storage is resized to 0
-bytes when freed and back when gathered (as FSDP does), so even tensors autograd saved
-from the parameters see the regathered values. Limits, as in the course's "ddp": a
-Parameter no rank used gets a zero gradient (AdamW then still decays it), and every
-rank must run the same units in the same order.
+Frees are real: ``full`` keeps one tensor whose storage is resized to 0 bytes and back,
+so even tensors autograd saved from the parameters see the regathered values. Limits:
+every rank must run the same units, in module order.
 """
 from __future__ import annotations
 
-import math
+from collections import Counter
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..checks import require_process_group
-from ..runtime.compat import (all_gather_into_tensor, queue_backward_callback, reduce_scatter_tensor,
-                              tree_flatten, tree_unflatten)
-from .common import (alloc_storage, broadcast_from_rank0, clip_sharded_, free_storage, padded_numel,
-                     real_optimizer, register_grad_owner, storage_bytes)
+from ..runtime.compat import all_gather_into_tensor, queue_backward_callback, reduce_scatter_tensor, tree_flatten
+from .common import (alloc_storage, broadcast_from_rank0, clip_sharded_, flatten_and_pad, free_storage,
+                     padded_numel, real_optimizer, register_grad_owner, storage_bytes)
 
-__all__ = ["Zero3", "FlatUnit", "wrap_zero3", "zero3_state_bytes"]
+__all__ = ["Zero3", "FlatUnit", "find_units", "wrap_zero3", "zero3_state_bytes"]
 
 
-class FlatUnit:
-    """One sharded unit: its Parameters, their place in the flat buffer, this rank's shard.
+def find_units(model: nn.Module, unit_types=None, ignored_params=()) -> list[tuple[nn.Module, list]]:
+    """``[(module, its trainable Parameters)]``, the root (``model``) first, then the units
+    in module order: every child of the first ``nn.ModuleList``, or every submodule (not
+    ``model``) that is a ``unit_types``. Each trainable Parameter not in ``ignored_params``
+    belongs to the innermost unit holding every use of it (a weight tied across units: their
+    common ancestor, else the root), in ``model.parameters()`` order."""
+    if unit_types is None:
+        first = next((m for m in model.modules() if isinstance(m, nn.ModuleList)), None)
+        units = list(first.children()) if first is not None else []
+    else:
+        types = tuple(unit_types) if isinstance(unit_types, (list, tuple, set)) else (unit_types,)
+        units = [m for m in model.modules() if m is not model and isinstance(m, types)]
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    depth = {id(m): n.count(".") + 1 for n, m in model.named_modules() if n}
+    owner: dict[int, int] = {}
+    for i in sorted(range(len(units)), key=lambda i: depth[id(units[i])]):   # outer first: inner wins
+        inside = Counter(id(p) for _, p in units[i].named_parameters(remove_duplicate=False))
+        owner.update({pid: i + 1 for pid, k in inside.items() if k == uses[pid]})
+    ignored = {id(p) for p in ignored_params}
+    out = [(m, []) for m in [model] + units]
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in ignored:
+            out[owner.get(id(p), 0)][1].append(p)
+    return out
 
-    ``params``: ``(module, attribute name, Parameter, shape, offset)`` for each trainable
-    Parameter it owns. ``numel``: their total; ``padded``: rounded up to a multiple of N;
-    ``shard``: this rank's ``padded // N`` elements (the master copy, in the parameters'
-    dtype); ``pieces``: for each Parameter, the ``(start, stop)`` of its elements inside
-    ``shard`` (empty when none of them is on this rank); ``full``: the gathered buffer, in
-    ``compute_dtype`` (its storage 0 bytes while freed); ``shard_grad``: the averaged
-    gradient of the shard after backward (None before).
 
-    At rest every Parameter *is* its piece of the shard (``p.data`` a 1-D view of
-    ``shard``, ``p.grad`` of ``shard_grad``), as FSDP2's Parameters are their local
-    shards: an optimizer over ``model.parameters()`` updates the shard in place. While the
-    unit is gathered, ``p.data`` is a view of ``full`` with ``p``'s own shape.
+def _before_backward(output, fn) -> bool:
+    """Call ``fn()`` when backward reaches ``output`` (the first gradient of one of its
+    tensors arrives): just before the backward of what computed it. False when no tensor
+    of ``output`` needs a gradient (no backward will come)."""
+    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    if tensors:
+        torch.autograd.graph.register_multi_grad_hook(tensors, lambda grad: fn(), mode="any")
+    return bool(tensors)
+
+
+class FlatUnit(nn.Module):
+    """One ZeRO-3 unit: ``module``'s trainable Parameters (or ``params``) as one flat
+    buffer of ``padded`` elements, of which this rank keeps chunk ``rank``, ``shard`` (its
+    averaged gradient in ``shard.grad``); ``full`` is the gather buffer (0 bytes while
+    freed). Call it like ``module``, or let :class:`Zero3` drive it from hooks. Alone, every
+    Parameter must get a gradient in every backward (the counter of :meth:`_grad_ready`).
     """
 
-    def __init__(self, name: str, module: nn.Module, params: list, world_size: int, rank: int,
-                 group=None, *, param_dtype=None, reduce_dtype=None):
-        self.name, self.module, self.group = name, module, group
-        self.world_size, self.rank = world_size, rank
-        self.params = []
-        offset = 0
-        for owner, attr, p in params:
-            self.params.append((owner, attr, p, p.shape, offset))
-            offset += p.numel()
-        self.numel = offset
-        self.padded = padded_numel(offset, world_size)
-        self.shard_numel = self.padded // world_size
-        dtypes = {p.dtype for _, _, p in params}
-        if len(dtypes) > 1:
-            raise ValueError(f"unit {name!r} mixes dtypes {dtypes}: one dtype per flat buffer")
-        p0 = params[0][2]
-        self.dtype, self.device = p0.dtype, p0.device
-        self.compute_dtype = param_dtype or self.dtype
-        self.reduce_dtype = reduce_dtype or self.compute_dtype
-        lo = rank * self.shard_numel
-        self.pieces = []
-        for _, _, p, _, off in self.params:
-            a, b = max(off, lo) - lo, min(off + p.numel(), lo + self.shard_numel) - lo
-            self.pieces.append((a, b) if b > a else (0, 0))
-        with torch.no_grad():
-            flat = torch.zeros(self.padded, dtype=self.dtype, device=self.device)
-            for _, _, p, _, off in self.params:
-                flat[off:off + p.numel()].copy_(p.detach().reshape(-1))
-            self.shard = flat[lo:lo + self.shard_numel].clone()
-        # the gather buffer: the flat copy itself when compute and master dtypes agree
-        self.full = flat if self.compute_dtype == self.dtype else \
-            torch.empty(self.padded, dtype=self.compute_dtype, device=self.device)
-        self.shard_grad = None
-        self._held = [None] * len(self.params)   # the pieces' .grad, set aside while gathered
-        self.gathered = False       # full params usable
-        self.work = None            # in-flight async all-gather
-        self.grads_reduced = True   # post-backward done for the current backward
+    def __init__(self, module: nn.Module, params=None, *, group=None, param_dtype=None, reduce_dtype=None,
+                 grads_in=None):
+        super().__init__()
+        self.module, self.group = module, group
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.params = [p for p in module.parameters() if p.requires_grad] if params is None else list(params)
+        if len({p.dtype for p in self.params}) > 1:
+            raise ValueError(f"a unit mixes dtypes {sorted({str(p.dtype) for p in self.params})}: "
+                             "one dtype per flat buffer")
+        self.shapes = [p.shape for p in self.params]
+        self.offsets = [0]
+        for p in self.params:
+            self.offsets.append(self.offsets[-1] + p.numel())
+        self.numel = self.offsets.pop()
+        self.padded = padded_numel(self.numel, self.world)
+        size, lo = self.padded // self.world, self.rank * self.padded // self.world
+        self.pieces = [(min(max(off - lo, 0), size), min(max(off + p.numel() - lo, 0), size))
+                       for p, off in zip(self.params, self.offsets)]        # p's elements in shard
+        flat = flatten_and_pad([p.detach() for p in self.params], self.world)
+        self.shard = flat[lo:lo + size].clone()           # the master copy the optimizer updates
+        compute = param_dtype or flat.dtype
+        self.full = flat if compute == flat.dtype else torch.empty(self.padded, dtype=compute, device=flat.device)
+        self.reduce_dtype = reduce_dtype or compute
+        self.work = None                                   # an all-gather in flight
+        self.ready = 0                                     # gradients in, this backward
+        self.grads_in = grads_in or self.reduce_scatter    # called once all of them are
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
         self.free()
 
-    # -- parameters point at the full buffer, or at their piece of the shard
-    def _use_views(self) -> None:
-        for i, (_, _, p, shape, off) in enumerate(self.params):
-            if self._held[i] is None:
-                self._held[i] = p.grad          # the piece's gradient waits beside
-            p.grad = None
-            p.data = self.full[off:off + math.prod(shape)].view(shape)
-
-    def _use_pieces(self) -> None:
-        for i, (_, _, p, _, _) in enumerate(self.params):
-            a, b = self.pieces[i]
-            p.data = self.shard[a:b]
-            p.grad, self._held[i] = self._held[i], None
-
-    def start_gather(self, async_op: bool) -> None:
-        """Allocate the full buffer and all-gather every rank's shard into it (cast to
-        ``compute_dtype`` first, when it differs)."""
-        alloc_storage(self.full)
-        send = self.shard if self.compute_dtype == self.dtype else self.shard.to(self.compute_dtype)
-        self.work = all_gather_into_tensor(self.full, send, group=self.group, async_op=async_op)
+    def gather(self, async_op: bool = False) -> None:
+        """All-gather every rank's shard into ``full`` and make each Parameter its view of it;
+        with ``async_op`` only start it (:meth:`wait` finishes). Nothing if already gathered."""
+        if self.full.untyped_storage().nbytes() == 0:
+            alloc_storage(self.full)
+            self.work = all_gather_into_tensor(self.full, self.shard.to(self.full.dtype), group=self.group,
+                                               async_op=True)
         if not async_op:
-            self.work = None
-            self._use_views()
-            self.gathered = True
+            self.wait()
 
     def wait(self) -> None:
-        """Finish an in-flight all-gather; the parameters are usable afterwards."""
         if self.work is not None:
             self.work.wait()
             self.work = None
-            self._use_views()
-            self.gathered = True
-
-    @property
-    def in_flight(self) -> bool:
-        return self.work is not None
+            if all(p.grad is None for p in self.params):
+                self.shard.grad = None     # optimizer.zero_grad() since the last backward
+            for p, off, shape in zip(self.params, self.offsets, self.shapes):
+                p.grad = None              # the pieces' gradients wait in shard.grad
+                p.data = self.full[off:off + shape.numel()].view(shape)
 
     def free(self) -> None:
-        """Drop the full parameters (the shard stays)."""
-        self._use_pieces()
+        """Give ``full``'s memory back; each Parameter is its piece of the shard again."""
+        self.wait()
+        for p, (a, b) in zip(self.params, self.pieces):
+            p.data = self.shard[a:b]
+            p.grad = None if self.shard.grad is None else self.shard.grad[a:b]
         free_storage(self.full)
-        self.gathered = False
+
+    def forward(self, *args, **kwargs):
+        self.gather()
+        out = self.module(*args, **kwargs)
+        self.free()
+        _before_backward(out, self.gather)   # backward needs the parameters again
+        return out
 
     @torch.no_grad()
-    def reduce_scatter_grads(self) -> None:
-        """Flat full gradient (zeros where a Parameter got none), in ``reduce_dtype`` ->
-        SUM over ranks -> /N -> this rank's chunk, in the master dtype, added to the
-        pieces' gradients if they have some (accumulation) -> ``shard_grad``; the full
-        gradients are dropped."""
-        flat = torch.zeros(self.padded, dtype=self.reduce_dtype, device=self.device)
-        for _, _, p, shape, off in self.params:
-            if p.grad is not None:
-                flat[off:off + math.prod(shape)].copy_(p.grad.reshape(-1))
+    def _grad_ready(self, p) -> None:
+        """Autograd calls this once ``p.grad`` is accumulated (a tied weight's once)."""
+        self.ready += 1
+        if self.ready == len(self.params):
+            self.grads_in()
+
+    @torch.no_grad()
+    def reduce_scatter(self) -> None:
+        """Flat gradient (zeros where a Parameter has none), SUM over ranks, keep this rank's
+        chunk, / N, into ``shard.grad`` (added to what accumulated there); the full gradients
+        and parameters are dropped."""
+        self.wait()
+        gathered = self.full.untyped_storage().nbytes() > 0    # else the .grads are the pieces'
+        flat = torch.zeros(self.padded, dtype=self.reduce_dtype, device=self.shard.device)
+        for p, off in zip(self.params, self.offsets):
+            if gathered and p.grad is not None:
+                flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
                 p.grad = None
-        out = torch.empty(self.shard_numel, dtype=self.reduce_dtype, device=self.device)
-        reduce_scatter_tensor(out, flat, group=self.group)
-        out = out.div_(self.world_size).to(self.dtype)
-        for i, (a, b) in enumerate(self.pieces):
-            if self._held[i] is not None:       # gradient accumulation: pieces accumulate
-                out[a:b].add_(self._held[i])
-            self._held[i] = out[a:b]
-        self.shard_grad = out
-        self.grads_reduced = True
+        mine = torch.empty(self.padded // self.world, dtype=self.reduce_dtype, device=self.shard.device)
+        reduce_scatter_tensor(mine, flat, group=self.group)
+        mine = mine.div_(self.world).to(self.shard.dtype)
+        self.shard.grad = mine if self.shard.grad is None else self.shard.grad.add_(mine)
+        self.ready = 0
+        self.free()
 
-    @torch.no_grad()
-    def full_flat(self) -> torch.Tensor:
-        """A new tensor with the unit's full, unpadded flat parameters (a collective)."""
-        out = torch.empty(self.padded, dtype=self.dtype, device=self.device)
-        all_gather_into_tensor(out, self.shard, group=self.group)
-        return out[:self.numel]
-
-    def __repr__(self) -> str:
-        return (f"FlatUnit({self.name or '<root>'!r}, {len(self.params)} params, numel={self.numel}, "
-                f"padded={self.padded}, shard={self.shard_numel})")
-
-
-class _BackwardHook(torch.autograd.Function):
-    """Identity in forward. Its backward runs once the gradients of the tensors that
-    passed through it are complete, and calls ``hook(unit)`` first: on a unit's
-    *outputs* that is just before the unit's own backward (gather it again), on its
-    *inputs* just after it (reduce-scatter its gradients)."""
-
-    @staticmethod
-    def forward(ctx, hook, unit, *tensors):
-        ctx.hook, ctx.unit = hook, unit
-        return tensors if len(tensors) > 1 else tensors[0]
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.hook(ctx.unit)
-        return (None, None) + grads
-
-
-def _through(hook, unit, tree):
-    """Pass the tensors of ``tree`` that require grad through a :class:`_BackwardHook`
-    calling ``hook(unit)``; returns ``(tree, whether any tensor went through)``."""
-    leaves, spec = tree_flatten(tree)
-    idx = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not idx or not torch.is_grad_enabled():
-        return tree, False
-    out = _BackwardHook.apply(hook, unit, *[leaves[i] for i in idx])
-    out = out if isinstance(out, tuple) else (out,)
-    for i, t in zip(idx, out):
-        leaves[i] = t
-    return tree_unflatten(leaves, spec), True
-
-
-def _find_units(module: nn.Module, unit_types) -> list[tuple[str, nn.Module]]:
-    if unit_types is None:
-        first = next((m for m in module.modules() if isinstance(m, nn.ModuleList)), None)
-        if first is None:
-            return []
-        names = {id(m): n for n, m in module.named_modules()}
-        return [(names[id(c)], c) for c in first.children()]
-    unit_types = tuple(unit_types) if isinstance(unit_types, (list, tuple)) else (unit_types,)
-    return [(n, m) for n, m in module.named_modules() if n and isinstance(m, unit_types)]
+    def extra_repr(self) -> str:
+        return f"{len(self.params)} params, numel={self.numel}, padded={self.padded}, shard={self.shard.numel()}"
 
 
 class Zero3(nn.Module):
@@ -251,47 +191,40 @@ class Zero3(nn.Module):
     Args:
         module: any ``nn.Module`` (its parameters and buffers are broadcast from rank 0).
         unit_types: module types to shard as units (default: the children of the first
-            ``nn.ModuleList``, the course GPT's blocks); the root unit owns the rest.
+            ``nn.ModuleList``); the root unit owns the rest.
         prefetch: start the next unit's all-gather while the current unit computes.
-        reshard_root: free the root after forward too (2L + 2 all-gathers per step for L blocks, not 2L + 1).
-        param_dtype: mixed precision, as FSDP2's ``MixedPrecisionPolicy``: the dtype of the
-            gathered copies forward and backward compute with (``torch.bfloat16`` or
-            ``torch.float16``); the shards stay fp32 masters, which the optimizer updates.
-            Frozen Parameters are cast to it once. None: compute in the parameters' dtype.
-        reduce_dtype: the dtype gradients are reduce-scattered in (None: ``param_dtype``);
-            the averaged shard gradient is then kept in the master dtype.
+        reshard_root: free the root after forward too (2L + 2 all-gathers, not 2L + 1).
+        param_dtype: the dtype forward and backward compute in (``torch.bfloat16``, ...);
+            the shards stay fp32 masters. Frozen Parameters are cast to it once.
+        reduce_dtype: the dtype gradients are reduce-scattered in (None: ``param_dtype``).
+        ignored_params: Parameters left to the caller, as ``fully_shard``'s: not sharded,
+            not flattened, not reduce-scattered; they stay whole on every rank and their
+            gradient is this rank's own (average it yourself, e.g. with an all-reduce).
         group: the process group (default: all ranks).
 
-    The optimizer: any torch optimizer over ``model.parameters()`` (parameter groups
-    welcome): at rest each Parameter is its 1-D piece of this rank's shard, so the
-    optimizer updates the shards in place and sends nothing; the next forward gathers.
-    A piece is flat, so make the groups before wrapping (or by name), not from
-    ``p.ndim`` afterwards; ``wrap("zero3", ...)`` calls ``make_optimizer`` first. Clip with
-    ``experiments.clip_grad_norm_(model, max_norm)`` (:meth:`clip_grad_norm_`).
-
-    Attributes: ``units`` (:class:`FlatUnit`, root first, then in module order),
-    ``frozen`` (names of the whole, unsharded frozen Parameters), ``timeline`` (the
-    events of the current/last step: dicts with ``step``, ``phase`` ("forward",
-    "backward"), ``unit``, ``event`` ("gather", "free"), ``alive_units`` and
-    ``alive_bytes``: units and bytes of full parameters gathered or in flight after the
-    event).
+    The optimizer: any torch optimizer over ``model.parameters()``. A piece is flat, so
+    make parameter groups before wrapping (``wrap("zero3", ...)`` does). Attributes:
+    ``units`` (:class:`FlatUnit`, root first, then in module order).
     """
 
-    def __init__(self, module: nn.Module, *, unit_types=None, prefetch: bool = False,
-                 reshard_root: bool = False, param_dtype=None, reduce_dtype=None, group=None):
+    def __init__(self, module: nn.Module, *, unit_types=None, prefetch: bool = False, reshard_root: bool = False,
+                 param_dtype=None, reduce_dtype=None, ignored_params=(), group=None):
         super().__init__()
         require_process_group("Zero3")
         for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
-            if dtype is not None and dtype not in (torch.bfloat16, torch.float16, torch.float32):
-                raise ValueError(f"{name} must be torch.bfloat16, torch.float16, torch.float32 or "
-                                 f"None, got {dtype!r}")
-        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
-        self.module = module
-        self.group = group
-        self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+            if dtype not in (None, torch.bfloat16, torch.float16, torch.float32):
+                raise ValueError(f"{name} must be torch.bfloat16, torch.float16, torch.float32 or None, "
+                                 f"got {dtype!r}")
+        ignored_params = list(ignored_params)
+        own = {id(p) for p in module.parameters()}
+        if not all(isinstance(p, nn.Parameter) and id(p) in own for p in ignored_params):
+            raise ValueError("ignored_params must be Parameters of the module")
+        self.module, self.group = module, group
         self.prefetch, self.reshard_root = bool(prefetch), bool(reshard_root)
-        self._broadcast_from_rank0()
-        self.units, self.frozen = self._make_units(module, unit_types)
+        broadcast_from_rank0(module, group)
+        self.units = [FlatUnit(m, ps, group=group, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                               grads_in=self._reduce_in_order)
+                      for m, ps in find_units(module, unit_types, ignored_params) if ps]
         if param_dtype is not None:               # frozen weights: one compute copy, once
             with torch.no_grad():
                 for p in module.parameters():
@@ -299,258 +232,125 @@ class Zero3(nn.Module):
                         p.data = p.data.to(param_dtype)
         register_grad_owner(self.shard_parameters(), self)
         self.root = next((u for u in self.units if u.module is module), None)
-        self.order = [u for u in self.units if u is not self.root]   # prefetch order
-        self.timeline: list[dict] = []
-        self.step_count = -1
-        self._phase = "forward"
+        self.order = [u for u in self.units if u is not self.root]    # forward order
+        self._next = len(self.units) - 1          # the next unit to reduce-scatter
         self._callback_queued = False
-        self._hooks = []
-        for u in self.units:
-            self._hooks.append(u.module.register_forward_pre_hook(
-                self._make_pre_forward(u), with_kwargs=True))
-            self._hooks.append(u.module.register_forward_hook(self._make_post_forward(u)))
-        if self.root is None:                     # no trainable root params: still hook the root
-            self._hooks.append(module.register_forward_pre_hook(self._root_pre_forward_only))
-            self._hooks.append(module.register_forward_hook(self._root_post_forward_only))
+        self._hooks = [h for u in self.order for h in (
+            u.module.register_forward_pre_hook(lambda m, args, u=u: self._pre_forward(u)),
+            u.module.register_forward_hook(lambda m, args, out, u=u: self._post_forward(u, out)))]
+
+    def _neighbour(self, unit, step: int):
+        i = self.order.index(unit) + step if unit in self.order else (0 if step > 0 else len(self.order) - 1)
+        return self.order[i] if 0 <= i < len(self.order) else None
 
     def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+        if self.root is not None:
+            self.root.gather()
+        if self.prefetch and self._neighbour(self.root, +1):
+            self._neighbour(self.root, +1).gather(async_op=True)
+        out = self.module(*args, **kwargs)
+        if not _before_backward(out, lambda: self._pre_backward(self.root)):
+            for unit in self.units:
+                unit.free()                       # no backward will come
+        elif self.reshard_root and self.root is not None:
+            self.root.free()
+        return out
 
-    # ------------------------------------------------------------------ construction
-    def _broadcast_from_rank0(self) -> None:
-        broadcast_from_rank0(self.module, self.group)
+    def _pre_forward(self, unit: FlatUnit) -> None:
+        unit.gather()
+        if self.prefetch and self._neighbour(unit, +1):
+            self._neighbour(unit, +1).gather(async_op=True)
 
-    def _make_units(self, module, unit_types):
-        found = _find_units(module, unit_types)
-        unit_names = [""] + [n for n, _ in found]
-        unit_modules = {"": module, **dict(found)}
-
-        def innermost(path: str) -> str:              # the deepest unit containing this path
-            best = ""
-            for n in unit_names:
-                if n and (path == n or path.startswith(n + ".")) and len(n) > len(best):
-                    best = n
-            return best
-
-        owners: dict[int, list] = {}                  # id(p) -> [(module, attr, full name)]
-        first: dict[int, nn.Parameter] = {}
-        for mname, m in module.named_modules(remove_duplicate=False):
-            for attr, p in m.named_parameters(recurse=False):
-                full = f"{mname}.{attr}" if mname else attr
-                owners.setdefault(id(p), []).append((m, attr, full))
-                first.setdefault(id(p), p)
-        per_unit: dict[str, list] = {n: [] for n in unit_names}
-        frozen = []
-        for pid, places in owners.items():
-            p = first[pid]
-            if not p.requires_grad:
-                frozen.append(places[0][2])
-                continue
-            paths = [innermost(full.rsplit(".", 1)[0] if "." in full else "") for _, _, full in places]
-            unit = paths[0]
-            while not all(q == unit or q.startswith(unit + ".") for q in paths):  # common ancestor
-                unit = innermost(unit.rsplit(".", 1)[0]) if "." in unit else ""
-                if unit == "":
-                    break
-            per_unit[unit].append((places[0][0], places[0][1], p))
-        units = [FlatUnit(n, unit_modules[n], per_unit[n], self.world_size, self.rank, self.group,
-                          param_dtype=self.param_dtype, reduce_dtype=self.reduce_dtype)
-                 for n in unit_names if per_unit[n]]
-        return units, frozen
-
-    # ------------------------------------------------------------------ the timeline
-    def _alive(self) -> list[FlatUnit]:
-        return [u for u in self.units if u.gathered or u.in_flight]
-
-    def _log(self, unit: FlatUnit, event: str) -> None:
-        alive = self._alive()
-        self.timeline.append({"step": self.step_count, "phase": self._phase,
-                              "unit": unit.name or "root", "event": event,
-                              "alive_units": len(alive),
-                              "alive_bytes": sum(u.padded * u.full.element_size() for u in alive)})
-
-    def _gather(self, unit: FlatUnit, *, async_op: bool = False) -> None:
-        if unit.gathered or unit.in_flight:
-            if not async_op:
-                unit.wait()
-            return
-        unit.start_gather(async_op)
-        self._log(unit, "gather")
-
-    def _free(self, unit: FlatUnit) -> None:
-        if not (unit.gathered or unit.in_flight):
-            return
-        unit.wait()
+    def _post_forward(self, unit: FlatUnit, out) -> None:
         unit.free()
-        self._log(unit, "free")
+        _before_backward(out, lambda: self._pre_backward(unit))
 
-    def _neighbour(self, unit: FlatUnit, step: int):
-        if unit is self.root:
-            i = -1 if step > 0 else len(self.order)
-        else:
-            i = self.order.index(unit)
-        j = i + step
-        return self.order[j] if 0 <= j < len(self.order) else None
-
-    # ------------------------------------------------------------------ forward
-    def _start_step(self) -> None:
-        self.step_count += 1
-        self.timeline = []
-        self._phase = "forward"
-        for u in self.units:
-            u.grads_reduced = False
-
-    def _make_pre_forward(self, unit: FlatUnit):
-        def hook(module, args, kwargs):
-            if unit is self.root:
-                self._start_step()
-            self._gather(unit)
-            if self.prefetch:
-                nxt = self._neighbour(unit, +1)
-                if nxt is not None:
-                    self._gather(nxt, async_op=True)
-            if unit is self.root:
-                return None
-            # mark "this unit's backward is done" on its inputs
-            (args, kwargs), _ = _through(self._post_backward, unit, (args, kwargs))
-            return args, kwargs
-        return hook
-
-    def _make_post_forward(self, unit: FlatUnit):
-        def hook(module, args, output):
-            output, wrapped = _through(self._pre_backward, unit, output)
-            if unit is self.root:
-                if not wrapped or self.reshard_root:    # no backward coming: free everything
-                    self._free(unit)
-                if not wrapped:
-                    self._finish_all()
-            else:
-                self._free(unit)
-            return output
-        return hook
-
-    def _root_pre_forward_only(self, module, args):
-        self._start_step()
-        if self.prefetch and self.order:
-            self._gather(self.order[0], async_op=True)
-
-    def _root_post_forward_only(self, module, args, output):
-        if self.root is None:
-            output, wrapped = _through(self._pre_backward, None, output)
-            if not wrapped:
-                self._finish_all()
-        return output
-
-    # ------------------------------------------------------------------ backward
     def _pre_backward(self, unit) -> None:
-        if unit is self.root or unit is None:   # the first thing backward runs
-            self._phase = "backward"
-            if not self._callback_queued:
-                queue_backward_callback(self._finish_backward)
-                self._callback_queued = True
-            if unit is None:
-                if self.prefetch and self.order:
-                    self._gather(self.order[-1], async_op=True)
+        if not self._callback_queued:             # the first hook of this backward
+            queue_backward_callback(self._end_of_backward)
+            self._callback_queued = True
+        if unit is not None and unit is not self.root:
+            self._reduce_in_order(done_after=self.units.index(unit))
+        if unit is not None:
+            unit.gather()
+        if self.prefetch and self._neighbour(unit, -1):
+            self._neighbour(unit, -1).gather(async_op=True)
+
+    def _reduce_in_order(self, done_after: int | None = None) -> None:
+        """Reduce-scatter, strictly last unit first, the units whose gradients are all in, and
+        those after unit ``done_after``, whose backward is over once backward reaches it (a
+        Parameter that got no gradient on this rank sends zeros): so every rank issues the
+        same collectives in the same order. A unit still waiting holds back the rest."""
+        while self._next >= 0:
+            unit = self.units[self._next]
+            if (done_after is None or self._next <= done_after) and unit.ready < len(unit.params):
                 return
-        self._gather(unit)
-        if self.prefetch:
-            prev = self._neighbour(unit, -1)
-            if prev is not None:
-                self._gather(prev, async_op=True)
+            unit.reduce_scatter()
+            self._next -= 1
 
-    def _post_backward(self, unit: FlatUnit) -> None:
-        unit.wait()
-        unit.reduce_scatter_grads()
-        self._free(unit)
-
-    def _finish_backward(self) -> None:
-        """End of backward: finish the units not finished yet (the root), in a fixed order."""
-        self._callback_queued = False
-        for unit in reversed(self.units):         # blocks last to first, then the root
-            if not unit.grads_reduced:
-                self._post_backward(unit)
-            else:
-                self._free(unit)                  # e.g. a prefetch nobody used
-        late = [u.name for u in self.units for _, _, p, _, _ in u.params
-                if p.grad is not None and p.grad.shape != p.shape]
-        if late:
-            raise RuntimeError(f"gradients arrived after their unit was reduce-scattered: {late}")
-
-    def _finish_all(self) -> None:
+    def _end_of_backward(self) -> None:
+        """Reduce-scatter the units not done yet, in the same order; free what is left."""
+        for unit in reversed(self.units[:self._next + 1]):
+            unit.reduce_scatter()
         for unit in self.units:
-            self._free(unit)
-            unit.grads_reduced = True
+            unit.free()                            # e.g. a prefetch nobody used
+        self._next, self._callback_queued = len(self.units) - 1, False
 
-    # ------------------------------------------------------------------ results
     def shard_parameters(self) -> list[nn.Parameter]:
-        """The trainable Parameters, unit by unit; at rest each is its piece of this rank's
-        shard (what the optimizer updates)."""
-        return [p for u in self.units for _, _, p, _, _ in u.params]
+        """The sharded Parameters, unit by unit; at rest each is its piece of this rank's shard."""
+        return [p for u in self.units for p in u.params]
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip the averaged shard gradients to a global norm of ``max_norm`` (taken over
-        every rank's shard: a collective); returns the norm before clipping. Call it after
-        backward, before ``optimizer.step()``."""
-        if any(u.gathered or u.in_flight for u in self.units):
+        """Clip the shard gradients to a global norm of ``max_norm`` (over every rank's shard:
+        a collective); returns the norm before clipping. Call it after backward."""
+        if any(u.full.untyped_storage().nbytes() for u in self.units):
             raise RuntimeError("clip_grad_norm_ between backward() and optimizer.step(): a unit "
                                "is still gathered (inside forward or backward)")
-        return clip_sharded_([u.shard_grad for u in self.units], max_norm, norm_type, self.group)
+        return clip_sharded_([u.shard.grad for u in self.units], max_norm, norm_type, self.group)
 
     @torch.no_grad()
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        """``{name: full tensor}`` as ``module.named_parameters()`` names them (a tied
-        Parameter under its first name): CPU clones, gathered from the shards. A
-        collective: call it on every rank."""
+        """``{name: full tensor}`` as ``module.named_parameters()`` names them: CPU clones,
+        gathered from the shards. A collective: call it on every rank."""
         values: dict[int, torch.Tensor] = {}
         for u in self.units:
-            flat = u.full_flat()
-            for _, _, p, shape, off in u.params:
-                values[id(p)] = flat[off:off + math.prod(shape)].view(shape)
-        out = {}
-        for name, p in self.module.named_parameters():
-            t = values.get(id(p), p)
-            out[name] = t.detach().cpu().clone()
-        return out
+            flat = torch.empty(u.padded, dtype=u.shard.dtype, device=u.shard.device)
+            all_gather_into_tensor(flat, u.shard, group=self.group)
+            for p, off, shape in zip(u.params, u.offsets, u.shapes):
+                values[id(p)] = flat[off:off + shape.numel()].view(shape)
+        return {name: values.get(id(p), p).detach().cpu().clone() for name, p in self.module.named_parameters()}
 
     def remove_hooks(self) -> None:
-        for h in self._hooks:
+        for h in self._hooks + [h for u in self.units for h in u._hooks]:
             h.remove()
         self._hooks = []
 
     def extra_repr(self) -> str:
-        return (f"world_size={self.world_size}, units={len(self.units)} "
-                f"(padded numels {[u.padded for u in self.units]}), prefetch={self.prefetch}, "
-                f"reshard_root={self.reshard_root}, frozen={self.frozen}")
+        return (f"units={len(self.units)} (padded numels {[u.padded for u in self.units]}), "
+                f"prefetch={self.prefetch}, reshard_root={self.reshard_root}")
 
 
 def wrap_zero3(model, make_optimizer, *, overlap: bool = True, group=None, unit_types=None,
-               reshard_root: bool = False, param_dtype=None, reduce_dtype=None):
-    """The ``"zero3"`` strategy: ``(Zero3(model), make_optimizer(its trainable parameters))``.
-
-    ``overlap`` is the prefetch switch: True overlaps the next unit's all-gather with the
-    current unit's compute. ``make_optimizer`` runs on the full-shaped Parameters before
-    they are sharded (so groups made from ``p.ndim`` are right); the optimizer is then
-    rebuilt, same class, groups and hyperparameters, over the same Parameters, which at
-    rest are their pieces of the shards; its ``step()`` needs no communication.
-    """
+               reshard_root: bool = False, param_dtype=None, reduce_dtype=None, ignored_params=()):
+    """The ``"zero3"`` strategy: ``(Zero3(model), optimizer)``; ``overlap`` is the prefetch
+    switch. ``make_optimizer`` runs on the full-shaped Parameters (so groups made from
+    ``p.ndim`` are right), then the optimizer is rebuilt, same class, groups and
+    hyperparameters, over the same Parameters, at rest their pieces of the shards."""
     groups, cls, defaults = real_optimizer(model, make_optimizer)   # grouped while full-shaped
-    z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root,
-              param_dtype=param_dtype, reduce_dtype=reduce_dtype, group=group)
+    z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root, param_dtype=param_dtype,
+              reduce_dtype=reduce_dtype, ignored_params=ignored_params, group=group)
     return z, cls(groups, **defaults)
 
 
 def zero3_state_bytes(model: Zero3, optimizer) -> dict:
-    """Bytes this rank holds: parameters (the shards, frozen Parameters, any full buffer
-    still gathered), gradients (shard grads and any full ``.grad`` left) and optimizer
-    state tensors, each storage once."""
+    """Bytes this rank holds: parameters (shards, whole Parameters, any gathered buffer),
+    gradients and optimizer state tensors, each storage once."""
     inner = getattr(optimizer, "inner", optimizer)
     seen: set = set()
-    module_params = list(model.module.parameters())
-    out = {"params": storage_bytes([u.shard for u in model.units] + module_params +
-                                   [u.full for u in model.units], seen),
-           "grads": storage_bytes([u.shard_grad for u in model.units] +
-                                  [p.grad for p in module_params], seen)}
+    params = list(model.module.parameters())
+    out = {"params": storage_bytes([u.shard for u in model.units] + params + [u.full for u in model.units], seen),
+           "grads": storage_bytes([u.shard.grad for u in model.units] + [p.grad for p in params], seen)}
     state = [v for per in inner.state.values() for v in per.values() if isinstance(v, torch.Tensor)]
     out["optimizer"] = storage_bytes(state, seen)
     return out

@@ -1,7 +1,7 @@
 """ZeRO-3's memory over one training step, predicted from the unit sizes alone.
 
 Taught in ``notebooks/06_zero3.ipynb``, next to the timeline
-:class:`~course_utils.impl.zero3.Zero3` records while it runs.
+:func:`course_utils.labs.zero3_timeline.record_timeline` measures.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def unit_numels(config=None) -> list[int]:
 def predicted_timeline(world_size: int, *, prefetch: bool, config=None) -> list[dict]:
     """The gathers and frees :class:`~course_utils.impl.zero3.Zero3` makes in one training step of the course GPT
     (or the GPT of ``config``), predicted from the unit sizes alone: what
-    :attr:`~course_utils.impl.zero3.Zero3.timeline` measures, before running anything.
+    :func:`~course_utils.labs.zero3_timeline.record_timeline` measures, before running anything.
 
-    One dict per event, with the keys of ``Zero3.timeline`` except ``step``:
+    One dict per event, with the keys of the measured ones:
     ``phase``, ``unit`` ("root", "blocks.0", ...), ``event`` ("gather" or "free"),
     ``alive_units`` and ``alive_bytes`` (units and fp32 bytes of full, padded parameters
     gathered or in flight after the event). The schedule (``reshard_root=False``): the
@@ -39,7 +39,7 @@ def predicted_timeline(world_size: int, *, prefetch: bool, config=None) -> list[
     block is gathered just before its forward and freed after it, gathered again just
     before its backward and freed after its reduce-scatter; with ``prefetch`` the next
     block's gather (previous, in backward) is started one block early.
-    ``tests/test_figures.py`` checks it against ``Zero3.timeline`` measured on ranks.
+    ``tests/test_figures.py`` checks it against the timeline measured on ranks.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")

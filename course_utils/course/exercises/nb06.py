@@ -8,18 +8,17 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ...impl.common import flatten_and_pad, padded_numel, storage_bytes, trainable
 from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, on_world_sizes, refuse_non_function,
                                 report_ranks)
 from ...runtime.fmt import bound
 from ...runtime.launch import where
 
-__all__ = ["check_zero3_forward", "check_zero3", "Zero3Unit", "build_units", "zero3_on_rank"]
+__all__ = ["check_zero3_forward", "check_zero3", "build_units", "zero3_on_rank"]
 
 
 def _zero3_weight(numel: int):
     """The full weight of exercise 06.1 (flat, unpadded): the same on every rank."""
-    import torch
-
     return (torch.arange(numel, dtype=torch.float32) % 7 - 3) / 4
 
 
@@ -27,12 +26,10 @@ _kept_once = False      # in this rank: a buffer already outlived the full patie
 
 
 def _alive_after(refs, gc, patience_s: float = 2.0) -> int:
-    """How many weakly referenced gathered buffers still hold memory. The backend's work
-    object may keep the output alive for a moment after the collective returns (gloo
-    releases it from its worker thread), so a buffer counts as kept only if it is still
-    alive after ``patience_s`` (2 s: a loaded 2-core machine, a free Colab, once took over
-    1 s). Once one has outlived it, the answer keeps buffers: later checks in this rank
-    wait 0.2 s, so a wrong answer is not graded 2 s per case."""
+    """How many weakly referenced gathered buffers still hold memory after ``patience_s``
+    (gloo's worker thread may hold an output a moment after the collective returns; a
+    loaded 2-core machine once took over 1 s). Once a buffer outlived it, later checks in
+    this rank wait 0.2 s, so a wrong answer is not graded 2 s per case."""
     import time
 
     global _kept_once
@@ -52,8 +49,7 @@ def _alive_after(refs, gc, patience_s: float = 2.0) -> int:
 
 @contextlib.contextmanager
 def _spying_all_gathers(gathered: list):
-    """While entered, every all-gather's output tensor(s) are appended to ``gathered`` as
-    weak references (so :func:`_alive_after` can tell whether they were freed)."""
+    """While entered, every all-gather's output tensor(s) go into ``gathered``, weakly."""
     import weakref
 
     import torch.distributed as dist
@@ -76,76 +72,61 @@ def _spying_all_gathers(gathered: list):
             setattr(dist, n, f)
 
 
-def _zero3_forward_on_rank(fn: Callable) -> list:
-    """Rank side of :func:`check_zero3_forward`: run ``fn`` on this rank's shard of a few
-    odd-sized Linear weights; report the output's first wrong element, how many
-    all-gathers it issued and whether the gathered buffer outlived the call."""
+def _zero3_forward_on_rank(fn: Callable) -> str:
+    """Rank side of :func:`check_zero3_forward`: the first problem ('' if none) of ``fn`` on
+    this rank's shard of three odd-sized Linear weights (every rank runs them all, so that
+    none waits alone in a collective)."""
     import gc
 
-    import torch
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     gathered: list = []
-    report = []
+    problems = []
     with _spying_all_gathers(gathered):
         for shape in ((3, 5), (4, 7), (2, 9)):
             numel = shape[0] * shape[1]
-            padded = -(-numel // world) * world
-            flat = torch.zeros(padded)
-            flat[:numel] = _zero3_weight(numel)
-            size = padded // world
-            shard = flat[rank * size:(rank + 1) * size].clone()
+            shard, flat = _shard_of([_zero3_weight(numel)], rank, world)
             x = torch.linspace(-1, 1, 2 * shape[1]).reshape(2, shape[1]) + rank
-            expected = x @ flat[:numel].view(shape).T
+            want = x @ flat[:numel].view(shape).T
             gathered.clear()
             with torch.no_grad():
-                got = fn(shard, numel, shape, x)
+                got = fn(shard.clone(), numel, shape, x)
             alive = _alive_after(gathered, gc)
-            first = ""
-            if not isinstance(got, torch.Tensor):
-                first = f"returned {type(got).__name__}, expected a tensor of shape {tuple(expected.shape)}"
-            elif got.shape != expected.shape:
-                first = f"output shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+            bad = ((got - want).abs() > 1e-5).nonzero() if isinstance(got, torch.Tensor) and \
+                got.shape == want.shape else None
+            if bad is None:
+                got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                problems.append(f"returned {got}, expected a tensor of shape {tuple(want.shape)}")
+            elif len(bad):
+                i, j = bad[0].tolist()
+                problems.append(f"first difference at out[{i}, {j}]: got {got[i, j].item():.6g}, "
+                                f"expected {want[i, j].item():.6g}")
+            elif len(gathered) != 1:
+                problems.append(f"{len(gathered)} all-gathers, expected exactly 1 (gather the whole flat "
+                                "weight at once)")
+            elif alive:
+                problems.append("the gathered weight is still alive after forward; ZeRO-3 frees it (do not "
+                                "keep it in a global or attribute)")
             else:
-                bad = ((got - expected).abs() > 1e-5).nonzero()
-                if len(bad):
-                    i, j = bad[0].tolist()
-                    first = (f"first difference at out[{i}, {j}]: got {got[i, j].item():.6g}, "
-                             f"expected {expected[i, j].item():.6g}")
-            report.append({"shape": shape, "first_diff": first, "gathers": len(gathered),
-                           "alive": alive})
-    return report
+                continue
+            problems[-1] = f"weight {shape}: {problems[-1]}"
+    return problems[0] if problems else ""
 
 
 def check_zero3_forward(fn: Callable) -> Verdict:
-    """Exercise 06.1: ``fn(shard, numel, shape, x)`` is a ZeRO-3 Linear forward (no bias).
-
-    ``shard`` is this rank's chunk of the weight flattened and zero-padded to a multiple
-    of the world size; ``fn`` must all-gather the full flat weight (one collective),
-    drop the padding, view it as ``shape``, return ``x @ W.T`` and free the gathered
-    buffer (nothing of it may stay alive after the call). Checked on 2, 3 and 4 ranks
-    with 15-, 28- and 18-element weights (padding needed), exactly (1e-5)."""
+    """Exercise 06.1: ``fn(shard, numel, shape, x)`` is a ZeRO-3 Linear forward (no bias):
+    ``shard`` is this rank's chunk of the weight flattened and zero-padded to a multiple of
+    the world size; ``fn`` must all-gather the full flat weight (one collective), drop the
+    padding, view it as ``shape``, return ``x @ W.T`` and keep nothing of the gathered
+    buffer. Checked on 2, 3 and 4 ranks with 15-, 28- and 18-element weights, to 1e-5."""
     name = "zero3_forward"
     if (refused := refuse_non_function(fn, name, '(shard, numel, shape, x)')) is not None:
         return refused
     all_right = True
-    for n, values in (runs := on_world_sizes(_zero3_forward_on_rank, (2, 3, 4), fn, timeout_s=30,
-                                                 quiet=True)):
-        findings = []
-        for cases in values:
-            problems = []
-            for c in cases:
-                if c["first_diff"]:
-                    problems.append(f"weight {c['shape']}: {c['first_diff']}")
-                elif c["gathers"] != 1:
-                    problems.append(f"weight {c['shape']}: {c['gathers']} all-gathers, expected exactly 1 "
-                                    "(gather the whole flat weight at once)")
-                elif c["alive"]:
-                    problems.append(f"weight {c['shape']}: the gathered weight is still alive after "
-                                    "forward; ZeRO-3 frees it (do not keep it in a global or attribute)")
-            findings.append((problems[0] if problems else "",
-                             f"gathered, computed, freed for {len(cases)} weights"))
+    for n, problems in (runs := on_world_sizes(_zero3_forward_on_rank, (2, 3, 4), fn, timeout_s=30,
+                                                   quiet=True)):
+        findings = [(p, "gathered, computed, freed for 3 weights") for p in problems]
         all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True), findings)
     return Verdict(name, all_right and runs.completed)
 
@@ -157,8 +138,7 @@ BUILD_BATCH, BUILD_LR, BUILD_STEPS = 12, 0.5, 2
 
 
 class _TiedTwice(nn.Module):
-    """A unit that uses one weight twice: ``second.weight`` *is* ``first.weight`` (one
-    Parameter under two names, listed once by ``parameters()``), each with its own bias."""
+    """One Parameter used twice (``second.weight`` *is* ``first.weight``), two biases."""
 
     def __init__(self):
         super().__init__()
@@ -170,10 +150,9 @@ class _TiedTwice(nn.Module):
 
 
 def build_units() -> list[nn.Module]:
-    """The three units of exercise 06.2, the same on every rank and at every call:
-    ``Linear(4, 7)`` + tanh (35 trainable elements); a LayerNorm whose weight is frozen (7
-    elements, kept whole) and ``Linear(7, 5)`` (47 trainable); one ``Linear(5, 5)`` weight
-    used twice, tied, with two biases (35). 35 and 47 divide by none of 2, 3, 4."""
+    """The three units of exercise 06.2, the same on every rank: ``Linear(4, 7)`` + tanh (35
+    trainable elements); a LayerNorm with a frozen weight and ``Linear(7, 5)`` (47); a
+    ``Linear(5, 5)`` weight used twice with two biases (35): none divides by 2, 3 or 4."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
         units = [nn.Sequential(nn.Linear(4, 7), nn.Tanh()),
@@ -182,35 +161,6 @@ def build_units() -> list[nn.Module]:
             units[1][0].weight.uniform_(0.5, 1.5)
     units[1][0].weight.requires_grad_(False)
     return units
-
-
-class Zero3Unit(nn.Module):
-    """The course's reference for exercise 06.2, under the exercise's names: the package's
-    :class:`~course_utils.impl.zero3.Zero3` on one unit, which is then its own (root) unit,
-    with ``reshard_root=True`` so that it is freed after forward and gathered again in
-    backward. ``shard`` is its :class:`~course_utils.impl.zero3.FlatUnit`'s shard, with the
-    averaged gradient ``Zero3`` keeps beside it (``shard_grad``) as ``shard.grad``; ``full``
-    its gather buffer. (A root unit reduce-scatters in the callback at the end of backward:
-    nothing marks where its backward ends when its inputs need no gradient.)"""
-
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        from ...impl.zero3 import Zero3
-
-        self.zero3 = Zero3(module, unit_types=(), reshard_root=True)
-        self.flat = self.zero3.units[0]
-
-    def forward(self, *args, **kwargs):
-        return self.zero3(*args, **kwargs)
-
-    @property
-    def shard(self) -> torch.Tensor:
-        self.flat.shard.grad = self.flat.shard_grad     # Zero3 keeps it beside the shard
-        return self.flat.shard
-
-    @property
-    def full(self) -> torch.Tensor:
-        return self.flat.full
 
 
 def _build_batch(step: int):
@@ -226,23 +176,16 @@ def _close(got, want) -> bool:
 
 def _shard_of(tensors, rank: int, world: int):
     """Chunk ``rank`` of ``tensors`` flattened and zero-padded to a multiple of ``world``."""
-    from ...impl.common import flatten_and_pad
-
     flat = flatten_and_pad([t.detach() for t in tensors], world)
     return flat.view(world, -1)[rank], flat
 
 
 def _held_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (anything not a tensor skipped)."""
-    from ...impl.common import storage_bytes
-
     return storage_bytes([t for t in tensors if isinstance(t, torch.Tensor)], set())
 
 
 def _size_hint(unit: nn.Module, got: int, world: int) -> str:
     """Why a shard has ``got`` elements, not 1/N of the padded trainable numel."""
-    from ...impl.common import padded_numel, trainable
-
     numel = sum(p.numel() for p in trainable(unit))
     padded = padded_numel(numel, world)
     every = sum(p.numel() for p in unit.parameters())
@@ -260,10 +203,7 @@ def _size_hint(unit: nn.Module, got: int, world: int) -> str:
 
 def _shard_problem(wrapped, units, rank: int, world: int, when: str) -> str:
     """'' when every unit's ``shard`` is chunk ``rank`` of its flat padded trainable
-    parameters (those of ``units``, one process's copy), else what differs first, starting
-    with ``when`` ("after construction": :func:`first_problem` shows those first)."""
-    from ...impl.common import trainable
-
+    parameters (``units``: one process's copy), else what differs first."""
     for i, (w, unit) in enumerate(zip(wrapped, units)):
         shard = getattr(w, "shard", None)
         if not isinstance(shard, torch.Tensor):
@@ -324,10 +264,7 @@ def _backward_problem(counts: dict, units: int) -> str:
 
 def _grad_problem(model, wrapped, units, ref_units, rank: int, world: int, shard_bytes: int) -> str:
     """'' when each unit's ``shard.grad`` is chunk ``rank`` of the global batch's flat padded
-    gradient (``ref_units``: one process), frozen parameters have none and no full
-    gradient is left, else what differs first."""
-    from ...impl.common import trainable
-
+    gradient (``ref_units``: one process) and no full or frozen gradient is left."""
     for i, (w, unit, ref) in enumerate(zip(wrapped, units, ref_units)):
         frozen = [n for n, p in unit.named_parameters() if not p.requires_grad and p.grad is not None]
         if frozen:
@@ -373,16 +310,13 @@ def _raised(phase: str, exc: Exception) -> str:
 
 
 def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
-    """Rank side of :func:`check_zero3`: ``[(first problem or '', what was seen)]``.
-
-    Every rank runs every step whatever it found (a rank that stopped early would leave the
-    others in a collective); one process's model on the whole batch runs beside."""
+    """Rank side of :func:`check_zero3`: ``[(first problem or '', what was seen)]``. Every
+    rank runs every step whatever it found (else the others would wait in a collective)."""
     import gc
 
     import torch.distributed as dist
 
     from ...harness.experiments import global_loss
-    from ...impl.common import padded_numel, trainable
     from ...runtime.ledger import CommLedger
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -459,15 +393,12 @@ def _zero3_right(seen: dict) -> str:
 
 
 def check_zero3(cls) -> Verdict:
-    """Exercise 06.2: ``cls(unit)`` is one ZeRO-3 flat unit (attributes ``shard``, this rank's
-    chunk of the unit's flat zero-padded trainable parameters, and ``full``, the gather
-    buffer). Checked on 2, 3 and 4 gloo ranks with the three units of :func:`build_units`
-    (35, 47 and 35 trainable elements; a frozen LayerNorm weight; a weight used twice),
-    two SGD steps on a global batch of 12 against one process: the shards' layout; the
-    parameter bytes held at rest (4·P/N + the frozen ones); the output of forward; one
-    all-gather per unit in forward and one in backward, one reduce-scatter, no all-reduce;
-    the gathered buffers freed after forward; the shard gradients (the global batch's);
-    no full gradient left; the parameters and losses after two steps. Prints one line per
-    world size: the first thing that differs, or what is right."""
+    """Exercise 06.2: ``cls(unit)`` is one ZeRO-3 flat unit (``shard``: this rank's chunk of
+    the unit's flat zero-padded trainable parameters, its gradient in ``shard.grad``;
+    ``full``: the gather buffer), e.g. :class:`course_utils.impl.zero3.FlatUnit`. Checked
+    on 2, 3 and 4 gloo ranks with the units of :func:`build_units`, two SGD steps on a
+    global batch of 12 against one process: the shards, the bytes held at rest, the
+    output, the collectives, the frees, the shard gradients, the weights and the losses.
+    Prints one line per world size: the first thing that differs, or what is right."""
     return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank,
                        right=lambda values: _zero3_right(values[0][0][1]))
