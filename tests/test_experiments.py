@@ -74,6 +74,29 @@ def test_course_model_matches_single(strategy, world_size, single):
     assert single.comm_bytes == {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
 
 
+# Bytes each rank held after one step, as each strategy's own counter found them before
+# experiments.state_bytes replaced them all (2 gloo ranks; "torch-hsdp": 4, a 2 x 2 mesh).
+_FP32, _SHARDED = (517400, 517400, 1035072), (258700, 258700, 517672)
+_FSDP = [(258800, 258800, 517872), (258800, 258800, 517472)]
+STATE_BYTES = {
+    ("single", ()): [_FP32], ("ddp", ()): [_FP32] * 2, ("torch-ddp", ()): [_FP32] * 2,
+    ("zero1", ()): [(517400, 517400, 517404)] * 2, ("zero2", ()): [(517400, 258700, 517404)] * 2,
+    ("zero1", ("mixed",)): [(258700, 258700, 776104)] * 2,
+    ("zero2", ("mixed",)): [(258700, 129350, 776104)] * 2,
+    ("zero3", ()): [_SHARDED] * 2,
+    ("torch-zero1", ()): [(517400, 517400, 517772), (517400, 517400, 517300)],
+    ("torch-fsdp", ()): _FSDP, ("torch-fsdp-zero2", ()): _FSDP, ("torch-hsdp", ()): _FSDP * 2,
+}
+
+
+@pytest.mark.parametrize("strategy, flags", list(STATE_BYTES))
+def test_one_state_byte_counter_for_every_strategy(strategy, flags):
+    want = STATE_BYTES[strategy, flags]
+    out = run(strategy, len(want), steps=1, quiet=True, **{f: True for f in flags})
+    assert [tuple(r.state_bytes.values()) for r in out] == want
+    assert all(list(r.state_bytes) == ["params", "grads", "optimizer"] for r in out)
+
+
 def test_tiny_buckets_issue_more_calls_for_the_same_bytes():
     n_tensors = len(list(build_model().parameters()))
     default = run("ddp", 2, steps=2, quiet=True)[0]

@@ -40,7 +40,7 @@ from ..runtime.launch import gpu_count
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG, PRESETS, TransformerConfig
 from . import experiments, strategies
-from .model import SyntheticData, build_model
+from .model import SyntheticData, build_model, rows_per_rank
 
 __all__ = ["run_and_exit", "main", "parse_args", "model_config"]
 
@@ -180,38 +180,28 @@ def main(argv=None) -> int:
     rank, world, device, where = _setup(spec, args.timeout)
     distributed = spec.distributed
     try:
-        if args.global_batch % world:
-            fits = [n for n in range(1, args.global_batch + 1) if args.global_batch % n == 0]
-            raise SystemExit(f"error: the global batch of {args.global_batch} rows cannot be split "
-                             f"evenly over {world} ranks; use a number of ranks in {fits} "
-                             f"or another --global-batch")
+        try:
+            rows = rows_per_rank(args.global_batch, world)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
         if rank == 0:
             _print(f"{args.strategy}: {where}; {config.num_params():,} parameters, "
-                   f"global batch {args.global_batch} ({args.global_batch // world} rows per rank), "
-                   f"{args.steps} steps")
+                   f"global batch {args.global_batch} ({rows} rows per rank), {args.steps} steps")
         model = build_model(config, seed=args.seed, device=device)
         data = SyntheticData(config, global_batch=args.global_batch, seed=args.seed)
         options = {k: v for k, v in (("bucket_bytes", args.bucket_bytes), ("overlap", not args.no_overlap))
                    if k in spec.options}          # the flags a strategy has no use for are ignored
         model, optimizer = experiments.wrap(args.strategy, model, experiments.make_adamw, **options)
-        measure = spec.state_bytes or experiments.state_bytes
-        state = {}
-
-        def measure_last(step):
-            if step == args.steps - 1:
-                state.update({k: int(v) for k, v in measure(model, optimizer).items()
-                              if k in ("params", "grads", "optimizer")})
-
-        def log(step, loss, seconds):
-            done = step + 1
-            if rank == 0 and (done % args.log_every == 0 or done == args.steps):
-                _print(f"step {done} loss {loss:.4f} step_time {seconds * 1e3:.1f} ms")
-
-        ledger = CommLedger()
-        with ledger:
-            losses, times = experiments.train_steps(
-                model, optimizer, data, range(args.steps), rank=rank, world=world, device=device,
-                ledger=ledger, after_step=measure_last, on_step_end=log)
+        losses, times = [], []
+        with CommLedger() as ledger:
+            for step, loss, seconds in experiments.train(model, optimizer, data, args.steps, rank=rank,
+                                                         world=world, device=device, meters=(ledger,)):
+                losses.append(loss)
+                times.append(seconds)
+                if step == args.steps - 1:
+                    state = experiments.state_bytes(model, optimizer)
+                if rank == 0 and ((step + 1) % args.log_every == 0 or step + 1 == args.steps):
+                    _print(f"step {step + 1} loss {loss:.4f} step_time {seconds * 1e3:.1f} ms")
         comm, calls = ledger.totals(), ledger.counts()
         if rank == 0:
             sent = ", ".join(f"{op} {_fmt_bytes(b)} ({calls.get(op, 0)} calls)"
