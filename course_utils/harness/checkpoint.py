@@ -49,6 +49,7 @@ from torch import nn
 
 from ..checks import check_int, check_timeout, distributed
 from . import experiments
+from .model import rows_per_rank
 from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest, unwrap, wrap
 
 __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load_full",
@@ -76,10 +77,7 @@ def _check_path(path) -> str:
 
 def _check_world(name: str, world_size) -> None:
     check_int(name, world_size, 1)
-    if GLOBAL_BATCH % world_size:
-        fits = [n for n in range(1, GLOBAL_BATCH + 1) if GLOBAL_BATCH % n == 0]
-        raise ValueError(f"{name}={world_size} does not split the global batch of {GLOBAL_BATCH} "
-                         f"rows evenly; use one of {fits}")
+    rows_per_rank(GLOBAL_BATCH, world_size)
 
 
 def _pair(model, optimizer):
@@ -523,24 +521,21 @@ def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
     from ..runtime.launch import rank_device
     from .model import SyntheticData, build_model
 
-    in_group = distributed()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if in_group else (0, 1)
-    device = rank_device() if in_group else torch.device("cpu")
+    device = rank_device() if distributed() else torch.device("cpu")
     # a model that loads starts from other weights, so a load that did nothing shows
     model = build_model(seed=seed + 1 if load_from else seed, device=device)
     model, optimizer = wrap(strategy, model, make_adamw)
     start = load_sharded(model, optimizer, load_from)["step"] if load_from else 0
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=seed)
-    losses, _ = experiments.train_steps(model, optimizer, data,
-                                        range(start, start if stop is None else stop),
-                                        rank=rank, world=world, device=device)
+    losses = [loss for _, loss, _ in experiments.train(
+        model, optimizer, data, range(start, start if stop is None else stop), device=device)]
     saved = save_sharded(model, optimizer, save_to, overwrite=True) if save_to else None
     params = full_parameters(model)                       # collective
     out = {"losses": losses, "start": start, "saved": saved,
            "param_digest": param_digest(params)}
     if gather:
         full = full_state_dict(model, optimizer)          # collective; {} except on rank 0
-        if rank == 0:
+        if _rank() == 0:
             out["params"] = dict(full["model"])
             out["optim"] = optimizer_tensors(full["optimizer"])
             out["full_is_full_parameters"] = _same(out["params"], params)

@@ -45,7 +45,8 @@ import dataclasses
 from numbers import Real
 
 from ..checks import check_int
-from ..harness.experiments import BETAS, LR, WEIGHT_DECAY, train_steps
+from ..harness.experiments import BETAS, GLOBAL_BATCH, LR, WEIGHT_DECAY, train
+from ..harness.model import rows_per_rank
 from ..theory.config import TransformerConfig
 from ..theory.planner import Choice, PlanRow, as_choice
 
@@ -633,23 +634,18 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
 def _train_snippet(codes: list, steps: int) -> list:
     """On each rank: for each snippet, build the course GPT, exec the snippet (it wraps the
     model and makes ``optimizer``), train ``steps`` steps; the global loss of each step."""
-    import torch.distributed as dist
-
     from ..harness.model import SyntheticData, build_model
     from ..runtime.launch import rank_device
     from ..theory.config import COURSE_CONFIG
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
     out = []
     for code in codes:
         ns = {"model": build_model(COURSE_CONFIG, seed=0, device=device)}
         exec(code, ns)  # noqa: S102 - running the generated snippet is the point
         model, optimizer = ns["model"], ns["optimizer"]
-        data = SyntheticData(COURSE_CONFIG, global_batch=12, seed=0)
-        losses, _ = train_steps(model, optimizer, data, range(steps), rank=rank, world=world,
-                                device=device)
-        out.append(losses)
+        data = SyntheticData(COURSE_CONFIG, global_batch=GLOBAL_BATCH, seed=0)
+        out.append([loss for _, loss, _ in train(model, optimizer, data, steps, device=device)])
         del model, optimizer, ns
     return out
 
@@ -674,10 +670,8 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
     choices = choices if isinstance(choices, list) else [choices]
     if not choices:
         raise ValueError("choices is empty: pass a choice such as 'ZeRO-3', or a list of them")
-    check_int("world_size", world_size, 1, what="ranks")
-    if world_size < 2 or 12 % world_size:
-        raise ValueError(f"world_size must be 2, 3, 4, 6 or 12 (it splits the course batch of 12 "
-                         f"sequences), got {world_size}")
+    check_int("world_size", world_size, 2, what="ranks")
+    rows_per_rank(GLOBAL_BATCH, world_size)
     check_int("steps", steps, 1, what="training steps")
     backend = resolve_backend(world_size)
     device_type = "cuda" if backend == "nccl" else "cpu"

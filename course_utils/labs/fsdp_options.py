@@ -25,7 +25,6 @@ is public API.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import math
@@ -39,11 +38,11 @@ from torch import nn
 
 from ..checks import check_int, require_process_group
 from ..harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
-                                   reference_grads, train_steps)
-from ..harness.model import Block, SyntheticData, build_model
+                                   reference_grads, state_bytes, train)
+from ..harness.model import Block, SyntheticData, build_model, rows_per_rank
 from ..impl import fsdp
-from ..impl.fsdp import (calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_state_bytes,
-                         fsdp_units, local_tensor, message_numels)
+from ..impl.fsdp import (calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units,
+                         local_tensor, message_numels)
 from ..runtime import compat
 from ..runtime.fmt import num, plural, sci
 from ..runtime.launch import launch, rank_device, where
@@ -189,9 +188,7 @@ class OptionResult:
 
 def _check_world_size(world_size) -> None:
     check_int("world_size", world_size, minimum=2)           # sharding needs 2 ranks or more
-    if GLOBAL_BATCH % world_size:
-        raise ValueError(f"world_size must divide the global batch of {GLOBAL_BATCH} sequences "
-                         f"(2, 3, 4, 6 or 12), got {world_size}")
+    rows_per_rank(GLOBAL_BATCH, world_size)
 
 
 # ------------------------------------------------------------------ sharding
@@ -226,9 +223,15 @@ def _check_reshard(value, world_size: int) -> None:
 
 # ------------------------------------------------------------------ the rank side, shared
 
-def _course_model_and_data():
+def _sharded(before=None, **fully_shard_kwargs):
+    """The course GPT (``before(model)`` applied first), sharded by :func:`shard_model`, its
+    AdamW, the data, the device."""
     device = rank_device()
-    return (build_model(COURSE_CONFIG, seed=SEED, device=device),
+    model = build_model(COURSE_CONFIG, seed=SEED, device=device)
+    if before is not None:
+        before(model)
+    model = shard_model(model, **fully_shard_kwargs)
+    return (model, make_adamw(model.parameters()),
             SyntheticData(COURSE_CONFIG, global_batch=GLOBAL_BATCH, seed=SEED), device)
 
 
@@ -237,33 +240,12 @@ def _rank_batch(data, step: int, device):
     return x.to(device), y.to(device)
 
 
-def _train(model, data, device, steps: int, *, after_forward=None, after_step=None, around=None,
-           before_step=None, ledger: CommLedger | None = None):
-    """``steps`` AdamW steps of the course's training loop
-    (:func:`~course_utils.harness.experiments.train_steps`). Per step: the global-batch loss
-    and a :class:`CommLedger` summary of forward + backward + ``step()``.
-    ``after_forward(step)`` runs between forward and backward, ``after_step(step,
-    optimizer)`` before ``zero_grad()``, ``before_step(step)`` first, ``around(step)`` is
-    entered around forward and backward; ``ledger``: record with this one (reset at every step)."""
-    opt = make_adamw(model.parameters())
-    ledger = ledger if ledger is not None else CommLedger()
-    comms = []
-
-    def after(step):
-        comms.append({"counts": ledger.counts(), "totals": ledger.totals(),
-                      "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]})
-        if after_step is not None:
-            with ledger.pause():
-                after_step(step, opt)
-
-    with ledger:
-        losses, _ = train_steps(model, opt, data, range(steps), rank=dist.get_rank(),
-                                world=dist.get_world_size(), device=device, ledger=ledger,
-                                before_step=lambda step: (ledger.reset(), before_step and before_step(step)),
-                                around=around,
-                                after_forward=after_forward and (lambda step, loss: after_forward(step)),
-                                after_step=after)
-    return losses, comms
+def _per_step(ledger: CommLedger) -> dict:
+    """What ``ledger`` recorded in one step, then reset for the next."""
+    out = {"counts": ledger.counts(), "totals": ledger.totals(),
+           "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]}
+    ledger.reset()
+    return out
 
 
 def _calls(counts: dict) -> str:
@@ -279,8 +261,7 @@ def _rank_mixed_precision(steps: int) -> dict:
     policies = {"fp32": {}, "bf16": {"mp_policy": MixedPrecisionPolicy(
         param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}}
     for name, kwargs in policies.items():
-        model, data, device = _course_model_and_data()
-        model = shard_model(model, **kwargs)
+        model, opt, data, device = _sharded(**kwargs)
         inside: dict = {}
 
         def spy(module, args, inside=inside):      # a block's first MLP layer, inside forward
@@ -288,19 +269,20 @@ def _rank_mixed_precision(steps: int) -> dict:
             inside.setdefault("input", str(args[0].dtype).replace("torch.", ""))
 
         model.blocks[0].mlp.up.register_forward_pre_hook(spy)
-        stored: dict = {}
+        stored, losses, comms = {}, [], []
 
-        def after_step(step, opt, model=model, stored=stored):
-            if step:
-                return
-            def dtypes(ts):
-                return sorted({str(local_tensor(t).dtype).replace("torch.", "") for t in ts})
-            stored["param"] = dtypes(model.parameters())
-            stored["grad"] = dtypes(p.grad for p in model.parameters())
-            stored["optimizer"] = dtypes(v for s in opt.state.values() for v in s.values()
-                                         if isinstance(v, torch.Tensor))
+        def dtypes(ts):
+            return sorted({str(local_tensor(t).dtype).replace("torch.", "") for t in ts})
 
-        losses, comms = _train(model, data, device, steps, after_step=after_step)
+        with CommLedger() as ledger:
+            for step, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
+                losses.append(loss)
+                comms.append(_per_step(ledger))
+                if step == 0:
+                    stored["param"] = dtypes(model.parameters())
+                    stored["grad"] = dtypes(p.grad for p in model.parameters())
+                    stored["optimizer"] = dtypes(v for s in opt.state.values() for v in s.values()
+                                                 if isinstance(v, torch.Tensor))
         out[name] = {"losses": losses, "comm": comms[0]["totals"], "counts": comms[0]["counts"],
                      "same_every_step": all(c["totals"] == comms[0]["totals"] for c in comms),
                      "inside_forward": inside, "stored": stored}
@@ -364,23 +346,20 @@ def _offload_run(steps: int, **fully_shard_kwargs) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
-    model, data, device = _course_model_and_data()
-    model = shard_model(model, **fully_shard_kwargs)
-    stored: dict = {}
-
-    def after_step(step, opt):
+    model, opt, data, device = _sharded(**fully_shard_kwargs)
+    stored, losses = {}, []
+    for step, loss, _ in train(model, opt, data, steps, device=device):
+        losses.append(loss)
         if step != steps - 1:
-            return
+            continue
         params = list(model.parameters())
         state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         for key, ts in (("param", params), ("grad", [p.grad for p in params]), ("optimizer", state)):
             stored[key] = sorted({str(local_tensor(t).device) for t in ts})
-        stored["bytes"] = fsdp_state_bytes(model, opt)
+        stored["bytes"] = state_bytes(model, opt)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             stored["device_bytes"] = torch.cuda.memory_allocated(device) - base
-
-    losses, _ = _train(model, data, device, steps, after_step=after_step)
     return {"losses": losses, "stored": stored}
 
 
@@ -468,13 +447,14 @@ def _unsharded_param_bytes(model: nn.Module, sharded: set) -> int:
 def _rank_reshard(settings: tuple, steps: int) -> dict:
     out = {}
     for setting in settings:
-        model, data, device = _course_model_and_data()
-        model = shard_model(model, reshard_after_forward=setting)
+        model, opt, data, device = _sharded(reshard_after_forward=setting)
         sharded = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
-        held: list = []
-        losses, comms = _train(model, data, device, steps,
-                               after_forward=lambda step: held.append(
-                                   _unsharded_param_bytes(model, sharded)))
+        held, losses, comms = [], [], []          # held: measured at the end of each forward
+        model.register_forward_hook(lambda *_: held.append(_unsharded_param_bytes(model, sharded)))
+        with CommLedger() as ledger:
+            for _, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
+                losses.append(loss)
+                comms.append(_per_step(ledger))
         group = compat.fsdp2_param_group(fsdp_units(model)[0])
         post = group.post_forward_mesh_info
         gathers = [(m, w) for op, m, w in comms[-1]["records"] if op == "all_gather"]
@@ -658,8 +638,7 @@ def _instrument(model: nn.Module, ledger: CommLedger):
 def _rank_prefetch(depth: int, steps: int) -> dict:
     out = {}
     for name, d in (("default", 0), ("explicit", depth)):
-        model, data, device = _course_model_and_data()
-        model = shard_model(model)
+        model, opt, data, device = _sharded()
         blocks = fsdp_units(model)
         if d:
             for i, block in enumerate(blocks):
@@ -667,8 +646,13 @@ def _rank_prefetch(depth: int, steps: int) -> dict:
                 block.set_modules_to_backward_prefetch(blocks[max(0, i - d):i][::-1])
         ledger = CommLedger()
         events, peaks, reset, watch = _instrument(model, ledger)
-        with watch:
-            losses, _ = _train(model, data, device, steps, ledger=ledger, before_step=lambda step: reset())
+        losses = []
+        with ledger, watch:                   # events and counts: of the last step
+            for step, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
+                losses.append(loss)
+                if step < steps - 1:
+                    ledger.reset()
+                    reset()
         out[name] = {"losses": losses, "events": list(events), "peaks": dict(peaks),
                      "counts": ledger.counts()}
     return out
@@ -801,33 +785,28 @@ def _rank_checkpointing(steps: int) -> dict:
 
     out = {}
     for method in ("none", "composable", "wrapper"):
-        model, data, device = _course_model_and_data()
-        _apply_checkpointing(model, method)
-        model = shard_model(model)
-        starts = [0]
+        model, opt, data, device = _sharded(before=lambda m: _apply_checkpointing(m, method))
+        starts, forward_starts, losses = [0], [], []
         for m in model.modules():
             if isinstance(m, Block):
                 m.norm1.register_forward_pre_hook(lambda mod, a: starts.__setitem__(0, starts[0] + 1))
-        seen = {}
-
-        @contextlib.contextmanager
-        def counted(step):
-            pack, unpack, seen["saved"], seen["keep"] = _saved_tensor_counter(model)
-            starts[0] = 0
-            with FlopCounterMode(display=False) as seen["flops"], \
-                    torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                yield
-            seen["keep"].clear()
-
-        ledger = CommLedger()
-        losses, _ = _train(model, data, device, steps, ledger=ledger, around=counted,
-                           after_forward=lambda step: seen.__setitem__("forward_starts", starts[0]))
-        flops, saved, forward_starts = seen["flops"], seen["saved"], seen["forward_starts"]
+        model.register_forward_hook(lambda *_: forward_starts.append(starts[0]))
+        pack, unpack, saved, keep = _saved_tensor_counter(model)
+        with CommLedger() as ledger, FlopCounterMode(display=False) as flops, \
+                torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            for step, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
+                losses.append(loss)
+                if step < steps - 1:            # what is saved, run and sent: in the last step
+                    ledger.reset()
+                    keep.clear()
+                    saved.update(activations=0, parameters=0)
+                    starts[0] = 0
+        keep.clear()
         x, _ = data.shard(0, dist.get_rank(), dist.get_world_size())
         matmul = sum(n for op, n in flops.get_flop_counts()["Global"].items()
-                     if str(op).split(".")[-1] in ("mm", "addmm", "bmm"))
+                     if str(op).split(".")[-1] in ("mm", "addmm", "bmm")) // steps   # steps alike
         out[method] = {"losses": losses, "saved": dict(saved), "counts": ledger.counts(),
-                       "block_forwards": {"forward": forward_starts, "step": starts[0]},
+                       "block_forwards": {"forward": forward_starts[-1], "step": starts[0]},
                        "matmul_flops": matmul, "local_batch": x.shape[0], "device": device.type}
     return out
 
@@ -880,8 +859,7 @@ def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> 
 # ================================================================== 6. gradient clipping
 
 def _rank_clipping(max_norm: float) -> dict:
-    model, data, device = _course_model_and_data()
-    model = shard_model(model)
+    model, _, data, device = _sharded()
     x, y = _rank_batch(data, 0, device)
     model(x, y).backward()
     local = torch.linalg.vector_norm(torch.stack(
@@ -951,9 +929,7 @@ def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> 
 def _rank_accumulation(micro_batches: int) -> dict:
     out = {}
     for name in ("sync every micro-batch", "sync on the last only"):
-        model, data, device = _course_model_and_data()
-        model = shard_model(model)
-        opt = make_adamw(model.parameters())
+        model, opt, data, device = _sharded()
         x, y = _rank_batch(data, 0, device)
         per = []
         for i, (xm, ym) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches))):
@@ -963,7 +939,7 @@ def _rank_accumulation(micro_batches: int) -> dict:
                 (model(xm, ym) / micro_batches).backward()
             per.append({"counts": ledger.counts(), "totals": ledger.totals(),
                         "unsharded_grad_bytes": compat.fsdp2_unsharded_grad_bytes(model),
-                        "sharded_grad_bytes": fsdp_state_bytes(model, opt)["grads"]})
+                        "sharded_grad_bytes": state_bytes(model, opt)["grads"]})
         grads = full_grads(model)
         out[name] = {"micro_batches": per}
         if dist.get_rank() == 0:
