@@ -815,9 +815,9 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
     check_int("steps", steps, 1)
     check_int("seed", seed, 0)
     names = _check_names("strategies", strategies, _TABLE_ROWS)
-    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
     if world_size % 2:
         raise ValueError(f"world_size must be even (a 2 x N/2 mesh): use 4, 6 or 12, got {world_size}")
+    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
     from ..runtime.launch import launch
 
     single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
