@@ -49,6 +49,7 @@ from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG
 from ..theory.memory import activation_bytes
+from .fsdp_api import EventOrder, HeldParams, SavedActivations
 
 __all__ = ["Check", "OptionResult", "shard_model", "measure_mixed_precision",
            "measure_cpu_offload", "measure_reshard_after_forward", "measure_prefetch",
@@ -431,26 +432,12 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
 
 # ================================================================== 3. reshard_after_forward
 
-def _unsharded_param_bytes(model: nn.Module, sharded: set) -> int:
-    """Bytes of the parameter storages registered on the modules now that are not the
-    sharded parameters' own (``sharded``: their storage pointers), each storage once."""
-    seen: set = set()
-    total = 0
-    for p in model.parameters():
-        st = local_tensor(p).untyped_storage()
-        if st.data_ptr() not in sharded and st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-    return total
-
-
 def _rank_reshard(settings: tuple, steps: int) -> dict:
     out = {}
     for setting in settings:
         model, opt, data, device = _sharded(reshard_after_forward=setting)
-        sharded = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
-        held, losses, comms = [], [], []          # held: measured at the end of each forward
-        model.register_forward_hook(lambda *_: held.append(_unsharded_param_bytes(model, sharded)))
+        held_now, held, losses, comms = HeldParams(model), [], [], []
+        model.register_forward_hook(lambda *_: held.append(held_now()))   # at the end of forward
         with CommLedger() as ledger:
             for _, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
                 losses.append(loss)
@@ -595,46 +582,6 @@ def _timeline(label: str, events: list) -> str:
             f"{label}, backward: {', '.join(text[cut:])}")
 
 
-def _instrument(model: nn.Module, ledger: CommLedger):
-    """Record (events, peaks) of ``model`` sharded by :func:`shard_model`: every all-gather
-    and reduce-scatter a unit issues (seen by ``ledger``), every block forward, every
-    pre-backward; and the most units gathered at once (unsharded, or their all-gather
-    result waiting) in forward and in backward. Returns ``(events, peaks, reset, watch)``:
-    record inside ``with watch:``; ``reset()`` starts a new step."""
-    groups = {"root": compat.fsdp2_param_group(model),
-              **{f"block{i}": compat.fsdp2_param_group(u) for i, u in enumerate(fsdp_units(model))}}
-    labels = {"unshard": "AG", "pre_backward": "", "post_backward": "RS"}
-    events: list = []
-    peaks = {"forward": 0, "backward": 0}
-    phase = ["forward"]
-
-    def note_peak() -> None:
-        peaks[phase[0]] = max(peaks[phase[0]], sum(map(compat.fsdp2_is_gathered, groups.values())))
-
-    def on_call(name, group, method, call):
-        if method == "pre_backward":
-            phase[0] = "backward"
-            if compat.fsdp2_training_state(group) != "PRE_BACKWARD":
-                events.append(f"bwd {name}")
-        before = len(ledger.records)
-        out = call()
-        if labels[method] and len(ledger.records) > before:
-            events.append(f"{labels[method]} {name}")
-        note_peak()
-        return out
-
-    for i, block in enumerate(fsdp_units(model)):
-        block.register_forward_pre_hook(lambda m, a, i=i: events.append(f"fwd block{i}"), prepend=True)
-        block.register_forward_pre_hook(lambda m, a: note_peak())       # after FSDP's unshard
-
-    def reset():
-        events.clear()
-        peaks.update(forward=0, backward=0)
-        phase[0] = "forward"
-
-    return events, peaks, reset, compat.watch_fsdp2(groups, labels, on_call)
-
-
 def _rank_prefetch(depth: int, steps: int) -> dict:
     out = {}
     for name, d in (("default", 0), ("explicit", depth)):
@@ -644,17 +591,14 @@ def _rank_prefetch(depth: int, steps: int) -> dict:
             for i, block in enumerate(blocks):
                 block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + d])
                 block.set_modules_to_backward_prefetch(blocks[max(0, i - d):i][::-1])
-        ledger = CommLedger()
-        events, peaks, reset, watch = _instrument(model, ledger)
         losses = []
-        with ledger, watch:                   # events and counts: of the last step
-            for step, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
+        with EventOrder(model) as order:        # events and counts: of the last step
+            for step, loss, _ in train(model, opt, data, steps, device=device, meters=(order.ledger,)):
                 losses.append(loss)
                 if step < steps - 1:
-                    ledger.reset()
-                    reset()
-        out[name] = {"losses": losses, "events": list(events), "peaks": dict(peaks),
-                     "counts": ledger.counts()}
+                    order.reset()
+        out[name] = {"losses": losses, "events": list(order.events), "peaks": dict(order.gathered),
+                     "counts": order.ledger.counts()}
     return out
 
 
@@ -762,24 +706,6 @@ def _apply_checkpointing(model: nn.Module, method: str) -> None:
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
 
 
-def _saved_tensor_counter(model: nn.Module):
-    """A (pack, unpack) pair for ``saved_tensors_hooks`` and the dict it fills: bytes of
-    the storages autograd saves, each once, split into parameters (a storage of a
-    parameter registered on the model at that moment) and activations."""
-    seen: dict = {}
-    counts = {"activations": 0, "parameters": 0}
-
-    def pack(t):
-        key = compat.storage_key(t)
-        if key not in seen:                  # the storage itself: data pointers get reused
-            seen[key] = t                    # keep it alive while counting
-            params = {compat.storage_key(p) for p in model.parameters()}
-            counts["parameters" if key in params else "activations"] += t.untyped_storage().nbytes()
-        return t
-
-    return pack, (lambda t: t), counts, seen
-
-
 def _rank_checkpointing(steps: int) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -791,21 +717,19 @@ def _rank_checkpointing(steps: int) -> dict:
             if isinstance(m, Block):
                 m.norm1.register_forward_pre_hook(lambda mod, a: starts.__setitem__(0, starts[0] + 1))
         model.register_forward_hook(lambda *_: forward_starts.append(starts[0]))
-        pack, unpack, saved, keep = _saved_tensor_counter(model)
         with CommLedger() as ledger, FlopCounterMode(display=False) as flops, \
-                torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                SavedActivations(model) as saved:
             for step, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
                 losses.append(loss)
                 if step < steps - 1:            # what is saved, run and sent: in the last step
                     ledger.reset()
-                    keep.clear()
-                    saved.update(activations=0, parameters=0)
+                    saved.reset()
                     starts[0] = 0
-        keep.clear()
         x, _ = data.shard(0, dist.get_rank(), dist.get_world_size())
         matmul = sum(n for op, n in flops.get_flop_counts()["Global"].items()
                      if str(op).split(".")[-1] in ("mm", "addmm", "bmm")) // steps   # steps alike
-        out[method] = {"losses": losses, "saved": dict(saved), "counts": ledger.counts(),
+        out[method] = {"losses": losses,
+                       "saved": {"activations": saved.bytes, "parameters": saved.parameters}, "counts": ledger.counts(),
                        "block_forwards": {"forward": forward_starts[-1], "step": starts[0]},
                        "matmul_flops": matmul, "local_batch": x.shape[0], "device": device.type}
     return out

@@ -355,9 +355,10 @@ def _measured_run(model, optimizer, data, steps: int, device, probe: UnshardedPr
                 run[key].append(value)
             if step < steps - 1:
                 ledger.reset()
+            else:
+                run["state_bytes"] = experiments.state_bytes(model, optimizer)
             if probe is not None and step == steps - 2:
                 last_step.enter_context(probe)
-        run["state_bytes"] = experiments.state_bytes(model, optimizer)
     calls, sent, same = _per_step(run)
     return dict(run, calls=calls, bytes=sent, every_step_same=same,
                 functions=sorted({rec.function for rec in ledger.records}),
