@@ -1,39 +1,22 @@
 """Saving and loading FSDP2 checkpoints: sharded (DCP), full (one file), resharded, resumed.
 
-Taught in ``notebooks/07_fsdp.ipynb``. Two ways to write a model trained with
-``fully_shard`` (``experiments.wrap("torch-fsdp", ...)``, also ``"torch-fsdp-zero2"``,
-``"single"``, ``"ddp"`` and ``"torch-ddp"``) and its AdamW state:
+Taught in ``notebooks/07_fsdp.ipynb``, for models wrapped by :data:`CHECKPOINTABLE` strategies.
 
-* **Sharded** (:func:`save_sharded` / :func:`load_sharded`): PyTorch Distributed
-  Checkpoint (``torch.distributed.checkpoint``, DCP). Every rank writes only its own
-  shards, into its own file ``__<rank>_0.distcp``, in parallel; nobody ever holds the
-  full model. Rank 0 also writes ``.metadata``: for every key (``model.<name>``,
-  ``optim.state.<name>.exp_avg``...) its global shape and where each chunk of it lies
-  (file, byte offset, length). That index is what makes a checkpoint *reshardable*:
-  loading reads, for every rank's new shard, only the saved chunks that overlap it and
-  copies the overlapping rows, so a checkpoint saved by 4 ranks loads on 2 ranks, or
-  into one plain process with no process group at all (:func:`reshard_roundtrip`
-  checks all three bit for bit). Values every rank holds whole (AdamW's ``step``, the
-  hyperparameters) are written once, by one rank; DCP spreads them over the ranks.
-* **Full** (:func:`full_state_dict`, :func:`save_full`, :func:`load_full`): the
-  consolidated, unsharded tensors, gathered to CPU on rank 0 only
-  (``StateDictOptions(full_state_dict=True, cpu_offload=True)``; every other rank gets
-  ``{}``), written by rank 0 with ``torch.save``. The export format: a plain
-  ``build_model().load_state_dict(torch.load(path)["model"])`` reads it. Gathering it
-  needs the full model in rank 0's CPU memory, which is exactly what sharding avoids,
-  so at scale train with sharded checkpoints and export a full one at the end.
+* **Sharded** (:func:`save_sharded` / :func:`load_sharded`): PyTorch Distributed Checkpoint.
+  Every rank writes only its own shards (``__<rank>_0.distcp``); rank 0 also writes
+  ``.metadata``, each key's global shape and where each chunk of it lies. That index makes
+  a checkpoint *reshardable*: a load reads, for every rank's new shard, only the saved
+  chunks that overlap it, so 4 ranks' checkpoint loads on 2 ranks or into one plain process
+  (:func:`reshard_roundtrip` checks all three bit for bit).
+* **Full** (:func:`full_state_dict`, :func:`save_full`, :func:`load_full`): the unsharded
+  tensors gathered to CPU on rank 0 and written with ``torch.save``: the export format a
+  plain ``build_model().load_state_dict`` reads. It needs the full model in rank 0's
+  memory, which is what sharding avoids: train with sharded checkpoints, export at the end.
 
-Both go through ``torch.distributed.checkpoint.state_dict``: ``get_state_dict(model,
-optimizer)`` names every tensor as in the *unwrapped* module (``tok_emb.weight``, no
-wrapper prefixes) and keys the optimizer state by those names instead of by position,
-so the same keys exist at any world size; ``set_state_dict`` puts loaded values back
-(resharding full tensors where needed). AdamW's state for a parameter is
-``exp_avg`` and ``exp_avg_sq`` (sharded like the parameter) and ``step`` (a 0-d tensor
-every rank holds whole: DCP writes it once).
-
-:func:`resume_matches` stops a run, saves, tears the ranks down, starts new ones,
-loads and continues: the losses equal those of the uninterrupted
-``experiments.run(...)`` bit for bit at the same world size.
+Both go through ``torch.distributed.checkpoint.state_dict``: ``get_state_dict`` names every
+tensor as in the *unwrapped* module and keys the optimizer state by those names, so the
+same keys exist at any world size. :func:`resume_matches` stops, saves, restarts, loads and
+continues: the losses equal the uninterrupted run's bit for bit.
 """
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
-"""Train a model with any strategy and measure it: ``wrap``, ``run`` and the one training loop.
+"""Train a model with any strategy and measure it: ``wrap``, the training loop ``train``, ``run``.
 
-Taught from ``notebooks/02_data_parallelism.ipynb`` on. Every strategy of
-:mod:`course_utils.harness.strategies` keeps the same training loop::
-
-    model, optimizer = wrap(strategy, model, make_optimizer)
-    loss = model(x, y)           # x, y: this rank's shard of the global batch
-    loss.backward()              # gradient hooks may start communication here
-    optimizer.step()             # ... and it finishes here
-    optimizer.zero_grad()
-
-:func:`run` trains the course GPT for a few steps with one strategy and reports, per
-rank, the loss of the *global* batch at each step, what each collective sent (the
-:class:`~course_utils.runtime.ledger.CommLedger`'s ring model), the bytes of model states
-held, and the step times. The global batch (:data:`GLOBAL_BATCH` rows) does not depend
-on the number of ranks, so every strategy must reproduce the losses of ``"single"``.
+Every strategy of :mod:`course_utils.harness.strategies` keeps the same loop
+(:func:`train`): ``loss = model(x, y); loss.backward(); optimizer.step();
+optimizer.zero_grad()``, communication inside hooks and ``step()``. :func:`run` trains the
+course GPT with one strategy and reports per rank the global batch's losses, what each
+collective sent, the model-state bytes held (:func:`state_bytes`) and the step times. The
+global batch (:data:`GLOBAL_BATCH` rows) does not depend on the number of ranks, so every
+strategy must reproduce the losses of ``"single"``.
 """
 from __future__ import annotations
 

@@ -1,25 +1,12 @@
-"""Train the course GPT with any registered strategy, as a torchrun script.
+"""Train the course GPT with any registered strategy, as a torchrun script
+(``python -m course_utils.train --help`` shows the commands for one node, several nodes
+and one process).
 
-What :func:`course_utils.experiments.run` does inside a notebook, on a real cluster::
-
-    # one machine, 4 ranks (GPUs if every local rank has one, else gloo on CPU)
-    torchrun --standalone --nproc-per-node 4 -m course_utils.train --strategy zero2 --steps 20
-
-    # two machines with 8 GPUs each: run on every node, R = 0 on HOST, 1 on the other
-    torchrun --nnodes 2 --nproc-per-node 8 --node-rank R \\
-             --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-             -m course_utils.train --strategy zero2 --steps 20
-
-    # no torchrun: one process ("single", or any strategy on a world of size 1)
-    python -m course_utils.train --strategy single --steps 20
-
-Same model (``build_model(config, seed=seed)``), data (:class:`SyntheticData`, a global
-batch of ``--global-batch`` rows split evenly over the ranks) and AdamW
-(:func:`~course_utils.experiments.make_adamw`) as ``experiments.run``, so the per-step
-losses match ``run("single", 1)`` for every strategy and world size. Rank 0 logs the
-loss of the global batch, prints the bytes each collective sent (measured by
-:class:`~course_utils.comm.CommLedger`, on rank 0) and the model-state bytes each rank
-holds; ``--json PATH`` writes them.
+Same model, data and AdamW as :func:`course_utils.experiments.run`, with the same loop
+(:func:`~course_utils.harness.experiments.train`), so the per-step losses match
+``run("single", 1)`` for every strategy and world size. Rank 0 logs the global batch's
+loss, the bytes each collective sent (CommLedger) and the model-state bytes it holds;
+``--json PATH`` writes them.
 """
 from __future__ import annotations
 

@@ -1,43 +1,25 @@
 """From a planner choice to a DeepSpeed ZeRO config and to the same thing in FSDP2.
 
-Taught in ``notebooks/08_beyond_one_box.ipynb``.
+Taught in ``notebooks/08_beyond_one_box.ipynb``. :func:`deepspeed_config` turns a planner
+:class:`~course_utils.theory.planner.Choice` into a DeepSpeed config (stage, offload to
+``cpu``/``nvme``, bucket sizes, precision, the batch triple ``train_batch_size = micro
+batch x accumulation x data-parallel GPUs``); :func:`fsdp2_equivalent` gives the same
+choice in PyTorch as runnable code and says where the libraries do *not* match (FSDP2 has
+no ZeRO-1 and no optimizer-only offload; DeepSpeed 0.19 removed MiCS, its HSDP);
+:func:`validate_deepspeed_config` checks a config without DeepSpeed, stricter than
+DeepSpeed's parser (which ignores ``offload_param`` below stage 3); :func:`run_equivalent`
+runs the generated code on N ranks against one process; :func:`side_by_side` prints them
+next to each other.
 
-* :func:`deepspeed_config` turns a :class:`course_utils.theory.planner.Choice` (or a planner
-  row) into a DeepSpeed config dict: ``zero_optimization`` with the stage (DDP = 0,
-  ZeRO-1/2/3), ``offload_optimizer`` to ``cpu`` or ``nvme``, ``offload_param`` for
-  stage 3 (ZeRO-Offload / ZeRO-Infinity), bucket sizes, ``overlap_comm``,
-  ``contiguous_gradients`` and the ``stage3_*`` knobs; a ``bf16`` or ``fp16`` section;
-  and the batch triple ``train_batch_size = train_micro_batch_size_per_gpu x
-  gradient_accumulation_steps x data-parallel GPUs``.
-* :func:`fsdp2_equivalent` gives the same choice in PyTorch: ``fully_shard`` with
-  ``reshard_after_forward``, a 2-D ``DeviceMesh`` for HSDP, ``CPUOffloadPolicy`` and
-  ``MixedPrecisionPolicy``, as real keyword arguments and as code you can run; it says
-  where the two libraries do *not* match (FSDP2 has no ZeRO-1 and no optimizer-only
-  offload; DeepSpeed 0.19 removed MiCS, its HSDP, and offers ZeRO++'s hpZ instead).
-* :func:`validate_deepspeed_config` checks a config's structure without DeepSpeed:
-  known keys and their types, the stage/offload rules (``offload_param`` only at stage
-  3, ``nvme`` needs ``nvme_path``...) and the batch arithmetic. It is stricter than
-  DeepSpeed's own parser, which accepts ``offload_param`` at stage 1 or 2 and ignores it.
-* :func:`run_equivalent` runs that generated code for real on N ranks (gloo on CPU
-  here, NCCL on GPUs) with the course GPT and checks the losses against one process.
-* :func:`side_by_side` prints planner, DeepSpeed and the torch equivalent next to each other
-  (FSDP2's ``fully_shard``; for ZeRO-1, DDP + ``ZeroRedundancyOptimizer``).
+Recomputation: DeepSpeed's ``activation_checkpointing`` section cannot say what the model
+wraps in ``checkpoint()``. ``recompute="full"`` means every block; ``"selective"`` only
+each block's attention core (as Megatron-DeepSpeed's ``--recompute-granularity
+selective``); with flash attention there is nothing to wrap. In torch it becomes op-level
+selective checkpointing (``create_selective_checkpoint_contexts``).
 
-Recomputation. DeepSpeed's activation checkpointing (the ``activation_checkpointing``
-section configures ``deepspeed.checkpointing.checkpoint``) recomputes whatever function
-the model wraps in ``checkpoint()``; the config cannot say what that is. A choice with
-``recompute="full"`` means: wrap every block. ``recompute="selective"`` maps to the same
-config section with only each block's attention core wrapped (Korthikanti et al.'s
-selective recomputation, as Megatron-DeepSpeed's ``--recompute-granularity selective``
-does); :func:`side_by_side` says so. With flash attention there is nothing to wrap: the
-kernel recomputes the scores in its backward already. In torch, :func:`fsdp2_equivalent`
-writes op-level selective activation checkpointing (``create_selective_checkpoint_contexts``
-with a policy that recomputes the attention ops and saves every other result).
-
-Bucket sizes follow the rule of the HF Trainer's DeepSpeed integration ("auto"):
-``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``,
-``stage3_param_persistence_threshold = 10·h`` for hidden size h; 5e7 elements when the
-architecture is not known.
+Bucket sizes follow the HF Trainer's "auto" rule: ``reduce_bucket_size = h²``,
+``stage3_prefetch_bucket_size = 0.9·h²``, ``stage3_param_persistence_threshold = 10·h``;
+5e7 elements when the architecture is not known.
 """
 from __future__ import annotations
 

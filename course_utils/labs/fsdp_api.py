@@ -1,20 +1,10 @@
-"""Small measuring tools for the FSDP2 cells of ``notebooks/07_fsdp.ipynb``.
-
-The notebook's cells call FSDP2 themselves (``fully_shard``, ``MixedPrecisionPolicy``,
-``CPUOffloadPolicy``, prefetching, ``set_requires_gradient_sync``, DCP...); what they need
-to *see* the effect is here, each a few lines, all used inside a launched rank:
-
-- :func:`batch`: this rank's share of one step of the course data;
-- :class:`HeldParams`: bytes of parameters held unsharded right now (between forward and
-  backward, say), apart from the rank's own shards;
-- :class:`SavedActivations`: bytes of the activations autograd saves for backward;
-- :class:`EventOrder`: the order of all-gathers, reduce-scatters and block forwards;
-- :func:`unsharded_grad_bytes`: gradient bytes FSDP2 keeps unsharded between micro-batches;
-- :func:`state_digest` / :func:`digest`: one hash of the full parameters (and optimizer
-  states), to compare two runs or a run with a file bit for bit.
-
-``course_utils.labs.fsdp_options`` runs the same measurements as checked experiments
-(``tests/test_fsdp_options.py``) with these tools.
+"""Small measuring tools for the FSDP2 cells of ``notebooks/07_fsdp.ipynb``, used inside a
+launched rank: :func:`batch` (this rank's share of a step), :class:`HeldParams` (unsharded
+parameter bytes now), :class:`SavedActivations` (activation bytes autograd saves),
+:class:`EventOrder` (order of all-gathers, reduce-scatters and block forwards),
+:func:`unsharded_grad_bytes`, :func:`state_digest` / :func:`digest` (compare two runs bit
+for bit). :mod:`course_utils.labs.fsdp_options` runs the same measurements as checked
+experiments.
 """
 from __future__ import annotations
 

@@ -1,27 +1,12 @@
 """FSDP2's options, each run on N ranks and measured against a prediction computed by code.
 
-Notebook 07 (``notebooks/07_fsdp.ipynb``, section 5) shows each option as its own FSDP2
-cell, measured with :mod:`course_utils.labs.fsdp_api`; the functions here are the checked
-versions of those cells, run by ``tests/test_fsdp_options.py``. Every ``measure_*`` function
-below launches a small real experiment (:func:`course_utils.launch.launch`: gloo ranks on CPU here, NCCL with one
-GPU per rank where there are enough GPUs) on the course GPT, sharded the way
-``course_utils.impl.fsdp``'s ``"torch-fsdp"`` strategy shards it (``fully_shard`` on every block,
-then on the root, which stays gathered from forward to backward; :func:`shard_model`), and
-returns an :class:`OptionResult`: a table of *checks* (measured, predicted, whether they
-agree), the raw measurements in ``details``, a note, and ``where`` it ran ("2 ranks, gloo
-on CPU"). Everything is seeded: a CPU run prints the same table every time.
-
-The options measured, one function each: :func:`measure_mixed_precision`
-(``MixedPrecisionPolicy``), :func:`measure_cpu_offload` (``CPUOffloadPolicy``),
-:func:`measure_reshard_after_forward` (``True``, ``False`` or an int),
-:func:`measure_prefetch` (``set_modules_to_forward_prefetch`` /
-``set_modules_to_backward_prefetch``), :func:`measure_activation_checkpointing`,
-:func:`measure_gradient_clipping` (``clip_grad_norm_`` on DTensor gradients) and
-:func:`measure_gradient_accumulation` (``set_requires_gradient_sync``).
-
-Which units are gathered and where the unsharded gradients wait is read from FSDP2's
-private ``FSDPParamGroup`` (through :mod:`course_utils.runtime.compat`); everything else
-is public API.
+Notebook 07 shows each option as its own FSDP2 cell with the tools of
+:mod:`course_utils.labs.fsdp_api`; the ``measure_*`` functions here are the checked
+versions of those cells (``tests/test_fsdp_options.py``). Each launches the course GPT
+sharded as the ``"torch-fsdp"`` strategy does (:func:`shard_model`) and returns an
+:class:`OptionResult`: measured vs predicted *checks*, the raw ``details``, a note, and
+``where`` it ran. FSDP2's private ``FSDPParamGroup`` is read through
+:mod:`course_utils.runtime.compat`; everything else is public API.
 """
 from __future__ import annotations
 

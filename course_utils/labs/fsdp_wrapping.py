@@ -1,46 +1,21 @@
 """How to wrap a model for FSDP, FSDP1's names in FSDP2, and a tutorial's "common issues", measured.
 
-Taught in ``notebooks/07_fsdp.ipynb``. Everything here runs for real on several ranks
-(:func:`course_utils.launch.launch`: gloo on CPU, or NCCL with one GPU per rank) and
-compares what it measured with what code predicts.
+Taught in ``notebooks/07_fsdp.ipynb``; everything runs on several launched ranks and is
+compared with what code predicts.
 
-**1. Wrapping granularity** (:func:`measure_granularity`). ``fully_shard`` makes one *unit*
-of every module it is applied to: the unit's parameters are all-gathered together before
-its forward (and backward) and freed afterwards. :data:`GRANULARITIES`:
-
-* ``"root-only"``: ``fully_shard(model)`` alone: one unit, the whole model;
-* ``"per-block"``: each transformer block, then the root (the course's ``"torch-fsdp"``,
-  :func:`course_utils.impl.fsdp.wrap_torch_fsdp`);
-* ``"per-leaf"``: every ``nn.Linear`` and ``nn.LayerNorm`` (each leaf with parameters but
-  the tied embedding, which the root's output layer also uses), then the root: too fine;
-* ``"per-block-zero2"``: per-block with ``reshard_after_forward=False`` (FSDP1's SHARD_GRAD_OP).
-
-:class:`UnshardedProbe` measures the unsharded parameter bytes FSDP2 holds (its
-docstring says what it reads and when); :func:`predict_unsharded_peak` replays FSDP2's
-schedule on the unit sizes to predict them.
-
-**2. FSDP1 auto-wrap == FSDP2 per block** (:func:`compare_autowrap`):
-``FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}))`` (or
-``functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})``: the
-block class is an argument of the *policy*; a widely read tutorial passes ``transformer_layer_cls`` to
-``FullyShardedDataParallel`` itself, a ``TypeError``) makes the same 5 units as
-``for b in model.blocks: fully_shard(b); fully_shard(model)`` and gives the losses of one
-process. FSDP1 issues its collectives through ``torch.distributed`` at call time
-(``all_gather`` of a list of chunks for CPU tensors, ``all_gather_single`` on GPUs,
-``reduce_scatter_single``, ``all_reduce`` for NO_SHARD and HSDP, ``_broadcast_coalesced``
-for ``sync_module_states``), so :class:`~course_utils.comm.CommLedger` records all of them.
-
-**3. FSDP1 ShardingStrategy -> FSDP2** (:data:`STRATEGY_MAP`, :func:`strategy_table`),
-measured: calls and bytes per step (both APIs), their prediction, state bytes per rank.
-FSDP1 pads each unit's *flat* parameter once, FSDP2 every parameter's dim 0. FSDP1's
-HYBRID_SHARD without a mesh infers its shard group from the devices per node, which on
-CPU is one rank: it silently trains unsynchronised ranks (measured); an explicit 2-D
-``device_mesh`` says what is meant everywhere.
-
-**4. A tutorial's "Common issues"**, each reproduced and fixed: :func:`issue_oom`,
-:func:`issue_slow`, :func:`issue_inconsistent_init`.
-
-Step times vary between runs and machines; tables leave them out unless asked.
+1. Wrapping granularity (:data:`GRANULARITIES`, :func:`measure_granularity`): ``fully_shard``
+   makes one *unit* of every module it is applied to, all-gathered together before its
+   forward and backward. :class:`UnshardedProbe` measures the unsharded bytes FSDP2 holds,
+   :func:`predict_unsharded_peak` replays FSDP2's schedule to predict them.
+2. FSDP1 auto-wrap == FSDP2 per block (:func:`compare_autowrap`): the block class is an
+   argument of the *policy*; a widely read tutorial passes ``transformer_layer_cls`` to
+   ``FullyShardedDataParallel`` itself, a ``TypeError``. FSDP1 issues its collectives
+   through ``torch.distributed``, so CommLedger records all of them.
+3. FSDP1 ShardingStrategy -> FSDP2 (:data:`STRATEGY_MAP`, :func:`strategy_table`): FSDP1
+   pads each unit's flat parameter once, FSDP2 every parameter's dim 0; FSDP1's
+   HYBRID_SHARD without a mesh silently trains unsynchronised ranks on CPU.
+4. A tutorial's "Common issues", reproduced and fixed: :func:`issue_oom`,
+   :func:`issue_slow`, :func:`issue_inconsistent_init`.
 """
 from __future__ import annotations
 
