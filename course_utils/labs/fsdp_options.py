@@ -35,6 +35,7 @@ from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG
 from ..theory.memory import activation_bytes
 from .fsdp_api import EventOrder, HeldParams, SavedActivations
+from .fsdp_wrapping import text_table
 
 __all__ = ["Check", "OptionResult", "shard_model", "measure_mixed_precision",
            "measure_cpu_offload", "measure_reshard_after_forward", "measure_prefetch",
@@ -150,22 +151,13 @@ class OptionResult:
         return named[quantity]
 
     def table(self) -> str:
-        rows = [("quantity", "measured", "", "predicted", "")]
-        for c in self.checks:
-            mark = {True: "ok", False: "DIFFERS", None: ""}[c.ok]
-            op = c.op if c.op != "~" else f"~ (±{c.rel_tol:g})"
-            rows.append((c.quantity, _fmt_measured(c), op if c.predicted is not None else "",
-                         _fmt_predicted(c), mark))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines = [f"{self.option}: {self.where}"]
-        for i, r in enumerate(rows):
-            lines.append("  ".join(c.rjust(w) if j in (1, 3) else c.ljust(w)
-                                   for j, (c, w) in enumerate(zip(r, widths))).rstrip())
-            if i == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        if self.note:
-            lines += [textwrap.fill(par, 100) for par in self.note.split("\n")]
-        return "\n".join(lines)
+        rows = [(c.quantity, _fmt_measured(c),
+                 "" if c.predicted is None else c.op if c.op != "~" else f"~ (±{c.rel_tol:g})",
+                 _fmt_predicted(c), {True: "ok", False: "DIFFERS", None: ""}[c.ok])
+                for c in self.checks]
+        notes = [textwrap.fill(par, 100) for par in self.note.split("\n")] if self.note else []
+        return f"{self.option}: {self.where}\n" + text_table(
+            ["quantity", "measured", "", "predicted", ""], rows, notes=notes, left=(0, 2, 4))
 
     __repr__ = table
 
