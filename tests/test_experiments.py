@@ -17,12 +17,13 @@ from torch import nn
 
 from course_utils.theory.comm import comm_volume
 from course_utils.runtime.ledger import CommLedger
-from course_utils.harness.experiments import GLOBAL_BATCH, RunResult, full_parameters, global_loss, make_adamw, run, unwrap, wrap
+from course_utils.harness.experiments import (GLOBAL_BATCH, RunResult, full_parameters, global_loss, make_adamw, run,
+                                             state_bytes, train, unwrap, wrap)
 from course_utils.harness.strategies import STRATEGIES, register_strategy, strategies
 from course_utils.impl.common import DEFAULT_BUCKET_BYTES
 from course_utils.impl.ddp import DataParallel
 from course_utils.runtime.launch import launch
-from course_utils.harness.model import build_model, num_params
+from course_utils.harness.model import SyntheticData, build_model, num_params
 from toys import DIM, TOY_TRAINABLE, Toy, toy_batch, toy_optimizer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
@@ -95,6 +96,19 @@ def test_one_state_byte_counter_for_every_strategy(strategy, flags):
     out = run(strategy, len(want), steps=1, quiet=True, **{f: True for f in flags})
     assert [tuple(r.state_bytes.values()) for r in out] == want
     assert all(list(r.state_bytes) == ["params", "grads", "optimizer"] for r in out)
+
+
+def test_the_loop_yields_after_step_before_zero_grad_and_resumes(single):
+    model = build_model()
+    optimizer, data = make_adamw(model.parameters()), SyntheticData(global_batch=GLOBAL_BATCH)
+    losses, held = [], []
+    for step, loss, seconds in train(model, optimizer, data, 2):
+        losses.append(loss)
+        held.append(state_bytes(model, optimizer)["grads"])     # the step's gradients, still there
+        assert seconds > 0 and isinstance(loss, float)
+    assert all(p.grad is None for p in model.parameters())       # zero_grad ran after the last
+    losses += [loss for _, loss, _ in train(model, optimizer, data, range(2, STEPS))]
+    assert losses == single.losses and held == [4 * num_params(model)] * 2
 
 
 def test_tiny_buckets_issue_more_calls_for_the_same_bytes():

@@ -562,20 +562,16 @@ def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int 
                       timeout_s: float = 120.0) -> dict:
     """Save on ``save_world`` ranks, load on each of ``load_worlds``, compare bit for bit.
 
-    Trains the course GPT ``steps`` steps with ``strategy`` on ``save_world`` launched
-    ranks (the data and AdamW of ``experiments.run``), saves a DCP checkpoint into the
-    directory ``path`` (replacing one there) and gathers the full parameters and AdamW
-    state (``exp_avg``, ``exp_avg_sq``, ``step`` of every parameter, by name) on rank 0.
-    Then, for each world size in ``load_worlds``, a fresh model (other initial weights)
-    and a fresh AdamW load the checkpoint: ``N > 1`` on N launched ranks with
-    ``strategy``, ``1`` in this process as a plain ``build_model()`` + AdamW with no
-    process group at all. Their full state is compared with what was saved.
+    Trains the course GPT ``steps`` steps with ``strategy`` (``experiments.run``'s data and
+    AdamW), saves a DCP checkpoint into the directory ``path`` and gathers the full state on
+    rank 0. Then a fresh model (other initial weights) and AdamW load it on each world size
+    of ``load_worlds`` (``1``: a plain model in this process, no process group) and their
+    full state is compared with what was saved.
 
-    Returns ``{"steps", "strategy", "rows", "files", "all_equal"}``: one row per world
-    size (``world_size``, ``role`` "saved"/"loaded", ``where`` it ran, ``params_equal``,
-    ``optimizer_equal``, ``full_is_full_parameters``: rank 0's full state dict equals
-    ``experiments.full_parameters``, ``param_digest``, ``optimizer_digest``, SHA-256 of
-    names and bytes) and :func:`describe_checkpoint` of ``path``.
+    Returns ``{"steps", "strategy", "rows", "files", "all_equal"}``: one row per world size
+    (``world_size``, ``role``, ``where``, ``params_equal``, ``optimizer_equal``,
+    ``full_is_full_parameters``, ``param_digest``, ``optimizer_digest``) and
+    :func:`describe_checkpoint` of ``path``.
     """
     path = _check_path(path)
     _check_strategy(strategy)
@@ -618,20 +614,15 @@ def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, 
                    seed: int = 0, timeout_s: float = 120.0) -> dict:
     """Does stopping, saving and resuming change training? Bit for bit, no.
 
-    1. ``experiments.run(strategy, world_size, steps=steps)``: the uninterrupted losses.
-    2. New ranks train ``stop_at`` steps the same way, save a DCP checkpoint into ``path``
-       (replacing one there) and exit.
-    3. New ranks build a fresh model (other initial weights) and AdamW, load the
-       checkpoint, continue the data at the loaded optimizer step and train to ``steps``.
-    4. Step 3 again on ``other_world_size`` ranks (None: skipped): the checkpoint
-       reshards, but the global batch is summed in another order, so the losses may
-       differ in the last bits; ``max_abs_diff`` says by how much.
+    Compares ``experiments.run(strategy, world_size, steps=steps)`` with new ranks that
+    train ``stop_at`` steps, save into ``path`` and exit, then newer ranks that load into a
+    fresh model (other initial weights), continue the data at the loaded step and train to
+    ``steps``; and again on ``other_world_size`` ranks (None: skipped), where the checkpoint
+    reshards but the global batch is summed in another order (``max_abs_diff``).
 
     Returns ``{"strategy", "world_size", "steps", "stop_at", "where", "uninterrupted",
-    "resumed", "bit_exact", "params_equal", "other"}``; ``bit_exact``: the resumed losses
-    equal the uninterrupted ones exactly; ``params_equal``: so do the final parameters'
-    digests; ``other``: ``{"world_size", "where", "losses", "max_abs_diff", "bit_exact"}``
-    or None.
+    "resumed", "bit_exact", "params_equal", "other"}`` (``other``: ``{"world_size", "where",
+    "losses", "max_abs_diff", "bit_exact"}`` or None).
     """
     path = _check_path(path)
     _check_strategy(strategy)

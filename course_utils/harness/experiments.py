@@ -33,7 +33,8 @@ from .model import rows_per_rank
 from .strategies import STRATEGIES
 from .strategies import get as _get_strategy
 
-__all__ = ["train", "rows_per_rank", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "wrap",
+__all__ = ["train", "rows_per_rank", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS",
+           "WEIGHT_DECAY", "wrap",
            "full_parameters", "run", "RunResult", "make_adamw", "unwrap", "max_abs_diff",
            "max_rel_diff", "state_bytes", "param_digest", "reference_grads", "full_grads",
            "clip_grad_norm_"]
@@ -151,17 +152,12 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -
 class RunResult:
     """One rank's result of :func:`run`; fields also readable as keys (``r["losses"]``).
 
-    losses: loss of the global batch after each step's forward (same on every rank);
-    comm_bytes: op -> bytes this rank sent over the run *in the ring model* (CommLedger:
-    computed from each call's message size; the loss averaging for ``losses`` excluded);
-    wire_bytes: bytes this rank's TCP sockets really sent during the training steps, read
-    from the kernel (:mod:`course_utils.runtime.wire`; gloo's headers and control messages
-    included, the loss averaging excluded); 0 for ``"single"``; None where the OS has no
-    per-socket counter and under NCCL (NVLink and InfiniBand carry no TCP socket);
-    comm_calls: op -> calls; state_bytes: ``"params"``,
-    ``"grads"``, ``"optimizer"`` held right after the last ``optimizer.step()``, before
-    ``zero_grad()``; step_time_s: median of ``step_times_s`` (forward + backward + step
-    + zero_grad of each step); param_digest: SHA-256 of the final full parameters.
+    losses: the global batch's loss per step (the same on every rank); comm_bytes / comm_calls:
+    op -> bytes this rank sent *in the ring model* (CommLedger) / calls; wire_bytes: bytes its
+    TCP sockets really sent (:mod:`course_utils.runtime.wire`; 0 for ``"single"``, None where
+    the OS has no per-socket counter and under NCCL); the loss averaging is in neither.
+    state_bytes: :func:`state_bytes` after the last ``optimizer.step()``; step_time_s: median
+    of ``step_times_s`` (forward + backward + step); param_digest: of the final parameters.
     """
 
     strategy: str
@@ -198,9 +194,10 @@ def state_bytes(model: nn.Module, optimizer, *, detail: bool = False) -> dict:
 
     ``"params"``: the (unwrapped) model's parameters, DTensors' local shards;
     ``"grads"``: their ``.grad`` and ``main_grad``, and the gradients of what the optimizer
-    updates (a sharded optimizer's shards, ``shard_grad`` of its ``buckets``); ``"optimizer"``: what the optimizer updates that
-    is no model parameter (fp32 masters, master shards) and its state tensors (through
-    ``.inner``, and ``.optim`` of torch's ZeroRedundancyOptimizer: this rank's part).
+    updates (a sharded optimizer's shards, ``shard_grad`` of its ``buckets``);
+    ``"optimizer"``: what the optimizer updates that is no model parameter (fp32 masters,
+    master shards) and its state tensors (through ``.inner``, and ``.optim`` of torch's
+    ZeroRedundancyOptimizer: this rank's part).
     ``detail=True`` adds ``"optimizer_detail"``: those bytes by state name (``"master"``,
     ``"exp_avg"``...). torch DDP's bucket buffers live in C++ and are not counted."""
     if not isinstance(model, nn.Module):

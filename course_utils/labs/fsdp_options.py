@@ -23,11 +23,10 @@ from torch import nn
 
 from ..checks import check_int, require_process_group
 from ..harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
-                                   reference_grads, state_bytes, train)
+                                   local_tensor, reference_grads, state_bytes, train)
 from ..harness.model import Block, SyntheticData, build_model, rows_per_rank
 from ..impl import fsdp
-from ..impl.fsdp import (calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units,
-                         local_tensor, message_numels)
+from ..impl.fsdp import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
 from ..runtime import compat
 from ..runtime.fmt import num, plural, sci
 from ..runtime.launch import launch, rank_device, where
@@ -706,7 +705,8 @@ def _rank_checkpointing(steps: int) -> dict:
         matmul = sum(n for op, n in flops.get_flop_counts()["Global"].items()
                      if str(op).split(".")[-1] in ("mm", "addmm", "bmm")) // steps   # steps alike
         out[method] = {"losses": losses,
-                       "saved": {"activations": saved.bytes, "parameters": saved.parameters}, "counts": ledger.counts(),
+                       "saved": {"activations": saved.bytes, "parameters": saved.parameters},
+                       "counts": ledger.counts(),
                        "block_forwards": {"forward": forward_starts[-1], "step": starts[0]},
                        "matmul_flops": matmul, "local_batch": x.shape[0], "device": device.type}
     return out

@@ -375,7 +375,8 @@ def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -
         timed = run["times"][1:-1] or run["times"]     # not the warm-up, not the probed step
         out[name] = {
             "units": len(probe.groups), "losses": run["losses"], "calls": run["calls"],
-            "bytes": run["bytes"], "every_step_same": run["every_step_same"], "peak_params": probe.peak_params,
+            "bytes": run["bytes"], "every_step_same": run["every_step_same"],
+            "peak_params": probe.peak_params,
             "peak_total": probe.peak_total, "forward_order": probe.forward_order,
             "timeline": probe.timeline, "step_time_s": statistics.median(timed),
             "cuda_peak_allocated": (torch.cuda.max_memory_allocated(device)

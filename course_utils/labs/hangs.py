@@ -275,7 +275,7 @@ def _uneven_reference(world_size: int) -> torch.Tensor:
     model = _small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loaders = [rank_batches(r) for r in range(world_size)]
-    for step in range(min(len(b) for b in loaders)):
+    for step in range(min(len(b) for b in loaders)):   # a reference in one process, written out
         loss = sum(torch.nn.functional.mse_loss(model(b[step][0]), b[step][1]) for b in loaders)
         (loss / world_size).backward()
         optimizer.step()
