@@ -17,12 +17,13 @@ from torch import nn
 
 from course_utils.theory.comm import comm_volume
 from course_utils.runtime.ledger import CommLedger
-from course_utils.harness.experiments import GLOBAL_BATCH, RunResult, full_parameters, global_loss, make_adamw, run, unwrap, wrap
+from course_utils.harness.experiments import (GLOBAL_BATCH, RunResult, full_parameters, global_loss, make_adamw, run,
+                                             state_bytes, train, unwrap, wrap)
 from course_utils.harness.strategies import STRATEGIES, register_strategy, strategies
 from course_utils.impl.common import DEFAULT_BUCKET_BYTES
 from course_utils.impl.ddp import DataParallel
 from course_utils.runtime.launch import launch
-from course_utils.harness.model import build_model, num_params
+from course_utils.harness.model import SyntheticData, build_model, num_params
 from toys import DIM, TOY_TRAINABLE, Toy, toy_batch, toy_optimizer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
@@ -72,6 +73,42 @@ def test_course_model_matches_single(strategy, world_size, single):
         assert r["losses"] is r.losses and r.step_time_s > 0        # a clock reading, no bound
     assert out[0].param_digest != single.param_digest      # close, not bitwise: see docstring
     assert single.comm_bytes == {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
+
+
+# Bytes each rank held after one step, as each strategy's own counter found them before
+# experiments.state_bytes replaced them all (2 gloo ranks; "torch-hsdp": 4, a 2 x 2 mesh).
+_FP32, _SHARDED = (517400, 517400, 1035072), (258700, 258700, 517672)
+_FSDP = [(258800, 258800, 517872), (258800, 258800, 517472)]
+STATE_BYTES = {
+    ("single", ()): [_FP32], ("ddp", ()): [_FP32] * 2, ("torch-ddp", ()): [_FP32] * 2,
+    ("zero1", ()): [(517400, 517400, 517404)] * 2, ("zero2", ()): [(517400, 258700, 517404)] * 2,
+    ("zero1", ("mixed",)): [(258700, 258700, 776104)] * 2,
+    ("zero2", ("mixed",)): [(258700, 129350, 776104)] * 2,
+    ("zero3", ()): [_SHARDED] * 2,
+    ("torch-zero1", ()): [(517400, 517400, 517772), (517400, 517400, 517300)],
+    ("torch-fsdp", ()): _FSDP, ("torch-fsdp-zero2", ()): _FSDP, ("torch-hsdp", ()): _FSDP * 2,
+}
+
+
+@pytest.mark.parametrize("strategy, flags", list(STATE_BYTES))
+def test_one_state_byte_counter_for_every_strategy(strategy, flags):
+    want = STATE_BYTES[strategy, flags]
+    out = run(strategy, len(want), steps=1, quiet=True, **{f: True for f in flags})
+    assert [tuple(r.state_bytes.values()) for r in out] == want
+    assert all(list(r.state_bytes) == ["params", "grads", "optimizer"] for r in out)
+
+
+def test_the_loop_yields_after_step_before_zero_grad_and_resumes(single):
+    model = build_model()
+    optimizer, data = make_adamw(model.parameters()), SyntheticData(global_batch=GLOBAL_BATCH)
+    losses, held = [], []
+    for step, loss, seconds in train(model, optimizer, data, 2):
+        losses.append(loss)
+        held.append(state_bytes(model, optimizer)["grads"])     # the step's gradients, still there
+        assert seconds > 0 and isinstance(loss, float)
+    assert all(p.grad is None for p in model.parameters())       # zero_grad ran after the last
+    losses += [loss for _, loss, _ in train(model, optimizer, data, range(2, STEPS))]
+    assert losses == single.losses and held == [4 * num_params(model)] * 2
 
 
 def test_tiny_buckets_issue_more_calls_for_the_same_bytes():

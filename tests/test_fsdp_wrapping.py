@@ -102,7 +102,7 @@ def test_prediction_on_an_uneven_world_and_validation():
         fw.predict_unsharded_peak("per-block", 0)
     with pytest.raises(ValueError, match="steps"):
         fw.measure_granularity(2, steps=2)
-    with pytest.raises(ValueError, match="world_size"):
+    with pytest.raises(ValueError, match="cannot be split evenly over 5 ranks"):
         fw.measure_granularity(5)
     with pytest.raises(ValueError, match="fully_shard"):
         fw.UnshardedProbe(nn.Linear(2, 2))

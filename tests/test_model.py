@@ -141,7 +141,7 @@ def test_shards_of_any_world_size_make_the_global_batch(world_size):
 
 
 @pytest.mark.parametrize("call, exc, words", [
-    (lambda: SyntheticData(global_batch=6).shard(0, 0, 4), ValueError, "multiple of 4"),
+    (lambda: SyntheticData(global_batch=6).shard(0, 0, 4), ValueError, "cannot be split evenly over 4 ranks"),
     (lambda: SyntheticData().shard(0, 2, 2), ValueError, "rank must be < world_size"),
     (lambda: SyntheticData().shard(0, 0, 0), ValueError, "world_size must be >= 1"),
     (lambda: SyntheticData().batch(-1), ValueError, "step must be >= 0"),

@@ -1,39 +1,22 @@
 """Saving and loading FSDP2 checkpoints: sharded (DCP), full (one file), resharded, resumed.
 
-Taught in ``notebooks/07_fsdp.ipynb``. Two ways to write a model trained with
-``fully_shard`` (``experiments.wrap("torch-fsdp", ...)``, also ``"torch-fsdp-zero2"``,
-``"single"``, ``"ddp"`` and ``"torch-ddp"``) and its AdamW state:
+Taught in ``notebooks/07_fsdp.ipynb``, for models wrapped by :data:`CHECKPOINTABLE` strategies.
 
-* **Sharded** (:func:`save_sharded` / :func:`load_sharded`): PyTorch Distributed
-  Checkpoint (``torch.distributed.checkpoint``, DCP). Every rank writes only its own
-  shards, into its own file ``__<rank>_0.distcp``, in parallel; nobody ever holds the
-  full model. Rank 0 also writes ``.metadata``: for every key (``model.<name>``,
-  ``optim.state.<name>.exp_avg``...) its global shape and where each chunk of it lies
-  (file, byte offset, length). That index is what makes a checkpoint *reshardable*:
-  loading reads, for every rank's new shard, only the saved chunks that overlap it and
-  copies the overlapping rows, so a checkpoint saved by 4 ranks loads on 2 ranks, or
-  into one plain process with no process group at all (:func:`reshard_roundtrip`
-  checks all three bit for bit). Values every rank holds whole (AdamW's ``step``, the
-  hyperparameters) are written once, by one rank; DCP spreads them over the ranks.
-* **Full** (:func:`full_state_dict`, :func:`save_full`, :func:`load_full`): the
-  consolidated, unsharded tensors, gathered to CPU on rank 0 only
-  (``StateDictOptions(full_state_dict=True, cpu_offload=True)``; every other rank gets
-  ``{}``), written by rank 0 with ``torch.save``. The export format: a plain
-  ``build_model().load_state_dict(torch.load(path)["model"])`` reads it. Gathering it
-  needs the full model in rank 0's CPU memory, which is exactly what sharding avoids,
-  so at scale train with sharded checkpoints and export a full one at the end.
+* **Sharded** (:func:`save_sharded` / :func:`load_sharded`): PyTorch Distributed Checkpoint.
+  Every rank writes only its own shards (``__<rank>_0.distcp``); rank 0 also writes
+  ``.metadata``, each key's global shape and where each chunk of it lies. That index makes
+  a checkpoint *reshardable*: a load reads, for every rank's new shard, only the saved
+  chunks that overlap it, so 4 ranks' checkpoint loads on 2 ranks or into one plain process
+  (:func:`reshard_roundtrip` checks all three bit for bit).
+* **Full** (:func:`full_state_dict`, :func:`save_full`, :func:`load_full`): the unsharded
+  tensors gathered to CPU on rank 0 and written with ``torch.save``: the export format a
+  plain ``build_model().load_state_dict`` reads. It needs the full model in rank 0's
+  memory, which is what sharding avoids: train with sharded checkpoints, export at the end.
 
-Both go through ``torch.distributed.checkpoint.state_dict``: ``get_state_dict(model,
-optimizer)`` names every tensor as in the *unwrapped* module (``tok_emb.weight``, no
-wrapper prefixes) and keys the optimizer state by those names instead of by position,
-so the same keys exist at any world size; ``set_state_dict`` puts loaded values back
-(resharding full tensors where needed). AdamW's state for a parameter is
-``exp_avg`` and ``exp_avg_sq`` (sharded like the parameter) and ``step`` (a 0-d tensor
-every rank holds whole: DCP writes it once).
-
-:func:`resume_matches` stops a run, saves, tears the ranks down, starts new ones,
-loads and continues: the losses equal those of the uninterrupted
-``experiments.run(...)`` bit for bit at the same world size.
+Both go through ``torch.distributed.checkpoint.state_dict``: ``get_state_dict`` names every
+tensor as in the *unwrapped* module and keys the optimizer state by those names, so the
+same keys exist at any world size. :func:`resume_matches` stops, saves, restarts, loads and
+continues: the losses equal the uninterrupted run's bit for bit.
 """
 from __future__ import annotations
 
@@ -49,6 +32,7 @@ from torch import nn
 
 from ..checks import check_int, check_timeout, distributed
 from . import experiments
+from .model import rows_per_rank
 from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest, unwrap, wrap
 
 __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load_full",
@@ -76,10 +60,7 @@ def _check_path(path) -> str:
 
 def _check_world(name: str, world_size) -> None:
     check_int(name, world_size, 1)
-    if GLOBAL_BATCH % world_size:
-        fits = [n for n in range(1, GLOBAL_BATCH + 1) if GLOBAL_BATCH % n == 0]
-        raise ValueError(f"{name}={world_size} does not split the global batch of {GLOBAL_BATCH} "
-                         f"rows evenly; use one of {fits}")
+    rows_per_rank(GLOBAL_BATCH, world_size)
 
 
 def _pair(model, optimizer):
@@ -523,24 +504,21 @@ def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
     from ..runtime.launch import rank_device
     from .model import SyntheticData, build_model
 
-    in_group = distributed()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if in_group else (0, 1)
-    device = rank_device() if in_group else torch.device("cpu")
+    device = rank_device() if distributed() else torch.device("cpu")
     # a model that loads starts from other weights, so a load that did nothing shows
     model = build_model(seed=seed + 1 if load_from else seed, device=device)
     model, optimizer = wrap(strategy, model, make_adamw)
     start = load_sharded(model, optimizer, load_from)["step"] if load_from else 0
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=seed)
-    losses, _ = experiments.train_steps(model, optimizer, data,
-                                        range(start, start if stop is None else stop),
-                                        rank=rank, world=world, device=device)
+    losses = [loss for _, loss, _ in experiments.train(
+        model, optimizer, data, range(start, start if stop is None else stop), device=device)]
     saved = save_sharded(model, optimizer, save_to, overwrite=True) if save_to else None
     params = full_parameters(model)                       # collective
     out = {"losses": losses, "start": start, "saved": saved,
            "param_digest": param_digest(params)}
     if gather:
         full = full_state_dict(model, optimizer)          # collective; {} except on rank 0
-        if rank == 0:
+        if _rank() == 0:
             out["params"] = dict(full["model"])
             out["optim"] = optimizer_tensors(full["optimizer"])
             out["full_is_full_parameters"] = _same(out["params"], params)
@@ -584,20 +562,16 @@ def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int 
                       timeout_s: float = 120.0) -> dict:
     """Save on ``save_world`` ranks, load on each of ``load_worlds``, compare bit for bit.
 
-    Trains the course GPT ``steps`` steps with ``strategy`` on ``save_world`` launched
-    ranks (the data and AdamW of ``experiments.run``), saves a DCP checkpoint into the
-    directory ``path`` (replacing one there) and gathers the full parameters and AdamW
-    state (``exp_avg``, ``exp_avg_sq``, ``step`` of every parameter, by name) on rank 0.
-    Then, for each world size in ``load_worlds``, a fresh model (other initial weights)
-    and a fresh AdamW load the checkpoint: ``N > 1`` on N launched ranks with
-    ``strategy``, ``1`` in this process as a plain ``build_model()`` + AdamW with no
-    process group at all. Their full state is compared with what was saved.
+    Trains the course GPT ``steps`` steps with ``strategy`` (``experiments.run``'s data and
+    AdamW), saves a DCP checkpoint into the directory ``path`` and gathers the full state on
+    rank 0. Then a fresh model (other initial weights) and AdamW load it on each world size
+    of ``load_worlds`` (``1``: a plain model in this process, no process group) and their
+    full state is compared with what was saved.
 
-    Returns ``{"steps", "strategy", "rows", "files", "all_equal"}``: one row per world
-    size (``world_size``, ``role`` "saved"/"loaded", ``where`` it ran, ``params_equal``,
-    ``optimizer_equal``, ``full_is_full_parameters``: rank 0's full state dict equals
-    ``experiments.full_parameters``, ``param_digest``, ``optimizer_digest``, SHA-256 of
-    names and bytes) and :func:`describe_checkpoint` of ``path``.
+    Returns ``{"steps", "strategy", "rows", "files", "all_equal"}``: one row per world size
+    (``world_size``, ``role``, ``where``, ``params_equal``, ``optimizer_equal``,
+    ``full_is_full_parameters``, ``param_digest``, ``optimizer_digest``) and
+    :func:`describe_checkpoint` of ``path``.
     """
     path = _check_path(path)
     _check_strategy(strategy)
@@ -640,20 +614,15 @@ def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, 
                    seed: int = 0, timeout_s: float = 120.0) -> dict:
     """Does stopping, saving and resuming change training? Bit for bit, no.
 
-    1. ``experiments.run(strategy, world_size, steps=steps)``: the uninterrupted losses.
-    2. New ranks train ``stop_at`` steps the same way, save a DCP checkpoint into ``path``
-       (replacing one there) and exit.
-    3. New ranks build a fresh model (other initial weights) and AdamW, load the
-       checkpoint, continue the data at the loaded optimizer step and train to ``steps``.
-    4. Step 3 again on ``other_world_size`` ranks (None: skipped): the checkpoint
-       reshards, but the global batch is summed in another order, so the losses may
-       differ in the last bits; ``max_abs_diff`` says by how much.
+    Compares ``experiments.run(strategy, world_size, steps=steps)`` with new ranks that
+    train ``stop_at`` steps, save into ``path`` and exit, then newer ranks that load into a
+    fresh model (other initial weights), continue the data at the loaded step and train to
+    ``steps``; and again on ``other_world_size`` ranks (None: skipped), where the checkpoint
+    reshards but the global batch is summed in another order (``max_abs_diff``).
 
     Returns ``{"strategy", "world_size", "steps", "stop_at", "where", "uninterrupted",
-    "resumed", "bit_exact", "params_equal", "other"}``; ``bit_exact``: the resumed losses
-    equal the uninterrupted ones exactly; ``params_equal``: so do the final parameters'
-    digests; ``other``: ``{"world_size", "where", "losses", "max_abs_diff", "bit_exact"}``
-    or None.
+    "resumed", "bit_exact", "params_equal", "other"}`` (``other``: ``{"world_size", "where",
+    "losses", "max_abs_diff", "bit_exact"}`` or None).
     """
     path = _check_path(path)
     _check_strategy(strategy)

@@ -1,28 +1,21 @@
-"""Train a model with any strategy and measure it: ``wrap``, ``run`` and the one training loop.
+"""Train a model with any strategy and measure it: ``wrap``, the training loop ``train``, ``run``.
 
-Taught from ``notebooks/02_data_parallelism.ipynb`` on. Every strategy of
-:mod:`course_utils.harness.strategies` keeps the same training loop::
-
-    model, optimizer = wrap(strategy, model, make_optimizer)
-    loss = model(x, y)           # x, y: this rank's shard of the global batch
-    loss.backward()              # gradient hooks may start communication here
-    optimizer.step()             # ... and it finishes here
-    optimizer.zero_grad()
-
-:func:`run` trains the course GPT for a few steps with one strategy and reports, per
-rank, the loss of the *global* batch at each step, what each collective sent (the
-:class:`~course_utils.runtime.ledger.CommLedger`'s ring model), the bytes of model states
-held, and the step times. The global batch (:data:`GLOBAL_BATCH` rows) does not depend
-on the number of ranks, so every strategy must reproduce the losses of ``"single"``.
+Every strategy of :mod:`course_utils.harness.strategies` keeps the same loop
+(:func:`train`): ``loss = model(x, y); loss.backward(); optimizer.step();
+optimizer.zero_grad()``, communication inside hooks and ``step()``. :func:`run` trains the
+course GPT with one strategy and reports per rank the global batch's losses, what each
+collective sent, the model-state bytes held (:func:`state_bytes`) and the step times. The
+global batch (:data:`GLOBAL_BATCH` rows) does not depend on the number of ranks, so every
+strategy must reproduce the losses of ``"single"``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -36,10 +29,12 @@ from ..runtime.fmt import max_abs_diff, max_rel_diff
 from ..runtime.ledger import CommLedger
 from ..runtime.wire import WireMeter, group_wire_bytes
 from ..theory.config import COURSE_CONFIG, TransformerConfig
+from .model import rows_per_rank
 from .strategies import STRATEGIES
 from .strategies import get as _get_strategy
 
-__all__ = ["train_steps", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY", "wrap",
+__all__ = ["train", "rows_per_rank", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS",
+           "WEIGHT_DECAY", "wrap",
            "full_parameters", "run", "RunResult", "make_adamw", "unwrap", "max_abs_diff",
            "max_rel_diff", "state_bytes", "param_digest", "reference_grads", "full_grads",
            "clip_grad_norm_"]
@@ -157,17 +152,12 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -
 class RunResult:
     """One rank's result of :func:`run`; fields also readable as keys (``r["losses"]``).
 
-    losses: loss of the global batch after each step's forward (same on every rank);
-    comm_bytes: op -> bytes this rank sent over the run *in the ring model* (CommLedger:
-    computed from each call's message size; the loss averaging for ``losses`` excluded);
-    wire_bytes: bytes this rank's TCP sockets really sent during the training steps, read
-    from the kernel (:mod:`course_utils.runtime.wire`; gloo's headers and control messages
-    included, the loss averaging excluded); 0 for ``"single"``; None where the OS has no
-    per-socket counter and under NCCL (NVLink and InfiniBand carry no TCP socket);
-    comm_calls: op -> calls; state_bytes: ``"params"``,
-    ``"grads"``, ``"optimizer"`` held right after the last ``optimizer.step()``, before
-    ``zero_grad()``; step_time_s: median of ``step_times_s`` (forward + backward + step
-    + zero_grad of each step); param_digest: SHA-256 of the final full parameters.
+    losses: the global batch's loss per step (the same on every rank); comm_bytes / comm_calls:
+    op -> bytes this rank sent *in the ring model* (CommLedger) / calls; wire_bytes: bytes its
+    TCP sockets really sent (:mod:`course_utils.runtime.wire`; 0 for ``"single"``, None where
+    the OS has no per-socket counter and under NCCL); the loss averaging is in neither.
+    state_bytes: :func:`state_bytes` after the last ``optimizer.step()``; step_time_s: median
+    of ``step_times_s`` (forward + backward + step); param_digest: of the final parameters.
     """
 
     strategy: str
@@ -198,19 +188,49 @@ class RunResult:
         return key in self.keys()
 
 
-def state_bytes(model: nn.Module, optimizer) -> dict:
-    """Bytes of every parameter, ``.grad`` and optimizer-state tensor of this rank, each
-    storage once (as :func:`course_utils.harness.precision.state_bytes`). torch DDP's own
-    bucket buffers live in C++ and are not counted."""
+def state_bytes(model: nn.Module, optimizer, *, detail: bool = False) -> dict:
+    """Bytes of model states this rank holds now, each storage once, for every strategy and
+    precision recipe (call it after ``optimizer.step()``, before ``zero_grad()``).
+
+    ``"params"``: the (unwrapped) model's parameters, DTensors' local shards;
+    ``"grads"``: their ``.grad`` and ``main_grad``, and the gradients of what the optimizer
+    updates (a sharded optimizer's shards, ``shard_grad`` of its ``buckets``);
+    ``"optimizer"``: what the optimizer updates that is no model parameter (fp32 masters,
+    master shards) and its state tensors (through ``.inner``, and ``.optim`` of torch's
+    ZeroRedundancyOptimizer: this rank's part).
+    ``detail=True`` adds ``"optimizer_detail"``: those bytes by state name (``"master"``,
+    ``"exp_avg"``...). torch DDP's bucket buffers live in C++ and are not counted."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     inner = getattr(optimizer, "inner", optimizer)
+    inner = getattr(inner, "optim", inner)
+    if not isinstance(getattr(inner, "state", None), dict):
+        raise TypeError(f"optimizer must be a torch optimizer or wrap one in .inner, got "
+                        f"{type(optimizer).__name__}")
     params = list(unwrap(model).parameters())
+    if any(p.is_meta for p in params):
+        raise ValueError("the model is on the meta device (shapes only, no memory); "
+                         "build it on 'cpu' to measure bytes")
+    updated = [p for g in inner.param_groups for p in g["params"]]
     seen: set = set()
-    out = {"params": storage_bytes(params, seen),
-           "grads": storage_bytes([p.grad for p in params], seen)}
-    state = [v for per_param in inner.state.values() for v in per_param.values()
-             if isinstance(v, torch.Tensor)]
-    out["optimizer"] = storage_bytes(state, seen)
+    grads = [g for p in params + updated for g in (p.grad, getattr(p, "main_grad", None))]
+    grads += [b.shard_grad for b in getattr(optimizer, "buckets", ())]   # ZeRO-2 (mixed): no .grad
+    out = {"params": storage_bytes(map(local_tensor, params), seen),
+           "grads": storage_bytes(map(local_tensor, grads), seen)}
+    found = {"master": storage_bytes(map(local_tensor, updated), seen)}
+    for per_param in inner.state.values():
+        for name, value in per_param.items():
+            if isinstance(value, torch.Tensor):
+                found[name] = found.get(name, 0) + storage_bytes([local_tensor(value)], seen)
+    out["optimizer"] = sum(found.values())
+    if detail:
+        out["optimizer_detail"] = {k: v for k, v in found.items() if v or k != "master"}
     return out
+
+
+def local_tensor(t):
+    """This rank's part of ``t`` (``DTensor.to_local()``); ``t`` itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def param_digest(params: dict) -> str:
@@ -255,52 +275,43 @@ def full_grads(model) -> dict:
             for n, p in model.named_parameters() if p.grad is not None}
 
 
-def train_steps(model: nn.Module, optimizer, data, steps, *, rank: int, world: int, device,
-                ledger: CommLedger | None = None, wire: WireMeter | None = None,
-                before_step: Callable | None = None,
-                around: Callable | None = None, after_forward: Callable | None = None,
-                after_step: Callable | None = None,
-                on_step_end: Callable | None = None) -> tuple[list, list]:
-    """The training loop of the course, over the step numbers ``steps`` (e.g. ``range(2, 4)``
-    to resume at step 2). Each step: ``before_step(step)``; this rank's rows of the step's
-    global batch; forward, ``after_forward(step, loss)``, backward, all inside the context
-    manager ``around(step)`` returns (e.g. a probe, a FLOP counter); ``optimizer.step()``;
-    ``after_step(step)`` (e.g. measure the state before the gradients are dropped);
-    ``optimizer.zero_grad()``; ``on_step_end(step, loss, seconds)`` (e.g. a log line).
+def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
+          world: int | None = None, device=None, meters=()):
+    """The course's training loop, a generator: one ``(step, loss, seconds)`` per step::
 
-    Returns ``(losses, times)``: the loss of the *global* batch per step (:func:`global_loss`;
-    that all-reduce is left out of ``ledger`` and ``wire``, it is for the log only) and the seconds of
-    each step without the hooks (on a GPU the device is synchronised around the timed part).
+        for step, loss, seconds in train(model, optimizer, data, 5):
+            ...     # runs after optimizer.step(), before optimizer.zero_grad()
+
+    ``steps``: a number of steps or the step numbers (``range(2, 4)`` resumes at step 2).
+    Each step: this rank's rows of the step's global batch (``data.shard(step, rank, world)``,
+    by default this process's rank and world size), forward, backward, ``optimizer.step()``;
+    then the step is yielded, so the for-body measures the state after the step; then
+    ``optimizer.zero_grad()``. ``loss``: the loss of the global batch (:func:`global_loss`,
+    an all-reduce run with every meter in ``meters``, a CommLedger or WireMeter, paused);
+    ``seconds``: forward, backward and step (on a GPU, the device synchronised around them).
+    A probe of forward and backward (a FLOP counter, saved-tensor hooks) wraps the loop.
     """
-    losses, times = [], []
-    cuda = torch.device(device).type == "cuda"
-    for step in steps:
-        if before_step is not None:
-            before_step(step)
+    if rank is None or world is None:
+        rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    cuda = device.type == "cuda"
+    for step in range(steps) if isinstance(steps, int) else steps:
         x, y = (t.to(device) for t in data.shard(step, rank, world))
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with around(step) if around is not None else nullcontext():
-            loss = model(x, y)
-            if after_forward is not None:
-                after_forward(step, loss)
-            loss.backward()
+        loss = model(x, y)
+        loss.backward()
         optimizer.step()
         if cuda:
             torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        if after_step is not None:
-            after_step(step)
-        t2 = time.perf_counter()
+        seconds = time.perf_counter() - t0
+        with contextlib.ExitStack() as paused:
+            for meter in meters:
+                paused.enter_context(meter.pause())
+            loss = global_loss(loss)
+        yield step, loss, seconds
         optimizer.zero_grad()
-        times.append((t1 - t0) + (time.perf_counter() - t2))
-        with ledger.pause() if ledger is not None else nullcontext(), \
-                wire.pause() if wire is not None else nullcontext():
-            losses.append(global_loss(loss))
-        if on_step_end is not None:
-            on_step_end(step, losses[-1], times[-1])
-    return losses, times
 
 
 def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, global_batch: int,
@@ -310,43 +321,34 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
     from .model import SyntheticData, build_model
 
     spec = STRATEGIES[strategy]
-    rank, world = (dist.get_rank(), dist.get_world_size()) if spec.distributed else (0, 1)
     device = rank_device() if spec.distributed else torch.device("cpu")
-    model = build_model(config, seed=seed, device=device)
+    model, optimizer = wrap(strategy, build_model(config, seed=seed, device=device), make_adamw,
+                            **options)
     data = SyntheticData(config, global_batch=global_batch, seed=seed)
-    model, optimizer = wrap(strategy, model, make_adamw, **options)
-    measure = spec.state_bytes or state_bytes
-    state, peaks = {}, []
-
-    def before(step):                       # optimizers that track a gradient peak (ZeRO)
-        if callable(getattr(optimizer, "reset_peak", None)):
-            optimizer.reset_peak()
-
-    def after(step):
-        if hasattr(optimizer, "peak_grad_bytes"):
-            peaks.append(optimizer.peak_grad_bytes)
-        if step == steps - 1:
-            state.update({k: int(v) for k, v in measure(model, optimizer).items()
-                          if k in ("params", "grads", "optimizer")})
-
-    ledger = CommLedger()
-    with ledger, WireMeter() as wire:
-        losses, times = train_steps(model, optimizer, data, range(steps), rank=rank, world=world,
-                                    device=device, ledger=ledger, wire=wire, before_step=before,
-                                    after_step=after)
+    losses, times, peaks = [], [], []
+    with CommLedger() as ledger, WireMeter() as wire:
+        for step, loss, seconds in train(model, optimizer, data, steps, device=device,
+                                         meters=(ledger, wire)):
+            losses.append(loss)
+            times.append(seconds)
+            if hasattr(optimizer, "peak_grad_bytes"):      # ZeRO's gradient peak, step by step
+                peaks.append(optimizer.peak_grad_bytes)
+                optimizer.reset_peak()
+            if step == steps - 1:
+                state = state_bytes(model, optimizer)
     if not spec.distributed:                # one process sends nothing (its sockets are the kernel's)
         wire_bytes = 0 if wire.available else None
     else:                                   # NCCL's NVLink/InfiniBand traffic has no TCP socket
         wire_bytes = group_wire_bytes(wire)
-    with ledger.pause():
-        digest = param_digest(full_parameters(model))
     extra = dict(spec.extras(model, optimizer)) if spec.extras else {}
     if peaks:
         extra["peak_grad_bytes"] = max(peaks)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if spec.distributed else (0, 1)
     return RunResult(strategy=strategy, rank=rank, world_size=world, losses=losses,
                      comm_bytes=ledger.totals(), comm_calls=ledger.counts(), state_bytes=state,
-                     step_time_s=statistics.median(times), step_times_s=times, param_digest=digest,
-                     extra=extra, wire_bytes=wire_bytes)
+                     step_time_s=statistics.median(times), step_times_s=times,
+                     param_digest=param_digest(full_parameters(model)), extra=extra,
+                     wire_bytes=wire_bytes)
 
 
 def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
@@ -375,10 +377,7 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
         raise TypeError(f"config must be a TransformerConfig (e.g. COURSE_CONFIG), got "
                         f"{type(config).__name__}")
     _check_options(spec, options)
-    if global_batch % world_size:
-        fits = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
-        raise ValueError(f"the global batch of {global_batch} rows cannot be split evenly over "
-                         f"{world_size} ranks; use world_size in {fits} (or another global_batch)")
+    rows_per_rank(global_batch, world_size)
     if not spec.distributed:
         if world_size != 1:
             raise ValueError(f"strategy {strategy!r} is one process on the whole global batch; "

@@ -33,7 +33,7 @@ from ..checks import check_int
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 
 __all__ = ["GPT", "Block", "Attention", "MLP", "build_model", "init_weights", "num_params", "warm_up",
-           "SyntheticData"]
+           "SyntheticData", "rows_per_rank"]
 
 INIT_STD = 0.02  #: standard deviation of every linear / embedding weight (GPT-2's choice)
 
@@ -293,16 +293,24 @@ class SyntheticData:
         check_int("rank", rank, minimum=0)
         if rank >= world_size:
             raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
-        if self.global_batch % world_size:
-            raise ValueError(f"global_batch ({self.global_batch}) is not divisible by world_size "
-                             f"({world_size}); choose a global_batch that is a multiple of {world_size}")
-        b = self.global_batch // world_size
+        b = rows_per_rank(self.global_batch, world_size)
         inputs, targets = self.batch(step)
         return inputs[rank * b:(rank + 1) * b].clone(), targets[rank * b:(rank + 1) * b].clone()
 
     def __repr__(self) -> str:
         return (f"SyntheticData(global_batch={self.global_batch}, seq={self.config.seq}, "
                 f"vocab={self.config.vocab}, seed={self.seed}, noise={self.noise})")
+
+
+def rows_per_rank(global_batch: int, world_size: int) -> int:
+    """``global_batch // world_size``, the rows each rank trains on; a ValueError naming the
+    world sizes that fit when the global batch does not split evenly (the one such check)."""
+    check_int("world_size", world_size, minimum=1)
+    if global_batch % world_size:
+        fits = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
+        raise ValueError(f"the global batch of {global_batch} rows cannot be split evenly over "
+                         f"{world_size} ranks; use a world size in {fits} (or another global batch)")
+    return global_batch // world_size
 
 
 def warm_up(config: TransformerConfig = COURSE_CONFIG, *, imports=()) -> None:

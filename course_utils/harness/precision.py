@@ -33,9 +33,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..impl.common import WrapsOptimizer, storage_bytes, trainable
+from ..impl.common import WrapsOptimizer, trainable
 from ..runtime.launch import gpu_count
 from ..theory.memory import RECIPES
+from . import experiments
 
 __all__ = ["WrapsOptimizer", "MasterWeightsAdamW", "make_training", "train_step", "state_bytes", "memtracker_bytes",
            "cuda_phases"]
@@ -219,38 +220,11 @@ def _torch_optimizer(optimizer) -> torch.optim.Optimizer:
 
 
 def state_bytes(model: nn.Module, optimizer) -> dict:
-    """Bytes of model states held right now (call after ``step()``, before ``zero_grad()``).
-
-    Returns ``{"params", "grads", "optimizer", "optimizer_detail"}``: params = every
-    parameter; grads = every ``.grad`` and ``main_grad``; optimizer = every tensor in
-    the optimizer state plus the fp32 masters, itemised in ``optimizer_detail``
-    (``master``, ``exp_avg``, ``exp_avg_sq``, ``step``). Each storage is counted once.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    inner = _torch_optimizer(optimizer)
-    params = list(model.parameters())
-    if any(p.is_meta for p in params):
-        raise ValueError("the model is on the meta device (shapes only, no memory); "
-                         "build it on 'cpu' to measure bytes")
-    seen: set = set()
-
-    def count(tensors) -> int:
-        return storage_bytes(tensors, seen)
-
-    result = {"params": count(params)}
-    grads = [g for p in params for g in (p.grad, getattr(p, "main_grad", None)) if g is not None]
-    result["grads"] = count(grads)
-    detail: dict[str, int] = {}
-    if isinstance(optimizer, MasterWeightsAdamW):
-        detail["master"] = count(optimizer.masters)
-    for per_param in inner.state.values():
-        for name, value in per_param.items():
-            if isinstance(value, torch.Tensor):
-                detail[name] = detail.get(name, 0) + count([value])
-    result["optimizer"] = sum(detail.values())
-    result["optimizer_detail"] = detail
-    return result
+    """Bytes of model states held right now (call after ``step()``, before ``zero_grad()``):
+    :func:`course_utils.harness.experiments.state_bytes` with ``"optimizer_detail"``, the
+    optimizer's bytes by name (``master``, ``exp_avg``, ``exp_avg_sq``, ``step``)."""
+    _torch_optimizer(optimizer)
+    return experiments.state_bytes(model, optimizer, detail=True)
 
 
 def memtracker_bytes(model: nn.Module, optimizer, run_step: Callable[[], object]) -> dict:

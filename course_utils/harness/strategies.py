@@ -1,8 +1,8 @@
 """The strategies :func:`course_utils.harness.experiments.run` and ``wrap`` know: one table.
 
 Each entry names the function that wraps a model for it (in :mod:`course_utils.impl`),
-the notebook that teaches it, and how to count the bytes a rank holds, when the
-default count (every parameter, ``.grad`` and optimizer-state tensor) does not fit.
+and the notebook that teaches it; :func:`course_utils.harness.experiments.state_bytes`
+counts the bytes a rank holds under any of them.
 """
 from __future__ import annotations
 
@@ -20,17 +20,14 @@ __all__ = ["Strategy", "STRATEGIES", "strategies", "get", "register_strategy"]
 @dataclasses.dataclass(frozen=True)
 class Strategy:
     """name; wrap: ``(model, make_optimizer, **options) -> (model, optimizer)``;
-    distributed: needs ``torch.distributed`` (False only for ``"single"``);
-    state_bytes: ``(model, optimizer) -> {"params", "grads", "optimizer"}`` when the
-    default count does not fit; extras: ``(model, optimizer) -> dict`` of what else a
-    run reports for this strategy."""
+    distributed: needs ``torch.distributed`` (False only for ``"single"``); extras:
+    ``(model, optimizer) -> dict`` of what else a run reports for this strategy."""
 
     name: str
     wrap: Callable
     distributed: bool = True
     description: str = ""
     notebook: str = ""
-    state_bytes: Callable | None = None
     extras: Callable | None = None
 
     @property
@@ -53,30 +50,25 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
                          "gradients during backward (DataParallel)"),
     Strategy("torch-ddp", ddp.wrap_torch_ddp, notebook="02_data_parallelism",
              description="torch.nn.parallel.DistributedDataParallel"),
-    Strategy("zero1", zero.wrap_zero1, notebook="04_zero1", state_bytes=zero.zero_state_bytes,
-             extras=zero.zero_extras,
+    Strategy("zero1", zero.wrap_zero1, notebook="04_zero1", extras=zero.zero_extras,
              description="ZeRO-1 from scratch: optimizer states sharded (flat padded buffers, "
                          "reduce-scatter, step on the shard, all-gather)"),
-    Strategy("zero2", zero.wrap_zero2, notebook="05_zero2", state_bytes=zero.zero_state_bytes,
-             extras=zero.zero_extras,
+    Strategy("zero2", zero.wrap_zero2, notebook="05_zero2", extras=zero.zero_extras,
              description="ZeRO-2 from scratch: also gradients sharded, reduce-scattered "
                          "bucket by bucket during backward, full grads freed"),
     Strategy("torch-zero1", zero.wrap_torch_zero1, notebook="04_zero1",
-             state_bytes=zero.torch_zero1_state_bytes,
              description="torch.distributed.optim.ZeroRedundancyOptimizer + gradient all-reduce"),
-    Strategy("zero3", zero3.wrap_zero3, notebook="06_zero3", state_bytes=zero3.zero3_state_bytes,
+    Strategy("zero3", zero3.wrap_zero3, notebook="06_zero3",
              description="ZeRO-3 from scratch: parameters, gradients and optimizer states sharded; "
                          "each unit all-gathered for forward and again for backward, gradients "
                          "reduce-scattered (Zero3)"),
-    Strategy("torch-fsdp", fsdp.wrap_torch_fsdp, notebook="07_fsdp", state_bytes=fsdp.fsdp_state_bytes,
+    Strategy("torch-fsdp", fsdp.wrap_torch_fsdp, notebook="07_fsdp",
              description="torch FSDP2: fully_shard per block then the root, "
                          "reshard_after_forward=True (ZeRO-3)"),
     Strategy("torch-fsdp-zero2", fsdp.wrap_torch_fsdp_zero2, notebook="07_fsdp",
-             state_bytes=fsdp.fsdp_state_bytes,
              description="torch FSDP2 with reshard_after_forward=False: parameters stay gathered "
                          "between forward and backward (ZeRO-2-like)"),
     Strategy("torch-hsdp", hsdp.wrap_torch_hsdp, notebook="08_beyond_one_box",
-             state_bytes=fsdp.fsdp_state_bytes,
              description=f"torch FSDP2 on a 2-D mesh (replicas x {hsdp.DEFAULT_SHARDS} shards): "
                          "fully_shard inside each shard group, all-reduce across replicas (HSDP)"),
 )}
@@ -94,8 +86,7 @@ def get(name) -> Strategy:
 
 
 def register_strategy(name: str, wrap_fn: Callable, *, distributed: bool = True,
-                      description: str = "", notebook: str = "",
-                      state_bytes: Callable | None = None) -> Strategy:
+                      description: str = "", notebook: str = "") -> Strategy:
     """Add your own strategy to :data:`STRATEGIES` (a name may be used once), e.g. to
     ``run`` a class you wrote next to the course's."""
     if not isinstance(name, str) or not name:
@@ -104,5 +95,5 @@ def register_strategy(name: str, wrap_fn: Callable, *, distributed: bool = True,
         raise ValueError(f"strategy {name!r} is already registered")
     if not callable(wrap_fn):
         raise TypeError("wrap_fn must be callable: (model, make_optimizer, **options) -> (model, optimizer)")
-    STRATEGIES[name] = Strategy(name, wrap_fn, distributed, description, notebook, state_bytes)
+    STRATEGIES[name] = Strategy(name, wrap_fn, distributed, description, notebook)
     return STRATEGIES[name]

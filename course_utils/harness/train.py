@@ -1,25 +1,12 @@
-"""Train the course GPT with any registered strategy, as a torchrun script.
+"""Train the course GPT with any registered strategy, as a torchrun script
+(``python -m course_utils.train --help`` shows the commands for one node, several nodes
+and one process).
 
-What :func:`course_utils.experiments.run` does inside a notebook, on a real cluster::
-
-    # one machine, 4 ranks (GPUs if every local rank has one, else gloo on CPU)
-    torchrun --standalone --nproc-per-node 4 -m course_utils.train --strategy zero2 --steps 20
-
-    # two machines with 8 GPUs each: run on every node, R = 0 on HOST, 1 on the other
-    torchrun --nnodes 2 --nproc-per-node 8 --node-rank R \\
-             --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-             -m course_utils.train --strategy zero2 --steps 20
-
-    # no torchrun: one process ("single", or any strategy on a world of size 1)
-    python -m course_utils.train --strategy single --steps 20
-
-Same model (``build_model(config, seed=seed)``), data (:class:`SyntheticData`, a global
-batch of ``--global-batch`` rows split evenly over the ranks) and AdamW
-(:func:`~course_utils.experiments.make_adamw`) as ``experiments.run``, so the per-step
-losses match ``run("single", 1)`` for every strategy and world size. Rank 0 logs the
-loss of the global batch, prints the bytes each collective sent (measured by
-:class:`~course_utils.comm.CommLedger`, on rank 0) and the model-state bytes each rank
-holds; ``--json PATH`` writes them.
+Same model, data and AdamW as :func:`course_utils.experiments.run`, with the same loop
+(:func:`~course_utils.harness.experiments.train`), so the per-step losses match
+``run("single", 1)`` for every strategy and world size. Rank 0 logs the global batch's
+loss, the bytes each collective sent (CommLedger) and the model-state bytes it holds;
+``--json PATH`` writes them.
 """
 from __future__ import annotations
 
@@ -40,7 +27,7 @@ from ..runtime.launch import gpu_count
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG, PRESETS, TransformerConfig
 from . import experiments, strategies
-from .model import SyntheticData, build_model
+from .model import SyntheticData, build_model, rows_per_rank
 
 __all__ = ["run_and_exit", "main", "parse_args", "model_config"]
 
@@ -180,38 +167,28 @@ def main(argv=None) -> int:
     rank, world, device, where = _setup(spec, args.timeout)
     distributed = spec.distributed
     try:
-        if args.global_batch % world:
-            fits = [n for n in range(1, args.global_batch + 1) if args.global_batch % n == 0]
-            raise SystemExit(f"error: the global batch of {args.global_batch} rows cannot be split "
-                             f"evenly over {world} ranks; use a number of ranks in {fits} "
-                             f"or another --global-batch")
+        try:
+            rows = rows_per_rank(args.global_batch, world)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
         if rank == 0:
             _print(f"{args.strategy}: {where}; {config.num_params():,} parameters, "
-                   f"global batch {args.global_batch} ({args.global_batch // world} rows per rank), "
-                   f"{args.steps} steps")
+                   f"global batch {args.global_batch} ({rows} rows per rank), {args.steps} steps")
         model = build_model(config, seed=args.seed, device=device)
         data = SyntheticData(config, global_batch=args.global_batch, seed=args.seed)
         options = {k: v for k, v in (("bucket_bytes", args.bucket_bytes), ("overlap", not args.no_overlap))
                    if k in spec.options}          # the flags a strategy has no use for are ignored
         model, optimizer = experiments.wrap(args.strategy, model, experiments.make_adamw, **options)
-        measure = spec.state_bytes or experiments.state_bytes
-        state = {}
-
-        def measure_last(step):
-            if step == args.steps - 1:
-                state.update({k: int(v) for k, v in measure(model, optimizer).items()
-                              if k in ("params", "grads", "optimizer")})
-
-        def log(step, loss, seconds):
-            done = step + 1
-            if rank == 0 and (done % args.log_every == 0 or done == args.steps):
-                _print(f"step {done} loss {loss:.4f} step_time {seconds * 1e3:.1f} ms")
-
-        ledger = CommLedger()
-        with ledger:
-            losses, times = experiments.train_steps(
-                model, optimizer, data, range(args.steps), rank=rank, world=world, device=device,
-                ledger=ledger, after_step=measure_last, on_step_end=log)
+        losses, times = [], []
+        with CommLedger() as ledger:
+            for step, loss, seconds in experiments.train(model, optimizer, data, args.steps, rank=rank,
+                                                         world=world, device=device, meters=(ledger,)):
+                losses.append(loss)
+                times.append(seconds)
+                if step == args.steps - 1:
+                    state = experiments.state_bytes(model, optimizer)
+                if rank == 0 and ((step + 1) % args.log_every == 0 or step + 1 == args.steps):
+                    _print(f"step {step + 1} loss {loss:.4f} step_time {seconds * 1e3:.1f} ms")
         comm, calls = ledger.totals(), ledger.counts()
         if rank == 0:
             sent = ", ".join(f"{op} {_fmt_bytes(b)} ({calls.get(op, 0)} calls)"

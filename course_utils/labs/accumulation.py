@@ -37,7 +37,6 @@ import torch.distributed as dist
 from ..checks import check_int
 from ..harness.experiments import make_adamw, state_bytes, wrap
 from ..harness.model import SyntheticData, build_model
-from ..harness.strategies import STRATEGIES
 from ..impl import fsdp
 from ..runtime import compat
 from ..runtime.fmt import num
@@ -112,7 +111,7 @@ def accumulate(model, micro_batches, sync_off: str | None = None, after_backward
 def _grad_bytes(strategy: str, model, optimizer) -> int:
     """Gradient bytes this rank holds now: every gradient storage once (full ``.grad``,
     shard gradients, and FSDP2's unsharded gradients waiting while sync is off)."""
-    held = (STRATEGIES[strategy].state_bytes or state_bytes)(model, optimizer)["grads"]
+    held = state_bytes(model, optimizer)["grads"]
     if strategy == "torch-fsdp":
         held += compat.fsdp2_unsharded_grad_bytes(model)
     return int(held)

@@ -1,43 +1,25 @@
 """From a planner choice to a DeepSpeed ZeRO config and to the same thing in FSDP2.
 
-Taught in ``notebooks/08_beyond_one_box.ipynb``.
+Taught in ``notebooks/08_beyond_one_box.ipynb``. :func:`deepspeed_config` turns a planner
+:class:`~course_utils.theory.planner.Choice` into a DeepSpeed config (stage, offload to
+``cpu``/``nvme``, bucket sizes, precision, the batch triple ``train_batch_size = micro
+batch x accumulation x data-parallel GPUs``); :func:`fsdp2_equivalent` gives the same
+choice in PyTorch as runnable code and says where the libraries do *not* match (FSDP2 has
+no ZeRO-1 and no optimizer-only offload; DeepSpeed 0.19 removed MiCS, its HSDP);
+:func:`validate_deepspeed_config` checks a config without DeepSpeed, stricter than
+DeepSpeed's parser (which ignores ``offload_param`` below stage 3); :func:`run_equivalent`
+runs the generated code on N ranks against one process; :func:`side_by_side` prints them
+next to each other.
 
-* :func:`deepspeed_config` turns a :class:`course_utils.theory.planner.Choice` (or a planner
-  row) into a DeepSpeed config dict: ``zero_optimization`` with the stage (DDP = 0,
-  ZeRO-1/2/3), ``offload_optimizer`` to ``cpu`` or ``nvme``, ``offload_param`` for
-  stage 3 (ZeRO-Offload / ZeRO-Infinity), bucket sizes, ``overlap_comm``,
-  ``contiguous_gradients`` and the ``stage3_*`` knobs; a ``bf16`` or ``fp16`` section;
-  and the batch triple ``train_batch_size = train_micro_batch_size_per_gpu x
-  gradient_accumulation_steps x data-parallel GPUs``.
-* :func:`fsdp2_equivalent` gives the same choice in PyTorch: ``fully_shard`` with
-  ``reshard_after_forward``, a 2-D ``DeviceMesh`` for HSDP, ``CPUOffloadPolicy`` and
-  ``MixedPrecisionPolicy``, as real keyword arguments and as code you can run; it says
-  where the two libraries do *not* match (FSDP2 has no ZeRO-1 and no optimizer-only
-  offload; DeepSpeed 0.19 removed MiCS, its HSDP, and offers ZeRO++'s hpZ instead).
-* :func:`validate_deepspeed_config` checks a config's structure without DeepSpeed:
-  known keys and their types, the stage/offload rules (``offload_param`` only at stage
-  3, ``nvme`` needs ``nvme_path``...) and the batch arithmetic. It is stricter than
-  DeepSpeed's own parser, which accepts ``offload_param`` at stage 1 or 2 and ignores it.
-* :func:`run_equivalent` runs that generated code for real on N ranks (gloo on CPU
-  here, NCCL on GPUs) with the course GPT and checks the losses against one process.
-* :func:`side_by_side` prints planner, DeepSpeed and the torch equivalent next to each other
-  (FSDP2's ``fully_shard``; for ZeRO-1, DDP + ``ZeroRedundancyOptimizer``).
+Recomputation: DeepSpeed's ``activation_checkpointing`` section cannot say what the model
+wraps in ``checkpoint()``. ``recompute="full"`` means every block; ``"selective"`` only
+each block's attention core (as Megatron-DeepSpeed's ``--recompute-granularity
+selective``); with flash attention there is nothing to wrap. In torch it becomes op-level
+selective checkpointing (``create_selective_checkpoint_contexts``).
 
-Recomputation. DeepSpeed's activation checkpointing (the ``activation_checkpointing``
-section configures ``deepspeed.checkpointing.checkpoint``) recomputes whatever function
-the model wraps in ``checkpoint()``; the config cannot say what that is. A choice with
-``recompute="full"`` means: wrap every block. ``recompute="selective"`` maps to the same
-config section with only each block's attention core wrapped (Korthikanti et al.'s
-selective recomputation, as Megatron-DeepSpeed's ``--recompute-granularity selective``
-does); :func:`side_by_side` says so. With flash attention there is nothing to wrap: the
-kernel recomputes the scores in its backward already. In torch, :func:`fsdp2_equivalent`
-writes op-level selective activation checkpointing (``create_selective_checkpoint_contexts``
-with a policy that recomputes the attention ops and saves every other result).
-
-Bucket sizes follow the rule of the HF Trainer's DeepSpeed integration ("auto"):
-``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``,
-``stage3_param_persistence_threshold = 10·h`` for hidden size h; 5e7 elements when the
-architecture is not known.
+Bucket sizes follow the HF Trainer's "auto" rule: ``reduce_bucket_size = h²``,
+``stage3_prefetch_bucket_size = 0.9·h²``, ``stage3_param_persistence_threshold = 10·h``;
+5e7 elements when the architecture is not known.
 """
 from __future__ import annotations
 
@@ -45,7 +27,8 @@ import dataclasses
 from numbers import Real
 
 from ..checks import check_int
-from ..harness.experiments import BETAS, LR, WEIGHT_DECAY, train_steps
+from ..harness.experiments import BETAS, GLOBAL_BATCH, LR, WEIGHT_DECAY, train
+from ..harness.model import rows_per_rank
 from ..theory.config import TransformerConfig
 from ..theory.planner import Choice, PlanRow, as_choice
 
@@ -633,23 +616,18 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
 def _train_snippet(codes: list, steps: int) -> list:
     """On each rank: for each snippet, build the course GPT, exec the snippet (it wraps the
     model and makes ``optimizer``), train ``steps`` steps; the global loss of each step."""
-    import torch.distributed as dist
-
     from ..harness.model import SyntheticData, build_model
     from ..runtime.launch import rank_device
     from ..theory.config import COURSE_CONFIG
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
     out = []
     for code in codes:
         ns = {"model": build_model(COURSE_CONFIG, seed=0, device=device)}
         exec(code, ns)  # noqa: S102 - running the generated snippet is the point
         model, optimizer = ns["model"], ns["optimizer"]
-        data = SyntheticData(COURSE_CONFIG, global_batch=12, seed=0)
-        losses, _ = train_steps(model, optimizer, data, range(steps), rank=rank, world=world,
-                                device=device)
-        out.append(losses)
+        data = SyntheticData(COURSE_CONFIG, global_batch=GLOBAL_BATCH, seed=0)
+        out.append([loss for _, loss, _ in train(model, optimizer, data, steps, device=device)])
         del model, optimizer, ns
     return out
 
@@ -674,10 +652,8 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
     choices = choices if isinstance(choices, list) else [choices]
     if not choices:
         raise ValueError("choices is empty: pass a choice such as 'ZeRO-3', or a list of them")
-    check_int("world_size", world_size, 1, what="ranks")
-    if world_size < 2 or 12 % world_size:
-        raise ValueError(f"world_size must be 2, 3, 4, 6 or 12 (it splits the course batch of 12 "
-                         f"sequences), got {world_size}")
+    check_int("world_size", world_size, 2, what="ranks")
+    rows_per_rank(GLOBAL_BATCH, world_size)
     check_int("steps", steps, 1, what="training steps")
     backend = resolve_backend(world_size)
     device_type = "cuda" if backend == "nccl" else "cpu"

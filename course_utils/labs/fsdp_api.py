@@ -1,20 +1,10 @@
-"""Small measuring tools for the FSDP2 cells of ``notebooks/07_fsdp.ipynb``.
-
-The notebook's cells call FSDP2 themselves (``fully_shard``, ``MixedPrecisionPolicy``,
-``CPUOffloadPolicy``, prefetching, ``set_requires_gradient_sync``, DCP...); what they need
-to *see* the effect is here, each a few lines, all used inside a launched rank:
-
-- :func:`batch`: this rank's share of one step of the course data;
-- :class:`HeldParams`: bytes of parameters held unsharded right now (between forward and
-  backward, say), apart from the rank's own shards;
-- :class:`SavedActivations`: bytes of the activations autograd saves for backward;
-- :class:`EventOrder`: the order of all-gathers, reduce-scatters and block forwards;
-- :func:`unsharded_grad_bytes`: gradient bytes FSDP2 keeps unsharded between micro-batches;
-- :func:`state_digest` / :func:`digest`: one hash of the full parameters (and optimizer
-  states), to compare two runs or a run with a file bit for bit.
-
-``course_utils.labs.fsdp_options`` runs the same measurements as checked experiments
-(``tests/test_fsdp_options.py``).
+"""Small measuring tools for the FSDP2 cells of ``notebooks/07_fsdp.ipynb``, used inside a
+launched rank: :func:`batch` (this rank's share of a step), :class:`HeldParams` (unsharded
+parameter bytes now), :class:`SavedActivations` (activation bytes autograd saves),
+:class:`EventOrder` (order of all-gathers, reduce-scatters and block forwards),
+:func:`unsharded_grad_bytes`, :func:`state_digest` / :func:`digest` (compare two runs bit
+for bit). :mod:`course_utils.labs.fsdp_options` runs the same measurements as checked
+experiments.
 """
 from __future__ import annotations
 
@@ -23,12 +13,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ..checks import check_int, require_process_group
-from ..harness.experiments import GLOBAL_BATCH, param_digest
+from ..harness.experiments import GLOBAL_BATCH, local_tensor, param_digest
 from ..harness.model import SyntheticData
+from ..impl.fsdp import fsdp_units
 from ..runtime import compat
 from ..runtime.launch import rank_device
 from ..runtime.ledger import CommLedger
-from . import fsdp_options
 
 __all__ = ["batch", "HeldParams", "SavedActivations", "EventOrder", "unsharded_grad_bytes",
            "state_digest", "digest"]
@@ -53,38 +43,57 @@ def batch(step: int = 0, *, seed: int = 0):
 class HeldParams:
     """``held = HeldParams(model)`` right after sharding remembers the shards' storages;
     ``held()`` later returns the bytes of the parameter storages registered on the model
-    now that are not those shards: what FSDP2 keeps gathered (or, with an int
-    ``reshard_after_forward``, re-sharded to a smaller group) at that moment."""
+    now that are not those shards (each storage once): what FSDP2 keeps gathered (or, with
+    an int ``reshard_after_forward``, re-sharded to a smaller group) at that moment."""
 
     def __init__(self, model: nn.Module):
         _check_model(model)
         self.model = model
-        self._shards = {fsdp_options.local_tensor(p).untyped_storage().data_ptr()
-                        for p in model.parameters()}
+        self._shards = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
 
     def __call__(self) -> int:
-        return fsdp_options._unsharded_param_bytes(self.model, self._shards)
+        seen = set(self._shards)
+        total = 0
+        for p in self.model.parameters():
+            st = local_tensor(p).untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+        return total
 
 
 class SavedActivations:
     """``with SavedActivations(model) as saved:`` around a forward: ``saved.bytes`` is then
-    the bytes of the activations autograd saved for backward (each storage once;
-    parameters are left out). Keeps them alive until the block ends."""
+    the bytes of the activations autograd saved for backward, each storage once
+    (``saved.parameters``: the storages of parameters registered on the model then, left
+    out of ``bytes``). Keeps them alive until the block ends or :meth:`reset`."""
 
     def __init__(self, model: nn.Module):
         _check_model(model)
         self.model = model
-        self.bytes = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Count from zero (e.g. at the start of the next step)."""
+        self.bytes, self.parameters, self._keep = 0, 0, {}
+
+    def _pack(self, t):
+        key = compat.storage_key(t)
+        if key not in self._keep:           # the storage itself: data pointers get reused
+            self._keep[key] = t             # keep it alive while counting
+            if key in {compat.storage_key(p) for p in self.model.parameters()}:
+                self.parameters += t.untyped_storage().nbytes()
+            else:
+                self.bytes += t.untyped_storage().nbytes()
+        return t
 
     def __enter__(self) -> "SavedActivations":
-        pack, unpack, self._counts, self._keep = fsdp_options._saved_tensor_counter(self.model)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc) -> bool:
         self._hooks.__exit__(*exc)
-        self.bytes = self._counts["activations"]
         self._keep.clear()
         return False
 
@@ -94,25 +103,61 @@ class EventOrder:
     per block then at the root: ``order.forward`` and ``order.backward`` are the events in
     the order the CPU issued them, e.g. ``["AG root", "fwd 0", "AG 0", ...]`` (AG/RS: an
     all-gather/reduce-scatter issued; ``fwd i``: block i's forward starts; ``bwd i``: its
-    backward starts); ``order.gathered`` the most units gathered at once, per phase."""
+    backward starts); ``order.gathered`` the most units gathered at once (unsharded, or their
+    all-gather result waiting), per phase; ``order.ledger`` the collectives (a CommLedger).
+    :meth:`reset` starts a new step."""
+
+    _LABELS = {"unshard": "AG", "pre_backward": "", "post_backward": "RS"}
 
     def __init__(self, model: nn.Module):
         _check_model(model)
-        self._ledger = CommLedger()
-        self._events, self.gathered, _, self._watch = fsdp_options._instrument(model, self._ledger)
+        self.ledger = CommLedger()
+        self.events: list = []
+        self.gathered = {"forward": 0, "backward": 0}
+        self._phase = "forward"
+        blocks = fsdp_units(model)
+        self._groups = {"root": compat.fsdp2_param_group(model),
+                        **{f"block{i}": compat.fsdp2_param_group(u) for i, u in enumerate(blocks)}}
+        for i, block in enumerate(blocks):
+            block.register_forward_pre_hook(lambda m, a, i=i: self.events.append(f"fwd block{i}"),
+                                            prepend=True)
+            block.register_forward_pre_hook(lambda m, a: self._note_gathered())  # after the unshard
+        self._watch = compat.watch_fsdp2(self._groups, self._LABELS, self._on_call)
+
+    def _note_gathered(self) -> None:
+        now = sum(map(compat.fsdp2_is_gathered, self._groups.values()))
+        self.gathered[self._phase] = max(self.gathered[self._phase], now)
+
+    def _on_call(self, name, group, method, call):
+        if method == "pre_backward":
+            self._phase = "backward"
+            if compat.fsdp2_training_state(group) != "PRE_BACKWARD":
+                self.events.append(f"bwd {name}")
+        before = len(self.ledger.records)
+        out = call()
+        if self._LABELS[method] and len(self.ledger.records) > before:
+            self.events.append(f"{self._LABELS[method]} {name}")
+        self._note_gathered()
+        return out
+
+    def reset(self) -> None:
+        self.events.clear()
+        self.gathered.update(forward=0, backward=0)
+        self._phase = "forward"
+        self.ledger.reset()
 
     def __enter__(self) -> "EventOrder":
-        self._ledger.__enter__()
+        self.ledger.__enter__()
         self._watch.__enter__()
         return self
 
     def __exit__(self, *exc) -> bool:
         self._watch.__exit__(*exc)
-        self._ledger.__exit__(*exc)
+        self.ledger.__exit__(*exc)
         return False
 
     def _split(self):
-        text = [e.replace("block", "") for e in self._events]
+        text = [e.replace("block", "") for e in self.events]
         cut = text.index("bwd root") if "bwd root" in text else len(text)
         return text[:cut], text[cut:]
 

@@ -1,31 +1,15 @@
 """FSDP2's options, each run on N ranks and measured against a prediction computed by code.
 
-Notebook 07 (``notebooks/07_fsdp.ipynb``, section 5) shows each option as its own FSDP2
-cell, measured with :mod:`course_utils.labs.fsdp_api`; the functions here are the checked
-versions of those cells, run by ``tests/test_fsdp_options.py``. Every ``measure_*`` function
-below launches a small real experiment (:func:`course_utils.launch.launch`: gloo ranks on CPU here, NCCL with one
-GPU per rank where there are enough GPUs) on the course GPT, sharded the way
-``course_utils.impl.fsdp``'s ``"torch-fsdp"`` strategy shards it (``fully_shard`` on every block,
-then on the root, which stays gathered from forward to backward; :func:`shard_model`), and
-returns an :class:`OptionResult`: a table of *checks* (measured, predicted, whether they
-agree), the raw measurements in ``details``, a note, and ``where`` it ran ("2 ranks, gloo
-on CPU"). Everything is seeded: a CPU run prints the same table every time.
-
-The options measured, one function each: :func:`measure_mixed_precision`
-(``MixedPrecisionPolicy``), :func:`measure_cpu_offload` (``CPUOffloadPolicy``),
-:func:`measure_reshard_after_forward` (``True``, ``False`` or an int),
-:func:`measure_prefetch` (``set_modules_to_forward_prefetch`` /
-``set_modules_to_backward_prefetch``), :func:`measure_activation_checkpointing`,
-:func:`measure_gradient_clipping` (``clip_grad_norm_`` on DTensor gradients) and
-:func:`measure_gradient_accumulation` (``set_requires_gradient_sync``).
-
-Which units are gathered and where the unsharded gradients wait is read from FSDP2's
-private ``FSDPParamGroup`` (through :mod:`course_utils.runtime.compat`); everything else
-is public API.
+Notebook 07 shows each option as its own FSDP2 cell with the tools of
+:mod:`course_utils.labs.fsdp_api`; the ``measure_*`` functions here are the checked
+versions of those cells (``tests/test_fsdp_options.py``). Each launches the course GPT
+sharded as the ``"torch-fsdp"`` strategy does (:func:`shard_model`) and returns an
+:class:`OptionResult`: measured vs predicted *checks*, the raw ``details``, a note, and
+``where`` it ran. FSDP2's private ``FSDPParamGroup`` is read through
+:mod:`course_utils.runtime.compat`; everything else is public API.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import math
@@ -39,17 +23,18 @@ from torch import nn
 
 from ..checks import check_int, require_process_group
 from ..harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
-                                   reference_grads, train_steps)
-from ..harness.model import Block, SyntheticData, build_model
+                                   local_tensor, reference_grads, state_bytes, train)
+from ..harness.model import Block, SyntheticData, build_model, rows_per_rank
 from ..impl import fsdp
-from ..impl.fsdp import (calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_state_bytes,
-                         fsdp_units, local_tensor, message_numels)
+from ..impl.fsdp import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
 from ..runtime import compat
 from ..runtime.fmt import num, plural, sci
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG
 from ..theory.memory import activation_bytes
+from .fsdp_api import EventOrder, HeldParams, SavedActivations
+from .fsdp_wrapping import text_table
 
 __all__ = ["Check", "OptionResult", "shard_model", "measure_mixed_precision",
            "measure_cpu_offload", "measure_reshard_after_forward", "measure_prefetch",
@@ -165,22 +150,13 @@ class OptionResult:
         return named[quantity]
 
     def table(self) -> str:
-        rows = [("quantity", "measured", "", "predicted", "")]
-        for c in self.checks:
-            mark = {True: "ok", False: "DIFFERS", None: ""}[c.ok]
-            op = c.op if c.op != "~" else f"~ (±{c.rel_tol:g})"
-            rows.append((c.quantity, _fmt_measured(c), op if c.predicted is not None else "",
-                         _fmt_predicted(c), mark))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines = [f"{self.option}: {self.where}"]
-        for i, r in enumerate(rows):
-            lines.append("  ".join(c.rjust(w) if j in (1, 3) else c.ljust(w)
-                                   for j, (c, w) in enumerate(zip(r, widths))).rstrip())
-            if i == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        if self.note:
-            lines += [textwrap.fill(par, 100) for par in self.note.split("\n")]
-        return "\n".join(lines)
+        rows = [(c.quantity, _fmt_measured(c),
+                 "" if c.predicted is None else c.op if c.op != "~" else f"~ (±{c.rel_tol:g})",
+                 _fmt_predicted(c), {True: "ok", False: "DIFFERS", None: ""}[c.ok])
+                for c in self.checks]
+        notes = [textwrap.fill(par, 100) for par in self.note.split("\n")] if self.note else []
+        return f"{self.option}: {self.where}\n" + text_table(
+            ["quantity", "measured", "", "predicted", ""], rows, notes=notes, left=(0, 2, 4))
 
     __repr__ = table
 
@@ -189,9 +165,7 @@ class OptionResult:
 
 def _check_world_size(world_size) -> None:
     check_int("world_size", world_size, minimum=2)           # sharding needs 2 ranks or more
-    if GLOBAL_BATCH % world_size:
-        raise ValueError(f"world_size must divide the global batch of {GLOBAL_BATCH} sequences "
-                         f"(2, 3, 4, 6 or 12), got {world_size}")
+    rows_per_rank(GLOBAL_BATCH, world_size)
 
 
 # ------------------------------------------------------------------ sharding
@@ -226,9 +200,15 @@ def _check_reshard(value, world_size: int) -> None:
 
 # ------------------------------------------------------------------ the rank side, shared
 
-def _course_model_and_data():
+def _sharded(before=None, **fully_shard_kwargs):
+    """The course GPT (``before(model)`` applied first), sharded by :func:`shard_model`, its
+    AdamW, the data, the device."""
     device = rank_device()
-    return (build_model(COURSE_CONFIG, seed=SEED, device=device),
+    model = build_model(COURSE_CONFIG, seed=SEED, device=device)
+    if before is not None:
+        before(model)
+    model = shard_model(model, **fully_shard_kwargs)
+    return (model, make_adamw(model.parameters()),
             SyntheticData(COURSE_CONFIG, global_batch=GLOBAL_BATCH, seed=SEED), device)
 
 
@@ -237,33 +217,12 @@ def _rank_batch(data, step: int, device):
     return x.to(device), y.to(device)
 
 
-def _train(model, data, device, steps: int, *, after_forward=None, after_step=None, around=None,
-           before_step=None, ledger: CommLedger | None = None):
-    """``steps`` AdamW steps of the course's training loop
-    (:func:`~course_utils.harness.experiments.train_steps`). Per step: the global-batch loss
-    and a :class:`CommLedger` summary of forward + backward + ``step()``.
-    ``after_forward(step)`` runs between forward and backward, ``after_step(step,
-    optimizer)`` before ``zero_grad()``, ``before_step(step)`` first, ``around(step)`` is
-    entered around forward and backward; ``ledger``: record with this one (reset at every step)."""
-    opt = make_adamw(model.parameters())
-    ledger = ledger if ledger is not None else CommLedger()
-    comms = []
-
-    def after(step):
-        comms.append({"counts": ledger.counts(), "totals": ledger.totals(),
-                      "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]})
-        if after_step is not None:
-            with ledger.pause():
-                after_step(step, opt)
-
-    with ledger:
-        losses, _ = train_steps(model, opt, data, range(steps), rank=dist.get_rank(),
-                                world=dist.get_world_size(), device=device, ledger=ledger,
-                                before_step=lambda step: (ledger.reset(), before_step and before_step(step)),
-                                around=around,
-                                after_forward=after_forward and (lambda step, loss: after_forward(step)),
-                                after_step=after)
-    return losses, comms
+def _per_step(ledger: CommLedger) -> dict:
+    """What ``ledger`` recorded in one step, then reset for the next."""
+    out = {"counts": ledger.counts(), "totals": ledger.totals(),
+           "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]}
+    ledger.reset()
+    return out
 
 
 def _calls(counts: dict) -> str:
@@ -279,8 +238,7 @@ def _rank_mixed_precision(steps: int) -> dict:
     policies = {"fp32": {}, "bf16": {"mp_policy": MixedPrecisionPolicy(
         param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}}
     for name, kwargs in policies.items():
-        model, data, device = _course_model_and_data()
-        model = shard_model(model, **kwargs)
+        model, opt, data, device = _sharded(**kwargs)
         inside: dict = {}
 
         def spy(module, args, inside=inside):      # a block's first MLP layer, inside forward
@@ -288,19 +246,20 @@ def _rank_mixed_precision(steps: int) -> dict:
             inside.setdefault("input", str(args[0].dtype).replace("torch.", ""))
 
         model.blocks[0].mlp.up.register_forward_pre_hook(spy)
-        stored: dict = {}
+        stored, losses, comms = {}, [], []
 
-        def after_step(step, opt, model=model, stored=stored):
-            if step:
-                return
-            def dtypes(ts):
-                return sorted({str(local_tensor(t).dtype).replace("torch.", "") for t in ts})
-            stored["param"] = dtypes(model.parameters())
-            stored["grad"] = dtypes(p.grad for p in model.parameters())
-            stored["optimizer"] = dtypes(v for s in opt.state.values() for v in s.values()
-                                         if isinstance(v, torch.Tensor))
+        def dtypes(ts):
+            return sorted({str(local_tensor(t).dtype).replace("torch.", "") for t in ts})
 
-        losses, comms = _train(model, data, device, steps, after_step=after_step)
+        with CommLedger() as ledger:
+            for step, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
+                losses.append(loss)
+                comms.append(_per_step(ledger))
+                if step == 0:
+                    stored["param"] = dtypes(model.parameters())
+                    stored["grad"] = dtypes(p.grad for p in model.parameters())
+                    stored["optimizer"] = dtypes(v for s in opt.state.values() for v in s.values()
+                                                 if isinstance(v, torch.Tensor))
         out[name] = {"losses": losses, "comm": comms[0]["totals"], "counts": comms[0]["counts"],
                      "same_every_step": all(c["totals"] == comms[0]["totals"] for c in comms),
                      "inside_forward": inside, "stored": stored}
@@ -364,23 +323,20 @@ def _offload_run(steps: int, **fully_shard_kwargs) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
-    model, data, device = _course_model_and_data()
-    model = shard_model(model, **fully_shard_kwargs)
-    stored: dict = {}
-
-    def after_step(step, opt):
+    model, opt, data, device = _sharded(**fully_shard_kwargs)
+    stored, losses = {}, []
+    for step, loss, _ in train(model, opt, data, steps, device=device):
+        losses.append(loss)
         if step != steps - 1:
-            return
+            continue
         params = list(model.parameters())
         state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         for key, ts in (("param", params), ("grad", [p.grad for p in params]), ("optimizer", state)):
             stored[key] = sorted({str(local_tensor(t).device) for t in ts})
-        stored["bytes"] = fsdp_state_bytes(model, opt)
+        stored["bytes"] = state_bytes(model, opt)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             stored["device_bytes"] = torch.cuda.memory_allocated(device) - base
-
-    losses, _ = _train(model, data, device, steps, after_step=after_step)
     return {"losses": losses, "stored": stored}
 
 
@@ -452,29 +408,16 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
 
 # ================================================================== 3. reshard_after_forward
 
-def _unsharded_param_bytes(model: nn.Module, sharded: set) -> int:
-    """Bytes of the parameter storages registered on the modules now that are not the
-    sharded parameters' own (``sharded``: their storage pointers), each storage once."""
-    seen: set = set()
-    total = 0
-    for p in model.parameters():
-        st = local_tensor(p).untyped_storage()
-        if st.data_ptr() not in sharded and st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-    return total
-
-
 def _rank_reshard(settings: tuple, steps: int) -> dict:
     out = {}
     for setting in settings:
-        model, data, device = _course_model_and_data()
-        model = shard_model(model, reshard_after_forward=setting)
-        sharded = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
-        held: list = []
-        losses, comms = _train(model, data, device, steps,
-                               after_forward=lambda step: held.append(
-                                   _unsharded_param_bytes(model, sharded)))
+        model, opt, data, device = _sharded(reshard_after_forward=setting)
+        held_now, held, losses, comms = HeldParams(model), [], [], []
+        model.register_forward_hook(lambda *_: held.append(held_now()))   # at the end of forward
+        with CommLedger() as ledger:
+            for _, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
+                losses.append(loss)
+                comms.append(_per_step(ledger))
         group = compat.fsdp2_param_group(fsdp_units(model)[0])
         post = group.post_forward_mesh_info
         gathers = [(m, w) for op, m, w in comms[-1]["records"] if op == "all_gather"]
@@ -615,62 +558,23 @@ def _timeline(label: str, events: list) -> str:
             f"{label}, backward: {', '.join(text[cut:])}")
 
 
-def _instrument(model: nn.Module, ledger: CommLedger):
-    """Record (events, peaks) of ``model`` sharded by :func:`shard_model`: every all-gather
-    and reduce-scatter a unit issues (seen by ``ledger``), every block forward, every
-    pre-backward; and the most units gathered at once (unsharded, or their all-gather
-    result waiting) in forward and in backward. Returns ``(events, peaks, reset, watch)``:
-    record inside ``with watch:``; ``reset()`` starts a new step."""
-    groups = {"root": compat.fsdp2_param_group(model),
-              **{f"block{i}": compat.fsdp2_param_group(u) for i, u in enumerate(fsdp_units(model))}}
-    labels = {"unshard": "AG", "pre_backward": "", "post_backward": "RS"}
-    events: list = []
-    peaks = {"forward": 0, "backward": 0}
-    phase = ["forward"]
-
-    def note_peak() -> None:
-        peaks[phase[0]] = max(peaks[phase[0]], sum(map(compat.fsdp2_is_gathered, groups.values())))
-
-    def on_call(name, group, method, call):
-        if method == "pre_backward":
-            phase[0] = "backward"
-            if compat.fsdp2_training_state(group) != "PRE_BACKWARD":
-                events.append(f"bwd {name}")
-        before = len(ledger.records)
-        out = call()
-        if labels[method] and len(ledger.records) > before:
-            events.append(f"{labels[method]} {name}")
-        note_peak()
-        return out
-
-    for i, block in enumerate(fsdp_units(model)):
-        block.register_forward_pre_hook(lambda m, a, i=i: events.append(f"fwd block{i}"), prepend=True)
-        block.register_forward_pre_hook(lambda m, a: note_peak())       # after FSDP's unshard
-
-    def reset():
-        events.clear()
-        peaks.update(forward=0, backward=0)
-        phase[0] = "forward"
-
-    return events, peaks, reset, compat.watch_fsdp2(groups, labels, on_call)
-
-
 def _rank_prefetch(depth: int, steps: int) -> dict:
     out = {}
     for name, d in (("default", 0), ("explicit", depth)):
-        model, data, device = _course_model_and_data()
-        model = shard_model(model)
+        model, opt, data, device = _sharded()
         blocks = fsdp_units(model)
         if d:
             for i, block in enumerate(blocks):
                 block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + d])
                 block.set_modules_to_backward_prefetch(blocks[max(0, i - d):i][::-1])
-        ledger = CommLedger()
-        events, peaks, reset, watch = _instrument(model, ledger)
-        with watch:
-            losses, _ = _train(model, data, device, steps, ledger=ledger, before_step=lambda step: reset())
-        out[name] = {"losses": losses, "events": list(events), "peaks": dict(peaks),
-                     "counts": ledger.counts()}
+        losses = []
+        with EventOrder(model) as order:        # events and counts: of the last step
+            for step, loss, _ in train(model, opt, data, steps, device=device, meters=(order.ledger,)):
+                losses.append(loss)
+                if step < steps - 1:
+                    order.reset()
+        out[name] = {"losses": losses, "events": list(order.events), "peaks": dict(order.gathered),
+                     "counts": order.ledger.counts()}
     return out
 
 
@@ -778,56 +682,32 @@ def _apply_checkpointing(model: nn.Module, method: str) -> None:
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
 
 
-def _saved_tensor_counter(model: nn.Module):
-    """A (pack, unpack) pair for ``saved_tensors_hooks`` and the dict it fills: bytes of
-    the storages autograd saves, each once, split into parameters (a storage of a
-    parameter registered on the model at that moment) and activations."""
-    seen: dict = {}
-    counts = {"activations": 0, "parameters": 0}
-
-    def pack(t):
-        key = compat.storage_key(t)
-        if key not in seen:                  # the storage itself: data pointers get reused
-            seen[key] = t                    # keep it alive while counting
-            params = {compat.storage_key(p) for p in model.parameters()}
-            counts["parameters" if key in params else "activations"] += t.untyped_storage().nbytes()
-        return t
-
-    return pack, (lambda t: t), counts, seen
-
-
 def _rank_checkpointing(steps: int) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     out = {}
     for method in ("none", "composable", "wrapper"):
-        model, data, device = _course_model_and_data()
-        _apply_checkpointing(model, method)
-        model = shard_model(model)
-        starts = [0]
+        model, opt, data, device = _sharded(before=lambda m: _apply_checkpointing(m, method))
+        starts, forward_starts, losses = [0], [], []
         for m in model.modules():
             if isinstance(m, Block):
                 m.norm1.register_forward_pre_hook(lambda mod, a: starts.__setitem__(0, starts[0] + 1))
-        seen = {}
-
-        @contextlib.contextmanager
-        def counted(step):
-            pack, unpack, seen["saved"], seen["keep"] = _saved_tensor_counter(model)
-            starts[0] = 0
-            with FlopCounterMode(display=False) as seen["flops"], \
-                    torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-                yield
-            seen["keep"].clear()
-
-        ledger = CommLedger()
-        losses, _ = _train(model, data, device, steps, ledger=ledger, around=counted,
-                           after_forward=lambda step: seen.__setitem__("forward_starts", starts[0]))
-        flops, saved, forward_starts = seen["flops"], seen["saved"], seen["forward_starts"]
+        model.register_forward_hook(lambda *_: forward_starts.append(starts[0]))
+        with CommLedger() as ledger, FlopCounterMode(display=False) as flops, \
+                SavedActivations(model) as saved:
+            for step, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
+                losses.append(loss)
+                if step < steps - 1:            # what is saved, run and sent: in the last step
+                    ledger.reset()
+                    saved.reset()
+                    starts[0] = 0
         x, _ = data.shard(0, dist.get_rank(), dist.get_world_size())
         matmul = sum(n for op, n in flops.get_flop_counts()["Global"].items()
-                     if str(op).split(".")[-1] in ("mm", "addmm", "bmm"))
-        out[method] = {"losses": losses, "saved": dict(saved), "counts": ledger.counts(),
-                       "block_forwards": {"forward": forward_starts, "step": starts[0]},
+                     if str(op).split(".")[-1] in ("mm", "addmm", "bmm")) // steps   # steps alike
+        out[method] = {"losses": losses,
+                       "saved": {"activations": saved.bytes, "parameters": saved.parameters},
+                       "counts": ledger.counts(),
+                       "block_forwards": {"forward": forward_starts[-1], "step": starts[0]},
                        "matmul_flops": matmul, "local_batch": x.shape[0], "device": device.type}
     return out
 
@@ -880,8 +760,7 @@ def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> 
 # ================================================================== 6. gradient clipping
 
 def _rank_clipping(max_norm: float) -> dict:
-    model, data, device = _course_model_and_data()
-    model = shard_model(model)
+    model, _, data, device = _sharded()
     x, y = _rank_batch(data, 0, device)
     model(x, y).backward()
     local = torch.linalg.vector_norm(torch.stack(
@@ -951,9 +830,7 @@ def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> 
 def _rank_accumulation(micro_batches: int) -> dict:
     out = {}
     for name in ("sync every micro-batch", "sync on the last only"):
-        model, data, device = _course_model_and_data()
-        model = shard_model(model)
-        opt = make_adamw(model.parameters())
+        model, opt, data, device = _sharded()
         x, y = _rank_batch(data, 0, device)
         per = []
         for i, (xm, ym) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches))):
@@ -963,7 +840,7 @@ def _rank_accumulation(micro_batches: int) -> dict:
                 (model(xm, ym) / micro_batches).backward()
             per.append({"counts": ledger.counts(), "totals": ledger.totals(),
                         "unsharded_grad_bytes": compat.fsdp2_unsharded_grad_bytes(model),
-                        "sharded_grad_bytes": fsdp_state_bytes(model, opt)["grads"]})
+                        "sharded_grad_bytes": state_bytes(model, opt)["grads"]})
         grads = full_grads(model)
         out[name] = {"micro_batches": per}
         if dist.get_rank() == 0:

@@ -1,46 +1,21 @@
 """How to wrap a model for FSDP, FSDP1's names in FSDP2, and a tutorial's "common issues", measured.
 
-Taught in ``notebooks/07_fsdp.ipynb``. Everything here runs for real on several ranks
-(:func:`course_utils.launch.launch`: gloo on CPU, or NCCL with one GPU per rank) and
-compares what it measured with what code predicts.
+Taught in ``notebooks/07_fsdp.ipynb``; everything runs on several launched ranks and is
+compared with what code predicts.
 
-**1. Wrapping granularity** (:func:`measure_granularity`). ``fully_shard`` makes one *unit*
-of every module it is applied to: the unit's parameters are all-gathered together before
-its forward (and backward) and freed afterwards. :data:`GRANULARITIES`:
-
-* ``"root-only"``: ``fully_shard(model)`` alone: one unit, the whole model;
-* ``"per-block"``: each transformer block, then the root (the course's ``"torch-fsdp"``,
-  :func:`course_utils.impl.fsdp.wrap_torch_fsdp`);
-* ``"per-leaf"``: every ``nn.Linear`` and ``nn.LayerNorm`` (each leaf with parameters but
-  the tied embedding, which the root's output layer also uses), then the root: too fine;
-* ``"per-block-zero2"``: per-block with ``reshard_after_forward=False`` (FSDP1's SHARD_GRAD_OP).
-
-:class:`UnshardedProbe` measures the unsharded parameter bytes FSDP2 holds (its
-docstring says what it reads and when); :func:`predict_unsharded_peak` replays FSDP2's
-schedule on the unit sizes to predict them.
-
-**2. FSDP1 auto-wrap == FSDP2 per block** (:func:`compare_autowrap`):
-``FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}))`` (or
-``functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})``: the
-block class is an argument of the *policy*; a widely read tutorial passes ``transformer_layer_cls`` to
-``FullyShardedDataParallel`` itself, a ``TypeError``) makes the same 5 units as
-``for b in model.blocks: fully_shard(b); fully_shard(model)`` and gives the losses of one
-process. FSDP1 issues its collectives through ``torch.distributed`` at call time
-(``all_gather`` of a list of chunks for CPU tensors, ``all_gather_single`` on GPUs,
-``reduce_scatter_single``, ``all_reduce`` for NO_SHARD and HSDP, ``_broadcast_coalesced``
-for ``sync_module_states``), so :class:`~course_utils.comm.CommLedger` records all of them.
-
-**3. FSDP1 ShardingStrategy -> FSDP2** (:data:`STRATEGY_MAP`, :func:`strategy_table`),
-measured: calls and bytes per step (both APIs), their prediction, state bytes per rank.
-FSDP1 pads each unit's *flat* parameter once, FSDP2 every parameter's dim 0. FSDP1's
-HYBRID_SHARD without a mesh infers its shard group from the devices per node, which on
-CPU is one rank: it silently trains unsynchronised ranks (measured); an explicit 2-D
-``device_mesh`` says what is meant everywhere.
-
-**4. A tutorial's "Common issues"**, each reproduced and fixed: :func:`issue_oom`,
-:func:`issue_slow`, :func:`issue_inconsistent_init`.
-
-Step times vary between runs and machines; tables leave them out unless asked.
+1. Wrapping granularity (:data:`GRANULARITIES`, :func:`measure_granularity`): ``fully_shard``
+   makes one *unit* of every module it is applied to, all-gathered together before its
+   forward and backward. :class:`UnshardedProbe` measures the unsharded bytes FSDP2 holds,
+   :func:`predict_unsharded_peak` replays FSDP2's schedule to predict them.
+2. FSDP1 auto-wrap == FSDP2 per block (:func:`compare_autowrap`): the block class is an
+   argument of the *policy*; a widely read tutorial passes ``transformer_layer_cls`` to
+   ``FullyShardedDataParallel`` itself, a ``TypeError``. FSDP1 issues its collectives
+   through ``torch.distributed``, so CommLedger records all of them.
+3. FSDP1 ShardingStrategy -> FSDP2 (:data:`STRATEGY_MAP`, :func:`strategy_table`): FSDP1
+   pads each unit's flat parameter once, FSDP2 every parameter's dim 0; FSDP1's
+   HYBRID_SHARD without a mesh silently trains unsynchronised ranks on CPU.
+4. A tutorial's "Common issues", reproduced and fixed: :func:`issue_oom`,
+   :func:`issue_slow`, :func:`issue_inconsistent_init`.
 """
 from __future__ import annotations
 
@@ -58,7 +33,7 @@ from torch import nn
 from ..checks import check_int
 from ..harness import experiments
 from ..harness.experiments import max_rel_diff
-from ..harness.model import GPT, Block, SyntheticData, build_model, num_params
+from ..harness.model import GPT, Block, SyntheticData, build_model, num_params, rows_per_rank
 from ..impl import fsdp
 from ..impl.common import broadcast_from_rank0
 from ..runtime import compat
@@ -340,38 +315,29 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
 
 # ================================================================= 1. granularity, measured
 
-def _train(model, optimizer, data, steps: int, *, rank: int, world: int, device,
-           ledger: CommLedger | None = None, probe: UnshardedProbe | None = None) -> dict:
-    """``steps`` steps of the course's training loop (:func:`~course_utils.harness.experiments.train_steps`).
-    Returns the global batch's losses, the ledger's counts and totals per step (when
-    given), each step's time, and the state bytes (:func:`course_utils.impl.fsdp.fsdp_state_bytes`)
-    right after the last ``optimizer.step()``; a probe, when given, is attached during
-    the last step's forward and backward."""
-    counts, totals, state = [], [], {}
-    pause = ledger.pause if ledger is not None else contextlib.nullcontext
-    last = steps - 1
-
-    def before(step):
-        if ledger is not None:
-            ledger.reset()
-
-    def around(step):
-        return probe if probe is not None and step == last else contextlib.nullcontext()
-
-    def after(step):
-        if step == last:
-            with pause():
-                state.update({k: int(v) for k, v in fsdp.fsdp_state_bytes(model, optimizer).items()})
-
-    def end(step, loss, seconds):
-        if ledger is not None:
-            counts.append(ledger.counts())
-            totals.append(ledger.totals(exact=True))
-
-    losses, times = experiments.train_steps(model, optimizer, data, range(steps), rank=rank, world=world,
-                                            device=device, ledger=ledger, before_step=before,
-                                            around=around, after_step=after, on_step_end=end)
-    return {"losses": losses, "times": times, "counts": counts, "totals": totals, "state": state}
+def _measured_run(model, optimizer, data, steps: int, device, probe: UnshardedProbe | None = None,
+                  **extra) -> dict:
+    """Train ``steps`` steps: the global batch's losses, each step's calls, bytes and time,
+    the collectives of the last step (their functions and group sizes), the state bytes
+    right after the last ``optimizer.step()``; ``probe`` watches the last step."""
+    run = {"losses": [], "times": [], "counts": [], "totals": []}
+    with CommLedger() as ledger, contextlib.ExitStack() as last_step:
+        if probe is not None and steps == 1:
+            last_step.enter_context(probe)
+        for step, loss, seconds in experiments.train(model, optimizer, data, steps, device=device,
+                                                     meters=(ledger,)):
+            for key, value in zip(run, (loss, seconds, ledger.counts(), ledger.totals(exact=True))):
+                run[key].append(value)
+            if step < steps - 1:
+                ledger.reset()
+            else:
+                run["state_bytes"] = experiments.state_bytes(model, optimizer)
+            if probe is not None and step == steps - 2:
+                last_step.enter_context(probe)
+    calls, sent, same = _per_step(run)
+    return dict(run, calls=calls, bytes=sent, every_step_same=same,
+                functions=sorted({rec.function for rec in ledger.records}),
+                group_sizes=sorted({(rec.op, rec.world_size) for rec in ledger.records}), **extra)
 
 
 def _per_step(run: dict) -> tuple[dict, dict, bool]:
@@ -392,7 +358,6 @@ def _exact(x):
 def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -> dict:
     from ..runtime.launch import rank_device
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
     data = SyntheticData(config, global_batch=experiments.GLOBAL_BATCH, seed=seed)
     out = {}
@@ -404,15 +369,14 @@ def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -
         probe = UnshardedProbe(model)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        with CommLedger() as ledger, warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_VIEW_WARNING)   # per-leaf: harmless here
-            run = _train(model, optimizer, data, steps, rank=rank, world=world, device=device,
-                         ledger=ledger, probe=probe)
-        calls, sent, same = _per_step(run)
+            run = _measured_run(model, optimizer, data, steps, device, probe)
         timed = run["times"][1:-1] or run["times"]     # not the warm-up, not the probed step
         out[name] = {
-            "units": len(probe.groups), "losses": run["losses"], "calls": calls, "bytes": sent,
-            "every_step_same": same, "peak_params": probe.peak_params,
+            "units": len(probe.groups), "losses": run["losses"], "calls": run["calls"],
+            "bytes": run["bytes"], "every_step_same": run["every_step_same"],
+            "peak_params": probe.peak_params,
             "peak_total": probe.peak_total, "forward_order": probe.forward_order,
             "timeline": probe.timeline, "step_time_s": statistics.median(timed),
             "cuda_peak_allocated": (torch.cuda.max_memory_allocated(device)
@@ -487,8 +451,7 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
     check_int("seed", seed, 0)
     _check_config(config)
     names = _check_names("granularities", granularities, GRANULARITIES)
-    if experiments.GLOBAL_BATCH % world_size:
-        raise ValueError(f"world_size must divide the global batch of {experiments.GLOBAL_BATCH} rows")
+    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
     from ..runtime.launch import launch
 
     single = experiments.run("single", 1, steps=steps, seed=seed, config=config, quiet=True)[0].losses
@@ -565,30 +528,18 @@ def _tutorial_errors(device) -> dict:
 def _autowrap_rank(policies, steps: int, seed: int) -> dict:
     from ..runtime.launch import rank_device
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
     out = {"errors": _tutorial_errors(device)}
     for policy in policies:
         model = _fsdp1(build_model(seed=seed, device=device), device, policy=policy)
         out[f"fsdp1-{policy}"] = _measured_run(model, experiments.make_adamw(model.parameters()),
-                                               data, steps, rank, world, device,
+                                               data, steps, device,
                                                units=_fsdp1_units(model))
     model, opt = fsdp.wrap_torch_fsdp(build_model(seed=seed, device=device), experiments.make_adamw)
-    out["fsdp2"] = _measured_run(model, opt, data, steps, rank, world, device,
+    out["fsdp2"] = _measured_run(model, opt, data, steps, device,
                                  units=len(compat.fsdp2_param_groups(model)))
     return out
-
-
-def _measured_run(model, optimizer, data, steps, rank, world, device, **extra) -> dict:
-    with CommLedger() as ledger:
-        run = _train(model, optimizer, data, steps, rank=rank, world=world, device=device,
-                     ledger=ledger)
-    calls, sent, same = _per_step(run)
-    functions = sorted({rec.function for rec in ledger.records})
-    return dict(losses=run["losses"], calls=calls, bytes=sent, every_step_same=same,
-                functions=functions, state_bytes=run["state"],
-                group_sizes=sorted({(rec.op, rec.world_size) for rec in ledger.records}), **extra)
 
 
 _RIGHT_FORM = ("FullyShardedDataParallel(model, auto_wrap_policy=functools.partial("
@@ -636,8 +587,7 @@ def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
     check_int("world_size", world_size, 2)
     check_int("steps", steps, 1)
     check_int("seed", seed, 0)
-    if experiments.GLOBAL_BATCH % world_size:
-        raise ValueError(f"world_size must divide the global batch of {experiments.GLOBAL_BATCH} rows")
+    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
     from ..runtime.launch import launch
 
     single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
@@ -697,7 +647,7 @@ def _full_digest(model, flavour: str) -> str:
 def _strategy_rank(names, steps: int, seed: int) -> dict:
     from ..runtime.launch import rank_device
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     device = rank_device()
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
     out = {}
@@ -711,7 +661,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
             warnings.simplefilter("always")
             model = _fsdp1(build_model(seed=seed, device=device), device, strategy=fsdp1_name, mesh=mesh)
             opt = experiments.make_adamw(model.parameters())
-            row["fsdp1"] = _measured_run(model, opt, data, steps, rank, world, device,
+            row["fsdp1"] = _measured_run(model, opt, data, steps, device,
                                          units=_fsdp1_units(model))
         row["fsdp1"]["warnings"] = sorted({str(w.message) for w in caught
                                            if "FSDP" in str(w.message) or "NO_SHARD" in str(w.message)})
@@ -725,7 +675,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
                 model, opt = fsdp.wrap_fsdp2(build_model(seed=seed, device=device),
                                         experiments.make_adamw, reshard_after_forward=reshard,
                                         mesh=_mesh(_mesh_shape(kind, world), device))
-            row["fsdp2"] = _measured_run(model, opt, data, steps, rank, world, device,
+            row["fsdp2"] = _measured_run(model, opt, data, steps, device,
                                          units=len(compat.fsdp2_param_groups(model)))
             row["fsdp2"]["digest"] = _full_digest(model, "fsdp2")
         if fsdp1_name == "NO_SHARD":          # FSDP2's own replicate (private; the row is
@@ -736,7 +686,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
             has_replicate = False
         if has_replicate:
             opt = experiments.make_adamw(model.parameters())
-            row["replicate"] = _measured_run(model, opt, data, steps, rank, world, device,
+            row["replicate"] = _measured_run(model, opt, data, steps, device,
                                              units=len(compat.fsdp2_param_groups(model)))
             row["replicate"]["digest"] = _full_digest(model, "fsdp2")
         out[name] = row
@@ -842,9 +792,9 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
     check_int("steps", steps, 1)
     check_int("seed", seed, 0)
     names = _check_names("strategies", strategies, _TABLE_ROWS)
-    if world_size % 2 or experiments.GLOBAL_BATCH % world_size:
-        raise ValueError(f"world_size must be even (a 2 x N/2 mesh) and divide the global batch of "
-                         f"{experiments.GLOBAL_BATCH} rows: use 4, 6 or 12")
+    if world_size % 2:
+        raise ValueError(f"world_size must be even (a 2 x N/2 mesh): use 4, 6 or 12, got {world_size}")
+    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
     from ..runtime.launch import launch
 
     single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
@@ -999,19 +949,19 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     """The tutorial's per-rank seeding before building the model, with FSDP2 and FSDP1, and the fixes."""
     from ..runtime.launch import rank_device
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     device = rank_device()
-    data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
 
     def seeded(s):
         torch.manual_seed(s)
         return GPT(COURSE_CONFIG).to(device)     # PyTorch's default init: the global RNG
 
+    def losses(model):
+        return _losses(model, steps, seed)
+
     def fsdp2_run(model):
         fsdp.shard_per_unit(model)               # fully_shard per block, then the root
-        run = _train(model, experiments.make_adamw(model.parameters()), data, steps, rank=rank,
-                     world=world, device=device)
-        return run["losses"]
+        return losses(model)
 
     out = {}
     # the bug: every rank seeds differently, then shards its own initialisation
@@ -1021,8 +971,7 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     full = model.tok_emb.weight.full_tensor()
     out["rows_from_this_rank"] = int((full == mine).all(dim=1).sum())
     out["rows"] = int(full.shape[0])
-    out["seed+rank, FSDP2"] = _train(model, experiments.make_adamw(model.parameters()), data,
-                                     steps, rank=rank, world=world, device=device)["losses"]
+    out["seed+rank, FSDP2"] = losses(model)
     # fix 1: one seed for the model; per-rank seeds only afterwards (data order, dropout)
     model = seeded(seed)
     torch.manual_seed(seed + rank)
@@ -1033,8 +982,7 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     out["seed+rank, broadcast_from_rank0, FSDP2"] = fsdp2_run(model)
     # FSDP1: sync_module_states=False (the default) shards each rank's own init too
     model = _fsdp1(seeded(seed + rank), device)
-    out["seed+rank, FSDP1"] = _train(model, experiments.make_adamw(model.parameters()), data,
-                                     steps, rank=rank, world=world, device=device)["losses"]
+    out["seed+rank, FSDP1"] = losses(model)
     # fix 3: FSDP1's sync_module_states=True broadcasts rank 0's weights
     out["sync_module_states error"] = _error_of(
         lambda: _fsdp1(seeded(seed + rank), device, sync_module_states=True))
@@ -1044,9 +992,7 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     with guard, CommLedger() as ledger:
         model = _fsdp1(seeded(seed + rank), device, sync_module_states=True)
     out["sync broadcasts"] = ledger.counts().get("broadcast", 0)
-    out["seed+rank, FSDP1 sync_module_states=True"] = _train(
-        model, experiments.make_adamw(model.parameters()), data, steps, rank=rank, world=world,
-        device=device)["losses"]
+    out["seed+rank, FSDP1 sync_module_states=True"] = losses(model)
     out["guard lifted"] = device.type == "cpu" and lift_guard
     out["device"] = device.type
     return out
@@ -1058,9 +1004,14 @@ def _default_init_single(steps: int, seed: int) -> list:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPT(COURSE_CONFIG)
+    return _losses(model, steps, seed)
+
+
+def _losses(model, steps: int, seed: int) -> list:
+    """The global batch's losses of ``steps`` AdamW steps of ``model``."""
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
-    return _train(model, experiments.make_adamw(model.parameters()), data, steps, rank=0, world=1,
-                  device=torch.device("cpu"))["losses"]
+    optimizer = experiments.make_adamw(model.parameters())
+    return [loss for _, loss, _ in experiments.train(model, optimizer, data, steps)]
 
 
 def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 0,
@@ -1078,8 +1029,7 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
     check_int("world_size", world_size, 2)
     check_int("steps", steps, 1)
     check_int("seed", seed, 0)
-    if experiments.GLOBAL_BATCH % world_size:
-        raise ValueError(f"world_size must divide the global batch of {experiments.GLOBAL_BATCH} rows")
+    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
     from ..runtime.launch import launch
 
     single = _default_init_single(steps, seed)

@@ -135,7 +135,7 @@ def ddp_steps(batches) -> torch.Tensor:
     model = DistributedDataParallel(_small_model().to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     print(f"{len(batches)} batches")
-    for x, y in batches:
+    for x, y in batches:     # the loop written out: how many batches each rank loops over is the bug
         loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
         loss.backward()                  # DDP all-reduces the gradients in here
         optimizer.step()
@@ -191,7 +191,7 @@ def _train_course_gpt(hidden: int, via: str) -> torch.Tensor:
         model, optimizer = wrap(via, model, make_adamw)
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=0)
     losses = []
-    for step in range(_STEPS):
+    for step in range(_STEPS):   # written out: the hand all-reduce runs between backward and step
         x, y = (t.to(device) for t in data.shard(step, rank, world))
         loss = model(x, y)
         loss.backward()
@@ -275,7 +275,7 @@ def _uneven_reference(world_size: int) -> torch.Tensor:
     model = _small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loaders = [rank_batches(r) for r in range(world_size)]
-    for step in range(min(len(b) for b in loaders)):
+    for step in range(min(len(b) for b in loaders)):   # a reference in one process, written out
         loss = sum(torch.nn.functional.mse_loss(model(b[step][0]), b[step][1]) for b in loaders)
         (loss / world_size).backward()
         optimizer.step()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..checks import check_int
 from ..harness import experiments
-from ..impl import fsdp
+from ..harness.model import rows_per_rank
 from ..impl.hsdp import DEFAULT_SHARDS, mesh_shape, wrap_torch_hsdp
 
 __all__ = ["measure_hsdp", "fsdp1_hybrid_without_mesh"]
@@ -25,29 +25,25 @@ def _measure_rank(shards: int, steps: int, seed: int) -> dict:
     from ..runtime.launch import rank_device
     from ..runtime.ledger import CommLedger
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
     model, optimizer = wrap_torch_hsdp(build_model(seed=seed, device=device), experiments.make_adamw,
                                        shards=shards)
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
-    state = {}
-
-    def measure_last(step):
-        if step == steps - 1:
-            state.update(fsdp.fsdp_state_bytes(model, optimizer))
-
+    losses = []
     with CommLedger() as ledger:
-        losses, _ = experiments.train_steps(model, optimizer, data, range(steps), rank=rank,
-                                            world=world, device=device, ledger=ledger,
-                                            after_step=measure_last)
+        for step, loss, _ in experiments.train(model, optimizer, data, steps, device=device,
+                                               meters=(ledger,)):
+            losses.append(loss)
+            if step == steps - 1:
+                state = experiments.state_bytes(model, optimizer)
     by_group: dict = {}
     for rec in ledger.records:
         key = (rec.op, rec.world_size, rec.rank)
         row = by_group.setdefault(key, {"calls": 0, "message_bytes": 0})
         row["calls"] += 1
         row["message_bytes"] += rec.message_bytes
-    return {"rank": rank, "losses": losses, "totals": ledger.totals(), "counts": ledger.counts(),
-            "by_group": by_group, "state_bytes": {k: int(v) for k, v in state.items()}}
+    return {"rank": dist.get_rank(), "losses": losses, "totals": ledger.totals(), "counts": ledger.counts(),
+            "by_group": by_group, "state_bytes": state}
 
 
 def measure_hsdp(world_size: int = 4, shards: int = DEFAULT_SHARDS, *, steps: int = 1, seed: int = 0,
@@ -66,9 +62,7 @@ def measure_hsdp(world_size: int = 4, shards: int = DEFAULT_SHARDS, *, steps: in
     mesh_shape(world_size, shards)
     check_int("steps", steps, 1)
     check_int("seed", seed, 0)
-    if experiments.GLOBAL_BATCH % world_size:
-        raise ValueError(f"the global batch of {experiments.GLOBAL_BATCH} rows cannot be split "
-                         f"over {world_size} ranks; use 2, 3, 4 or 6 ranks")
+    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
     warm_up(imports=("torch.distributed.fsdp",))
     return list(launch(_measure_rank, world_size, shards, steps, seed, quiet=True, timeout_s=timeout_s))
 
