@@ -1,6 +1,7 @@
 """What every implementation in :mod:`course_utils.impl` shares: the same start on every
-rank, the parameters a rank trains, flat padded buffers and their shards, and the bytes
-a set of tensors really holds.
+rank, the parameters a rank trains, buckets and the hooks that send them during backward
+(DDP and ZeRO-2), flat padded buffers and their shards, and the bytes a set of tensors
+really holds.
 """
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..runtime.compat import queue_backward_callback
 from ..theory.layout import padded_numel, shard_bounds
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "broadcast_from_rank0", "trainable", "padded_numel", "shard_bounds",
-           "flatten_and_pad", "mark_grad_ready", "free_storage", "alloc_storage", "storage_bytes", "check_bucket_bytes",
+           "make_buckets", "BucketHooks", "flatten_and_pad", "free_storage", "alloc_storage", "storage_bytes", "check_bucket_bytes",
            "WrapsOptimizer", "register_grad_owner", "grad_owners", "clip_sharded_", "real_optimizer"]
 
 #: Gradient bucket size of ``"ddp"``, ``"torch-ddp"`` and ZeRO-1/2: 25 MiB, torch DDP's default.
@@ -37,6 +39,55 @@ def trainable(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
+# ---------------------------------------------------------------- buckets, sent during backward
+
+def make_buckets(params, bucket_bytes=DEFAULT_BUCKET_BYTES) -> list[list[nn.Parameter]]:
+    """``params`` in reverse order (roughly the order backward produces their gradients),
+    cut into lists: one is closed as soon as it holds ``bucket_bytes`` (None: 25 MiB, torch
+    DDP's default; 0: one parameter each) or the next parameter has another dtype."""
+    check_bucket_bytes(bucket_bytes)
+    limit = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    buckets, size = [[]], 0
+    for p in reversed(list(params)):
+        if buckets[-1] and (size >= limit or buckets[-1][0].dtype != p.dtype):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.numel() * p.element_size()
+    return [b for b in buckets if b]
+
+
+class BucketHooks:
+    """Gradient hooks that send buckets during backward (DDP, ZeRO-2): a hook on every
+    parameter marks its gradient ready and launches, strictly in order (every rank issues
+    the same collectives in the same order), each bucket whose gradients are all in; the
+    first hook of a backward queues :meth:`_finish`, which autograd runs when that backward
+    ends. A subclass writes ``_launch`` (send bucket ``self.next``, then ``self.next += 1``)
+    and ``_finish``."""
+
+    def _hook(self, buckets) -> None:
+        self.waiting = buckets            # the parameters of each bucket, in launch order
+        self.next, self.ready, self.queued = 0, set(), False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for b in buckets for p in b]
+
+    def _on_grad(self, p) -> None:
+        if not self.queued:               # once per backward: finish when it ends
+            queue_backward_callback(self._finish)
+            self.queued = True
+        if id(p) in self.ready:
+            raise RuntimeError("a gradient arrived twice in one backward (a parameter used by two "
+                               "autograd graphs?); its bucket is sent once per backward")
+        self.ready.add(id(p))
+        while self.next < len(self.waiting) and all(id(q) in self.ready for q in self.waiting[self.next]):
+            self._launch()
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
 # ---------------------------------------------------------------- flat buffers and shards
 # (how long a padded flat buffer is and which slice a rank owns: theory.layout)
 
@@ -53,14 +104,6 @@ def flatten_and_pad(tensors, world_size: int, *, dtype=None) -> torch.Tensor:
         flat[offset:offset + t.numel()].copy_(t.reshape(-1))
         offset += t.numel()
     return flat
-
-
-def mark_grad_ready(bucket, p, second_backward: str) -> None:
-    """Note in ``bucket.ready`` that ``p``'s gradient is in; a second one before the
-    bucket was sent is an error (message ``second_backward``)."""
-    if id(p) in bucket.ready:
-        raise RuntimeError(second_backward)
-    bucket.ready.add(id(p))
 
 
 def free_storage(t: torch.Tensor) -> None:

@@ -356,11 +356,9 @@ def _anyone(flag: bool) -> bool:
 
 
 def _expected_buckets(groups: list, bucket_bytes) -> int:
-    from ...impl.ddp import DataParallel
+    from ...impl.common import make_buckets
 
-    return sum(len(DataParallel._make_buckets([p for p in g["params"] if p.requires_grad],
-                                               bucket_bytes))
-               for g in groups)
+    return sum(len(make_buckets([p for p in g["params"] if p.requires_grad], bucket_bytes)) for g in groups)
 
 
 def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
@@ -370,7 +368,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
     import torch.distributed as dist
 
     from ...harness.model import SyntheticData
-    from ...impl.zero import expected_state_bytes
+    from ...theory.zero import expected_state_bytes
     from ...runtime.ledger import CommLedger
     from .nb02 import _frozen_model
 

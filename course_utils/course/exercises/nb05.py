@@ -7,10 +7,9 @@ from typing import Callable
 from ...runtime.launch import where
 from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_build, launch_or_report, refuse_non_function, report_ranks
 from ...impl.common import DEFAULT_BUCKET_BYTES
-from ...impl.zero import ZeroOptimizer
 from .nb04 import params_right, zero_on_rank
 
-__all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZeroStage2", "ZERO2_BUCKETS"]
+__all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZERO2_BUCKETS"]
 
 
 def _bucket_rank(fn, sizes):
@@ -74,15 +73,6 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
 
 #: The bucket sizes the ZeRO-2 grader tries: one bucket per parameter, and 25 MiB.
 ZERO2_BUCKETS = (0, DEFAULT_BUCKET_BYTES)
-
-
-class ZeroStage2(ZeroOptimizer):
-    """The course's ZeRO-2 in the constructor shape of the exercise's ``MyZero2``:
-    ``ZeroStage2(params, optimizer_class, bucket_bytes=25 MiB, **defaults)`` is
-    ``ZeroOptimizer(params, optimizer_class, stage=2, bucket_bytes=..., **defaults)``."""
-
-    def __init__(self, params, optimizer_class, bucket_bytes=DEFAULT_BUCKET_BYTES, **defaults):
-        super().__init__(params, optimizer_class, stage=2, bucket_bytes=bucket_bytes, **defaults)
 
 
 def _zero2_right(values) -> str:
