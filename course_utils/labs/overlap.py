@@ -104,7 +104,7 @@ class RecordedDDP(DataParallel):
         try:
             yield self.rec
         finally:
-            for f in self.rec["futures"]:            # every completion callback has run
+            for f in self.rec.pop("futures"):        # every completion callback has run
                 f.wait()
             self.rec = None
 
