@@ -1,7 +1,7 @@
-"""Measuring the course's DDP and ZeRO-1/2 from outside: the classes of
+"""The ``"zero1"``, ``"zero2"``, ``"torch-zero1"`` and ``"torch-ddp"`` strategies of
+:mod:`course_utils.harness.strategies`, measured from outside: the classes of
 :mod:`course_utils.impl` hold no bookkeeping, so what a run reports about them beyond the
-common fields is taken here. Used by the ``"ddp"``/``"zero1"``/``"zero2"``/``"torch-*"``
-rows of :mod:`course_utils.harness.strategies`.
+common fields is taken here.
 
 - :func:`grad_bytes`: the gradient bytes a :class:`~course_utils.impl.zero.Zero1` or
   ``Zero2`` holds now; :func:`measure_peak` extends one so that it records the most it
@@ -17,11 +17,11 @@ import functools
 import torch
 
 from ..impl import ddp, zero
-from ..impl.common import storage_bytes
+from ..impl.common import DEFAULT_BUCKET_BYTES, broadcast_from_rank0, real_optimizer, storage_bytes
 from ..runtime.ledger import CommLedger
 
 __all__ = ["grad_bytes", "PeakGradBytes", "measure_peak", "zero_state_bytes", "zero_extras",
-           "torch_zero1_state_bytes", "wrap_zero1", "wrap_zero2", "wrap_torch_ddp"]
+           "torch_zero1_state_bytes", "wrap_zero1", "wrap_zero2", "wrap_torch_zero1", "wrap_torch_ddp"]
 
 
 def _nbytes(t) -> int:
@@ -110,16 +110,41 @@ def torch_zero1_state_bytes(model, optimizer) -> dict:
     return out
 
 
-def _then(wrap, after):
-    """``wrap`` (its signature, so its options), with ``after(model, optimizer)`` applied."""
-    @functools.wraps(wrap)
-    def wrapped(model, make_optimizer, **options):
-        model, optimizer = wrap(model, make_optimizer, **options)
-        return after(model, optimizer)
-    return wrapped
+def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, **options):
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    broadcast_from_rank0(frozen + list(model.buffers()), group)   # the trained ones: the optimizer
+    groups, cls, defaults = real_optimizer(model, make_optimizer)
+    opt = zero.ZeroOptimizer(groups, cls, stage=stage, bucket_bytes=bucket_bytes, group=group, **options, **defaults)
+    return model, measure_peak(opt)
 
 
-wrap_zero1 = _then(zero.wrap_zero1, lambda m, o: (m, measure_peak(o)))
-wrap_zero2 = _then(zero.wrap_zero2, lambda m, o: (m, measure_peak(o)))
-# torch DDP's default averaging, issued from Python so that a CommLedger sees each bucket
-wrap_torch_ddp = _then(ddp.wrap_torch_ddp, lambda m, o: (CommLedger.attach_ddp(m), o))
+def wrap_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, variant="reduce_scatter",
+               mixed=False, overlap=True, group=None):
+    """``"zero1"``: the model itself and a :class:`~course_utils.impl.zero.Zero1` with the
+    class, parameter groups and hyperparameters of ``make_optimizer``'s optimizer."""
+    return _wrap_zero(model, make_optimizer, 1, group, bucket_bytes, variant=variant, mixed=mixed,
+                      overlap=overlap)
+
+
+def wrap_zero2(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, mixed=False, overlap=True,
+               group=None):
+    """``"zero2"``: the model itself and a :class:`~course_utils.impl.zero.Zero2`."""
+    return _wrap_zero(model, make_optimizer, 2, group, bucket_bytes, mixed=mixed, overlap=overlap)
+
+
+def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None):
+    """``"torch-zero1"``: torch's ZeroRedundancyOptimizer (whole parameters assigned to
+    ranks) over the gradients ``"ddp"`` averages in backward."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = ddp.DataParallel(model, bucket_bytes, overlap=overlap, group=group)
+    groups, cls, defaults = real_optimizer(model.module, make_optimizer)
+    return model, ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=group, **defaults)
+
+
+@functools.wraps(ddp.wrap_torch_ddp)
+def wrap_torch_ddp(model, make_optimizer, **options):
+    """``"torch-ddp"``, its bucket all-reduces issued from Python (DDP's default averaging)
+    so that a CommLedger sees them."""
+    model, optimizer = ddp.wrap_torch_ddp(model, make_optimizer, **options)
+    return CommLedger.attach_ddp(model), optimizer

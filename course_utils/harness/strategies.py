@@ -11,7 +11,7 @@ import inspect
 from typing import Callable
 
 from ..checks import check_choice
-from ..impl import ddp, fsdp, hsdp, zero, zero3
+from ..impl import ddp, fsdp, hsdp, zero3
 from ..impl.common import trainable
 from . import probes
 
@@ -62,7 +62,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              extras=probes.zero_extras,
              description="ZeRO-2 from scratch: also gradients sharded, reduce-scattered "
                          "bucket by bucket during backward, full grads freed"),
-    Strategy("torch-zero1", zero.wrap_torch_zero1, notebook="04_zero1",
+    Strategy("torch-zero1", probes.wrap_torch_zero1, notebook="04_zero1",
              state_bytes=probes.torch_zero1_state_bytes,
              description="torch.distributed.optim.ZeroRedundancyOptimizer + gradient all-reduce"),
     Strategy("zero3", zero3.wrap_zero3, notebook="06_zero3", state_bytes=zero3.zero3_state_bytes,

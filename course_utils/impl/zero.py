@@ -1,38 +1,26 @@
 """ZeRO stages 1 and 2 from scratch: :class:`Zero1` (``notebooks/04_zero1.ipynb``) and
-:class:`Zero2` (``notebooks/05_zero2.ipynb``), the shapes of the exercises ``MyZero1`` and
-``MyZero2``. Both are ``torch.optim.Optimizer`` built like torch's
-``ZeroRedundancyOptimizer`` (parameters or groups, the optimizer class, its
-hyperparameters), so LR schedulers, parameter groups and clipping work::
+:class:`Zero2` (``notebooks/05_zero2.ipynb``), shaped like the exercises ``MyZero1`` and
+``MyZero2``: ``torch.optim.Optimizer`` built like torch's ``ZeroRedundancyOptimizer``
+(parameters or groups, the optimizer class, its hyperparameters), so LR schedulers,
+parameter groups and ``experiments.clip_grad_norm_`` (the global norm of the averaged
+shards) work.
 
-    opt = Zero2(model.parameters(), torch.optim.AdamW, lr=1e-3)
-    loss = model(x, y); loss.backward()
-    experiments.clip_grad_norm_(model, 1.0)      # global norm, over every rank's shard
-    opt.step(); scheduler.step(); opt.zero_grad()
+**Layout.** Each group's trainable parameters are cut into buckets (DDP's
+:func:`~course_utils.impl.common.make_buckets`); a bucket of Ψ_b elements lives in one flat
+buffer padded with zeros to P_b = ceil(Ψ_b/N)·N, which its parameters become views of.
+Rank r owns the slice ``[r·P_b/N, (r+1)·P_b/N)``; the real optimizer is built once over
+one *shard parameter* per bucket, a view of that slice: its states are 1/N.
 
-**Layout.** The trainable parameters of each group are cut into buckets
-(:func:`~course_utils.impl.common.make_buckets`, as DDP's); each bucket of Ψ_b elements
-lives in one flat buffer padded with zeros to P_b = ceil(Ψ_b/N)·N, which the parameters
-become views of (so an all-gather into it updates the model). Rank r owns the slice
-``[r·P_b/N, (r+1)·P_b/N)``; the real optimizer is built once over one *shard parameter*
-per bucket, a view of that slice: its states are 1/N.
+**ZeRO-1**: backward writes the ``.grad`` (views of a flat gradient buffer); ``step()``
+reduce-scatters it, divides by N, steps the shards, all-gathers them. **ZeRO-2** is ZeRO-1
+plus DDP's gradient hooks: each complete bucket is copied into a message, its ``.grad``
+freed and the message reduce-scattered during backward into a P_b/N shard gradient. Every
+backward adds into the shards (gradient accumulation: k reduce-scatters per bucket per
+step, as DeepSpeed's ZeRO-2); ``step()`` divides by N once.
 
-**ZeRO-1** (:meth:`Zero1.step`): backward writes every ``.grad`` into a flat gradient
-buffer (the ``.grad`` are views of it); step reduce-scatters it (rank r gets the sum of
-slice r), divides by N, steps the shard, all-gathers the slices.
-**ZeRO-2** is ZeRO-1 plus DDP's gradient hooks (:class:`~course_utils.impl.common.BucketHooks`):
-each complete bucket is copied into a message, its ``.grad`` freed, the message
-reduce-scattered during backward and added into a P_b/N shard gradient; the step is
-ZeRO-1's. Gradient accumulation: every backward adds into the shard gradients (k
-reduce-scatters per bucket per step, as DeepSpeed's ZeRO-2), ``step()`` divides by N once.
-
-Options (subclasses, picked by :func:`zero_class`): ``variant="allreduce"`` (ZeRO-1 with
-an all-reduce: same numbers, twice the bytes), ``overlap=False`` (ZeRO-2 sends nothing
-during backward; ``step()`` reduce-scatters), ``mixed=True`` (bf16 model, fp32 master
-shard in the optimizer: the paper's K = 12). Predicted bytes: :mod:`course_utils.theory.zero`.
-
-Clipping: ``experiments.clip_grad_norm_(model, max_norm)`` reduces the gradients then and
-clips the averaged shards by their global norm; a backward after it and before ``step()``
-is a ``RuntimeError``. ``state_dict`` is this rank's shard (no consolidation).
+Options are mixins picked by :func:`zero_class`: ``variant="allreduce"``, ``overlap=False``,
+``mixed=True`` (bf16 model, fp32 master shard). Predicted bytes: :mod:`course_utils.theory.zero`;
+measured ones: :mod:`course_utils.harness.probes`. ``state_dict`` is this rank's shard.
 """
 from __future__ import annotations
 
@@ -45,12 +33,10 @@ from torch import nn
 from ..checks import require_process_group
 from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 from .common import (DEFAULT_BUCKET_BYTES, BucketHooks, broadcast_from_rank0, clip_sharded_, flatten_and_pad,
-                     make_buckets, padded_numel, real_optimizer, register_grad_owner, shard_bounds)
-from .ddp import DataParallel
+                     make_buckets, padded_numel, register_grad_owner, shard_bounds)
 
 __all__ = ["Zero1", "Zero2", "ZeroBucket", "ZeroOptimizer", "zero_class", "AllReduceGradients",
-           "SendAfterBackward", "BF16Master", "VARIANTS", "padded_numel", "shard_bounds", "flatten_and_pad",
-           "wrap_zero1", "wrap_zero2", "wrap_torch_zero1"]
+           "SendAfterBackward", "BF16Master", "VARIANTS", "padded_numel", "shard_bounds", "flatten_and_pad"]
 
 #: How ZeRO-1 reduces the gradients: a reduce-scatter, or an all-reduce then keep a slice.
 VARIANTS = ("reduce_scatter", "allreduce")
@@ -58,10 +44,9 @@ VARIANTS = ("reduce_scatter", "allreduce")
 
 @dataclasses.dataclass
 class ZeroBucket:
-    """One flat padded buffer (``flat``: P_b elements, the parameters are views of it)
-    and this rank's slice ``[lo, hi)``: ``shard``, the Parameter the inner optimizer
-    steps, and ``shard_grad``, its averaged gradient. ZeRO-1: ``flat_grads`` (P_b, every
-    ``.grad`` a view of it); ZeRO-2: ``message``, the gradients in flight."""
+    """A flat padded buffer (``flat``, P_b elements) and this rank's slice ``[lo, hi)``:
+    ``shard`` (stepped by the inner optimizer) and ``shard_grad``. ZeRO-1: ``flat_grads``;
+    ZeRO-2: ``message``, the gradients in flight."""
 
     params: list
     numel: int                      # Ψ_b
@@ -89,11 +74,9 @@ class ZeroBucket:
 
 
 class Zero1(torch.optim.Optimizer):
-    """ZeRO-1: optimizer states sharded. ``Zero1(params, optimizer_class,
-    bucket_bytes=25 MiB, group=None, **defaults)``: ``params`` (or groups) as for any torch
-    optimizer, the same on every rank; ``optimizer_class`` (e.g. ``torch.optim.AdamW``) is
-    built once over this rank's shards, with each group's hyperparameters; ``step()``
-    copies your groups' ``lr``... into it (``.inner``) first."""
+    """ZeRO-1: optimizer states sharded. ``params`` (or groups), the same on every rank;
+    ``optimizer_class`` (e.g. ``torch.optim.AdamW``) is built once (``.inner``) over this
+    rank's shards with each group's hyperparameters, which ``step()`` copies in first."""
 
     def __init__(self, params, optimizer_class, bucket_bytes=DEFAULT_BUCKET_BYTES, *, group=None, **defaults):
         _check_arguments(type(self).__name__, params, optimizer_class)
@@ -194,8 +177,7 @@ class Zero1(torch.optim.Optimizer):
 
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the gradient buffers (ZeRO-1 keeps ``.grad`` as zeroed views, as torch DDP's
-        ``gradient_as_bucket_view``); frozen parameters follow ``set_to_none``."""
+        """ZeRO-1 keeps ``.grad`` as zeroed views (as DDP's ``gradient_as_bucket_view``)."""
         self._reduced = False
         for b in self.buckets:
             self._zero_grads(b)
@@ -217,8 +199,7 @@ class Zero1(torch.optim.Optimizer):
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Reduce the gradients (if ``step()`` has not yet), clip the averaged shards to a
-        global norm of ``max_norm``; returns the norm before clipping (a collective)."""
+        """Reduce now, clip the averaged shards to a global norm (a collective); returns it."""
         self.reduce_gradients()
         return clip_sharded_([b.shard_grad for b in self.buckets], max_norm, norm_type, self.group)
 
@@ -226,8 +207,7 @@ class Zero1(torch.optim.Optimizer):
         return {"world_size": self.n, "rank": self.rank, "buckets": [(b.numel, b.padded) for b in self.buckets]}
 
     def state_dict(self) -> dict:
-        """This rank's shard: the real optimizer's state dict, your groups' hyperparameters
-        and the layout it fits (load it on the same rank of the same layout)."""
+        """This rank's shard, with the layout it fits (same rank, world size and buckets)."""
         self._copy_hyperparameters()
         return {"inner": self.inner.state_dict(), **self._layout(),
                 "param_groups": [self._hyper(g) for g in self.param_groups]}
@@ -414,37 +394,3 @@ def _check_arguments(name: str, params, optimizer_class) -> None:
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
         raise TypeError("optimizer_class must be a torch.optim.Optimizer class such as "
                         f"torch.optim.AdamW (the class itself), got {optimizer_class!r}")
-
-
-# ---------------------------------------------------------------- strategies
-
-def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, **options):
-    frozen = [p for p in model.parameters() if not p.requires_grad]
-    broadcast_from_rank0(frozen + list(model.buffers()), group)   # the trained ones: the optimizer
-    groups, cls, defaults = real_optimizer(model, make_optimizer)
-    return model, ZeroOptimizer(groups, cls, stage=stage, bucket_bytes=bucket_bytes, group=group,
-                                **options, **defaults)
-
-
-def wrap_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, variant="reduce_scatter",
-               mixed=False, overlap=True, group=None):
-    """The ``"zero1"`` strategy: the model itself and a :class:`Zero1` with the class,
-    parameter groups and hyperparameters of ``make_optimizer``'s optimizer."""
-    return _wrap_zero(model, make_optimizer, 1, group, bucket_bytes, variant=variant, mixed=mixed,
-                      overlap=overlap)
-
-
-def wrap_zero2(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, mixed=False, overlap=True,
-               group=None):
-    """The ``"zero2"`` strategy: the model itself and a :class:`Zero2`."""
-    return _wrap_zero(model, make_optimizer, 2, group, bucket_bytes, mixed=mixed, overlap=overlap)
-
-
-def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None):
-    """torch's ZeroRedundancyOptimizer (whole parameters assigned to ranks, each rank steps
-    its own and broadcasts them) over the gradients ``"ddp"`` averages in backward."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    ddp = DataParallel(model, bucket_bytes, overlap=overlap, group=group)
-    groups, cls, defaults = real_optimizer(model, make_optimizer)
-    return ddp, ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=group, **defaults)
