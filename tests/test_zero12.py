@@ -226,7 +226,7 @@ def _zero2_after_backward():
         error = ""
     except RuntimeError as exc:
         error = str(exc)
-    return held, now, sum(4 * b.shard_numel for b in opt.buckets), error
+    return held, now, sum(4 * (b.hi - b.lo) for b in opt.buckets), error
 
 
 def test_zero2_frees_full_gradients_during_backward():
@@ -265,7 +265,7 @@ def _accumulate(stage, micro_batches, overlap):
             opt.zero_grad()
     return {"params": _sgd_params(model), "counts": ledger.counts(), "totals": ledger.totals(),
             "buckets": [b.numel for b in opt.buckets], "held": held,
-            "shard_bytes": sum(4 * b.shard_numel for b in opt.buckets)}
+            "shard_bytes": sum(4 * (b.hi - b.lo) for b in opt.buckets)}
 
 
 def _accumulate_all():

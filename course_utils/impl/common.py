@@ -1,7 +1,6 @@
-"""What every implementation in :mod:`course_utils.impl` shares: the same start on every
-rank, the parameters a rank trains, buckets and the hooks that send them during backward
-(DDP and ZeRO-2), flat padded buffers and their shards, and the bytes a set of tensors
-really holds.
+"""What the implementations of :mod:`course_utils.impl` share: the same start on every
+rank, buckets and the hooks that send them during backward (DDP, ZeRO-2), flat padded
+buffers and their shards, who holds the gradients (for clipping).
 """
 from __future__ import annotations
 
@@ -58,12 +57,10 @@ def make_buckets(params, bucket_bytes=DEFAULT_BUCKET_BYTES) -> list[list[nn.Para
 
 
 class BucketHooks:
-    """Gradient hooks that send buckets during backward (DDP, ZeRO-2): a hook on every
-    parameter marks its gradient ready and launches, strictly in order (every rank issues
-    the same collectives in the same order), each bucket whose gradients are all in; the
-    first hook of a backward queues :meth:`_finish`, which autograd runs when that backward
-    ends. A subclass writes ``_launch`` (send bucket ``self.next``, then ``self.next += 1``)
-    and ``_finish``."""
+    """DDP's and ZeRO-2's hooks: each marks its gradient ready and launches, strictly in
+    order (the same collectives on every rank), each bucket whose gradients are all in; the
+    first of a backward queues ``_finish``, which autograd runs when backward ends. A
+    subclass writes ``_launch`` (send bucket ``self.next``, move on) and ``_finish``."""
 
     def _hook(self, buckets) -> None:
         self.waiting = buckets            # the parameters of each bucket, in launch order
@@ -96,14 +93,8 @@ def flatten_and_pad(tensors, world_size: int, *, dtype=None) -> torch.Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ValueError("flatten_and_pad needs at least one tensor")
-    numel = sum(t.numel() for t in tensors)
-    dtype = dtype or tensors[0].dtype
-    flat = torch.zeros(padded_numel(numel, world_size), dtype=dtype, device=tensors[0].device)
-    offset = 0
-    for t in tensors:
-        flat[offset:offset + t.numel()].copy_(t.reshape(-1))
-        offset += t.numel()
-    return flat
+    flat = torch.cat([t.reshape(-1).to(dtype or tensors[0].dtype) for t in tensors])
+    return torch.cat([flat, flat.new_zeros(padded_numel(flat.numel(), world_size) - flat.numel())])
 
 
 def free_storage(t: torch.Tensor) -> None:
@@ -132,8 +123,7 @@ def storage_bytes(tensors, seen: set) -> int:
 
 
 def check_bucket_bytes(bucket_bytes) -> None:
-    """``bucket_bytes`` as torch DDP's ``bucket_cap_mb`` means it: a bucket is closed once it
-    holds that many bytes; None is the default (25 MiB) and 0 one bucket per parameter."""
+    """None (25 MiB) or an int >= 0, as :func:`make_buckets` reads it."""
     if bucket_bytes is None:
         return
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:

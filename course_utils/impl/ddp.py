@@ -1,11 +1,7 @@
-"""Data parallelism from scratch: :class:`DataParallel` does what
-``torch.nn.parallel.DistributedDataParallel`` does, in Python a learner can read.
-
-Taught in ``notebooks/02_data_parallelism.ipynb`` (whose exercise ``MyDDP`` has the same
-methods). ``wrap("ddp", model, make_optimizer)`` (:mod:`course_utils.harness.experiments`)
-returns a :class:`DataParallel` model and the real optimizer: as with torch DDP the
-gradients are averaged by the end of ``backward()``, so clipping, LR schedulers and any
-optimizer work unchanged. ``wrap("torch-ddp", ...)`` is the real DDP, for comparison.
+"""Data parallelism from scratch: :class:`DataParallel` does what torch's
+``DistributedDataParallel`` does, with the methods of ``notebooks/02_data_parallelism.ipynb``'s
+exercise ``MyDDP``. As with torch DDP the gradients are averaged by the end of
+``backward()``, so clipping, LR schedulers and any optimizer work unchanged.
 """
 from __future__ import annotations
 
@@ -23,24 +19,17 @@ __all__ = ["DataParallel", "wrap_ddp", "wrap_torch_ddp", "unwrap"]
 
 
 class DataParallel(BucketHooks, nn.Module):
-    """Data parallelism from scratch: what ``torch.nn.parallel.DistributedDataParallel`` does.
+    """1. every parameter and buffer is broadcast from rank 0; 2. trainable parameters are
+    cut into buckets (:func:`~course_utils.impl.common.make_buckets`); 3. during backward
+    a hook marks each gradient ready and, once the next bucket is complete, :meth:`_launch`
+    starts its asynchronous all-reduce (overlapping the rest of backward); 4. the first
+    hook queues :meth:`_finish`, which autograd runs when backward ends: it launches the
+    rest, waits, divides by N and writes the averages into ``.grad``.
 
-    1. Every parameter and buffer is broadcast from rank 0: all ranks start equal.
-    2. Trainable parameters are grouped into buckets of about ``bucket_bytes``
-       (:func:`~course_utils.impl.common.make_buckets`: reverse order, None = 25 MiB,
-       0 = one parameter each).
-    3. During backward a hook marks each gradient ready; when every gradient of the next
-       bucket is in, :meth:`_launch` starts an asynchronous all-reduce (SUM) of the bucket
-       flattened: communication overlaps the rest of backward (:class:`BucketHooks`).
-    4. The first hook queues :meth:`_finish`, which autograd runs when backward ends: it
-       launches what is left, waits, divides by N and writes the averages into ``.grad``.
-
-    ``overlap=False`` sends everything from :meth:`_finish` (to measure what overlap
-    buys); inside :meth:`no_sync` nothing is sent and the next backward outside it
-    all-reduces the accumulated gradients. Frozen parameters are broadcast once and never
-    sent; a tied Parameter is sent once; a parameter without a gradient on some rank
-    contributes zeros there (so every rank sends every bucket), and after the average
-    every rank has a ``.grad`` for it (zeros if no rank used it, where torch DDP leaves None).
+    ``overlap=False`` sends everything from :meth:`_finish`; inside :meth:`no_sync` nothing
+    is sent. Frozen parameters are never sent, a tied one once; a parameter without a
+    gradient on some rank contributes zeros (every rank sends every bucket) and gets a
+    ``.grad`` (zeros if no rank used it, where torch DDP leaves None).
     """
 
     def __init__(self, module: nn.Module, bucket_bytes: int | None = DEFAULT_BUCKET_BYTES, *,

@@ -1,30 +1,20 @@
-"""ZeRO stages 1 and 2 from scratch: :class:`Zero1` (``notebooks/04_zero1.ipynb``) and
-:class:`Zero2` (``notebooks/05_zero2.ipynb``), shaped like the exercises ``MyZero1`` and
-``MyZero2``: ``torch.optim.Optimizer`` built like torch's ``ZeroRedundancyOptimizer``
-(parameters or groups, the optimizer class, its hyperparameters), so LR schedulers,
-parameter groups and ``experiments.clip_grad_norm_`` (the global norm of the averaged
-shards) work.
+"""ZeRO-1 and ZeRO-2 from scratch: :class:`Zero1` and :class:`Zero2`, shaped like the
+exercises ``MyZero1`` (``notebooks/04_zero1.ipynb``) and ``MyZero2`` (``05_zero2``);
+``torch.optim.Optimizer`` built like torch's ``ZeroRedundancyOptimizer`` (parameters or
+groups, the optimizer class, its hyperparameters).
 
-**Layout.** Each group's trainable parameters are cut into buckets (DDP's
-:func:`~course_utils.impl.common.make_buckets`); a bucket of Ψ_b elements lives in one flat
-buffer padded with zeros to P_b = ceil(Ψ_b/N)·N, which its parameters become views of.
-Rank r owns the slice ``[r·P_b/N, (r+1)·P_b/N)``; the real optimizer is built once over
-one *shard parameter* per bucket, a view of that slice: its states are 1/N.
-
-**ZeRO-1**: backward writes the ``.grad`` (views of a flat gradient buffer); ``step()``
-reduce-scatters it, divides by N, steps the shards, all-gathers them. **ZeRO-2** is ZeRO-1
-plus DDP's gradient hooks: each complete bucket is copied into a message, its ``.grad``
-freed and the message reduce-scattered during backward into a P_b/N shard gradient. Every
-backward adds into the shards (gradient accumulation: k reduce-scatters per bucket per
-step, as DeepSpeed's ZeRO-2); ``step()`` divides by N once.
-
-Options are mixins picked by :func:`zero_class`: ``variant="allreduce"``, ``overlap=False``,
-``mixed=True`` (bf16 model, fp32 master shard). Predicted bytes: :mod:`course_utils.theory.zero`;
-measured ones: :mod:`course_utils.harness.probes`. ``state_dict`` is this rank's shard.
+Each group's trainable parameters are cut into DDP's buckets; a bucket of Ψ_b elements
+lives in one flat buffer padded to P_b = ceil(Ψ_b/N)·N, which its parameters become views
+of. Rank r owns ``[r·P_b/N, (r+1)·P_b/N)``, and the real optimizer steps only that slice.
+ZeRO-2 is ZeRO-1 plus DDP's hooks: gradients are reduce-scattered during backward and
+freed; every backward adds into the shard gradients (accumulation), ``step()`` divides by N.
+Options are mixins (:func:`ZeroOptimizer`); predicted bytes: :mod:`course_utils.theory.zero`,
+measured: :mod:`course_utils.harness.probes`. ``state_dict`` is this rank's shard.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.distributed as dist
@@ -35,7 +25,7 @@ from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 from .common import (DEFAULT_BUCKET_BYTES, BucketHooks, broadcast_from_rank0, clip_sharded_, flatten_and_pad,
                      make_buckets, padded_numel, register_grad_owner, shard_bounds)
 
-__all__ = ["Zero1", "Zero2", "ZeroBucket", "ZeroOptimizer", "zero_class", "AllReduceGradients",
+__all__ = ["Zero1", "Zero2", "ZeroBucket", "ZeroOptimizer", "AllReduceGradients",
            "SendAfterBackward", "BF16Master", "VARIANTS", "padded_numel", "shard_bounds", "flatten_and_pad"]
 
 #: How ZeRO-1 reduces the gradients: a reduce-scatter, or an all-reduce then keep a slice.
@@ -58,14 +48,6 @@ class ZeroBucket:
     flat_grads: torch.Tensor | None = None
     message: torch.Tensor | None = None
     work: object = None
-
-    @property
-    def padded(self) -> int:
-        return self.flat.numel()
-
-    @property
-    def shard_numel(self) -> int:
-        return self.hi - self.lo
 
     def views(self, flat: torch.Tensor):
         """(parameter, its view of ``flat``) for each parameter of the bucket."""
@@ -187,9 +169,9 @@ class Zero1(torch.optim.Optimizer):
                     p.grad = None if set_to_none else p.grad.zero_()
 
     def _zero_grads(self, b: ZeroBucket) -> None:
-        b.flat_grads.zero_()
-        for p, view in b.views(b.flat_grads):
-            p.grad = view
+        for p in b.params:
+            p.grad = None
+        self._collect(b)                              # zeroed views again
 
     def add_param_group(self, param_group: dict) -> None:
         if hasattr(self, "inner"):
@@ -204,7 +186,7 @@ class Zero1(torch.optim.Optimizer):
         return clip_sharded_([b.shard_grad for b in self.buckets], max_norm, norm_type, self.group)
 
     def _layout(self) -> dict:
-        return {"world_size": self.n, "rank": self.rank, "buckets": [(b.numel, b.padded) for b in self.buckets]}
+        return {"world_size": self.n, "rank": self.rank, "buckets": [(b.numel, b.flat.numel()) for b in self.buckets]}
 
     def state_dict(self) -> dict:
         """This rank's shard, with the layout it fits (same rank, world size and buckets)."""
@@ -353,36 +335,22 @@ class BF16Master:
             b.flat[b.lo:b.hi].copy_(b.shard)          # the master, rounded to bf16, then all-gathered
 
 
-_OPTIONS = {"variant": AllReduceGradients, "overlap": SendAfterBackward, "mixed": BF16Master}
-_CLASSES: dict = {}
-
-
-def zero_class(stage: int = 1, *, variant: str = "reduce_scatter", mixed: bool = False,
-               overlap: bool = True) -> type:
-    """:class:`Zero1` or :class:`Zero2`, with the options' subclasses mixed in."""
-    if stage not in (1, 2) or isinstance(stage, bool):
-        raise ValueError(f"stage must be 1 or 2 (ZeRO-3 is course_utils.impl.zero3), got {stage!r}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if variant == "allreduce" and stage != 1:
-        raise ValueError("variant='allreduce' is ZeRO-1's comparison; ZeRO-2 reduce-scatters")
-    picked = {"variant": variant == "allreduce", "overlap": stage == 2 and not overlap, "mixed": bool(mixed)}
-    mixins = tuple(_OPTIONS[k] for k, on in picked.items() if on)
-    base = Zero1 if stage == 1 else Zero2
-    if not mixins:
-        return base
-    key = (base, mixins)
-    if key not in _CLASSES:
-        _CLASSES[key] = type("".join(m.__name__ for m in mixins) + base.__name__, (*mixins, base), {})
-    return _CLASSES[key]
+@functools.cache
+def _with(base: type, *mixins: type) -> type:
+    return type("".join(m.__name__ for m in mixins) + base.__name__, (*mixins, base), {}) if mixins else base
 
 
 def ZeroOptimizer(params, optimizer_class, *, stage: int = 1, bucket_bytes=DEFAULT_BUCKET_BYTES,  # noqa: N802
                   variant: str = "reduce_scatter", mixed: bool = False, overlap: bool = True, group=None,
                   **defaults):
-    """ZeRO-1 or ZeRO-2 with options: ``zero_class(stage, variant=, mixed=, overlap=)(params,
-    optimizer_class, bucket_bytes, group=group, **defaults)``."""
-    cls = zero_class(stage, variant=variant, mixed=mixed, overlap=overlap)
+    """:class:`Zero1` (``stage=1``) or :class:`Zero2`, with the options' mixins."""
+    if stage not in (1, 2) or isinstance(stage, bool):
+        raise ValueError(f"stage must be 1 or 2 (ZeRO-3 is course_utils.impl.zero3), got {stage!r}")
+    if variant not in VARIANTS or (variant == "allreduce" and stage != 1):
+        raise ValueError(f"variant must be one of {VARIANTS} ('allreduce': ZeRO-1 only), got {variant!r}")
+    mixins = [m for m, on in ((AllReduceGradients, variant == "allreduce"), (BF16Master, mixed),
+                              (SendAfterBackward, stage == 2 and not overlap)) if on]
+    cls = _with(Zero1 if stage == 1 else Zero2, *mixins)
     return cls(params, optimizer_class, bucket_bytes, group=group, **defaults)
 
 
