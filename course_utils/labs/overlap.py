@@ -1,21 +1,12 @@
-"""When DDP's bucket all-reduces are issued relative to backward: one step's timeline, measured.
-
-Shown in ``notebooks/02_data_parallelism.ipynb`` §6 (buckets and overlap). One function,
-:func:`ddp_step_timeline`, trains the course GPT with the course's
-:class:`~course_utils.impl.ddp.DataParallel` for a few steps on ``world_size`` ranks and
-records the last backward with :class:`RecordedDDP` (a subclass that observes it): when each gradient hook
-fired, when each bucket's all-reduce was launched and when it completed, when autograd
-reached the end of backward, and when every ``.grad`` held the average. It returns one
-:class:`StepTimeline` per rank.
-
-Two kinds of numbers come out, and they are labelled so:
-
-- *exact* (the same on every machine and every run): the buckets and their sizes, how
-  many gradient hooks fire per backward, and, for each bucket, how many gradients were
-  ready when it was launched (so how many backward still had to compute), from the order
-  of the events;
-- *measured* (this machine, this run; never compared by the tests): the times, in
-  seconds from the call of ``loss.backward()``, drawn by :func:`plot_timelines`.
+"""When DDP's bucket all-reduces are issued relative to backward: one step's timeline
+(``notebooks/02_data_parallelism.ipynb`` §6). :func:`ddp_step_timeline` trains the course
+GPT with :class:`RecordedDDP`, a subclass that observes the course's
+:class:`~course_utils.impl.ddp.DataParallel` from outside, and returns one
+:class:`StepTimeline` per rank of its last backward: when each gradient hook fired, each
+bucket's all-reduce was launched and completed, backward ended and ``.grad`` was averaged.
+What follows from the order of those events (buckets, how many gradients were still to
+come at each launch) is *exact*; the times (seconds after ``loss.backward()`` was called,
+drawn by :func:`plot_timelines`) are *measured* on this machine, never compared by tests.
 """
 from __future__ import annotations
 
@@ -88,18 +79,16 @@ class StepTimeline:
 
 
 class RecordedDDP(DataParallel):
-    """:class:`DataParallel` that writes down, inside this process, when things happen
-    during the backwards run inside :meth:`record`: the lab observes the reference from
-    outside (it computes and sends exactly what :class:`DataParallel` does)."""
+    """:class:`DataParallel` that writes down when things happen in the backward run inside
+    :meth:`record`; it computes and sends exactly what :class:`DataParallel` does."""
 
     rec = None
 
     @contextmanager
     def record(self):
-        """Record the backwards inside this block; yields the record (times from
-        ``time.perf_counter()``): ``grads`` (one per hook), ``launch`` per bucket
-        ``(time, gradients ready, from a hook)``, ``done`` (bucket -> time its all-reduce
-        completed), ``end`` (backward ended), ``synced`` (every ``.grad`` averaged)."""
+        """Yields the record (``time.perf_counter()`` times): ``grads`` per hook, ``launch`` per
+        bucket ``(time, gradients ready, from a hook)``, ``done`` (bucket -> completed),
+        ``end`` (backward ended), ``synced`` (``.grad`` averaged)."""
         self.rec = {"grads": [], "launch": [], "done": {}, "end": None, "synced": None, "futures": []}
         try:
             yield self.rec
