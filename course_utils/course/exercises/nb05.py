@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+import torch.distributed as dist
+
 from ...runtime.launch import where
 from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_build, launch_or_report, refuse_non_function, report_ranks
-from ...impl.common import DEFAULT_BUCKET_BYTES
+from ...impl.common import DEFAULT_BUCKET_BYTES, padded_numel, shard_bounds
 from .nb04 import params_right, zero_on_rank
 
 __all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZERO2_BUCKETS"]
@@ -14,9 +17,6 @@ __all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZERO2_BUCKETS"]
 
 def _bucket_rank(fn, sizes):
     """Rank side of :func:`check_reduce_scatter_bucket`."""
-    import torch
-    import torch.distributed as dist
-
     rank = dist.get_rank()
     params = []
     for i, k in enumerate(sizes):
@@ -33,9 +33,7 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
     multiple of the world size), using a reduce-scatter; it must also free every full
     gradient (``p.grad = None``), as ZeRO-2 does. Checked on 2, 3 and 4 ranks with
     buckets of 3 + 4 elements (7: odd) and 5 elements."""
-    import torch
 
-    from ...impl.zero import padded_numel, shard_bounds
 
     name = "reduce_scatter_bucket"
     if (refused := refuse_non_function(fn, name)) is not None:
