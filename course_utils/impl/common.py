@@ -85,8 +85,7 @@ class BucketHooks:
         self._hooks = []
 
 
-# ---------------------------------------------------------------- flat buffers and shards
-# (how long a padded flat buffer is and which slice a rank owns: theory.layout)
+# ------------------------------------------- flat buffers and shards (their sizes: theory.layout)
 
 def flatten_and_pad(tensors, world_size: int, *, dtype=None) -> torch.Tensor:
     """One 1-D tensor: the tensors flattened in order, then zeros up to :func:`padded_numel`."""

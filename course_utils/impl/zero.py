@@ -282,8 +282,7 @@ class Zero2(Zero1, BucketHooks):
             p.grad = None
 
 
-# ---------------------------------------------------------------- options, as subclasses
-
+# ---------------------------------------------------------------- options, as mixins
 class AllReduceGradients:
     """ZeRO-1 with ``variant="allreduce"``: all-reduce the whole flat gradient, keep the own
     slice. Same numbers, twice the gradient bytes of a reduce-scatter."""
