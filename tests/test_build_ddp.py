@@ -26,7 +26,7 @@ class NoBroadcast(DataParallel):
 class AveragesInStep(DataParallel):
     """The hooks do nothing; the averaging would only happen if someone called it later."""
 
-    def _grad_ready(self, p):
+    def _on_grad(self, p):
         pass
 
 
@@ -65,3 +65,19 @@ def test_planted_mistakes_are_named():
 def test_a_non_class_is_refused(capsys):
     assert not check_ddp(lambda m: m)
     assert "check_ddp takes your class" in capsys.readouterr().out
+
+
+def test_the_reference_has_the_exercise_shape_and_no_bookkeeping():
+    """Notebook 02 prints these methods as "the algorithm": MyDDP's names, nothing measured in them."""
+    import inspect
+
+    import course_utils.impl.common as common
+    import course_utils.impl.ddp as ddp
+    import course_utils.impl.zero as zero
+
+    for name in ("__init__", "forward", "_on_grad", "_launch", "_finish"):
+        assert callable(getattr(DataParallel, name))
+    for module in (ddp, zero, common):
+        source = inspect.getsource(module).lower()
+        for word in ("_log", "peak", "ledger", "event", "perf_counter", "timeline"):
+            assert word not in source, (module.__name__, word)

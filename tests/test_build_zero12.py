@@ -1,5 +1,5 @@
-"""Exercises 04.3 (build ZeRO-1) and 05.2 (build ZeRO-2): the course's ZeroOptimizer
-passes the graders; planted mistakes, each a subclass of it that breaks one thing, fail
+"""Exercises 04.3 (build ZeRO-1) and 05.2 (build ZeRO-2): the course's Zero1 and Zero2
+pass the graders; planted mistakes, each a subclass of it that breaks one thing, fail
 with the message that names them."""
 import contextlib
 from unittest import mock
@@ -11,9 +11,9 @@ from torch import nn
 from course_utils.course.exercises import check_zero1, check_zero2
 from course_utils.harness.grading import first_problem
 from course_utils.course.exercises.nb04 import zero_on_rank
-from course_utils.course.exercises.nb05 import ZERO2_BUCKETS, ZeroStage2
+from course_utils.course.exercises.nb05 import ZERO2_BUCKETS
 from course_utils.impl import zero
-from course_utils.impl.zero import ZeroOptimizer
+from course_utils.impl.zero import AllReduceGradients, SendAfterBackward, Zero1, Zero2
 from course_utils.runtime.launch import launch
 
 
@@ -47,26 +47,28 @@ class _NoPadding(_Patched):
 class _NoDivide:
     """Sums the gradients and forgets to divide by N."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.world_size = 1
+    def reduce_gradients(self):
+        done = self._reduced
+        super().reduce_gradients()
+        for b in [] if done else self.buckets:
+            b.shard_grad.mul_(self.n)
 
 
 # ------------------------------------------------------------------------------ ZeRO-1
-class NoDivide1(_NoDivide, ZeroOptimizer):
+class NoDivide1(_NoDivide, Zero1):
     pass
 
 
-class NoPadding1(_NoPadding, ZeroOptimizer):
+class NoPadding1(_NoPadding, Zero1):
     pass
 
 
-class FullState(ZeroOptimizer):
+class FullState(Zero1):
     """The inner optimizer steps the whole flat buffer: its states are not sharded."""
 
     def _make_bucket(self, params):
         bucket = super()._make_bucket(params)
-        bucket.shard = nn.Parameter(bucket.flat_params)
+        bucket.shard = nn.Parameter(bucket.flat)
         bucket.shard.grad = bucket.flat_grads
         return bucket
 
@@ -76,7 +78,7 @@ class _Done:
         pass
 
 
-class NoAllGather(ZeroOptimizer):
+class NoAllGather(Zero1):
     """Steps its shard and never all-gathers the others'."""
 
     def step(self, closure=None):
@@ -84,7 +86,7 @@ class NoAllGather(ZeroOptimizer):
             return super().step(closure)
 
 
-class IgnoresGroups(ZeroOptimizer):
+class IgnoresGroups(Zero1):
     """The inner groups never get their group's hyperparameters (the defaults apply)."""
 
     @staticmethod
@@ -92,11 +94,8 @@ class IgnoresGroups(ZeroOptimizer):
         return {}
 
 
-class AllReduces(ZeroOptimizer):
+class AllReduces(AllReduceGradients, Zero1):
     """All-reduces the gradients and keeps a slice: right numbers, twice the bytes."""
-
-    def __init__(self, params, optimizer_class, **defaults):
-        super().__init__(params, optimizer_class, variant="allreduce", **defaults)
 
 
 PLANTED_1 = {NoDivide1: "SUM over the 3 ranks: divide by the world size",
@@ -108,29 +107,27 @@ PLANTED_1 = {NoDivide1: "SUM over the 3 ranks: divide by the world size",
 
 
 # ------------------------------------------------------------------------------ ZeRO-2
-class NoDivide2(_NoDivide, ZeroStage2):
+class NoDivide2(_NoDivide, Zero2):
     pass
 
 
-class NoPadding2(_NoPadding, ZeroStage2):
+class NoPadding2(_NoPadding, Zero2):
     pass
 
 
-class KeepsGrads(ZeroStage2):
+class KeepsGrads(Zero2):
     """Copies each bucket into its message and keeps the full gradients."""
 
-    def _launch(self, bucket):
+    def _launch(self):
+        bucket = self.buckets[self.next]
         kept = [p.grad for p in bucket.params]
-        super()._launch(bucket)
+        super()._launch()
         for p, g in zip(bucket.params, kept):
             p.grad = g
 
 
-class ReducesInStep(ZeroStage2):
+class ReducesInStep(SendAfterBackward, Zero2):
     """The hooks only note the gradients; every reduce-scatter waits for step()."""
-
-    def __init__(self, params, optimizer_class, bucket_bytes, **defaults):
-        super().__init__(params, optimizer_class, bucket_bytes, overlap=False, **defaults)
 
 
 PLANTED_2 = {NoDivide2: "SUM over the 3 ranks: divide by the world size",
@@ -145,10 +142,10 @@ def _planted(rank, world_size):
     return found
 
 
-PASSES = {"zero1": (check_zero1, ZeroOptimizer, ["right: AdamW state 1/N",
+PASSES = {"zero1": (check_zero1, Zero1, ["right: AdamW state 1/N",
                                                   "8·P/N + 8 = 344,680 B, one process 1,034,264 B",
                                                   "per step 2 reduce-scatters + 2 all-gathers"]),
-          "zero2": (check_zero2, ZeroStage2, ["right: reduce-scatters during backward [66, 2]",
+          "zero2": (check_zero2, Zero2, ["right: reduce-scatters during backward [66, 2]",
                                                "shard gradients 4·P/N = 172,336 B",
                                                "(ZeRO-1 keeps 4·P = 517,008 B)"])}
 

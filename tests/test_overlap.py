@@ -1,4 +1,5 @@
-"""DataParallel.record_events and course_utils.labs.overlap (notebook 02 §6's timeline).
+"""course_utils.labs.overlap (notebook 02 §6's timeline): RecordedDDP observes DataParallel
+from outside.
 
 What is exact is asserted exactly (buckets, the order of launches relative to the
 gradient hooks); times are only checked for consistency (a launch precedes its
@@ -15,39 +16,33 @@ from course_utils.runtime.launch import launch
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
 
-def _grads_with_and_without_log():
+def _grads_with_and_without_recording():
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = SyntheticData(global_batch=12, seed=0).shard(0, rank, world)
     out = {}
     for overlap_on in (True, False):
-        model = DataParallel(build_model(seed=0), bucket_bytes=overlap.BUCKET_BYTES, overlap=overlap_on)
-        model(x, y).backward()
-        plain = [p.grad.clone() for p in model.params]
-        model.module.zero_grad(set_to_none=True)
-        with model.record_events() as log:
+        plain = DataParallel(build_model(seed=0), overlap.BUCKET_BYTES, overlap=overlap_on)
+        plain(x, y).backward()
+        model = overlap.RecordedDDP(build_model(seed=0), overlap.BUCKET_BYTES, overlap=overlap_on)
+        with model.record() as rec:
             model(x, y).backward()
-        dist.barrier()
-        assert model.event_log is None                   # off again after the block
-        same = all(torch.equal(a, p.grad) for a, p in zip(plain, model.params))
-        events = [(e["event"], e.get("bucket"), e.get("during_backward")) for e in log]
-        out[overlap_on] = (same, events, len(model.buckets))
+        assert model.rec is None                          # off again after the block
+        same = all(torch.equal(a.grad, p.grad) for a, p in zip(plain.params, model.params))
+        out[overlap_on] = (same, rec, len(model.buckets))
     return out
 
 
-def test_recording_changes_nothing_and_logs_every_step_of_the_sync():
-    for by_flag in launch(_grads_with_and_without_log, 2, quiet=True):
-        for overlap_on, (same, events, buckets) in by_flag.items():
+def test_recording_changes_nothing_and_sees_every_step_of_the_sync():
+    for by_flag in launch(_grads_with_and_without_recording, 2, quiet=True):
+        for overlap_on, (same, rec, buckets) in by_flag.items():
             assert same                                   # bitwise the same gradients
-            names = [e[0] for e in events]
-            assert names.count("grad_ready") == 68 and names.count("launch") == buckets
-            assert names.count("done") == buckets                # "done" comes from the backend's thread:
-            assert [n for n in names if n != "done"][-1] == "synced"   # its place may vary
-            launches = [e for e in events if e[0] == "launch"]
-            assert [e[1] for e in launches] == list(range(buckets))      # strictly in order
-            assert all(e[2] is overlap_on for e in launches)
-            end = names.index("backward_end")
-            assert names[:end].count("grad_ready") == 68                # every hook before the end
-            assert names[:end].count("launch") == (buckets if overlap_on else 0)
+            assert len(rec["grads"]) == 68 and len(rec["launch"]) == buckets
+            assert sorted(rec["done"]) == list(range(buckets))   # every completion callback ran
+            assert all(hook is overlap_on for _, _, hook in rec["launch"])
+            after = [n for _, n, _ in rec["launch"]]
+            assert after == sorted(after) and after[-1] == 68      # strictly in order, the last at the end
+            assert (after[0] < 68) is overlap_on                       # the first during backward, if overlapped
+            assert all(t <= rec["end"] for t in rec["grads"]) and rec["end"] <= rec["synced"]
 
 
 @pytest.fixture(scope="module")

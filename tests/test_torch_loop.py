@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from course_utils.harness import experiments as ex
 from course_utils.harness.model import SyntheticData, build_model
-from course_utils.impl.zero import ZeroOptimizer
+from course_utils.impl.zero import Zero1
 from course_utils.runtime.launch import launch
 
 STEPS, MAX_NORM, LR, SGD_LR = 3, 0.5, 1e-3, 0.1
@@ -109,19 +109,19 @@ def _mixed(rank, world_size):
 def _on_ranks(rank, world_size):
     out = {s: _loop(s, rank, world_size) for s in STRATEGIES}
     out["mixed"] = _mixed(rank, world_size)
-    # a ZeroOptimizer's state dict is this rank's shard; it loads into the same layout only
+    # a Zero1's state dict is this rank's shard; it loads into the same layout only
     model = build_model(seed=0)
-    opt = ZeroOptimizer(model.parameters(), torch.optim.AdamW, lr=LR)
+    opt = Zero1(model.parameters(), torch.optim.AdamW, lr=LR)
     model(*SyntheticData(global_batch=ex.GLOBAL_BATCH, seed=0).shard(0, rank, world_size)).backward()
     opt.step()
-    again = ZeroOptimizer(build_model(seed=1).parameters(), torch.optim.AdamW, lr=0.5)
+    again = Zero1(build_model(seed=1).parameters(), torch.optim.AdamW, lr=0.5)
     again.load_state_dict(opt.state_dict())
     out["state_dict_equal"] = again.param_groups[0]["lr"] == LR and all(
         torch.equal(a, b) for sa, sb in zip(opt.inner.state.values(), again.inner.state.values())
         for a, b in zip(sa.values(), sb.values()))
     errors = []
-    for make in (lambda: ZeroOptimizer(model, torch.optim.AdamW),
-                 lambda: ZeroOptimizer(model.parameters(), torch.optim.AdamW(model.parameters())),
+    for make in (lambda: Zero1(model, torch.optim.AdamW),
+                 lambda: Zero1(model.parameters(), torch.optim.AdamW(model.parameters())),
                  lambda: opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]}),
                  lambda: again.load_state_dict({**opt.state_dict(), "buckets": [(1, 2)]}),
                  lambda: ex.wrap("zero1", build_model(), lambda ps: object()),
@@ -162,9 +162,9 @@ def test_ordinary_loop_matches_one_process(world_size, single, ranks):
                 assert torch.equal(got["params"][name], out[0][s]["params"][name])   # same on every rank
         assert per["state_dict_equal"]
         errors = per["errors"]
-        assert errors[0].startswith("TypeError: ZeroOptimizer takes parameters")
+        assert errors[0].startswith("TypeError: Zero1 takes parameters")
         assert errors[1].startswith("TypeError: optimizer_class must be a torch.optim.Optimizer class")
-        assert errors[2].startswith("NotImplementedError: ZeroOptimizer lays out")
+        assert errors[2].startswith("NotImplementedError: Zero1 lays out")
         assert errors[3].startswith("ValueError: this state dict is the shard of another layout")
         assert errors[4].startswith("TypeError: make_optimizer must return a torch.optim.Optimizer")
         assert errors[5].startswith("ValueError: max_norm must be a number > 0")

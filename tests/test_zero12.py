@@ -18,6 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 import course_utils.impl.zero as zero
+from course_utils.harness.probes import grad_bytes, zero_state_bytes
+from course_utils.theory.zero import expected_comm_bytes, expected_state_bytes
 from course_utils.course import exercises
 from course_utils.theory.comm import collective_bytes
 from course_utils.runtime.ledger import CommLedger
@@ -89,7 +91,7 @@ def test_course_model_matches_single_with_exact_bytes(stage, world_size, single)
         pad = Fraction(2 * (n - 1) * 4 * (padded - PSI) * STEPS, n)
         assert abs(total - (ddp + pad)) <= 1e-6
         assert (padded == PSI) == (n == 2) and (total == ddp) == (n == 2)
-    assert out[0].state_bytes == zero.expected_state_bytes([PSI], n, stage)
+    assert out[0].state_bytes == expected_state_bytes([PSI], n, stage)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -109,7 +111,7 @@ def test_variants_mixed_and_peak_gradient_memory():
     allreduce = run("zero1", 2, steps=STEPS, variant="allreduce", quiet=True)
     assert [r.param_digest for r in allreduce] == [r.param_digest for r in ref]  # same result
     assert allreduce[0].comm_bytes["all_reduce"] == 2 * ref[0].comm_bytes["reduce_scatter"]
-    assert allreduce[0].comm_bytes == zero.expected_comm_bytes([PSI], 2, STEPS, variant="allreduce")
+    assert allreduce[0].comm_bytes == expected_comm_bytes([PSI], 2, STEPS, variant="allreduce")
     # ZeRO-1 always holds the flat gradient buffer, 4·P bytes
     assert ref[0].extra["peak_grad_bytes"] == 4 * PSI
     # ZeRO-2 with one bucket per parameter: the shard + about one bucket in flight
@@ -120,16 +122,16 @@ def test_variants_mixed_and_peak_gradient_memory():
         assert shard < r.extra["peak_grad_bytes"] <= shard + 2 * biggest
         assert ref[0].extra["peak_grad_bytes"] - r.extra["peak_grad_bytes"] >= 4 * PSI // 2 - 2 * biggest
         buckets = len(r.extra["bucket_numels"])
-        assert r.state_bytes == zero.expected_state_bytes(r.extra["bucket_numels"], 2, 2)
+        assert r.state_bytes == expected_state_bytes(r.extra["bucket_numels"], 2, 2)
         assert r.state_bytes["optimizer"] == 8 * PSI // 2 + 4 * buckets
-        assert r.comm_bytes == zero.expected_comm_bytes(r.extra["bucket_numels"], 2, STEPS)
+        assert r.comm_bytes == expected_comm_bytes(r.extra["bucket_numels"], 2, STEPS)
         assert r.comm_calls["reduce_scatter"] == buckets * STEPS
         assert r.losses == pytest.approx(ref[0].losses, rel=REL)
     # mixed precision: bf16 model, fp32 master shard: the paper's 2 + 2 + 12 bytes
     mixed = run("zero2", 2, steps=STEPS, mixed=True, quiet=True)
-    assert mixed[0].state_bytes == zero.expected_state_bytes([PSI], 2, 2, mixed=True)
+    assert mixed[0].state_bytes == expected_state_bytes([PSI], 2, 2, mixed=True)
     assert mixed[0].state_bytes == {"params": 2 * PSI, "grads": PSI, "optimizer": 6 * PSI + 4}
-    assert mixed[0].comm_bytes == zero.expected_comm_bytes([PSI], 2, STEPS, bytes_per_elem=2)
+    assert mixed[0].comm_bytes == expected_comm_bytes([PSI], 2, STEPS, bytes_per_elem=2)
     assert mixed[0].losses == pytest.approx(ref[0].losses, rel=1e-3)
 
 
@@ -168,7 +170,7 @@ def _toy_train(strategy, rank=0, world_size=1, bucket_bytes=64):
     snaps.append(full_parameters(model))
     state = None
     if strategy.startswith("zero"):
-        state = ([bk.numel for bk in opt.buckets], zero.zero_state_bytes(model, opt))
+        state = ([bk.numel for bk in opt.buckets], zero_state_bytes(model, opt))
     return losses, snaps, ledger.totals(), after_backward, state
 
 
@@ -197,9 +199,9 @@ def test_toy_frozen_tied_odd_unused(world_size):
             assert sum(bucket_numels) == TOY_TRAINABLE and len(bucket_numels) > 1
             stage = int(strategy[-1])
             frozen = 4 * (DIM * DIM + DIM)
-            assert state == zero.expected_state_bytes(bucket_numels, world_size, stage,
+            assert state == expected_state_bytes(bucket_numels, world_size, stage,
                                                       frozen_bytes=frozen)
-            assert totals == zero.expected_comm_bytes(bucket_numels, world_size, TOY_STEPS + 1)
+            assert totals == expected_comm_bytes(bucket_numels, world_size, TOY_STEPS + 1)
             if stage == 2:                     # no full gradient survives backward
                 assert after_backward == [0] * TOY_STEPS
             else:
@@ -215,16 +217,16 @@ def _zero2_after_backward():
     x, y = SyntheticData(global_batch=12, seed=0).shard(0, dist.get_rank(), dist.get_world_size())
     model(x, y).backward()
     held = [n for n, p in model.named_parameters() if p.grad is not None]
-    now = [opt.grad_bytes_now()]
+    now = [grad_bytes(opt)]
     model(x, y).backward()                      # accumulation: a second backward adds to the shards
-    now.append(opt.grad_bytes_now())
+    now.append(grad_bytes(opt))
     clip_grad_norm_(model, 1.0)
     try:
         model(x, y).backward()                  # after a clip: refused
         error = ""
     except RuntimeError as exc:
         error = str(exc)
-    return held, now, sum(4 * b.shard_numel for b in opt.buckets), error
+    return held, now, sum(4 * (b.hi - b.lo) for b in opt.buckets), error
 
 
 def test_zero2_frees_full_gradients_during_backward():
@@ -258,12 +260,12 @@ def _accumulate(stage, micro_batches, overlap):
             x, y = data.shard(step, rank, n)
             for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
                 (model(xm, ym) / micro_batches).backward()
-                held.append(opt.grad_bytes_now())
+                held.append(grad_bytes(opt))
             opt.step()
             opt.zero_grad()
     return {"params": _sgd_params(model), "counts": ledger.counts(), "totals": ledger.totals(),
             "buckets": [b.numel for b in opt.buckets], "held": held,
-            "shard_bytes": sum(4 * b.shard_numel for b in opt.buckets)}
+            "shard_bytes": sum(4 * (b.hi - b.lo) for b in opt.buckets)}
 
 
 def _accumulate_all():
@@ -304,7 +306,7 @@ def test_zero_gradient_accumulation_matches_one_process(world_size):
         sends = k if overlap and stage == 2 else 1         # ZeRO-1 reduces in step() only
         assert r["counts"] == {"all_reduce": 0, "reduce_scatter": sends * buckets * ACC_STEPS,
                                "all_gather": buckets * ACC_STEPS}
-        assert r["totals"] == zero.expected_comm_bytes(r["buckets"], world_size, ACC_STEPS,
+        assert r["totals"] == expected_comm_bytes(r["buckets"], world_size, ACC_STEPS,
                                                        micro_batches=sends)
         if stage == 1:                                     # the flat gradient buffers, always
             assert r["held"] == [r["shard_bytes"] * world_size] * (k * ACC_STEPS)
@@ -315,14 +317,14 @@ def test_zero_gradient_accumulation_matches_one_process(world_size):
 
 
 def test_expected_comm_bytes_with_micro_batches():
-    one = zero.expected_comm_bytes([PSI], 2)
-    four = zero.expected_comm_bytes([PSI], 2, micro_batches=4)
+    one = expected_comm_bytes([PSI], 2)
+    four = expected_comm_bytes([PSI], 2, micro_batches=4)
     assert four == {"all_reduce": 0, "reduce_scatter": 4 * one["reduce_scatter"],
                     "all_gather": one["all_gather"]}
     with pytest.raises(ValueError, match="micro_batches"):
-        zero.expected_comm_bytes([PSI], 2, micro_batches=0)
+        expected_comm_bytes([PSI], 2, micro_batches=0)
     with pytest.raises(ValueError, match="leave micro_batches=1"):
-        zero.expected_comm_bytes([PSI], 2, variant="allreduce", micro_batches=2)
+        expected_comm_bytes([PSI], 2, variant="allreduce", micro_batches=2)
 
 
 # ------------------------------------------------------------------ exercises

@@ -11,8 +11,9 @@ import inspect
 from typing import Callable
 
 from ..checks import check_choice
-from ..impl import ddp, fsdp, hsdp, zero, zero3
+from ..impl import ddp, fsdp, hsdp, zero3
 from ..impl.common import trainable
+from . import probes
 
 __all__ = ["Strategy", "STRATEGIES", "strategies", "get", "register_strategy"]
 
@@ -48,15 +49,15 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("ddp", ddp.wrap_ddp, notebook="02_data_parallelism",
              description="data parallelism from scratch: bucketed async all-reduce of the "
                          "gradients during backward (DataParallel)"),
-    Strategy("torch-ddp", ddp.wrap_torch_ddp, notebook="02_data_parallelism",
+    Strategy("torch-ddp", probes.wrap_torch_ddp, notebook="02_data_parallelism",
              description="torch.nn.parallel.DistributedDataParallel"),
-    Strategy("zero1", zero.wrap_zero1, notebook="04_zero1", extras=zero.zero_extras,
+    Strategy("zero1", probes.wrap_zero1, notebook="04_zero1", extras=probes.zero_extras,
              description="ZeRO-1 from scratch: optimizer states sharded (flat padded buffers, "
                          "reduce-scatter, step on the shard, all-gather)"),
-    Strategy("zero2", zero.wrap_zero2, notebook="05_zero2", extras=zero.zero_extras,
+    Strategy("zero2", probes.wrap_zero2, notebook="05_zero2", extras=probes.zero_extras,
              description="ZeRO-2 from scratch: also gradients sharded, reduce-scattered "
                          "bucket by bucket during backward, full grads freed"),
-    Strategy("torch-zero1", zero.wrap_torch_zero1, notebook="04_zero1",
+    Strategy("torch-zero1", probes.wrap_torch_zero1, notebook="04_zero1",
              description="torch.distributed.optim.ZeroRedundancyOptimizer + gradient all-reduce"),
     Strategy("zero3", zero3.wrap_zero3, notebook="06_zero3",
              description="ZeRO-3 from scratch: parameters, gradients and optimizer states sharded; "

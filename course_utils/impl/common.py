@@ -1,6 +1,6 @@
-"""What every implementation in :mod:`course_utils.impl` shares: the same start on every
-rank, the parameters a rank trains, flat padded buffers and their shards, and the bytes
-a set of tensors really holds.
+"""What the implementations of :mod:`course_utils.impl` share: the same start on every
+rank, buckets and the hooks that send them during backward (DDP, ZeRO-2), flat padded
+buffers and their shards, who holds the gradients (for clipping).
 """
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..runtime.compat import queue_backward_callback
 from ..theory.layout import padded_numel, shard_bounds
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "broadcast_from_rank0", "trainable", "padded_numel", "shard_bounds",
-           "flatten_and_pad", "mark_grad_ready", "free_storage", "alloc_storage", "storage_bytes", "check_bucket_bytes",
+           "make_buckets", "BucketHooks", "flatten_and_pad", "free_storage", "alloc_storage", "storage_bytes", "check_bucket_bytes",
            "WrapsOptimizer", "register_grad_owner", "grad_owners", "clip_sharded_", "real_optimizer"]
 
 #: Gradient bucket size of ``"ddp"``, ``"torch-ddp"`` and ZeRO-1/2: 25 MiB, torch DDP's default.
@@ -37,30 +38,62 @@ def trainable(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-# ---------------------------------------------------------------- flat buffers and shards
-# (how long a padded flat buffer is and which slice a rank owns: theory.layout)
+# ---------------------------------------------------------------- buckets, sent during backward
+
+def make_buckets(params, bucket_bytes=DEFAULT_BUCKET_BYTES) -> list[list[nn.Parameter]]:
+    """``params`` in reverse order (roughly the order backward produces their gradients),
+    cut into lists: one is closed as soon as it holds ``bucket_bytes`` (None: 25 MiB, torch
+    DDP's default; 0: one parameter each) or the next parameter has another dtype."""
+    check_bucket_bytes(bucket_bytes)
+    limit = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    buckets, size = [[]], 0
+    for p in reversed(list(params)):
+        if buckets[-1] and (size >= limit or buckets[-1][0].dtype != p.dtype):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.numel() * p.element_size()
+    return [b for b in buckets if b]
+
+
+class BucketHooks:
+    """DDP's and ZeRO-2's hooks: each marks its gradient ready and launches, strictly in
+    order (the same collectives on every rank), each bucket whose gradients are all in; the
+    first of a backward queues ``_finish``, which autograd runs when backward ends. A
+    subclass writes ``_launch`` (send bucket ``self.next``, move on) and ``_finish``."""
+
+    def _hook(self, buckets) -> None:
+        self.waiting = buckets            # the parameters of each bucket, in launch order
+        self.next, self.ready, self.queued = 0, set(), False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for b in buckets for p in b]
+
+    def _on_grad(self, p) -> None:
+        if not self.queued:               # once per backward: finish when it ends
+            queue_backward_callback(self._finish)
+            self.queued = True
+        if id(p) in self.ready:
+            raise RuntimeError("a gradient arrived twice in one backward (a parameter used by two "
+                               "autograd graphs?); its bucket is sent once per backward")
+        self.ready.add(id(p))
+        while self.next < len(self.waiting) and all(id(q) in self.ready for q in self.waiting[self.next]):
+            self._launch()
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+# ------------------------------------------- flat buffers and shards (their sizes: theory.layout)
 
 def flatten_and_pad(tensors, world_size: int, *, dtype=None) -> torch.Tensor:
     """One 1-D tensor: the tensors flattened in order, then zeros up to :func:`padded_numel`."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("flatten_and_pad needs at least one tensor")
-    numel = sum(t.numel() for t in tensors)
-    dtype = dtype or tensors[0].dtype
-    flat = torch.zeros(padded_numel(numel, world_size), dtype=dtype, device=tensors[0].device)
-    offset = 0
-    for t in tensors:
-        flat[offset:offset + t.numel()].copy_(t.reshape(-1))
-        offset += t.numel()
-    return flat
-
-
-def mark_grad_ready(bucket, p, second_backward: str) -> None:
-    """Note in ``bucket.ready`` that ``p``'s gradient is in; a second one before the
-    bucket was sent is an error (message ``second_backward``)."""
-    if id(p) in bucket.ready:
-        raise RuntimeError(second_backward)
-    bucket.ready.add(id(p))
+    flat = torch.cat([t.reshape(-1).to(dtype or tensors[0].dtype) for t in tensors])
+    return torch.cat([flat, flat.new_zeros(padded_numel(flat.numel(), world_size) - flat.numel())])
 
 
 def free_storage(t: torch.Tensor) -> None:
@@ -89,8 +122,7 @@ def storage_bytes(tensors, seen: set) -> int:
 
 
 def check_bucket_bytes(bucket_bytes) -> None:
-    """``bucket_bytes`` as torch DDP's ``bucket_cap_mb`` means it: a bucket is closed once it
-    holds that many bytes; None is the default (25 MiB) and 0 one bucket per parameter."""
+    """None (25 MiB) or an int >= 0, as :func:`make_buckets` reads it."""
     if bucket_bytes is None:
         return
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:

@@ -10,7 +10,7 @@ the global batch cut into ``micro_batches`` micro-batches (``loss / k`` each), f
 
     ddp-no_sync    DataParallel, no_sync() on the first k-1: one all-reduce, full grads kept
     ddp            DataParallel, syncing every micro-batch: k all-reduces
-    zero2          ZeroOptimizer(stage=2): every micro-batch reduce-scatters into the shard
+    zero2          Zero2: every micro-batch reduce-scatters into the shard
     zero3          Zero3: every micro-batch gathers the units again and reduce-scatters
     fsdp2          fully_shard, syncing every micro-batch (FSDP2's default)
     fsdp2-no_sync  fully_shard, set_requires_gradient_sync(False) on the first k-1

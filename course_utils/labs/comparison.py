@@ -11,7 +11,7 @@ runs :func:`course_utils.experiments.run` for each strategy in
 * the model-state bytes per rank (params, grads, optimizer; the largest over the ranks,
   right after ``optimizer.step()``), as measured by the strategy's ``state_bytes``;
 * the **peak** gradient bytes per rank, where the strategy tracks them: the course's
-  ZeRO-1/2 (:attr:`course_utils.impl.zero.ZeroOptimizer.peak_grad_bytes`: full ``.grad``
+  ZeRO-1/2 (measured by :mod:`course_utils.harness.probes`: full ``.grad``
   tensors alive + messages in flight + shard gradients, at any moment of a step, reported
   by ``experiments.run`` as ``extra["peak_grad_bytes"]``). After the step ZeRO-2 holds
   1/N of the gradients, but with one bucket it held every full gradient and the bucket's

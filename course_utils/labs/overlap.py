@@ -1,26 +1,19 @@
-"""When DDP's bucket all-reduces are issued relative to backward: one step's timeline, measured.
-
-Shown in ``notebooks/02_data_parallelism.ipynb`` §6 (buckets and overlap). One function,
-:func:`ddp_step_timeline`, trains the course GPT with the course's
-:class:`~course_utils.impl.ddp.DataParallel` for a few steps on ``world_size`` ranks and
-records the last backward with :meth:`DataParallel.record_events`: when each gradient hook
-fired, when each bucket's all-reduce was launched and when it completed, when autograd
-reached the end of backward, and when every ``.grad`` held the average. It returns one
-:class:`StepTimeline` per rank.
-
-Two kinds of numbers come out, and they are labelled so:
-
-- *exact* (the same on every machine and every run): the buckets and their sizes, how
-  many gradient hooks fire per backward, and, for each bucket, how many gradients were
-  ready when it was launched (so how many backward still had to compute), from the order
-  of the events;
-- *measured* (this machine, this run; never compared by the tests): the times, in
-  seconds from the call of ``loss.backward()``, drawn by :func:`plot_timelines`.
+"""When DDP's bucket all-reduces are issued relative to backward: one step's timeline
+(``notebooks/02_data_parallelism.ipynb`` §6). :func:`ddp_step_timeline` trains the course
+GPT with :class:`RecordedDDP`, a subclass that observes the course's
+:class:`~course_utils.impl.ddp.DataParallel` from outside, and returns one
+:class:`StepTimeline` per rank of its last backward: when each gradient hook fired, each
+bucket's all-reduce was launched and completed, backward ended and ``.grad`` was averaged.
+What follows from the order of those events (buckets, how many gradients were still to
+come at each launch) is *exact*; the times (seconds after ``loss.backward()`` was called,
+drawn by :func:`plot_timelines`) are *measured* on this machine, never compared by tests.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from contextlib import contextmanager
 
 import torch.distributed as dist
 
@@ -30,7 +23,7 @@ from ..harness.model import SyntheticData, build_model
 from ..impl.ddp import DataParallel
 from ..runtime.launch import launch, rank_device
 
-__all__ = ["BUCKET_BYTES", "StepTimeline", "ddp_step_timeline", "plot_timelines"]
+__all__ = ["BUCKET_BYTES", "RecordedDDP", "StepTimeline", "ddp_step_timeline", "plot_timelines"]
 
 #: Buckets closed once they hold 64 KiB: the course GPT's 517,400 B of fp32 gradients make 7, so
 #: there is something to overlap (torch DDP's 25 MiB default holds the whole model in one).
@@ -85,12 +78,56 @@ class StepTimeline:
                    for start, done in zip(self.launch_s, self.done_s) if done is not None)
 
 
+class RecordedDDP(DataParallel):
+    """:class:`DataParallel` that writes down when things happen in the backward run inside
+    :meth:`record`; it computes and sends exactly what :class:`DataParallel` does."""
+
+    rec = None
+
+    @contextmanager
+    def record(self):
+        """Yields the record (``time.perf_counter()`` times): ``grads`` per hook, ``launch`` per
+        bucket ``(time, gradients ready, from a hook)``, ``done`` (bucket -> completed),
+        ``end`` (backward ended), ``synced`` (``.grad`` averaged)."""
+        self.rec = {"grads": [], "launch": [], "done": {}, "end": None, "synced": None, "futures": []}
+        try:
+            yield self.rec
+        finally:
+            for f in self.rec.pop("futures"):        # every completion callback has run
+                f.wait()
+            self.rec = None
+
+    def _on_grad(self, p) -> None:
+        if self.rec is not None:
+            self.rec["grads"].append(time.perf_counter())
+        super()._on_grad(p)
+
+    def _launch(self) -> None:
+        index = self.next
+        super()._launch()
+        if self.rec is None:
+            return
+        self.rec["launch"].append((time.perf_counter(), len(self.rec["grads"]), self.rec["end"] is None))
+        done = self.rec["done"]
+        try:
+            future = self.pending[-1][2].get_future()
+        except (AttributeError, RuntimeError, NotImplementedError):
+            return                                   # a backend without futures: no completion time
+        self.rec["futures"].append(future.then(lambda _f: done.setdefault(index, time.perf_counter())))
+
+    def _finish(self) -> None:
+        if self.rec is not None:
+            self.rec["end"] = time.perf_counter()
+        super()._finish()
+        if self.rec is not None:
+            self.rec["synced"] = time.perf_counter()
+
+
 def _record_step(overlap: bool, bucket_bytes: int, warmup: int, seed: int) -> StepTimeline:
     """One rank: ``warmup`` ordinary steps, then one recorded step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
-    model = DataParallel(build_model(seed=seed, device=device), bucket_bytes=bucket_bytes,
-                         overlap=overlap)
+    model = RecordedDDP(build_model(seed=seed, device=device), bucket_bytes, overlap=overlap)
     optimizer = make_adamw(model.params)
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=seed)
     for step in range(warmup + 1):
@@ -98,40 +135,18 @@ def _record_step(overlap: bool, bucket_bytes: int, warmup: int, seed: int) -> St
         t_forward = time.perf_counter()
         loss = model(x, y)
         t0 = time.perf_counter()
-        if step < warmup:
+        with model.record() if step == warmup else contextlib.nullcontext() as rec:
             loss.backward()
-        else:
-            with model.record_events() as log:
-                loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    dist.barrier()                              # every future callback has fired by now
-    return _timeline(log, model, rank, world, overlap, bucket_bytes, t0, t0 - t_forward)
-
-
-def _timeline(log, model, rank, world, overlap, bucket_bytes, t0, forward_s) -> StepTimeline:
-    buckets = len(model.buckets)
-    launch_s, done_s = [None] * buckets, [None] * buckets
-    launched_after, during, ready = [None] * buckets, [None] * buckets, []
-    backward_end = synced = None
-    for e in log:
-        t = e["t"] - t0
-        if e["event"] == "grad_ready":
-            ready.append(t)
-        elif e["event"] == "launch":
-            b = e["bucket"]
-            launch_s[b], launched_after[b], during[b] = t, len(ready), e["during_backward"]
-        elif e["event"] == "done":
-            done_s[e["bucket"]] = t
-        elif e["event"] == "backward_end":
-            backward_end = t
-        elif e["event"] == "synced":
-            synced = t
+    launches = rec["launch"]
     return StepTimeline(rank=rank, world_size=world, overlap=overlap, bucket_bytes=bucket_bytes,
-                        bucket_numels=[b.numel for b in model.buckets], num_grads=len(model.params),
-                        launched_after=launched_after, during_backward=during, grad_ready_s=ready,
-                        launch_s=launch_s, done_s=done_s, backward_end_s=backward_end,
-                        synced_s=synced, forward_s=forward_s)
+                        bucket_numels=[sum(p.numel() for p in b) for b in model.buckets],
+                        num_grads=len(model.params), launched_after=[n for _, n, _ in launches],
+                        during_backward=[hook for _, _, hook in launches],
+                        grad_ready_s=[t - t0 for t in rec["grads"]], launch_s=[t - t0 for t, _, _ in launches],
+                        done_s=[rec["done"][i] - t0 if i in rec["done"] else None for i in range(len(launches))],
+                        backward_end_s=rec["end"] - t0, synced_s=rec["synced"] - t0, forward_s=t0 - t_forward)
 
 
 def ddp_step_timeline(world_size: int = 2, *, overlap: bool = True, bucket_bytes: int = BUCKET_BYTES,

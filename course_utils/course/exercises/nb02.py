@@ -2,7 +2,11 @@
 DDP built from scratch (:func:`check_ddp`)."""
 from __future__ import annotations
 
+import copy
 from typing import Callable
+
+import torch
+import torch.distributed as dist
 
 from ...harness.grading import Verdict, first_problem, grade_build, judge_on_ranks, refuse_non_function
 from ...runtime.fmt import GRAD_ATOL, bound
@@ -13,8 +17,6 @@ __all__ = ["check_grad_average_hook", "check_ddp", "first_problem", "DDP_BUCKETS
 def _grads_with_hook(hook) -> dict:
     """Rank side of :func:`check_grad_average_hook`: this rank's gradients with ``hook`` on
     every parameter, against one process's gradients on the whole batch (course GPT)."""
-    import torch.distributed as dist
-
     from ...harness.model import SyntheticData, build_model
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -72,10 +74,7 @@ def _frozen_model(seed: int):
 def _ddp_on_rank(cls, steps: int = 2) -> list:
     """Rank side of :func:`check_ddp`: per bucket size, the first problem found ('' when
     none) and what was seen (all-reduces per backward, losses)."""
-    import copy
 
-    import torch
-    import torch.distributed as dist
 
     from ...harness.experiments import global_loss
     from ...harness.model import SyntheticData
@@ -134,8 +133,6 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
 def _grad_problem(model, ref, local, world: int) -> str:
     """'' when every trainable ``.grad`` of ``model`` is ``ref``'s (the global batch's), else
     what is wrong with the first one that is not (``local``: this rank's own gradients)."""
-    import torch
-
     grads, own = dict(model.named_parameters()), dict(local.named_parameters())
     for name, q in ref.named_parameters():
         p = grads[name]

@@ -3,15 +3,17 @@ built from scratch (:func:`check_zero1`, whose rank side :func:`zero_on_rank` al
 notebook 05's ZeRO-2)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from ...runtime.launch import where
 from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, grade_cases, launch_or_report,
                                 refuse_non_function, report_ranks)
-from ...impl.common import storage_bytes
+from ...impl.common import make_buckets, padded_numel, shard_bounds, storage_bytes
 from ...runtime.fmt import bound
 from ...runtime.fmt import show as _show
 
@@ -29,8 +31,6 @@ def check_shard_bounds(fn: Callable) -> Verdict:
     """Exercise 04.1: ``fn(numel, world_size, rank)`` -> ``(start, stop)`` of rank's shard
     of a flat buffer of ``numel`` elements padded to a multiple of ``world_size``
     (all shards equal, :func:`course_utils.impl.zero.shard_bounds`)."""
-    from ...impl.zero import shard_bounds
-
     def as_tuple(numel, world_size, rank):
         return tuple(fn(numel=numel, world_size=world_size, rank=rank))
 
@@ -39,15 +39,11 @@ def check_shard_bounds(fn: Callable) -> Verdict:
 
 def _exercise_flat(rank: int, numel: int, salt: float):
     """Rank r's flat gradient: small integers + salt, exact in float32 sums."""
-    import torch
-
     return (torch.arange(numel, dtype=torch.float32) % 7 + (rank + 1) * salt)
 
 
 def _first_difference(got, want, shard: int) -> str:
     """Where two flat tensors first differ, and whose shard that position is in."""
-    import torch
-
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return f"expected a tensor of shape {tuple(want.shape)}, got {_show(got)[:80]}"
     bad = (got - want).abs() > 1e-6
@@ -60,10 +56,6 @@ def _first_difference(got, want, shard: int) -> str:
 
 def _zero1_sgd_rank(fn, numel: int, lr: float):
     """Rank side of :func:`check_zero1_step`."""
-    import torch.distributed as dist
-
-    from ...impl.zero import padded_numel
-
     rank, n = dist.get_rank(), dist.get_world_size()
     padded = padded_numel(numel, n)
     flat_param = _exercise_flat(0, padded, 0.5)
@@ -80,8 +72,6 @@ def check_zero1_step(fn: Callable) -> Verdict:
     average it, update only this rank's shard (``p -= lr * g``), all-gather the shards
     into ``flat_param`` (return it, or update it in place). Checked on 2, 3 and 4 ranks
     against ``p - lr * mean over ranks of g``; the first differing element is named."""
-    from ...impl.zero import padded_numel
-
     name = "zero1_step"
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
@@ -185,8 +175,6 @@ def _layout(model, groups: list, n: int, rank: int, expected_buckets: int, how: 
     """('', the flat buffers, in the inner optimizer's parameter order) when the inner
     optimizer was built once over this rank's shards of padded flat buffers that the
     model's parameters are views of, else (what is wrong, [])."""
-    from ...impl.common import padded_numel
-
     if not SpyAdamW.made:
         return ("__init__ did not build optimizer_class: build it once, over this rank's shards, "
                 "one inner group per parameter group"), []
@@ -348,29 +336,19 @@ def _backward_problem(bw_counts: dict, model, buckets: int) -> str:
 
 def _anyone(flag: bool) -> bool:
     """True on every rank when ``flag`` is True on some rank (a collective)."""
-    import torch.distributed as dist
-
     t = torch.tensor([float(flag)])
     dist.all_reduce(t)
     return t.item() > 0
 
 
 def _expected_buckets(groups: list, bucket_bytes) -> int:
-    from ...impl.ddp import DataParallel
-
-    return sum(len(DataParallel._make_buckets([p for p in g["params"] if p.requires_grad],
-                                               bucket_bytes))
-               for g in groups)
+    return sum(len(make_buckets([p for p in g["params"] if p.requires_grad], bucket_bytes)) for g in groups)
 
 
 def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
     """One configuration of :func:`zero_on_rank`."""
-    import copy
-
-    import torch.distributed as dist
-
     from ...harness.model import SyntheticData
-    from ...impl.zero import expected_state_bytes
+    from ...theory.zero import expected_state_bytes
     from ...runtime.ledger import CommLedger
     from .nb02 import _frozen_model
 

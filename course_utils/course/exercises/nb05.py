@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+import torch.distributed as dist
+
 from ...runtime.launch import where
 from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_build, launch_or_report, refuse_non_function, report_ranks
-from ...impl.common import DEFAULT_BUCKET_BYTES
-from ...impl.zero import ZeroOptimizer
+from ...impl.common import DEFAULT_BUCKET_BYTES, padded_numel, shard_bounds
 from .nb04 import params_right, zero_on_rank
 
-__all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZeroStage2", "ZERO2_BUCKETS"]
+__all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZERO2_BUCKETS"]
 
 
 def _bucket_rank(fn, sizes):
     """Rank side of :func:`check_reduce_scatter_bucket`."""
-    import torch
-    import torch.distributed as dist
-
     rank = dist.get_rank()
     params = []
     for i, k in enumerate(sizes):
@@ -34,9 +33,7 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
     multiple of the world size), using a reduce-scatter; it must also free every full
     gradient (``p.grad = None``), as ZeRO-2 does. Checked on 2, 3 and 4 ranks with
     buckets of 3 + 4 elements (7: odd) and 5 elements."""
-    import torch
 
-    from ...impl.zero import padded_numel, shard_bounds
 
     name = "reduce_scatter_bucket"
     if (refused := refuse_non_function(fn, name)) is not None:
@@ -74,15 +71,6 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
 
 #: The bucket sizes the ZeRO-2 grader tries: one bucket per parameter, and 25 MiB.
 ZERO2_BUCKETS = (0, DEFAULT_BUCKET_BYTES)
-
-
-class ZeroStage2(ZeroOptimizer):
-    """The course's ZeRO-2 in the constructor shape of the exercise's ``MyZero2``:
-    ``ZeroStage2(params, optimizer_class, bucket_bytes=25 MiB, **defaults)`` is
-    ``ZeroOptimizer(params, optimizer_class, stage=2, bucket_bytes=..., **defaults)``."""
-
-    def __init__(self, params, optimizer_class, bucket_bytes=DEFAULT_BUCKET_BYTES, **defaults):
-        super().__init__(params, optimizer_class, stage=2, bucket_bytes=bucket_bytes, **defaults)
 
 
 def _zero2_right(values) -> str:

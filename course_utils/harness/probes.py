@@ -1,0 +1,150 @@
+"""The ``"zero1"``, ``"zero2"``, ``"torch-zero1"`` and ``"torch-ddp"`` strategies of
+:mod:`course_utils.harness.strategies`, measured from outside: the classes of
+:mod:`course_utils.impl` hold no bookkeeping, so what a run reports about them beyond the
+common fields is taken here.
+
+- :func:`grad_bytes`: the gradient bytes a :class:`~course_utils.impl.zero.Zero1` or
+  ``Zero2`` holds now; :func:`measure_peak` extends one so that it records the most it
+  held at any moment (``peak_grad_bytes``; ``harness.experiments`` calls ``reset_peak()``
+  before each step and reads it after);
+- :func:`zero_state_bytes`, :func:`torch_zero1_state_bytes`: the bytes of model states
+  a rank holds under ZeRO-1/2 and torch's ZeroRedundancyOptimizer.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..impl import ddp, zero
+from ..impl.common import DEFAULT_BUCKET_BYTES, broadcast_from_rank0, real_optimizer, storage_bytes
+from ..runtime.ledger import CommLedger
+
+__all__ = ["grad_bytes", "PeakGradBytes", "measure_peak", "zero_state_bytes", "zero_extras",
+           "torch_zero1_state_bytes", "wrap_zero1", "wrap_zero2", "wrap_torch_zero1", "wrap_torch_ddp"]
+
+
+def _nbytes(t) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def grad_bytes(opt) -> int:
+    """Gradient bytes ``opt`` holds now: ZeRO-1 its flat gradient buffers; ZeRO-2 the full
+    ``.grad`` not sent yet + the message in flight + the shard gradients."""
+    if not isinstance(opt, zero.Zero2):
+        return sum(_nbytes(b.flat_grads) for b in opt.buckets)
+    return (sum(_nbytes(p.grad) for p in opt.params)
+            + sum(_nbytes(b.shard_grad) + _nbytes(b.message) for b in opt.buckets))
+
+
+class PeakGradBytes:
+    """Mixed into a Zero1/Zero2 by :func:`measure_peak`: after each gradient hook, launch
+    and completed message, ``peak_grad_bytes`` is raised to :func:`grad_bytes` if above."""
+
+    peak_grad_bytes = 0
+
+    def reset_peak(self) -> None:
+        """Start measuring :attr:`peak_grad_bytes` afresh."""
+        self.peak_grad_bytes = grad_bytes(self)
+
+    def _note(self) -> None:
+        self.peak_grad_bytes = max(self.peak_grad_bytes, grad_bytes(self))
+
+    def _on_grad(self, p) -> None:
+        self._note()
+        super()._on_grad(p)
+
+    def _launch(self) -> None:
+        super()._launch()
+        self._note()
+
+    def _wait(self) -> None:
+        super()._wait()
+        self._note()
+
+
+@functools.cache
+def _measured(cls: type) -> type:
+    return type(f"Measured{cls.__name__}", (PeakGradBytes, cls), {})
+
+
+def measure_peak(opt):
+    """``opt`` (a Zero1/Zero2), from now on recording ``peak_grad_bytes``; returned."""
+    opt.__class__ = _measured(type(opt))
+    if isinstance(opt, zero.Zero2):            # the hooks are bound methods: bind them again
+        opt.remove_hooks()
+        opt._hook(opt.waiting)
+    opt.reset_peak()
+    return opt
+
+
+def zero_state_bytes(model, optimizer) -> dict:
+    """Bytes this rank holds under ZeRO-1/2, each storage once: params (the flat buffers and
+    any frozen parameters), grads (ZeRO-1: the flat gradient buffers; ZeRO-2: the shard
+    gradients), optimizer (the inner optimizer's states, and the fp32 master shard when mixed)."""
+    seen: set = set()
+    params = list(ddp.unwrap(model).parameters())
+    out = {"params": storage_bytes(params, seen)}
+    out["grads"] = storage_bytes([p.grad for p in params] + [b.shard_grad for b in optimizer.buckets], seen)
+    state = [v for s in optimizer.inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    if isinstance(optimizer, zero.BF16Master):
+        state += [b.shard for b in optimizer.buckets]
+    out["optimizer"] = storage_bytes(state, seen)
+    return out
+
+
+def zero_extras(model, optimizer) -> dict:
+    """What a ZeRO-1/2 run reports besides the common fields: the buckets' sizes Ψ_b."""
+    return {"bucket_numels": [b.numel for b in optimizer.buckets]}
+
+
+def torch_zero1_state_bytes(model, optimizer) -> dict:
+    """Bytes this rank holds under ``"torch-zero1"``: full parameters and gradients, and
+    the states of the optimizer over the parameters this rank owns."""
+    seen: set = set()
+    params = list(ddp.unwrap(model).parameters())
+    out = {"params": storage_bytes(params, seen), "grads": storage_bytes([p.grad for p in params], seen)}
+    local = optimizer.optim                # the optimizer over this rank's parameters
+    out["optimizer"] = storage_bytes([v for s in local.state.values() for v in s.values()
+                                      if isinstance(v, torch.Tensor)], seen)
+    return out
+
+
+def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, **options):
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    broadcast_from_rank0(frozen + list(model.buffers()), group)   # the trained ones: the optimizer
+    groups, cls, defaults = real_optimizer(model, make_optimizer)
+    opt = zero.ZeroOptimizer(groups, cls, stage=stage, bucket_bytes=bucket_bytes, group=group, **options, **defaults)
+    return model, measure_peak(opt)
+
+
+def wrap_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, variant="reduce_scatter",
+               mixed=False, overlap=True, group=None):
+    """``"zero1"``: the model itself and a :class:`~course_utils.impl.zero.Zero1` with the
+    class, parameter groups and hyperparameters of ``make_optimizer``'s optimizer."""
+    return _wrap_zero(model, make_optimizer, 1, group, bucket_bytes, variant=variant, mixed=mixed,
+                      overlap=overlap)
+
+
+def wrap_zero2(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, mixed=False, overlap=True,
+               group=None):
+    """``"zero2"``: the model itself and a :class:`~course_utils.impl.zero.Zero2`."""
+    return _wrap_zero(model, make_optimizer, 2, group, bucket_bytes, mixed=mixed, overlap=overlap)
+
+
+def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None):
+    """``"torch-zero1"``: torch's ZeroRedundancyOptimizer (whole parameters assigned to
+    ranks) over the gradients ``"ddp"`` averages in backward."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = ddp.DataParallel(model, bucket_bytes, overlap=overlap, group=group)
+    groups, cls, defaults = real_optimizer(model.module, make_optimizer)
+    return model, ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=group, **defaults)
+
+
+@functools.wraps(ddp.wrap_torch_ddp)
+def wrap_torch_ddp(model, make_optimizer, **options):
+    """``"torch-ddp"``, its bucket all-reduces issued from Python (DDP's default averaging)
+    so that a CommLedger sees them."""
+    model, optimizer = ddp.wrap_torch_ddp(model, make_optimizer, **options)
+    return CommLedger.attach_ddp(model), optimizer

@@ -1,0 +1,50 @@
+"""What ZeRO-1 and ZeRO-2 (:mod:`course_utils.impl.zero`) must hold and send, predicted
+from the buckets' sizes Ψ_b alone (P_b = :func:`~course_utils.theory.layout.padded_numel`).
+
+Bytes held (fp32, B buckets, P = Σ P_b): params 4·P; grads 4·P in ZeRO-1 (the flat
+gradient buffers), 4·P/N in ZeRO-2 (the shard gradients); optimizer 8·P/N + 4·B (AdamW's
+m and v of the shard, and its step counter, a 4-byte float32 tensor per shard parameter).
+Mixed (bf16 model, fp32 master shard): 2·P params, 2·P (ZeRO-1) or 2·P/N grads, 12·P/N + 4·B.
+Bytes sent per step and rank: one reduce-scatter and one all-gather of 4·P_b per bucket,
+DDP's all-reduce exactly when every Ψ_b divides by N, more by the padding otherwise.
+"""
+from __future__ import annotations
+
+from ..checks import check_int
+from .comm import collective_bytes
+from .layout import padded_numel
+from .memory import model_states
+
+__all__ = ["STEP_COUNTER_BYTES", "expected_state_bytes", "expected_comm_bytes"]
+
+#: Bytes of AdamW's ``state["step"]``: a 0-dim float32 tensor per parameter it updates.
+STEP_COUNTER_BYTES = 4
+
+
+def expected_state_bytes(bucket_numels, world_size: int, stage: int, *, mixed: bool = False,
+                         frozen_bytes: int = 0) -> dict:
+    """``model_states(Σ P_b, world_size=N, stage=stage, recipe)`` plus one 4-byte AdamW step
+    counter per bucket, plus the frozen parameters' bytes."""
+    padded = sum(padded_numel(k, world_size) for k in bucket_numels)
+    ms = model_states(padded, world_size=world_size, stage=stage, recipe="mixed" if mixed else "fp32")
+    return {"params": int(ms.params) + frozen_bytes, "grads": int(ms.grads),
+            "optimizer": int(ms.optimizer) + STEP_COUNTER_BYTES * len(bucket_numels)}
+
+
+def expected_comm_bytes(bucket_numels, world_size: int, steps: int = 1, *,
+                        variant: str = "reduce_scatter", bytes_per_elem: int = 4,
+                        micro_batches: int = 1) -> dict:
+    """Bytes one rank sends over ``steps`` steps: per bucket one reduce-scatter (or, for
+    ``variant="allreduce"``, an all-reduce) and one all-gather of P_b elements; ZeRO-2 with
+    ``micro_batches=k`` reduce-scatters every bucket k times per step."""
+    check_int("micro_batches", micro_batches, 1)
+    if variant == "allreduce" and micro_batches != 1:
+        raise ValueError("variant='allreduce' is ZeRO-1's, which reduces once per step whatever "
+                         "the micro-batches: leave micro_batches=1")
+    out = {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
+    grad_op = "all_reduce" if variant == "allreduce" else "reduce_scatter"
+    for k in bucket_numels:
+        m = padded_numel(k, world_size) * bytes_per_elem
+        out[grad_op] += steps * micro_batches * collective_bytes(grad_op, m, world_size)
+        out["all_gather"] += steps * collective_bytes("all_gather", m, world_size)
+    return {k: int(v) if float(v).is_integer() else v for k, v in out.items()}
