@@ -1,6 +1,5 @@
 """Exercise 02.2 (build DDP): the course's DataParallel passes the grader; planted
 mistakes fail with the message that names them."""
-import pytest
 
 from course_utils.course.exercises import check_ddp
 from course_utils.course.exercises.nb02 import _ddp_on_rank, first_problem

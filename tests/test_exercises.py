@@ -1,5 +1,4 @@
 """Exercise graders: right, wrong, raising and hanging learner functions."""
-import time
 
 import torch
 import torch.distributed as dist

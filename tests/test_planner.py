@@ -26,7 +26,6 @@ from course_utils.course import calculator
 from course_utils.theory.comm import comm_volume
 from course_utils.theory.config import preset
 from course_utils.theory.estimators import deepspeed_zero2, deepspeed_zero3
-from course_utils.course.exercises import Verdict
 from course_utils.theory.memory import GB, model_states
 from course_utils.theory.planner import Choice, as_choice, plan, recommend, benchmark_plan, table
 from course_utils.course.exercises import CAPSTONE_SCENARIOS

@@ -5,7 +5,6 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from course_utils.harness import experiments as ex
 from course_utils.harness.model import SyntheticData, build_model

@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 import course_utils.impl.zero as zero
-from course_utils.harness.probes import grad_bytes, zero_state_bytes
+from course_utils.harness.experiments import state_bytes
+from course_utils.harness.probes import grad_bytes
 from course_utils.theory.zero import expected_comm_bytes, expected_state_bytes
 from course_utils.course import exercises
 from course_utils.theory.comm import collective_bytes
@@ -170,7 +171,7 @@ def _toy_train(strategy, rank=0, world_size=1, bucket_bytes=64):
     snaps.append(full_parameters(model))
     state = None
     if strategy.startswith("zero"):
-        state = ([bk.numel for bk in opt.buckets], zero_state_bytes(model, opt))
+        state = ([bk.numel for bk in opt.buckets], state_bytes(model, opt))
     return losses, snaps, ledger.totals(), after_backward, state
 
 

@@ -6,22 +6,18 @@ common fields is taken here.
 - :func:`grad_bytes`: the gradient bytes a :class:`~course_utils.impl.zero.Zero1` or
   ``Zero2`` holds now; :func:`measure_peak` extends one so that it records the most it
   held at any moment (``peak_grad_bytes``; ``harness.experiments`` calls ``reset_peak()``
-  before each step and reads it after);
-- :func:`zero_state_bytes`, :func:`torch_zero1_state_bytes`: the bytes of model states
-  a rank holds under ZeRO-1/2 and torch's ZeroRedundancyOptimizer.
+  before each step and reads it after). The bytes of model states: ``experiments.state_bytes``.
 """
 from __future__ import annotations
 
 import functools
 
-import torch
-
 from ..impl import ddp, zero
-from ..impl.common import DEFAULT_BUCKET_BYTES, broadcast_from_rank0, real_optimizer, storage_bytes
+from ..impl.common import DEFAULT_BUCKET_BYTES, broadcast_from_rank0, real_optimizer
 from ..runtime.ledger import CommLedger
 
-__all__ = ["grad_bytes", "PeakGradBytes", "measure_peak", "zero_state_bytes", "zero_extras",
-           "torch_zero1_state_bytes", "wrap_zero1", "wrap_zero2", "wrap_torch_zero1", "wrap_torch_ddp"]
+__all__ = ["grad_bytes", "PeakGradBytes", "measure_peak", "zero_extras",
+           "wrap_zero1", "wrap_zero2", "wrap_torch_zero1", "wrap_torch_ddp"]
 
 
 def _nbytes(t) -> int:
@@ -78,36 +74,9 @@ def measure_peak(opt):
     return opt
 
 
-def zero_state_bytes(model, optimizer) -> dict:
-    """Bytes this rank holds under ZeRO-1/2, each storage once: params (the flat buffers and
-    any frozen parameters), grads (ZeRO-1: the flat gradient buffers; ZeRO-2: the shard
-    gradients), optimizer (the inner optimizer's states, and the fp32 master shard when mixed)."""
-    seen: set = set()
-    params = list(ddp.unwrap(model).parameters())
-    out = {"params": storage_bytes(params, seen)}
-    out["grads"] = storage_bytes([p.grad for p in params] + [b.shard_grad for b in optimizer.buckets], seen)
-    state = [v for s in optimizer.inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    if isinstance(optimizer, zero.BF16Master):
-        state += [b.shard for b in optimizer.buckets]
-    out["optimizer"] = storage_bytes(state, seen)
-    return out
-
-
 def zero_extras(model, optimizer) -> dict:
     """What a ZeRO-1/2 run reports besides the common fields: the buckets' sizes Ψ_b."""
     return {"bucket_numels": [b.numel for b in optimizer.buckets]}
-
-
-def torch_zero1_state_bytes(model, optimizer) -> dict:
-    """Bytes this rank holds under ``"torch-zero1"``: full parameters and gradients, and
-    the states of the optimizer over the parameters this rank owns."""
-    seen: set = set()
-    params = list(ddp.unwrap(model).parameters())
-    out = {"params": storage_bytes(params, seen), "grads": storage_bytes([p.grad for p in params], seen)}
-    local = optimizer.optim                # the optimizer over this rank's parameters
-    out["optimizer"] = storage_bytes([v for s in local.state.values() for v in s.values()
-                                      if isinstance(v, torch.Tensor)], seen)
-    return out
 
 
 def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, **options):

@@ -42,9 +42,9 @@ from torch import nn
 from ..checks import require_process_group
 from ..runtime.compat import all_gather_into_tensor, queue_backward_callback, reduce_scatter_tensor, tree_flatten
 from .common import (alloc_storage, broadcast_from_rank0, clip_sharded_, flatten_and_pad, free_storage,
-                     padded_numel, real_optimizer, register_grad_owner, storage_bytes)
+                     padded_numel, real_optimizer, register_grad_owner)
 
-__all__ = ["Zero3", "FlatUnit", "find_units", "wrap_zero3", "zero3_state_bytes"]
+__all__ = ["Zero3", "FlatUnit", "find_units", "wrap_zero3"]
 
 
 def find_units(model: nn.Module, unit_types=None, ignored_params=()) -> list[tuple[nn.Module, list]]:
@@ -341,16 +341,3 @@ def wrap_zero3(model, make_optimizer, *, overlap: bool = True, group=None, unit_
     z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root, param_dtype=param_dtype,
               reduce_dtype=reduce_dtype, ignored_params=ignored_params, group=group)
     return z, cls(groups, **defaults)
-
-
-def zero3_state_bytes(model: Zero3, optimizer) -> dict:
-    """Bytes this rank holds: parameters (shards, whole Parameters, any gathered buffer),
-    gradients and optimizer state tensors, each storage once."""
-    inner = getattr(optimizer, "inner", optimizer)
-    seen: set = set()
-    params = list(model.module.parameters())
-    out = {"params": storage_bytes([u.shard for u in model.units] + params + [u.full for u in model.units], seen),
-           "grads": storage_bytes([u.shard.grad for u in model.units] + [p.grad for p in params], seen)}
-    state = [v for per in inner.state.values() for v in per.values() if isinstance(v, torch.Tensor)]
-    out["optimizer"] = storage_bytes(state, seen)
-    return out
