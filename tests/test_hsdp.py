@@ -16,11 +16,12 @@ from fractions import Fraction
 import pytest
 
 from course_utils.impl import hsdp
+from course_utils.theory import sharding
+from course_utils.theory.sharding import comm_bytes_per_step, expected_state_bytes, message_numels
 from course_utils.labs import hsdp_lab
 from course_utils.theory import multinode
 from course_utils.harness.experiments import run
 from course_utils.harness.strategies import STRATEGIES
-from course_utils.impl.fsdp import comm_bytes_per_step, expected_state_bytes, message_numels
 from course_utils.harness.model import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
@@ -38,17 +39,17 @@ def single():
 
 
 def test_mesh_layout_and_argument_checks():
-    assert hsdp.mesh_shape(4) == (2, 2)
-    assert hsdp.mesh_shape(2, 1) == (2, 1) and hsdp.mesh_shape(2, 2) == (1, 2)
-    assert hsdp.mesh_groups(4, 2) == {"shard": [[0, 1], [2, 3]], "replicate": [[0, 2], [1, 3]]}
-    assert hsdp.mesh_groups(6, 3) == {"shard": [[0, 1, 2], [3, 4, 5]],
+    assert sharding.mesh_shape(4) == (2, 2)
+    assert sharding.mesh_shape(2, 1) == (2, 1) and sharding.mesh_shape(2, 2) == (1, 2)
+    assert sharding.mesh_groups(4, 2) == {"shard": [[0, 1], [2, 3]], "replicate": [[0, 2], [1, 3]]}
+    assert sharding.mesh_groups(6, 3) == {"shard": [[0, 1, 2], [3, 4, 5]],
                                       "replicate": [[0, 3], [1, 4], [2, 5]]}
     with pytest.raises(ValueError, match="use shards in"):
-        hsdp.mesh_shape(3, 2)
+        sharding.mesh_shape(3, 2)
     with pytest.raises(TypeError):
-        hsdp.mesh_shape(4, 2.0)
+        sharding.mesh_shape(4, 2.0)
     with pytest.raises(ValueError):
-        hsdp.mesh_shape(0)
+        sharding.mesh_shape(0)
     assert STRATEGIES["torch-hsdp"].notebook == "08_beyond_one_box"
 
 
@@ -57,7 +58,7 @@ def test_predicted_bytes_from_the_fsdp_messages():
     assert message_numels(m, 2) == [M_ROOT] + [M_BLOCK] * LAYERS
     total = M_ROOT + LAYERS * M_BLOCK
     # 2 replicas x 2 shards
-    got = hsdp.hsdp_comm_bytes_per_step(m, 4, 2)
+    got = sharding.hsdp_comm_bytes_per_step(m, 4, 2)
     assert got == {"all_reduce": Fraction(2 * 1, 2) * 4 * Fraction(total, 2),
                    "reduce_scatter": Fraction(1, 2) * 4 * total,
                    "all_gather": Fraction(1, 2) * 4 * (M_ROOT + 2 * LAYERS * M_BLOCK)}
@@ -66,22 +67,22 @@ def test_predicted_bytes_from_the_fsdp_messages():
     fsdp2 = comm_bytes_per_step(m, 2)
     assert got["all_gather"] == fsdp2["all_gather"] and got["reduce_scatter"] == fsdp2["reduce_scatter"]
     # one replica: no all-reduce bytes; one shard: no gather/scatter, all-reduce of the unpadded model
-    assert hsdp.hsdp_comm_bytes_per_step(m, 2, 2)["all_reduce"] == 0
-    assert hsdp.hsdp_comm_bytes_per_step(m, 2, 1) == {"all_reduce": 4 * UNPADDED,
+    assert sharding.hsdp_comm_bytes_per_step(m, 2, 2)["all_reduce"] == 0
+    assert sharding.hsdp_comm_bytes_per_step(m, 2, 1) == {"all_reduce": 4 * UNPADDED,
                                                       "reduce_scatter": 0, "all_gather": 0}
-    assert hsdp.hsdp_calls_per_step(LAYERS, shards=2) == {"all_reduce": 5, "reduce_scatter": 5,
+    assert sharding.hsdp_calls_per_step(LAYERS, shards=2) == {"all_reduce": 5, "reduce_scatter": 5,
                                                            "all_gather": 9}
-    assert hsdp.hsdp_calls_per_step(LAYERS, shards=1) == {"all_reduce": 5, "reduce_scatter": 0,
+    assert sharding.hsdp_calls_per_step(LAYERS, shards=1) == {"all_reduce": 5, "reduce_scatter": 0,
                                                            "all_gather": 0}
-    assert hsdp.hsdp_expected_state_bytes(m, 4, 3, 2) == expected_state_bytes(m, 2, 1)
+    assert sharding.hsdp_expected_state_bytes(m, 4, 3, 2) == expected_state_bytes(m, 2, 1)
     with pytest.raises(ValueError):
-        hsdp.hsdp_expected_state_bytes(m, 4, 4, 2)
+        sharding.hsdp_expected_state_bytes(m, 4, 4, 2)
 
 
 def test_torch_hsdp_on_4_ranks_matches_single_with_exact_bytes_and_state(single):
     m = build_model()
-    per_step = hsdp.hsdp_comm_bytes_per_step(m, 4)
-    calls = hsdp.hsdp_calls_per_step(LAYERS, shards=2)
+    per_step = sharding.hsdp_comm_bytes_per_step(m, 4)
+    calls = sharding.hsdp_calls_per_step(LAYERS, shards=2)
     out = run("torch-hsdp", 4, steps=STEPS, quiet=True)
     assert len(out) == 4
     for r in out:
@@ -90,7 +91,7 @@ def test_torch_hsdp_on_4_ranks_matches_single_with_exact_bytes_and_state(single)
         assert r.param_digest == out[0].param_digest
         assert r.comm_bytes == {op: STEPS * v for op, v in per_step.items()}
         assert r.comm_calls == {op: STEPS * v for op, v in calls.items()}
-        assert r.state_bytes == hsdp.hsdp_expected_state_bytes(m, 4, r.rank)
+        assert r.state_bytes == sharding.hsdp_expected_state_bytes(m, 4, r.rank)
     # sharded 2 ways, not 4: each rank holds half the parameters (+ padding)
     assert out[0].state_bytes["params"] == 4 * math.ceil(101 / 2) * 50 + 4 * (UNPADDED - 101 * 50) // 2
 
@@ -116,8 +117,8 @@ def test_each_collective_runs_on_its_group(world, shards, single):
     for r in out:
         assert r["by_group"] == _rows(world, shards, r["rank"], m)
         assert r["losses"] == pytest.approx(single.losses[:1], rel=REL)
-        assert r["totals"] == hsdp.hsdp_comm_bytes_per_step(m, world, shards)
-        assert r["state_bytes"] == hsdp.hsdp_expected_state_bytes(m, world, r["rank"], shards)
+        assert r["totals"] == sharding.hsdp_comm_bytes_per_step(m, world, shards)
+        assert r["state_bytes"] == sharding.hsdp_expected_state_bytes(m, world, r["rank"], shards)
 
 
 PSI, G, NODES, INTRA = 7e9, 8, 4, 450e9          # the setting: 7B bf16, 4 x 8 GPUs, NVLink 450 GB/s
