@@ -53,6 +53,34 @@ def test_mesh_layout_and_argument_checks():
     assert STRATEGIES["torch-hsdp"].notebook == "08_beyond_one_box"
 
 
+def _meshes():
+    import torch.distributed as dist
+
+    from course_utils.impl.fsdp import make_mesh
+
+    flat, grid = make_mesh("cpu"), make_mesh("cpu", shards=2)
+    pair = dist.new_group([0, 1])                  # every rank creates it, ranks 0 and 1 use it
+    sub_shape = make_mesh("cpu", group=pair).shape if dist.get_rank() < 2 else (2,)
+    try:
+        make_mesh("cpu", group=dist.group.WORLD, shards=2)
+        refused = False
+    except ValueError:
+        refused = True
+    return (flat.shape, grid.shape, grid.mesh_dim_names, grid["shard"].mesh.tolist(), sub_shape, refused)
+
+
+def test_one_mesh_builder_makes_the_1d_and_the_2d_mesh():
+    from course_utils.impl.fsdp import make_mesh
+    from course_utils.runtime.launch import launch
+
+    with pytest.raises(RuntimeError, match="needs torch.distributed"):
+        make_mesh("cpu")
+    out = launch(_meshes, 4, quiet=True)
+    for rank, got in enumerate(out):
+        assert got == ((4,), (2, 2), ("replicate", "shard"), sharding.mesh_groups(4, 2)["shard"][rank // 2],
+                       (2,), True)
+
+
 def test_predicted_bytes_from_the_fsdp_messages():
     m = build_model()
     assert message_numels(m, 2) == [M_ROOT] + [M_BLOCK] * LAYERS
