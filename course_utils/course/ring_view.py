@@ -19,17 +19,9 @@ _NEW = "#F6C28B"       # the chunk a rank just received
 _ARROW = "#C44E52"
 
 
-def _positions(n: int):
-    """Box centres on a circle, rank 0 at the top, going clockwise."""
-    return [(math.sin(2 * math.pi * r / n), math.cos(2 * math.pi * r / n)) for r in range(n)]
-
-
 def draw_ring_step(steps: list[dict], index: int, ax=None):
-    """Draw step ``steps[index]``: each rank's chunks after the step, arrows for its sends.
-
-    A chunk holding the complete sum is green, the chunk a rank just received is orange.
-    Returns the matplotlib Figure (a new one when ``ax`` is None).
-    """
+    """Step ``steps[index]``: each rank's chunks after it (green: the complete sum, orange: just
+    received), arrows for its sends. Returns the Figure (a new one when ``ax`` is None)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
@@ -43,14 +35,12 @@ def draw_ring_step(steps: list[dict], index: int, ax=None):
         raise ValueError(f"drawings are readable up to {MAX_DRAW_RANKS} ranks, got {n}")
     if ax is None:
         ax = Figure(figsize=(4.2, 4.2)).subplots()
-    radius = 1.4 if n <= 4 else 2.0
-    width, row = (0.95, 0.17) if n <= 4 else (0.9, 0.13)
-    font = 7.5 if n <= 4 else 6
+    radius, width, row, font = (1.4, 0.95, 0.17, 7.5) if n <= 4 else (2.0, 0.9, 0.13, 6)
     height = row * n + 0.06
     received = {(s["dst"], s["chunk"]) for s in step["sends"]}
     boxes = []
-    for rank, (x, y) in enumerate(_positions(n)):
-        x, y = radius * x, radius * y
+    for rank in range(n):  # on a circle, rank 0 at the top, clockwise
+        x, y = radius * math.sin(2 * math.pi * rank / n), radius * math.cos(2 * math.pi * rank / n)
         box = FancyBboxPatch((x - width / 2, y - height / 2), width, height,
                              boxstyle="round,pad=0.02", facecolor="white", edgecolor="black", linewidth=0.8)
         ax.add_patch(box)
@@ -74,9 +64,7 @@ def draw_ring_step(steps: list[dict], index: int, ax=None):
                 fontsize=font, color=_ARROW, family="monospace",
                 bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.9})
     lim = radius + width / 2 + 0.2
-    ax.set_xlim(-lim, lim)
-    ax.set_ylim(-lim, lim + 0.1)
-    ax.set_aspect("equal")
+    ax.set(xlim=(-lim, lim), ylim=(-lim, lim + 0.1), aspect="equal")
     ax.axis("off")
     ax.set_title(f"step {index + 1}/{len(steps)}: {step['phase']} {step['phase_step']}/{step['phase_steps']}",
                  fontsize=font + 2)
@@ -109,11 +97,8 @@ def _png(fig) -> str:
 
 
 class RingStepper:
-    """A slider that steps through the ring all-reduce, one drawing per step.
-
-    Without a widget frontend (nbval, GitHub) it shows as the text of every step and a
-    figure of all the steps.
-    """
+    """A slider that steps through the ring all-reduce, one drawing per step. Without a widget
+    frontend (nbval, GitHub) it shows as the text of every step and a figure of all of them."""
 
     def __init__(self, world_size: int = 4):
         import ipywidgets as w

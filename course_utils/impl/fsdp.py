@@ -24,7 +24,7 @@ from torch import nn
 from ..checks import require_process_group
 # Re-exports: labs.fsdp_options, labs.fsdp_wrapping, labs.accumulation, course.figures, course.quizbank.
 from ..theory.sharding import (MESH_DIM_NAMES, calls_per_step, comm_bytes_per_step,  # noqa: F401
-                               expected_state_bytes, mesh_shape, message_numels, unit_message_numel)
+                               expected_state_bytes, mesh_shape, message_numels)
 from .common import broadcast_from_rank0, storage_bytes
 
 __all__ = ["shard_per_unit", "wrap_fsdp2", "wrap_torch_fsdp", "wrap_torch_fsdp_zero2", "fsdp_units",
@@ -101,11 +101,9 @@ def wrap_fsdp2(model, make_optimizer, *, reshard_after_forward: bool | int, grou
 
 def shard_per_unit(model: nn.Module, *, mesh=None, reshard_after_forward: bool | int = True,
                    unit_types=None, reshard_root: bool = False, **fully_shard_kwargs) -> nn.Module:
-    """``fully_shard`` each unit (:func:`fsdp_units`), then the root, and nothing else: no
-    broadcast (each rank shards what it holds: build the model identically on every rank,
-    or use :func:`wrap_torch_fsdp`, which broadcasts rank 0's weights first). The mesh
-    defaults to :func:`make_mesh` on the parameters' device. The root stays gathered between
-    forward and backward unless ``reshard_root``."""
+    """``fully_shard`` each unit (:func:`fsdp_units`), then the root (kept gathered from forward
+    to backward unless ``reshard_root``), and nothing else: no broadcast (each rank shards what
+    it holds; :func:`wrap_fsdp2` broadcasts rank 0's weights first)."""
     from torch.distributed.fsdp import fully_shard
 
     if mesh is None:
@@ -118,28 +116,23 @@ def shard_per_unit(model: nn.Module, *, mesh=None, reshard_after_forward: bool |
 
 def wrap_torch_fsdp(model, make_optimizer, *, group=None, unit_types=None, reshard_root: bool = False,
                     mesh=None, fully_shard_kwargs: dict | None = None):
-    """The ``"torch-fsdp"`` strategy: ``fully_shard`` per block, then the root;
-    ``reshard_after_forward=True`` (ZeRO-3); the root stays gathered unless
-    ``reshard_root=True``. ``unit_types``: shard those submodules instead of the first
-    ``nn.ModuleList``'s children. ``group``: a process group (a 1-D mesh is made from it);
-    ``mesh``: a DeviceMesh to shard over instead (a 2-D one gives HSDP, notebook 08).
-    ``fully_shard_kwargs``: more arguments of ``fully_shard`` (``mp_policy``, ...)."""
+    """The ``"torch-fsdp"`` strategy: :func:`wrap_fsdp2` with ``reshard_after_forward=True``
+    (ZeRO-3). ``unit_types``: shard those submodules instead of the first ``nn.ModuleList``'s
+    children; ``mesh``: a 2-D one gives HSDP (notebook 08); ``fully_shard_kwargs``:
+    ``mp_policy``, ``offload_policy``, ..."""
     return wrap_fsdp2(model, make_optimizer, reshard_after_forward=True, group=group, unit_types=unit_types,
-                 reshard_root=reshard_root, mesh=mesh, fully_shard_kwargs=fully_shard_kwargs)
+                      reshard_root=reshard_root, mesh=mesh, fully_shard_kwargs=fully_shard_kwargs)
 
 
 def wrap_torch_fsdp_zero2(model, make_optimizer, *, group=None, unit_types=None, mesh=None,
                           fully_shard_kwargs: dict | None = None):
-    """The ``"torch-fsdp-zero2"`` strategy: as ``"torch-fsdp"`` with
-    ``reshard_after_forward=False`` (parameters stay gathered between forward and backward)."""
+    """The ``"torch-fsdp-zero2"`` strategy: parameters stay gathered from forward to backward."""
     return wrap_fsdp2(model, make_optimizer, reshard_after_forward=False, group=group, unit_types=unit_types,
-                 mesh=mesh, fully_shard_kwargs=fully_shard_kwargs)
+                      mesh=mesh, fully_shard_kwargs=fully_shard_kwargs)
 
 
 def local_tensor(t):
     """This rank's local part of ``t`` (``DTensor.to_local()``), ``t`` itself otherwise."""
-    if t is None:
-        return None
     return t.to_local() if hasattr(t, "to_local") else t
 
 

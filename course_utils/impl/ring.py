@@ -1,4 +1,4 @@
-"""The ring all-reduce: simulated step by step, drawn, and run for real with send/recv.
+"""The ring all-reduce: simulated step by step, and run for real with send/recv.
 
 Taught in ``notebooks/01_collectives.ipynb``. N ranks stand in a ring; each sends only
 to its right-hand neighbour (rank r -> r+1 mod N). Each rank cuts its vector into N
@@ -13,9 +13,7 @@ chunks, named a, b, c, ...; ``b2`` is rank 2's chunk b.
 Every step, every rank sends one chunk of M/N bytes: 2(N-1) chunks in all, so
 2(N-1)/N·M bytes per rank, whatever N (``comm.collective_bytes("all_reduce", M, N)``).
 
-:func:`ring_all_reduce_steps` simulates this symbolically (which ranks' contributions
-each chunk holds; :mod:`course_utils.course.ring_view` draws it), :func:`ring_all_reduce`
-does it for real with ``dist.isend``/``dist.recv`` (the reference solution of the exercise).
+:mod:`course_utils.course.ring_view` draws the simulation.
 """
 from __future__ import annotations
 
@@ -31,25 +29,11 @@ MAX_SIM_RANKS = 26  # one letter per chunk
 
 # ----------------------------------------------------------------- the simulation
 
-def _record(index: int, phase: str, phase_step: int, world_size: int, sends: list, state: list) -> dict:
-    return {"index": index, "phase": phase, "phase_step": phase_step, "phase_steps": world_size - 1,
-            "sends": sends, "state": [[list(c) for c in rank] for rank in state]}
-
-
 def ring_all_reduce_steps(world_size: int) -> list[dict]:
-    """Simulate the ring all-reduce on ``world_size`` ranks; one record per step.
-
-    Each record (plain lists, dicts, ints and strings: JSON-able) has
-
-    * ``index`` (0-based over all steps), ``phase`` (``"reduce-scatter"`` or
-      ``"all-gather"``), ``phase_step`` (1-based) and ``phase_steps`` (N-1);
-    * ``sends``: one ``{"src", "dst", "chunk", "contributors"}`` per rank: the chunk
-      index it sends to its right neighbour and whose contributions that chunk held;
-    * ``state``: after the step, ``state[rank][chunk]`` is the sorted list of ranks whose
-      contributions the rank's copy of the chunk now sums (``[0, 1]`` is ``a0+a1``).
-
-    There are 2(N-1) records: N-1 reduce-scatter steps, then N-1 all-gather steps.
-    """
+    """The 2(N-1) steps of the ring all-reduce on ``world_size`` ranks, as JSON-able records:
+    ``index``, ``phase``, ``phase_step`` (from 1), ``phase_steps`` (N-1); ``sends``, one
+    ``{"src", "dst", "chunk", "contributors"}`` per rank; ``state[rank][chunk]``, after the
+    step, the sorted ranks whose contributions that copy sums (``[0, 1]`` is ``a0+a1``)."""
     check_int("world_size", world_size, 1, MAX_SIM_RANKS)
     n = world_size
     state = [[[rank] for _chunk in range(n)] for rank in range(n)]  # nothing summed yet
@@ -68,16 +52,14 @@ def ring_all_reduce_steps(world_size: int) -> list[dict]:
                     state[send["dst"]][send["chunk"]] = sorted(mine + send["contributors"])
                 else:  # all-gather: overwrite with the complete sum
                     state[send["dst"]][send["chunk"]] = list(send["contributors"])
-            steps.append(_record(len(steps), phase, s + 1, n, sends, state))
+            steps.append({"index": len(steps), "phase": phase, "phase_step": s + 1, "phase_steps": n - 1,
+                          "sends": sends, "state": [[list(c) for c in rank] for rank in state]})
     return steps
 
 
 def bytes_sent_per_rank(world_size: int, message_bytes) -> float:
-    """Bytes each rank sends in a ring all-reduce of M bytes, counted from the simulation.
-
-    Every send is one chunk of M/N bytes; this counts them. It equals
-    ``comm.collective_bytes("all_reduce", M, N)`` = 2(N-1)/N·M.
-    """
+    """Bytes each rank sends in a ring all-reduce of M bytes, counting the simulation's sends
+    of M/N bytes each: 2(N-1)/N·M, ``comm.collective_bytes("all_reduce", M, N)``."""
     if isinstance(message_bytes, bool) or not isinstance(message_bytes, (int, float)) or message_bytes < 0:
         raise ValueError(f"message_bytes must be a number >= 0, got {message_bytes!r}")
     steps = ring_all_reduce_steps(world_size)

@@ -34,13 +34,12 @@ _RS_AG_NUMEL = 10  # not a multiple of 3 or 4: the padding matters
 # ------------------------------------------------------------------------- the demos
 
 def _values(rank: int, positions) -> torch.Tensor:
-    """``10*rank + i`` for each position i, on the rank's device."""
     return torch.tensor([10.0 * rank + i for i in positions], dtype=torch.float32, device=rank_device())
 
 
 def _sum_values(world_size: int, positions) -> torch.Tensor:
     """The sum over all ranks of :func:`_values`: ``10*N(N-1)/2 + N*i``."""
-    base = 10.0 * world_size * (world_size - 1) / 2
+    base = 5.0 * world_size * (world_size - 1)
     return torch.tensor([base + world_size * i for i in positions], dtype=torch.float32)
 
 
@@ -49,32 +48,27 @@ def _concat_ranks(world_size: int, per_rank: int) -> torch.Tensor:
 
 
 def _expected_demo(name: str, rank: int, n: int) -> dict:
-    if name == "broadcast":  # rank ROOT's tensor lands on every rank
-        return {"before": _values(rank, range(4)), "after": _values(ROOT, range(4))}
-    if name == "all_reduce":  # every rank gets the sum
-        return {"before": _values(rank, range(4)), "after": _sum_values(n, range(4))}
-    if name == "reduce":  # only ROOT is guaranteed the sum
-        return {"before": _values(rank, range(4)),
-                "after": _sum_values(n, range(4)) if rank == ROOT else None}
-    if name == "scatter":  # ROOT holds one 2-element slice per rank; rank r gets slice r
-        return {"before": _concat_ranks(n, 2) if rank == ROOT else None,
-                "after": _values(rank, range(2))}
-    if name == "gather":  # ROOT receives every rank's slice, in rank order
-        return {"before": _values(rank, range(2)),
-                "after": _concat_ranks(n, 2) if rank == ROOT else None}
-    if name == "all_gather":  # every rank receives every rank's slice
-        return {"before": _values(rank, range(2)), "after": _concat_ranks(n, 2)}
-    if name == "reduce_scatter":  # rank r gets slice r (2 elements) of the sum
-        return {"before": _values(rank, range(2 * n)),
-                "after": _sum_values(n, range(2 * rank, 2 * rank + 2))}
+    v, total, every = _values, _sum_values, _concat_ranks
+    root = rank == ROOT
     if name == "allreduce_as_rs_ag":
         chunk = -(-_RS_AG_NUMEL // n)
-        total = _sum_values(n, range(_RS_AG_NUMEL))
-        mine = _sum_values(n, range(rank * chunk, (rank + 1) * chunk))
+        mine = total(n, range(rank * chunk, (rank + 1) * chunk))
         mine[max(0, _RS_AG_NUMEL - rank * chunk):] = 0.0  # padding beyond numel sums zeros
-        return {"before": _values(rank, range(_RS_AG_NUMEL)), "chunk": mine,
-                "all_reduce": total, "rs_ag": total, "equal": True}
-    raise ValueError(f"unknown demo {name!r}; known demos: {sorted(DEMOS)}")
+        whole = total(n, range(_RS_AG_NUMEL))
+        return {"before": v(rank, range(_RS_AG_NUMEL)), "chunk": mine, "all_reduce": whole, "rs_ag": whole,
+                "equal": True}
+    before_after = {
+        "broadcast": (v(rank, range(4)), v(ROOT, range(4))),                  # ROOT's tensor everywhere
+        "all_reduce": (v(rank, range(4)), total(n, range(4))),                # the sum everywhere
+        "reduce": (v(rank, range(4)), total(n, range(4)) if root else None),  # the sum on ROOT only
+        "scatter": (every(n, 2) if root else None, v(rank, range(2))),        # rank r gets ROOT's slice r
+        "gather": (v(rank, range(2)), every(n, 2) if root else None),         # every slice on ROOT, in order
+        "all_gather": (v(rank, range(2)), every(n, 2)),                       # every slice everywhere
+        "reduce_scatter": (v(rank, range(2 * n)), total(n, range(2 * rank, 2 * rank + 2))),  # slice r of the sum
+    }
+    if name not in before_after:
+        raise ValueError(f"unknown demo {name!r}; known demos: {sorted(DEMOS)}")
+    return dict(zip(("before", "after"), before_after[name]))
 
 
 def expected(name: str, rank: int, world_size: int) -> dict:
@@ -86,10 +80,8 @@ def expected(name: str, rank: int, world_size: int) -> dict:
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a demo name (str), got {type(name).__name__}")
-    check_int("rank", rank)
-    check_int("world_size", world_size)
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0, world_size - 1)
     return _expected_demo(name, rank, world_size)
 
 
@@ -122,8 +114,7 @@ def demo_all_reduce() -> dict:
 
 
 def demo_reduce() -> dict:
-    """reduce: the sum arrives on rank 0 only. The other ranks' buffers are scratch space:
-    gloo happens to leave sums in them, other backends do not, so they report ``None``."""
+    """reduce: the sum arrives on rank 0 only (the others' buffers are scratch: ``None``)."""
     rank = dist.get_rank()
     before = _values(rank, range(4))
     buffer = before.clone()
@@ -166,13 +157,9 @@ def demo_reduce_scatter() -> dict:
 
 
 def demo_allreduce_as_rs_ag() -> dict:
-    """all-reduce == reduce-scatter + all-gather, on 10 elements (padded, then stripped).
-
-    Returns this rank's input, the chunk of the sum it owned after the reduce-scatter
-    (padding included), both results, and whether they are bitwise equal. They are here
-    (small integers); with arbitrary floats they could differ in the last bits (the
-    additions happen in another order).
-    """
+    """all-reduce == reduce-scatter + all-gather, on 10 elements (padded, then stripped):
+    bitwise here (small integers); arbitrary floats may differ in the last bits (another
+    order of additions)."""
     rank, n = dist.get_rank(), dist.get_world_size()
     before = _values(rank, range(_RS_AG_NUMEL))
     direct = before.clone()
@@ -203,8 +190,7 @@ DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(8))  # 1 KiB, 4 KiB, ..., 16 
 
 
 def _buffers(op: str, message_bytes: int, n: int):
-    """(input, output) float32 buffers for one call of ``op`` on an M-byte message, M rounded
-    down to a whole number of elements per rank."""
+    """(input, output) of ``op`` on an M-byte message, M rounded down to whole elements per rank."""
     per_rank = max(1, message_bytes // 4 // n)
     full = torch.zeros(per_rank * n, device=rank_device())  # zeros: repeated sums never overflow
     if op == "all_gather":
@@ -249,15 +235,11 @@ def _time_on_rank(op: str, sizes: list, repeats: int, warmup: int) -> list:
 
 def time_collective(op: str, sizes_bytes: Sequence[int] = DEFAULT_SIZES, world_size: int = 4, *,
                     repeats: int = 9, warmup: int = 2, timeout_s: float = 120) -> dict:
-    """``{M: seconds}``: ``op`` (one of :data:`TIMED_OPS`) on ``world_size`` real ranks for each
-    message size M in bytes (float32; the full tensor: all-reduced or broadcast, the output of
-    all-gather, the input of reduce-scatter).
+    """``{M: seconds}``: ``op`` (one of :data:`TIMED_OPS`) on ``world_size`` real ranks per message
+    size M in bytes (float32; the full tensor: all-reduced, broadcast, gathered or reduce-scattered).
 
-    Each size gets ``warmup`` untimed calls, then ``repeats`` timed ones, each after a
-    barrier. A rank's time is its fastest call (noise only ever adds time; on a laptop with
-    fewer cores than ranks it adds a lot); the time reported is the maximum over ranks (a
-    collective is finished when its slowest rank is). Machine-dependent: fit these numbers
-    (:func:`~course_utils.theory.alpha_beta.fit_alpha_beta`), do not compare them across machines.
+    ``warmup`` untimed calls, then ``repeats`` timed ones after a barrier each; the slowest rank's
+    fastest call. Machine-dependent: fit it (:func:`~course_utils.theory.alpha_beta.fit_alpha_beta`).
     """
     if op not in TIMED_OPS:
         raise ValueError(f"op must be one of {TIMED_OPS}, got {op!r}")

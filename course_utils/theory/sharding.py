@@ -21,7 +21,7 @@ from ..checks import check_int
 from .layout import dim0_padded_numel, local_rows
 
 __all__ = ["DEFAULT_SHARDS", "MESH_DIM_NAMES", "mesh_shape", "mesh_groups", "fsdp_units", "unit_params",
-           "unit_message_numel", "message_numels", "calls_per_step", "comm_bytes_per_step",
+           "message_numels", "calls_per_step", "comm_bytes_per_step",
            "expected_state_bytes", "hsdp_calls_per_step", "hsdp_comm_bytes_per_step",
            "hsdp_expected_state_bytes"]
 
@@ -64,14 +64,9 @@ def unit_params(model: nn.Module, unit_types=None) -> list[list[nn.Parameter]]:
 
 # ------------------------------------------------------------------ FSDP2
 
-def unit_message_numel(params, world_size: int) -> int:
-    """Elements of one unit's all-gather output / reduce-scatter input: Σ padded_numel."""
-    return sum(dim0_padded_numel(p.shape, world_size) for p in params)
-
-
 def message_numels(model: nn.Module, world_size: int, unit_types=None) -> list[int]:
-    """``[M_root, M_unit_1, ...]`` in elements."""
-    return [unit_message_numel(ps, world_size) for ps in unit_params(model, unit_types)]
+    """``[M_root, M_unit_1, ...]``: elements of each unit's all-gather output / reduce-scatter input."""
+    return [sum(dim0_padded_numel(p.shape, world_size) for p in ps) for ps in unit_params(model, unit_types)]
 
 
 def calls_per_step(num_units: int, *, reshard_after_forward: bool = True,
