@@ -65,11 +65,10 @@ def _unit_params(model: nn.Module, unit_types=None) -> list[list[nn.Parameter]]:
 # ------------------------------------------------------------------ wrapping
 
 def make_mesh(device_type: str | None = None, *, group=None, shards: int | None = None):
-    """The ``DeviceMesh`` to shard over, on ``device_type`` (default: this rank's device): 1-D
-    over ``group`` (default all ranks), or with ``shards`` 2-D ``(replicas, shards)`` over all
-    ranks, dims ``("replicate", "shard")``, row-major (HSDP). Pass it always: ``fully_shard``'s
-    default is a CUDA mesh whenever a GPU is visible, which breaks gloo CPU ranks on a one-GPU
-    machine (Colab). A collective call: every rank calls it."""
+    """The ``DeviceMesh`` to shard over on ``device_type`` (default: this rank's device), made on
+    every rank: 1-D over ``group`` (default all ranks), or 2-D ``(replicas, shards)``, row-major
+    (HSDP). Always pass one: ``fully_shard``'s default is a CUDA mesh whenever a GPU is visible,
+    which breaks gloo CPU ranks on a one-GPU machine (Colab)."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     from ..runtime.launch import rank_device

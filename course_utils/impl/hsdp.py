@@ -1,23 +1,14 @@
 """Hybrid sharding (HSDP): FSDP inside a group of ranks, plain data parallelism across groups.
 
-Taught in ``notebooks/08_beyond_one_box.ipynb``; the strategy ``"torch-hsdp"`` of
-:mod:`course_utils.harness.strategies`: ``fully_shard`` per block and then on the root, as
-``"torch-fsdp"`` (:mod:`course_utils.impl.fsdp`), but on a **2-D device mesh** of shape
-``(replicas, shards)`` with dimension names ``("replicate", "shard")``:
-
-* every parameter is sharded over the ``shards`` ranks of its row of the mesh (the
-  *shard group*, meant to be the GPUs of one node, joined by fast links); the rows
-  are ``replicas`` identical copies of the sharded model (one per node);
-* forward and backward all-gather each unit's parameters inside the shard group and
-  reduce-scatter its gradients there;
-* each reduce-scattered gradient shard (``1/shards`` of the unit) is then all-reduced
-  across the ``replicas`` ranks that hold the same shard (the *replicate group*, one
-  rank per node: the only traffic that crosses the slow inter-node links).
-
-``run("torch-hsdp", 4)`` is 2 replicas x 2 shards (:data:`DEFAULT_SHARDS` pretends each
-"node" has 2 ranks). On 2 ranks, ``shards=2`` is one replica of 2 shards (FSDP; FSDP2
-still issues its replicate all-reduces, on a 1-rank group: 0 bytes) and ``shards=1`` is 2
-replicas of an unsharded model (DDP-like: one all-reduce per unit, nothing else).
+Taught in ``notebooks/08_beyond_one_box.ipynb``; the strategy ``"torch-hsdp"``: ``"torch-fsdp"``
+(:mod:`course_utils.impl.fsdp`) on a **2-D device mesh** ``(replicas, shards)``, dims
+``("replicate", "shard")``. Each parameter is sharded over the ``shards`` ranks of its mesh
+row (the *shard group*: one node's GPUs, fast links), which all-gather parameters and
+reduce-scatter gradients; each gradient shard is then all-reduced across the ``replicas``
+ranks holding the same shard (the *replicate group*, one rank per node: the only traffic on
+the slow inter-node links). ``run("torch-hsdp", 4)`` is 2 replicas x 2 shards
+(:data:`DEFAULT_SHARDS`: pretend nodes of 2 ranks); on 2 ranks ``shards=2`` is FSDP (FSDP2
+still all-reduces, over 1-rank groups: 0 bytes), ``shards=1`` DDP-like (one all-reduce per unit).
 Predictions: :mod:`course_utils.theory.sharding`; time across nodes:
 :mod:`course_utils.theory.multinode`; measurements: :mod:`course_utils.labs.hsdp_lab`.
 """

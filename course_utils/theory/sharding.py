@@ -88,9 +88,8 @@ def comm_bytes_per_step(model: nn.Module, world_size: int, *, reshard_after_forw
 
 
 def expected_state_bytes(model: nn.Module, world_size: int, rank: int) -> dict:
-    """What ``fsdp_state_bytes`` reports on ``rank`` after an AdamW step, fp32 (every trainable
-    parameter got a gradient). Params and grads are the padded shards; AdamW's states cover
-    only the rows the rank really owns, plus one step counter per parameter."""
+    """``fsdp_state_bytes`` on ``rank`` after an AdamW step, fp32: params and grads are padded
+    shards; AdamW's states cover the rows the rank really owns, plus a step counter each."""
     params = [p for ps in unit_params(model) for p in ps]
     shard = real = 0
     for p in params:
@@ -109,9 +108,8 @@ def mesh_shape(world_size: int, shards: int = DEFAULT_SHARDS) -> tuple[int, int]
     check_int("shards", shards, 1)
     if world_size % shards:
         fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(f"HSDP needs world_size divisible by shards: {world_size} rank{'s' * (world_size != 1)} cannot form "
-                         f"groups of {shards}; use shards in {fits} (or a world size that "
-                         f"{shards} divides)")
+        raise ValueError(f"HSDP needs world_size divisible by shards: {world_size} ranks cannot form "
+                         f"groups of {shards}; use shards in {fits} (or a world size that {shards} divides)")
     return world_size // shards, shards
 
 
@@ -151,7 +149,5 @@ def hsdp_comm_bytes_per_step(model, world_size: int, shards: int = DEFAULT_SHARD
 def hsdp_expected_state_bytes(model, world_size: int, rank: int, shards: int = DEFAULT_SHARDS) -> dict:
     """FSDP's local shards for ``shards`` ranks, at ``rank``'s place in its shard group."""
     mesh_shape(world_size, shards)
-    check_int("rank", rank, 0)
-    if rank >= world_size:
-        raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
+    check_int("rank", rank, 0, world_size - 1)
     return expected_state_bytes(model, shards, rank % shards)
