@@ -47,7 +47,7 @@ from course_utils.theory.config import TransformerConfig
 from course_utils.runtime.env import gpu_names
 from course_utils.runtime.fmt import LOSS_RTOL, sci
 from course_utils.labs.fsdp_wrapping import text_table
-from course_utils.impl.hsdp import DEFAULT_SHARDS
+from course_utils.theory.sharding import DEFAULT_SHARDS
 from course_utils.runtime.launch import gpu_count, launch, where
 from course_utils.theory.memory import fmt_bytes, per_gpu
 

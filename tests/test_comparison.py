@@ -2,14 +2,14 @@
 
 Checked against the analytic figures of the earlier modules: DDP sends comm_volume's
 all-reduce bytes, ZeRO-2 holds 1/N of the gradients and optimizer states, FSDP2 the
-per-rank shards of course_utils.impl.fsdp.expected_state_bytes; every loss equals "single".
+per-rank shards of course_utils.theory.sharding.expected_state_bytes; every loss equals "single".
 """
 import pytest
 
 from course_utils.theory.comm import comm_volume
 from course_utils.labs.comparison import PEAK_NOTE, compare
 from course_utils.theory.config import COURSE_CONFIG
-from course_utils.impl.fsdp import comm_bytes_per_step, expected_state_bytes
+from course_utils.theory.sharding import comm_bytes_per_step, expected_state_bytes
 from course_utils.harness.model import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")

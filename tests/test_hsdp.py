@@ -16,11 +16,12 @@ from fractions import Fraction
 import pytest
 
 from course_utils.impl import hsdp
+from course_utils.theory import sharding
+from course_utils.theory.sharding import comm_bytes_per_step, expected_state_bytes, message_numels
 from course_utils.labs import hsdp_lab
 from course_utils.theory import multinode
 from course_utils.harness.experiments import run
 from course_utils.harness.strategies import STRATEGIES
-from course_utils.impl.fsdp import comm_bytes_per_step, expected_state_bytes, message_numels
 from course_utils.harness.model import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
@@ -38,18 +39,46 @@ def single():
 
 
 def test_mesh_layout_and_argument_checks():
-    assert hsdp.mesh_shape(4) == (2, 2)
-    assert hsdp.mesh_shape(2, 1) == (2, 1) and hsdp.mesh_shape(2, 2) == (1, 2)
-    assert hsdp.mesh_groups(4, 2) == {"shard": [[0, 1], [2, 3]], "replicate": [[0, 2], [1, 3]]}
-    assert hsdp.mesh_groups(6, 3) == {"shard": [[0, 1, 2], [3, 4, 5]],
+    assert sharding.mesh_shape(4) == (2, 2)
+    assert sharding.mesh_shape(2, 1) == (2, 1) and sharding.mesh_shape(2, 2) == (1, 2)
+    assert sharding.mesh_groups(4, 2) == {"shard": [[0, 1], [2, 3]], "replicate": [[0, 2], [1, 3]]}
+    assert sharding.mesh_groups(6, 3) == {"shard": [[0, 1, 2], [3, 4, 5]],
                                       "replicate": [[0, 3], [1, 4], [2, 5]]}
     with pytest.raises(ValueError, match="use shards in"):
-        hsdp.mesh_shape(3, 2)
+        sharding.mesh_shape(3, 2)
     with pytest.raises(TypeError):
-        hsdp.mesh_shape(4, 2.0)
+        sharding.mesh_shape(4, 2.0)
     with pytest.raises(ValueError):
-        hsdp.mesh_shape(0)
+        sharding.mesh_shape(0)
     assert STRATEGIES["torch-hsdp"].notebook == "08_beyond_one_box"
+
+
+def _meshes():
+    import torch.distributed as dist
+
+    from course_utils.impl.fsdp import make_mesh
+
+    flat, grid = make_mesh("cpu"), make_mesh("cpu", shards=2)
+    pair = dist.new_group([0, 1])                  # every rank creates it, ranks 0 and 1 use it
+    sub_shape = make_mesh("cpu", group=pair).shape if dist.get_rank() < 2 else (2,)
+    try:
+        make_mesh("cpu", group=dist.group.WORLD, shards=2)
+        refused = False
+    except ValueError:
+        refused = True
+    return (flat.shape, grid.shape, grid.mesh_dim_names, grid["shard"].mesh.tolist(), sub_shape, refused)
+
+
+def test_one_mesh_builder_makes_the_1d_and_the_2d_mesh():
+    from course_utils.impl.fsdp import make_mesh
+    from course_utils.runtime.launch import launch
+
+    with pytest.raises(RuntimeError, match="needs torch.distributed"):
+        make_mesh("cpu")
+    out = launch(_meshes, 4, quiet=True)
+    for rank, got in enumerate(out):
+        assert got == ((4,), (2, 2), ("replicate", "shard"), sharding.mesh_groups(4, 2)["shard"][rank // 2],
+                       (2,), True)
 
 
 def test_predicted_bytes_from_the_fsdp_messages():
@@ -57,7 +86,7 @@ def test_predicted_bytes_from_the_fsdp_messages():
     assert message_numels(m, 2) == [M_ROOT] + [M_BLOCK] * LAYERS
     total = M_ROOT + LAYERS * M_BLOCK
     # 2 replicas x 2 shards
-    got = hsdp.hsdp_comm_bytes_per_step(m, 4, 2)
+    got = sharding.hsdp_comm_bytes_per_step(m, 4, 2)
     assert got == {"all_reduce": Fraction(2 * 1, 2) * 4 * Fraction(total, 2),
                    "reduce_scatter": Fraction(1, 2) * 4 * total,
                    "all_gather": Fraction(1, 2) * 4 * (M_ROOT + 2 * LAYERS * M_BLOCK)}
@@ -66,22 +95,22 @@ def test_predicted_bytes_from_the_fsdp_messages():
     fsdp2 = comm_bytes_per_step(m, 2)
     assert got["all_gather"] == fsdp2["all_gather"] and got["reduce_scatter"] == fsdp2["reduce_scatter"]
     # one replica: no all-reduce bytes; one shard: no gather/scatter, all-reduce of the unpadded model
-    assert hsdp.hsdp_comm_bytes_per_step(m, 2, 2)["all_reduce"] == 0
-    assert hsdp.hsdp_comm_bytes_per_step(m, 2, 1) == {"all_reduce": 4 * UNPADDED,
+    assert sharding.hsdp_comm_bytes_per_step(m, 2, 2)["all_reduce"] == 0
+    assert sharding.hsdp_comm_bytes_per_step(m, 2, 1) == {"all_reduce": 4 * UNPADDED,
                                                       "reduce_scatter": 0, "all_gather": 0}
-    assert hsdp.hsdp_calls_per_step(LAYERS, shards=2) == {"all_reduce": 5, "reduce_scatter": 5,
+    assert sharding.hsdp_calls_per_step(LAYERS, shards=2) == {"all_reduce": 5, "reduce_scatter": 5,
                                                            "all_gather": 9}
-    assert hsdp.hsdp_calls_per_step(LAYERS, shards=1) == {"all_reduce": 5, "reduce_scatter": 0,
+    assert sharding.hsdp_calls_per_step(LAYERS, shards=1) == {"all_reduce": 5, "reduce_scatter": 0,
                                                            "all_gather": 0}
-    assert hsdp.hsdp_expected_state_bytes(m, 4, 3, 2) == expected_state_bytes(m, 2, 1)
+    assert sharding.hsdp_expected_state_bytes(m, 4, 3, 2) == expected_state_bytes(m, 2, 1)
     with pytest.raises(ValueError):
-        hsdp.hsdp_expected_state_bytes(m, 4, 4, 2)
+        sharding.hsdp_expected_state_bytes(m, 4, 4, 2)
 
 
 def test_torch_hsdp_on_4_ranks_matches_single_with_exact_bytes_and_state(single):
     m = build_model()
-    per_step = hsdp.hsdp_comm_bytes_per_step(m, 4)
-    calls = hsdp.hsdp_calls_per_step(LAYERS, shards=2)
+    per_step = sharding.hsdp_comm_bytes_per_step(m, 4)
+    calls = sharding.hsdp_calls_per_step(LAYERS, shards=2)
     out = run("torch-hsdp", 4, steps=STEPS, quiet=True)
     assert len(out) == 4
     for r in out:
@@ -90,7 +119,7 @@ def test_torch_hsdp_on_4_ranks_matches_single_with_exact_bytes_and_state(single)
         assert r.param_digest == out[0].param_digest
         assert r.comm_bytes == {op: STEPS * v for op, v in per_step.items()}
         assert r.comm_calls == {op: STEPS * v for op, v in calls.items()}
-        assert r.state_bytes == hsdp.hsdp_expected_state_bytes(m, 4, r.rank)
+        assert r.state_bytes == sharding.hsdp_expected_state_bytes(m, 4, r.rank)
     # sharded 2 ways, not 4: each rank holds half the parameters (+ padding)
     assert out[0].state_bytes["params"] == 4 * math.ceil(101 / 2) * 50 + 4 * (UNPADDED - 101 * 50) // 2
 
@@ -116,8 +145,8 @@ def test_each_collective_runs_on_its_group(world, shards, single):
     for r in out:
         assert r["by_group"] == _rows(world, shards, r["rank"], m)
         assert r["losses"] == pytest.approx(single.losses[:1], rel=REL)
-        assert r["totals"] == hsdp.hsdp_comm_bytes_per_step(m, world, shards)
-        assert r["state_bytes"] == hsdp.hsdp_expected_state_bytes(m, world, r["rank"], shards)
+        assert r["totals"] == sharding.hsdp_comm_bytes_per_step(m, world, shards)
+        assert r["state_bytes"] == sharding.hsdp_expected_state_bytes(m, world, r["rank"], shards)
 
 
 PSI, G, NODES, INTRA = 7e9, 8, 4, 450e9          # the setting: 7B bf16, 4 x 8 GPUs, NVLink 450 GB/s

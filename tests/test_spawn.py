@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_utils.impl import collectives
+from course_utils.labs import collectives_lab as collectives
 from course_utils.course import exercises
 from course_utils.harness import experiments
 from course_utils.runtime.fmt import LOSS_RTOL

@@ -24,6 +24,7 @@ from packaging.version import Version
 from course_utils.course import calculator, quiz
 from course_utils.course.questions import MultiChoice, Numeric, SingleChoice
 from course_utils.course.quizbank import QUIZZES
+from course_utils.course import ring_view
 from course_utils.impl import ring
 from course_utils.runtime.widgets import SUPPORTED_IPYWIDGETS, VIEW_MIME, ipywidgets_major
 
@@ -140,7 +141,7 @@ def test_widgets_are_built_without_warnings_so_no_argument_is_silently_ignored()
             quiz.get(key).widget()
         calculator.Calculator()
         calculator.planner_widget(model="llama-2-13b", gpu_memory="40 GB", gpus_per_node=8, nodes=2)
-        ring.ring_step_widget(4)
+        ring_view.ring_step_widget(4)
     ours = [f"{w.filename}:{w.lineno}: {w.message}" for w in caught
             if re.search(r"ipywidgets|traitlets|course_utils", f"{w.filename} {w.message}")]
     assert not ours
@@ -169,8 +170,8 @@ def _static_text(source: str) -> str:
         return quiz.get(m[1]).text()
     if call == "calculator.show()":
         return calculator.table(calculator.Setting())
-    if call == "ring.ring_step_widget(4)":
-        return ring.describe_ring(ring.ring_figure_data(4)["steps"])
+    if call == "ring_view.ring_step_widget(4)":
+        return ring.describe_ring(ring.ring_all_reduce_steps(4))
     if m := re.fullmatch(r"calculator\.planner_widget\((.*)\)", call):
         return eval(f"calculator.PlannerSetting({m[1]})").text()      # the cell's own arguments
     raise AssertionError(f"a widget cell this module does not know: {source!r}")
@@ -179,13 +180,13 @@ def _static_text(source: str) -> str:
 def test_every_quiz_and_widget_of_the_notebooks_is_a_widget_cell():
     calls = [src.strip().splitlines()[-1] for _, _, src in WIDGET_CELLS]
     assert sorted(c for c in calls if c.startswith("quiz.show")) == [f'quiz.show("{k}")' for k in sorted(QUIZZES)]
-    assert {"calculator.show()", "ring.ring_step_widget(4)"} <= set(calls)
+    assert {"calculator.show()", "ring_view.ring_step_widget(4)"} <= set(calls)
     assert any(c.startswith("calculator.planner_widget(") for c in calls)
 
 
 @pytest.mark.parametrize("nb, index, source", WIDGET_CELLS, ids=[f"{c[0]}-cell{c[1]}" for c in WIDGET_CELLS])
 def test_notebook_widget_cell_displays_a_live_view_and_its_text(shell, nb, index, source):
-    shell.run_cell("from course_utils.course import calculator, quiz\nfrom course_utils.impl import ring",
+    shell.run_cell("from course_utils.course import calculator, quiz, ring_view",
                    store_history=False).raise_error()
     bundles = _displayed(shell, source)
     assert len(bundles) == 1, bundles
@@ -261,8 +262,8 @@ def test_planner_widget_replans_when_a_control_changes(shell):
 
 
 def test_ring_slider_steps_through_the_all_reduce(shell):
-    bundles = _displayed(shell, "ring.ring_step_widget(4)")
-    steps = ring.ring_figure_data(4)["steps"]
+    bundles = _displayed(shell, "ring_view.ring_step_widget(4)")
+    steps = ring.ring_all_reduce_steps(4)
     box = _shown(bundles[0], ring.describe_ring(steps))
     slider, out = box.children
     assert out.outputs[1]["text"] == ring.describe_step(steps[0]) + "\n"

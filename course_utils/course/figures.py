@@ -136,20 +136,20 @@ def _ddp_redundancy_draw(d: dict):
 
 
 def _ring_data() -> dict:
-    from ..impl.ring import ring_figure_data
+    from ..impl.ring import ring_all_reduce_steps
 
-    return ring_figure_data(4)
+    return {"world_size": 4, "steps": ring_all_reduce_steps(4)}
 
 
 def _ring_draw(d: dict):
-    from ..impl.ring import ring_figure_draw
+    from .ring_view import draw_ring_sequence
 
-    return ring_figure_draw(d)
+    return draw_ring_sequence(d["steps"])
 
 
 # ------------------------------------------------------------------- collectives
 
-_COLLECTIVES = (  # (demo name in course_utils.impl.collectives, title, what it does)
+_COLLECTIVES = (  # (demo name in course_utils.labs.collectives_lab, title, what it does)
     ("broadcast", "broadcast", "rank 0's tensor is copied to every rank"),
     ("all_reduce", "all-reduce", "every rank gets the element-wise sum"),
     ("reduce_scatter", "reduce-scatter", "the sum, cut in N pieces: rank r keeps piece r"),
@@ -161,10 +161,10 @@ _SUM_COLOR = "#F6D55C"
 
 def _collectives_data(world_size: int = 4) -> dict:
     """Before/after of the four collectives on ``world_size`` ranks, from
-    :func:`course_utils.impl.collectives.expected` (what the live demos of notebook 01 return),
+    :func:`course_utils.labs.collectives_lab.expected` (what the live demos of notebook 01 return),
     and the bytes each rank sends under the ring model, from the convention the
     :class:`~course_utils.comm.CommLedger` records (:func:`course_utils.comm.sent_bytes`)."""
-    from ..impl.collectives import ROOT, expected
+    from ..labs.collectives_lab import ROOT, expected
     from ..theory.comm import sent_bytes
 
     rows = []

@@ -156,7 +156,7 @@ FORKSERVER_PRELOAD = [
     "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
     "torch.nn.parallel", "torch._dynamo", "numpy.random", "cloudpickle",  # the optimizers' step imports dynamo
     "course_utils.runtime.launch", "course_utils.harness.experiments", "course_utils.harness.model",
-    "course_utils.impl.collectives", "course_utils.impl.zero3", "course_utils.impl.hsdp",
+    "course_utils.labs.collectives_lab", "course_utils.impl.zero3", "course_utils.impl.hsdp",
 ]
 #: The longest AF_UNIX socket path: 104 bytes on macOS and the BSDs, 108 on Linux. The
 #: forkserver listens on ``$TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX`` (34 bytes more).

@@ -7,7 +7,7 @@ each costing a latency ``alpha``, and each rank sends
     t(M) = alpha * steps + bytes_sent(M) / bandwidth
 
 with ``steps = 2(N-1)`` for all-reduce and ``N-1`` for reduce-scatter and all-gather.
-:func:`course_utils.impl.collectives.time_collective` measures ``t(M)`` on real ranks,
+:func:`course_utils.labs.collectives_lab.time_collective` measures ``t(M)`` on real ranks,
 :func:`fit_alpha_beta` fits alpha and bandwidth, :func:`plot_alpha_beta` draws both.
 """
 from __future__ import annotations

@@ -1,0 +1,255 @@
+"""The collectives of ``notebooks/01_collectives.ipynb`` on live ranks: one small demo each,
+the result each should give, and the time each takes.
+
+``launch(demo_all_reduce, 4)``: every rank prints one line, ``before: ... after: ...``, and
+returns ``{"before": tensor, "after": tensor}``; :func:`expected` gives the documented
+result of every demo on every rank. Rank ``r`` holds ``10*r + i`` at position ``i`` (the
+tens digit is the rank, the units digit the position), float32: sums of integers this
+small are exact in any order, so results compare with ``==``.
+
+:func:`time_collective` measures a collective on real ranks, for the alpha-beta model of
+:mod:`course_utils.theory.alpha_beta` to fit.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..checks import check_int
+from ..impl.collectives import all_reduce_via_rs_ag
+from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
+from ..runtime.launch import launch, rank_device
+
+__all__ = ["ROOT", "DEMOS", "demo_broadcast", "demo_all_reduce", "demo_reduce", "demo_scatter",
+           "demo_gather", "demo_all_gather", "demo_reduce_scatter", "demo_allreduce_as_rs_ag",
+           "expected", "TIMED_OPS", "DEFAULT_SIZES", "time_collective"]
+
+ROOT = 0  # the source of broadcast/scatter and the destination of reduce/gather
+_RS_AG_NUMEL = 10  # not a multiple of 3 or 4: the padding matters
+
+
+# ------------------------------------------------------------------------- the demos
+
+def _values(rank: int, positions) -> torch.Tensor:
+    return torch.tensor([10.0 * rank + i for i in positions], dtype=torch.float32, device=rank_device())
+
+
+def _sum_values(world_size: int, positions) -> torch.Tensor:
+    """The sum over all ranks of :func:`_values`: ``10*N(N-1)/2 + N*i``."""
+    base = 5.0 * world_size * (world_size - 1)
+    return torch.tensor([base + world_size * i for i in positions], dtype=torch.float32)
+
+
+def _concat_ranks(world_size: int, per_rank: int) -> torch.Tensor:
+    return torch.cat([_values(r, range(per_rank)) for r in range(world_size)])
+
+
+def _expected_demo(name: str, rank: int, n: int) -> dict:
+    v, total, every = _values, _sum_values, _concat_ranks
+    root = rank == ROOT
+    if name == "allreduce_as_rs_ag":
+        chunk = -(-_RS_AG_NUMEL // n)
+        mine = total(n, range(rank * chunk, (rank + 1) * chunk))
+        mine[max(0, _RS_AG_NUMEL - rank * chunk):] = 0.0  # padding beyond numel sums zeros
+        whole = total(n, range(_RS_AG_NUMEL))
+        return {"before": v(rank, range(_RS_AG_NUMEL)), "chunk": mine, "all_reduce": whole, "rs_ag": whole,
+                "equal": True}
+    before_after = {
+        "broadcast": (v(rank, range(4)), v(ROOT, range(4))),                  # ROOT's tensor everywhere
+        "all_reduce": (v(rank, range(4)), total(n, range(4))),                # the sum everywhere
+        "reduce": (v(rank, range(4)), total(n, range(4)) if root else None),  # the sum on ROOT only
+        "scatter": (every(n, 2) if root else None, v(rank, range(2))),        # rank r gets ROOT's slice r
+        "gather": (v(rank, range(2)), every(n, 2) if root else None),         # every slice on ROOT, in order
+        "all_gather": (v(rank, range(2)), every(n, 2)),                       # every slice everywhere
+        "reduce_scatter": (v(rank, range(2 * n)), total(n, range(2 * rank, 2 * rank + 2))),  # slice r of the sum
+    }
+    if name not in before_after:
+        raise ValueError(f"unknown demo {name!r}; known demos: {sorted(DEMOS)}")
+    return dict(zip(("before", "after"), before_after[name]))
+
+
+def expected(name: str, rank: int, world_size: int) -> dict:
+    """What demo ``name`` returns on ``rank`` of ``world_size`` ranks (``None`` where a rank
+    holds nothing, e.g. ``"after"`` of reduce and gather on ranks other than :data:`ROOT`).
+
+    >>> expected("all_reduce", 1, 4)["after"]
+    tensor([60., 64., 68., 72.])
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a demo name (str), got {type(name).__name__}")
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0, world_size - 1)
+    return _expected_demo(name, rank, world_size)
+
+
+def _fmt(t) -> str:
+    return "-" if t is None else "[" + ", ".join(f"{x:g}" for x in t.tolist()) + "]"
+
+
+def _report(name: str, before, after) -> dict:
+    """Print this rank's line (``before`` padded so the ranks' lines align); return it."""
+    n = dist.get_world_size()
+    width = max(len(_fmt(_expected_demo(name, r, n)["before"])) for r in range(n))
+    print(f"before: {_fmt(before):<{width}}  after: {_fmt(after)}")
+    return {"before": before, "after": after}
+
+
+def demo_broadcast() -> dict:
+    """broadcast: rank 0's tensor is copied to every rank (in place)."""
+    before = _values(dist.get_rank(), range(4))
+    after = before.clone()
+    dist.broadcast(after, src=ROOT)
+    return _report("broadcast", before, after)
+
+
+def demo_all_reduce() -> dict:
+    """all-reduce: every rank ends with the element-wise sum over ranks (in place)."""
+    before = _values(dist.get_rank(), range(4))
+    after = before.clone()
+    dist.all_reduce(after, op=dist.ReduceOp.SUM)
+    return _report("all_reduce", before, after)
+
+
+def demo_reduce() -> dict:
+    """reduce: the sum arrives on rank 0 only (the others' buffers are scratch: ``None``)."""
+    rank = dist.get_rank()
+    before = _values(rank, range(4))
+    buffer = before.clone()
+    dist.reduce(buffer, dst=ROOT, op=dist.ReduceOp.SUM)
+    return _report("reduce", before, buffer if rank == ROOT else None)
+
+
+def demo_scatter() -> dict:
+    """scatter: rank 0 holds one slice per rank; rank r receives slice r."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    before = _concat_ranks(n, 2) if rank == ROOT else None
+    after = torch.zeros(2, device=rank_device())
+    dist.scatter(after, scatter_list=list(before.chunk(n)) if rank == ROOT else None, src=ROOT)
+    return _report("scatter", before, after)
+
+
+def demo_gather() -> dict:
+    """gather: every rank's slice arrives on rank 0, in rank order."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    before = _values(rank, range(2))
+    slots = [torch.zeros_like(before) for _ in range(n)] if rank == ROOT else None
+    dist.gather(before, gather_list=slots, dst=ROOT)
+    return _report("gather", before, torch.cat(slots) if rank == ROOT else None)
+
+
+def demo_all_gather() -> dict:
+    """all-gather: every rank receives every rank's slice, concatenated in rank order."""
+    before = _values(dist.get_rank(), range(2))
+    after = torch.zeros(2 * dist.get_world_size(), device=before.device)
+    all_gather_into_tensor(after, before)  # dist.all_gather_single on torch >= 2.13
+    return _report("all_gather", before, after)
+
+
+def demo_reduce_scatter() -> dict:
+    """reduce-scatter: the sum over ranks, cut into N slices; rank r keeps slice r."""
+    before = _values(dist.get_rank(), range(2 * dist.get_world_size()))
+    after = torch.zeros(2, device=before.device)
+    reduce_scatter_tensor(after, before)  # dist.reduce_scatter_single on torch >= 2.13
+    return _report("reduce_scatter", before, after)
+
+
+def demo_allreduce_as_rs_ag() -> dict:
+    """all-reduce == reduce-scatter + all-gather, on 10 elements (padded, then stripped):
+    bitwise here (small integers); arbitrary floats may differ in the last bits (another
+    order of additions)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    before = _values(rank, range(_RS_AG_NUMEL))
+    direct = before.clone()
+    dist.all_reduce(direct)
+    chunk = -(-_RS_AG_NUMEL // n)
+    padded = torch.zeros(chunk * n, device=before.device)
+    padded[:_RS_AG_NUMEL] = before
+    mine = torch.empty(chunk, device=before.device)
+    reduce_scatter_tensor(mine, padded)
+    two_step = all_reduce_via_rs_ag(before)
+    equal = torch.equal(direct, two_step)
+    width = max(len(_fmt(_expected_demo("allreduce_as_rs_ag", r, n)["chunk"])) for r in range(n))
+    print(f"my chunk of the padded sum: {_fmt(mine):<{width}}  rs+ag == all_reduce: {equal}")
+    return {"before": before, "chunk": mine, "all_reduce": direct, "rs_ag": two_step, "equal": equal}
+
+
+DEMOS = {
+    "broadcast": demo_broadcast, "all_reduce": demo_all_reduce, "reduce": demo_reduce,
+    "scatter": demo_scatter, "gather": demo_gather, "all_gather": demo_all_gather,
+    "reduce_scatter": demo_reduce_scatter, "allreduce_as_rs_ag": demo_allreduce_as_rs_ag,
+}
+
+
+# --------------------------------------------------------------- measuring the cost
+
+TIMED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(8))  # 1 KiB, 4 KiB, ..., 16 MiB
+
+
+def _buffers(op: str, message_bytes: int, n: int):
+    """(input, output) of ``op`` on an M-byte message, M rounded down to whole elements per rank."""
+    per_rank = max(1, message_bytes // 4 // n)
+    full = torch.zeros(per_rank * n, device=rank_device())  # zeros: repeated sums never overflow
+    if op == "all_gather":
+        return torch.zeros(per_rank, device=full.device), full
+    if op == "reduce_scatter":
+        return full, torch.zeros(per_rank, device=full.device)
+    return full, full
+
+
+def _call(op: str, inp, out) -> None:
+    if op == "all_reduce":
+        dist.all_reduce(inp)
+    elif op == "broadcast":
+        dist.broadcast(inp, src=ROOT)
+    elif op == "all_gather":
+        all_gather_into_tensor(out, inp)
+    else:
+        reduce_scatter_tensor(out, inp)
+    if inp.is_cuda:  # GPU collectives return before they finish: wait for them
+        torch.cuda.synchronize()
+
+
+def _time_on_rank(op: str, sizes: list, repeats: int, warmup: int) -> list:
+    """The fastest call per size on this rank; returns the max over ranks, per size."""
+    n = dist.get_world_size()
+    fastest = []
+    for size in sizes:
+        inp, out = _buffers(op, size, n)
+        for _ in range(warmup):
+            _call(op, inp, out)
+        samples = []
+        for _ in range(repeats):
+            dist.barrier()  # start together, so we time the collective, not the waiting
+            t0 = time.perf_counter()
+            _call(op, inp, out)
+            samples.append(time.perf_counter() - t0)
+        fastest.append(min(samples))  # noise (the scheduler, other programs) only adds time
+    slowest = torch.tensor(fastest, dtype=torch.float64, device=rank_device())
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # the collective ends with its slowest rank
+    return slowest.tolist()
+
+
+def time_collective(op: str, sizes_bytes: Sequence[int] = DEFAULT_SIZES, world_size: int = 4, *,
+                    repeats: int = 9, warmup: int = 2, timeout_s: float = 120) -> dict:
+    """``{M: seconds}``: ``op`` (one of :data:`TIMED_OPS`) on ``world_size`` real ranks per message
+    size M in bytes (float32; the full tensor: all-reduced, broadcast, gathered or reduce-scattered).
+
+    ``warmup`` untimed calls, then ``repeats`` timed ones after a barrier each; the slowest rank's
+    fastest call. Machine-dependent: fit it (:func:`~course_utils.theory.alpha_beta.fit_alpha_beta`).
+    """
+    if op not in TIMED_OPS:
+        raise ValueError(f"op must be one of {TIMED_OPS}, got {op!r}")
+    if isinstance(sizes_bytes, (str, bytes)) or not isinstance(sizes_bytes, Sequence) or not sizes_bytes:
+        raise TypeError("sizes_bytes must be a non-empty list of message sizes in bytes")
+    for size in sizes_bytes:
+        check_int("each message size", size, 4)
+    check_int("world_size", world_size, 2)
+    check_int("repeats", repeats, 1)
+    check_int("warmup", warmup, 0)
+    results = launch(_time_on_rank, world_size, op, list(sizes_bytes), repeats, warmup,
+                     quiet=True, timeout_s=timeout_s)
+    return dict(zip(sizes_bytes, results[0]))

@@ -1,0 +1,153 @@
+"""What PyTorch FSDP2 and HSDP send and hold per step, predicted from the unwrapped model alone.
+
+Taught in ``notebooks/07_fsdp.ipynb`` (FSDP2) and ``notebooks/08_beyond_one_box.ipynb``
+(HSDP); ``tests/test_fsdp.py`` and ``tests/test_hsdp.py`` check every prediction against a
+real run. FSDP2 shards every parameter on dim 0, padding it to a multiple of N rows
+(:func:`~course_utils.theory.layout.dim0_padded_numel`), where the course's ``Zero3`` pads a
+whole flat unit once. Bytes follow the ring convention of
+:class:`~course_utils.runtime.ledger.CommLedger`, as exact :class:`fractions.Fraction` values.
+
+HSDP lays ranks out row-major, as ``init_device_mesh`` does: with 4 ranks and 2 shards the
+shard groups are {0, 1} and {2, 3}, the replicate groups {0, 2} and {1, 3}.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from torch import nn
+
+from ..checks import check_int
+from .layout import dim0_padded_numel, local_rows
+
+__all__ = ["DEFAULT_SHARDS", "MESH_DIM_NAMES", "mesh_shape", "mesh_groups", "fsdp_units", "unit_params",
+           "message_numels", "calls_per_step", "comm_bytes_per_step",
+           "expected_state_bytes", "hsdp_calls_per_step", "hsdp_comm_bytes_per_step",
+           "hsdp_expected_state_bytes"]
+
+#: Ranks per shard group of ``run("torch-hsdp", N)``: the course's pretend "GPUs per node".
+DEFAULT_SHARDS = 2
+#: The names of the two HSDP mesh dimensions, outer (across nodes) first.
+MESH_DIM_NAMES = ("replicate", "shard")
+
+
+# ------------------------------------------------------------------ units
+
+def fsdp_units(model: nn.Module, unit_types=None) -> list[nn.Module]:
+    """The submodules ``fully_shard`` is applied to before the root: every child of the first
+    ``nn.ModuleList`` (the course GPT's blocks), or every submodule (not the root) that is an
+    instance of ``unit_types``, innermost first."""
+    if unit_types is not None:
+        types = tuple(unit_types) if isinstance(unit_types, (list, tuple, set)) else (unit_types,)
+        return [m for m in reversed(list(model.modules())) if m is not model and isinstance(m, types)]
+    for m in model.modules():
+        if isinstance(m, nn.ModuleList):
+            return list(m)
+    return []
+
+
+def unit_params(model: nn.Module, unit_types=None) -> list[list[nn.Parameter]]:
+    """Trainable parameters per unit, ``[root, unit_1, ..., unit_L]``: each Parameter once,
+    owned by the innermost unit containing it, as ``fully_shard`` assigns them."""
+    units = fsdp_units(model, unit_types)
+    owner: dict[int, int] = {}
+    for i, u in enumerate(units, start=1):       # innermost first: the first claim wins
+        for p in u.parameters():
+            if p.requires_grad and id(p) not in owner:
+                owner[id(p)] = i
+    out: list[list[nn.Parameter]] = [[] for _ in range(len(units) + 1)]
+    for p in model.parameters():
+        if p.requires_grad:
+            out[owner.get(id(p), 0)].append(p)
+    return out
+
+
+# ------------------------------------------------------------------ FSDP2
+
+def message_numels(model: nn.Module, world_size: int, unit_types=None) -> list[int]:
+    """``[M_root, M_unit_1, ...]``: elements of each unit's all-gather output / reduce-scatter input."""
+    return [sum(dim0_padded_numel(p.shape, world_size) for p in ps) for ps in unit_params(model, unit_types)]
+
+
+def calls_per_step(num_units: int, *, reshard_after_forward: bool = True,
+                   reshard_root: bool = False) -> dict:
+    """Collective calls per step for ``num_units`` units plus the root."""
+    g = 2 if reshard_after_forward else 1
+    gathers = g * num_units + (g if reshard_root else 1)
+    return {"all_reduce": 0, "reduce_scatter": num_units + 1, "all_gather": gathers}
+
+
+def comm_bytes_per_step(model: nn.Module, world_size: int, *, reshard_after_forward: bool = True,
+                        reshard_root: bool = False, bytes_per_elem: int = 4, unit_types=None) -> dict:
+    """Bytes one rank sends per step."""
+    root, *units = message_numels(model, world_size, unit_types)
+    f = Fraction(world_size - 1, world_size) * bytes_per_elem
+    g = 2 if reshard_after_forward else 1
+    return {"all_reduce": Fraction(0), "reduce_scatter": f * (root + sum(units)),
+            "all_gather": f * ((g if reshard_root else 1) * root + g * sum(units))}
+
+
+def expected_state_bytes(model: nn.Module, world_size: int, rank: int) -> dict:
+    """``fsdp_state_bytes`` on ``rank`` after an AdamW step, fp32: params and grads are padded
+    shards; AdamW's states cover the rows the rank really owns, plus a step counter each."""
+    params = [p for ps in unit_params(model) for p in ps]
+    shard = real = 0
+    for p in params:
+        shape = tuple(p.shape) or (1,)
+        rest = math.prod(shape[1:])
+        shard += math.ceil(shape[0] / world_size) * rest
+        real += local_rows(shape[0], world_size, rank) * rest
+    return {"params": 4 * shard, "grads": 4 * shard, "optimizer": 4 * (2 * real + len(params))}
+
+
+# ------------------------------------------------------------------ HSDP
+
+def mesh_shape(world_size: int, shards: int = DEFAULT_SHARDS) -> tuple[int, int]:
+    """``(replicas, shards)`` of the HSDP mesh for ``world_size`` ranks."""
+    check_int("world_size", world_size, 1)
+    check_int("shards", shards, 1)
+    if world_size % shards:
+        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ValueError(f"HSDP needs world_size divisible by shards: {world_size} ranks cannot form "
+                         f"groups of {shards}; use shards in {fits} (or a world size that {shards} divides)")
+    return world_size // shards, shards
+
+
+def mesh_groups(world_size: int, shards: int = DEFAULT_SHARDS) -> dict:
+    """The ranks of every shard group (mesh rows) and replicate group (mesh columns)."""
+    replicas, shards = mesh_shape(world_size, shards)
+    rows = [list(range(i * shards, (i + 1) * shards)) for i in range(replicas)]
+    return {"shard": rows, "replicate": [[row[j] for row in rows] for j in range(shards)]}
+
+
+def hsdp_calls_per_step(num_units: int, *, shards: int, reshard_after_forward: bool = True) -> dict:
+    """Collective calls per step for ``num_units`` units plus the root (torch 2.13, measured):
+    FSDP2's, none when ``shards == 1``, and one all-reduce per unit always, even with one
+    replica (FSDP2 then all-reduces over a 1-rank group: a call that sends nothing)."""
+    check_int("num_units", num_units, 0)
+    check_int("shards", shards, 1)
+    out = calls_per_step(num_units, reshard_after_forward=reshard_after_forward)
+    if shards == 1:
+        out["reduce_scatter"] = out["all_gather"] = 0
+    out["all_reduce"] = num_units + 1
+    return out
+
+
+def hsdp_comm_bytes_per_step(model, world_size: int, shards: int = DEFAULT_SHARDS, *,
+                             reshard_after_forward: bool = True, bytes_per_elem: int = 4,
+                             unit_types=None) -> dict:
+    """Bytes one rank sends per step: FSDP2's inside the shard group, plus the all-reduce of
+    each unit's ``1/shards`` gradient shard across the replicate group."""
+    replicas, shards = mesh_shape(world_size, shards)
+    out = comm_bytes_per_step(model, shards, reshard_after_forward=reshard_after_forward,
+                              bytes_per_elem=bytes_per_elem, unit_types=unit_types)
+    shard_numel = Fraction(sum(message_numels(model, shards, unit_types)), shards)
+    out["all_reduce"] = Fraction(2 * (replicas - 1), replicas) * bytes_per_elem * shard_numel
+    return out
+
+
+def hsdp_expected_state_bytes(model, world_size: int, rank: int, shards: int = DEFAULT_SHARDS) -> dict:
+    """FSDP's local shards for ``shards`` ranks, at ``rank``'s place in its shard group."""
+    mesh_shape(world_size, shards)
+    check_int("rank", rank, 0, world_size - 1)
+    return expected_state_bytes(model, shards, rank % shards)
