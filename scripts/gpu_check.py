@@ -304,7 +304,7 @@ def check_after_backward(strategy: str = "ddp") -> list[Row]:
 
 def strategy_world_size(strategy: str, gpus: int) -> int:
     """Ranks a strategy runs on with ``gpus`` GPUs: min(gpus, MAX_RANKS); torch-hsdp, whose
-    mesh has shard groups of ``hsdp.DEFAULT_SHARDS``, a multiple of that."""
+    mesh has shard groups of ``DEFAULT_SHARDS``, a multiple of that."""
     n = min(gpus, MAX_RANKS)
     return n - n % DEFAULT_SHARDS if strategy == "torch-hsdp" else n
 

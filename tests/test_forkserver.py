@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils.runtime import launch as launch_mod
-from course_utils.runtime.launch import LaunchError, choose_start_method, describe_plan, launch
+from course_utils.runtime.launch import choose_start_method, describe_plan, launch
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 

@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 import course_utils.impl.fsdp  # noqa: F401  (registers "torch-fsdp" and "torch-fsdp-zero2")
 from course_utils.runtime.ledger import CommLedger
-from course_utils.harness.experiments import GLOBAL_BATCH, make_adamw, run
+from course_utils.harness.experiments import GLOBAL_BATCH, make_adamw, run, state_bytes
 from course_utils.harness.strategies import STRATEGIES
-from course_utils.impl.fsdp import fsdp_state_bytes, wrap_torch_fsdp
+from course_utils.impl.fsdp import wrap_torch_fsdp
 from course_utils.theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, message_numels
 from course_utils.runtime.launch import launch
 from course_utils.harness.model import SyntheticData, build_model
@@ -126,7 +126,7 @@ def _train_reshard_root():
         x, y = data.shard(0, rank, world)
         model(x, y).backward()
         opt.step()
-        state = fsdp_state_bytes(model, opt)
+        state = state_bytes(model, opt)
         opt.zero_grad()
     return ledger.counts(), ledger.totals(), state
 

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 
-from course_utils.harness import experiments
 from course_utils.harness import strategies
 from course_utils.course.badges import ROOT
 from course_utils.theory.config import TransformerConfig

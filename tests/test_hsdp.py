@@ -15,7 +15,6 @@ from fractions import Fraction
 
 import pytest
 
-from course_utils.impl import hsdp
 from course_utils.theory import sharding
 from course_utils.theory.sharding import comm_bytes_per_step, expected_state_bytes, message_numels
 from course_utils.labs import hsdp_lab

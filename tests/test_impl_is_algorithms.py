@@ -11,15 +11,10 @@ import course_utils
 IMPL = Path(course_utils.__file__).parent / "impl"
 FORBIDDEN = re.compile(r"matplotlib|ipywidgets|\bwidgets\b|perf_counter|CommLedger|\bledger\b|\bprint\("
                        r"|\.timeline\b|event_log|\b_log\(|peak_|_note_peak")
-#: Files still holding measurement code (helpers H1/H2 of issue 26 move it out): strict xfail,
-#: so the test fails once a file is clean and this set has to shrink.
-PENDING = {"ddp.py", "zero.py", "zero3.py"}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in IMPL.glob("*.py")))
-def test_impl_module_has_no_plotting_widget_timing_or_ledger_code(name, request):
-    if name in PENDING:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="measurement code not yet moved out"))
+def test_impl_module_has_no_plotting_widget_timing_or_ledger_code(name):
     source = (IMPL / name).read_text(encoding="utf-8")
     hits = [f"{name}:{i}: {line.strip()}" for i, line in enumerate(source.splitlines(), 1)
             if FORBIDDEN.search(line)]

@@ -355,11 +355,11 @@ def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
     model: :func:`~course_utils.comm.comm_volume` and
     :func:`~course_utils.comm.collective_calls` for DDP and ZeRO; for ``fully_shard``
     (one unit per block plus the root, kept gathered between forward and backward)
-    :func:`course_utils.impl.fsdp.comm_bytes_per_step` and :func:`course_utils.impl.fsdp.calls_per_step`."""
+    :func:`course_utils.theory.sharding.comm_bytes_per_step` and :func:`course_utils.theory.sharding.calls_per_step`."""
     from fractions import Fraction
 
     from ..harness.model import build_model
-    from ..impl.fsdp import calls_per_step, comm_bytes_per_step, fsdp_units
+    from ..theory.sharding import calls_per_step, comm_bytes_per_step, fsdp_units
     from ..theory.comm import OPS, collective_calls, comm_volume, paper_volume
     from ..theory.config import preset
 

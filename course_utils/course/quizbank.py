@@ -477,7 +477,7 @@ QUIZZES["06"] = quiz_06
 
 
 def quiz_07() -> Quiz:
-    from ..impl.fsdp import calls_per_step
+    from ..theory.sharding import calls_per_step
 
     units = 4                                  # the course GPT's blocks; the root comes on top
     full = calls_per_step(units)

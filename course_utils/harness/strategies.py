@@ -13,6 +13,7 @@ from typing import Callable
 from ..checks import check_choice
 from ..impl import ddp, fsdp, hsdp, zero3
 from ..impl.common import trainable
+from ..theory.sharding import DEFAULT_SHARDS
 from . import probes
 
 __all__ = ["Strategy", "STRATEGIES", "strategies", "get", "register_strategy"]
@@ -70,7 +71,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              description="torch FSDP2 with reshard_after_forward=False: parameters stay gathered "
                          "between forward and backward (ZeRO-2-like)"),
     Strategy("torch-hsdp", hsdp.wrap_torch_hsdp, notebook="08_beyond_one_box",
-             description=f"torch FSDP2 on a 2-D mesh (replicas x {hsdp.DEFAULT_SHARDS} shards): "
+             description=f"torch FSDP2 on a 2-D mesh (replicas x {DEFAULT_SHARDS} shards): "
                          "fully_shard inside each shard group, all-reduce across replicas (HSDP)"),
 )}
 

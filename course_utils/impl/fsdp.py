@@ -17,36 +17,14 @@ holds is predicted in :mod:`course_utils.theory.sharding`.
 """
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..checks import require_process_group
-# Re-exports: labs.fsdp_options, labs.fsdp_wrapping, labs.accumulation, course.figures, course.quizbank.
-from ..theory.sharding import (MESH_DIM_NAMES, calls_per_step, comm_bytes_per_step,  # noqa: F401
-                               expected_state_bytes, mesh_shape, message_numels)
-from .common import broadcast_from_rank0, storage_bytes
-from .zero3 import find_units
+from ..theory.sharding import MESH_DIM_NAMES, fsdp_units, mesh_shape
+from .common import broadcast_from_rank0
 
-__all__ = ["shard_per_unit", "wrap_fsdp2", "wrap_torch_fsdp", "wrap_torch_fsdp_zero2", "fsdp_units",
-           "fsdp_state_bytes", "local_tensor", "make_mesh"]
-
-
-# ------------------------------------------------------------------ the layout, analytically
-
-def fsdp_units(model: nn.Module, unit_types=None) -> list[nn.Module]:
-    """The submodules ``fully_shard`` is applied to before the root: the units of
-    :func:`~course_utils.impl.zero3.find_units` (the course's ``Zero3`` cuts the same way),
-    innermost first when ``unit_types`` may nest."""
-    units = [m for m, _ in find_units(model, unit_types)[1:]]
-    return units if unit_types is None else units[::-1]
-
-
-def _unit_params(model: nn.Module, unit_types=None) -> list[list[nn.Parameter]]:
-    """Trainable parameters per FSDP unit: ``[root, *in fsdp_units order]``, each Parameter
-    once, owned as :func:`~course_utils.impl.zero3.find_units` says."""
-    root, *units = [ps for _, ps in find_units(model, unit_types)]
-    return [root] + (units if unit_types is None else units[::-1])
+__all__ = ["shard_per_unit", "wrap_fsdp2", "wrap_torch_fsdp", "wrap_torch_fsdp_zero2", "make_mesh"]
 
 
 # ------------------------------------------------------------------ wrapping
@@ -115,22 +93,3 @@ def wrap_torch_fsdp_zero2(model, make_optimizer, *, group=None, unit_types=None,
     """The ``"torch-fsdp-zero2"`` strategy: parameters stay gathered from forward to backward."""
     return wrap_fsdp2(model, make_optimizer, reshard_after_forward=False, group=group, unit_types=unit_types,
                       mesh=mesh, fully_shard_kwargs=fully_shard_kwargs)
-
-
-def local_tensor(t):
-    """This rank's local part of ``t`` (``DTensor.to_local()``), ``t`` itself otherwise."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def fsdp_state_bytes(model: nn.Module, optimizer) -> dict:
-    """Bytes this rank holds: the local shards (``DTensor.to_local()`` storages) of the
-    parameters, their gradients and the optimizer states, each storage once."""
-    inner = getattr(optimizer, "inner", optimizer)
-    params = list(model.parameters())
-    seen: set = set()
-    out = {"params": storage_bytes([local_tensor(p) for p in params], seen),
-           "grads": storage_bytes([local_tensor(p.grad) for p in params], seen)}
-    state = [local_tensor(v) for per in inner.state.values() for v in per.values()
-             if isinstance(v, torch.Tensor)]
-    out["optimizer"] = storage_bytes(state, seen)
-    return out

@@ -15,8 +15,7 @@ Predictions: :mod:`course_utils.theory.sharding`; time across nodes:
 from __future__ import annotations
 
 from ..checks import require_process_group
-# Re-exports: labs.hsdp_lab.
-from ..theory.sharding import DEFAULT_SHARDS, mesh_shape  # noqa: F401
+from ..theory.sharding import DEFAULT_SHARDS
 from .fsdp import make_mesh, wrap_fsdp2
 
 __all__ = ["wrap_torch_hsdp"]

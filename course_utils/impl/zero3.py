@@ -3,7 +3,7 @@
 Taught in ``notebooks/06_zero3.ipynb``; the strategy ``"zero3"`` of
 :mod:`course_utils.harness.strategies`.
 
-* **Units** (:func:`find_units`, shared with the FSDP2 wrapping of :mod:`.fsdp`): every
+* **Units** (:func:`~course_utils.theory.sharding.find_units`, shared with the FSDP2 wrapping of :mod:`.fsdp`): every
   child of the first ``nn.ModuleList`` (the course GPT's blocks), or every submodule of
   ``unit_types``, plus the *root*, which owns the rest (embeddings, final norm). A
   Parameter shared by two units belongs to their innermost common ancestor (e.g. the root);
@@ -33,44 +33,18 @@ every rank must run the same units, in module order.
 """
 from __future__ import annotations
 
-from collections import Counter
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..checks import require_process_group
+from ..theory.sharding import find_units
 from ..runtime.compat import all_gather_into_tensor, queue_backward_callback, reduce_scatter_tensor, tree_flatten
 from .common import (alloc_storage, broadcast_from_rank0, clip_sharded_, flatten_and_pad, free_storage,
                      padded_numel, real_optimizer, register_grad_owner)
 
-__all__ = ["Zero3", "FlatUnit", "find_units", "wrap_zero3"]
-
-
-def find_units(model: nn.Module, unit_types=None, ignored_params=()) -> list[tuple[nn.Module, list]]:
-    """``[(module, its trainable Parameters)]``, the root (``model``) first, then the units
-    in module order: every child of the first ``nn.ModuleList``, or every submodule (not
-    ``model``) that is a ``unit_types``. Each trainable Parameter not in ``ignored_params``
-    belongs to the innermost unit holding every use of it (a weight tied across units: their
-    common ancestor, else the root), in ``model.parameters()`` order."""
-    if unit_types is None:
-        first = next((m for m in model.modules() if isinstance(m, nn.ModuleList)), None)
-        units = list(first.children()) if first is not None else []
-    else:
-        types = tuple(unit_types) if isinstance(unit_types, (list, tuple, set)) else (unit_types,)
-        units = [m for m in model.modules() if m is not model and isinstance(m, types)]
-    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
-    depth = {id(m): n.count(".") + 1 for n, m in model.named_modules() if n}
-    owner: dict[int, int] = {}
-    for i in sorted(range(len(units)), key=lambda i: depth[id(units[i])]):   # outer first: inner wins
-        inside = Counter(id(p) for _, p in units[i].named_parameters(remove_duplicate=False))
-        owner.update({pid: i + 1 for pid, k in inside.items() if k == uses[pid]})
-    ignored = {id(p) for p in ignored_params}
-    out = [(m, []) for m in [model] + units]
-    for p in model.parameters():
-        if p.requires_grad and id(p) not in ignored:
-            out[owner.get(id(p), 0)][1].append(p)
-    return out
+__all__ = ["Zero3", "FlatUnit", "wrap_zero3"]
 
 
 def _before_backward(output, fn) -> bool:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from ..checks import check_int
 from ..harness.experiments import make_adamw, state_bytes, wrap
 from ..harness.model import SyntheticData, build_model
-from ..impl import fsdp
+from ..theory import sharding
 from ..runtime import compat
 from ..runtime.fmt import num
 from ..runtime.launch import launch, rank_device, where
@@ -217,11 +217,11 @@ def predicted(setup: str, *, world_size: int = 2, micro_batches: int = 4) -> dic
         ring.update(reduce_scatter=k * f * sum(z3), all_gather=k * f * (2 * sum(z3) - z3[0]))
         between = 4 * sum(z3) // n
     else:                                                # torch-fsdp
-        per = fsdp.calls_per_step(COURSE_CONFIG.layers)
-        one = fsdp.comm_bytes_per_step(meta, n)
+        per = sharding.calls_per_step(COURSE_CONFIG.layers)
+        one = sharding.comm_bytes_per_step(meta, n)
         calls.update(reduce_scatter=syncs * per["reduce_scatter"], all_gather=k * per["all_gather"])
         ring.update(reduce_scatter=syncs * one["reduce_scatter"], all_gather=k * one["all_gather"])
-        between = 4 * psi if how else fsdp.expected_state_bytes(meta, n, 0)["grads"]
+        between = 4 * psi if how else sharding.expected_state_bytes(meta, n, 0)["grads"]
     gloo = sum(ring.values()) + ring["reduce_scatter"]
     return {"calls": calls, "ring_bytes": {op: _plain(v) for op, v in ring.items()},
             "gloo_bytes": int(gloo), "grad_bytes_between": int(between)}

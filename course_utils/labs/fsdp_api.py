@@ -15,7 +15,7 @@ from torch import nn
 from ..checks import check_int, require_process_group
 from ..harness.experiments import GLOBAL_BATCH, local_tensor, param_digest
 from ..harness.model import SyntheticData
-from ..impl.fsdp import fsdp_units
+from ..theory.sharding import fsdp_units
 from ..runtime import compat
 from ..runtime.launch import rank_device
 from ..runtime.ledger import CommLedger

@@ -26,7 +26,7 @@ from ..harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs
                                    local_tensor, reference_grads, state_bytes, train)
 from ..harness.model import Block, SyntheticData, build_model, rows_per_rank
 from ..impl import fsdp
-from ..impl.fsdp import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
+from ..theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
 from ..runtime import compat
 from ..runtime.fmt import num, plural, sci
 from ..runtime.launch import launch, rank_device, where
@@ -172,7 +172,7 @@ def _check_world_size(world_size) -> None:
 
 def shard_model(model: nn.Module, *, reshard_after_forward: bool | int = True, unit_types=None,
                 **fully_shard_kwargs) -> nn.Module:
-    """``fully_shard`` every unit of :func:`course_utils.impl.fsdp.fsdp_units` (the course GPT's
+    """``fully_shard`` every unit of :func:`course_utils.theory.sharding.fsdp_units` (the course GPT's
     blocks), then the root, on a 1-D mesh of all ranks, after broadcasting rank 0's weights:
     the layout of the ``"torch-fsdp"`` strategy, with any other ``fully_shard`` keyword
     (``mp_policy=``, ``offload_policy=``) applied to every unit and the root.
@@ -270,7 +270,7 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
     """``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` on
     every unit vs plain fp32, ``steps`` AdamW steps on ``world_size`` ranks: bytes of the
     all-gathers (bf16, half) and reduce-scatters (fp32) per step against
-    :func:`course_utils.impl.fsdp.comm_bytes_per_step`, the dtypes stored and computed with, and
+    :func:`course_utils.theory.sharding.comm_bytes_per_step`, the dtypes stored and computed with, and
     the losses of both runs."""
     _check_world_size(world_size)
     check_int("steps", steps, minimum=1)

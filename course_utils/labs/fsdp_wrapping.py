@@ -35,6 +35,7 @@ from ..harness import experiments
 from ..harness.experiments import max_rel_diff
 from ..harness.model import GPT, Block, SyntheticData, build_model, num_params, rows_per_rank
 from ..impl import fsdp
+from ..theory import sharding
 from ..impl.common import broadcast_from_rank0
 from ..runtime import compat
 from ..runtime.fmt import LOSS_RTOL, bound, nums
@@ -49,7 +50,7 @@ __all__ = ["GRANULARITIES", "UnshardedProbe", "predict_unsharded_peak", "measure
            "predict_strategy", "StrategyReport", "IssueReport", "issue_oom", "issue_slow",
            "issue_inconsistent_init", "text_table", "LIMIT_ALL_GATHERS_NOTE"]
 
-#: name -> (unit types given to :func:`course_utils.impl.fsdp.fsdp_units` (None: the blocks;
+#: name -> (unit types given to :func:`course_utils.theory.sharding.fsdp_units` (None: the blocks;
 #: (): none), reshard_after_forward of the units, what it is).
 GRANULARITIES = {
     "root-only": ((), True, "fully_shard(model) only: one unit, the whole model"),
@@ -224,7 +225,7 @@ def _first_over(timeline, budget: int):
 
 def _units_in_forward_order(model: nn.Module, unit_types):
     """``[(name, unit module)]`` of the units in forward (= registration, for the course GPT) order."""
-    units = fsdp.fsdp_units(model, unit_types)
+    units = sharding.fsdp_units(model, unit_types)
     index = {id(m): i for i, m in enumerate(model.modules())}
     names = {id(m): n for n, m in model.named_modules()}
     return sorted(((names[id(u)], u) for u in units), key=lambda nu: index[id(nu[1])])
@@ -232,8 +233,8 @@ def _units_in_forward_order(model: nn.Module, unit_types):
 
 def _unit_bytes(model: nn.Module, world_size: int, unit_types, bytes_per_elem: int = 4):
     """``(root bytes, [(name, bytes)] in forward order)`` of FSDP2's padded unit messages."""
-    root, *sizes = fsdp.message_numels(model, world_size, unit_types)
-    by_id = {id(u): s for u, s in zip(fsdp.fsdp_units(model, unit_types), sizes)}
+    root, *sizes = sharding.message_numels(model, world_size, unit_types)
+    by_id = {id(u): s for u, s in zip(sharding.fsdp_units(model, unit_types), sizes)}
     ordered = _units_in_forward_order(model, unit_types)
     return root * bytes_per_elem, [(n, by_id[id(u)] * bytes_per_elem) for n, u in ordered]
 
@@ -465,13 +466,13 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
         if any(results[k][name]["peak_total"] != r["peak_total"] for k in range(world_size)):
             raise RuntimeError(f"{name}: the ranks measured different peaks: this should not happen")
         pred = predict_unsharded_peak(name, world_size, config=config)
-        n_units = len(fsdp.fsdp_units(model, unit_types))
-        pred_bytes = fsdp.comm_bytes_per_step(model, world_size, reshard_after_forward=reshard,
+        n_units = len(sharding.fsdp_units(model, unit_types))
+        pred_bytes = sharding.comm_bytes_per_step(model, world_size, reshard_after_forward=reshard,
                                               unit_types=unit_types)
         r.update(granularity=name, description=description,
                  predicted_params=pred["params"], predicted_total=pred["total"],
                  predicted_forward_order=pred["forward_order"],
-                 predicted_calls=fsdp.calls_per_step(n_units, reshard_after_forward=reshard),
+                 predicted_calls=sharding.calls_per_step(n_units, reshard_after_forward=reshard),
                  predicted_bytes={op: _exact(v) for op, v in pred_bytes.items()},
                  max_rel_loss_diff=max_rel_diff(r["losses"], single))
         rows.append(r)
@@ -681,7 +682,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
         if fsdp1_name == "NO_SHARD":          # FSDP2's own replicate (private; the row is
             model = build_model(seed=seed, device=device)      # left out where torch has none)
             broadcast_from_rank0(model)
-            has_replicate = compat.fsdp2_replicate([*fsdp.fsdp_units(model), model])
+            has_replicate = compat.fsdp2_replicate([*sharding.fsdp_units(model), model])
         else:
             has_replicate = False
         if has_replicate:
@@ -703,7 +704,7 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
     ``flavour="fsdp1"``: each unit's flat parameter is padded once to a multiple of the shard
     group size S and split evenly (every rank holds ceil(numel/S) elements per unit; AdamW's
     states match, plus one step counter per unit); ``"fsdp2"``: every parameter's dim 0 is
-    padded (:func:`course_utils.impl.fsdp.message_numels`, :func:`~course_utils.impl.fsdp.expected_state_bytes`).
+    padded (:func:`course_utils.theory.sharding.message_numels`, :func:`~course_utils.theory.sharding.expected_state_bytes`).
     All-gathers and reduce-scatters run over the shard group (none when S = 1); with R > 1
     replicas each unit's reduce-scattered shard is also all-reduced over the R replicas."""
     if strategy not in STRATEGY_MAP:
@@ -717,10 +718,10 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
         raise ValueError(f"{strategy} uses a (2, N/2) mesh: world_size must be even, got {world_size}")
     R, S = _mesh_shape(kind, world_size)
     model = build_model(config, device="meta")
-    units = fsdp.fsdp_units(model)
+    units = sharding.fsdp_units(model)
     if flavour == "fsdp2":
-        messages = fsdp.message_numels(model, S)
-        state = fsdp.expected_state_bytes(model, S, 0)
+        messages = sharding.message_numels(model, S)
+        state = sharding.expected_state_bytes(model, S, 0)
     else:
         block_numels = [sum(p.numel() for p in u.parameters()) for u in units]
         numels = [num_params(model) - sum(block_numels)] + block_numels

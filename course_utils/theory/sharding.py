@@ -13,6 +13,7 @@ shard groups are {0, 1} and {2, 3}, the replicate groups {0, 2} and {1, 3}.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from fractions import Fraction
 
 from torch import nn
@@ -33,33 +34,45 @@ MESH_DIM_NAMES = ("replicate", "shard")
 
 # ------------------------------------------------------------------ units
 
-def fsdp_units(model: nn.Module, unit_types=None) -> list[nn.Module]:
-    """The submodules ``fully_shard`` is applied to before the root: every child of the first
-    ``nn.ModuleList`` (the course GPT's blocks), or every submodule (not the root) that is an
-    instance of ``unit_types``, innermost first."""
-    if unit_types is not None:
+def find_units(model: nn.Module, unit_types=None, ignored_params=()) -> list[tuple[nn.Module, list]]:
+    """``[(module, its trainable Parameters)]``, the root (``model``) first, then the units
+    in module order: every child of the first ``nn.ModuleList``, or every submodule (not
+    ``model``) that is a ``unit_types``. Each trainable Parameter not in ``ignored_params``
+    belongs to the innermost unit holding every use of it (a weight tied across units: their
+    common ancestor, else the root), in ``model.parameters()`` order."""
+    if unit_types is None:
+        first = next((m for m in model.modules() if isinstance(m, nn.ModuleList)), None)
+        units = list(first.children()) if first is not None else []
+    else:
         types = tuple(unit_types) if isinstance(unit_types, (list, tuple, set)) else (unit_types,)
-        return [m for m in reversed(list(model.modules())) if m is not model and isinstance(m, types)]
-    for m in model.modules():
-        if isinstance(m, nn.ModuleList):
-            return list(m)
-    return []
+        units = [m for m in model.modules() if m is not model and isinstance(m, types)]
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    depth = {id(m): n.count(".") + 1 for n, m in model.named_modules() if n}
+    owner: dict[int, int] = {}
+    for i in sorted(range(len(units)), key=lambda i: depth[id(units[i])]):   # outer first: inner wins
+        inside = Counter(id(p) for _, p in units[i].named_parameters(remove_duplicate=False))
+        owner.update({pid: i + 1 for pid, k in inside.items() if k == uses[pid]})
+    ignored = {id(p) for p in ignored_params}
+    out = [(m, []) for m in [model] + units]
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in ignored:
+            out[owner.get(id(p), 0)][1].append(p)
+    return out
+
+
+def fsdp_units(model: nn.Module, unit_types=None) -> list[nn.Module]:
+    """The submodules ``fully_shard`` is applied to before the root: the units of
+    :func:`find_units` (the course's ``Zero3`` cuts the same way), innermost first when
+    ``unit_types`` may nest."""
+    units = [m for m, _ in find_units(model, unit_types)[1:]]
+    return units if unit_types is None else units[::-1]
 
 
 def unit_params(model: nn.Module, unit_types=None) -> list[list[nn.Parameter]]:
-    """Trainable parameters per unit, ``[root, unit_1, ..., unit_L]``: each Parameter once,
-    owned by the innermost unit containing it, as ``fully_shard`` assigns them."""
-    units = fsdp_units(model, unit_types)
-    owner: dict[int, int] = {}
-    for i, u in enumerate(units, start=1):       # innermost first: the first claim wins
-        for p in u.parameters():
-            if p.requires_grad and id(p) not in owner:
-                owner[id(p)] = i
-    out: list[list[nn.Parameter]] = [[] for _ in range(len(units) + 1)]
-    for p in model.parameters():
-        if p.requires_grad:
-            out[owner.get(id(p), 0)].append(p)
-    return out
+    """Trainable parameters per FSDP unit: ``[root, *in fsdp_units order]``, each Parameter
+    once, owned as :func:`find_units` says."""
+    root, *units = [ps for _, ps in find_units(model, unit_types)]
+    return [root] + (units if unit_types is None else units[::-1])
 
 
 # ------------------------------------------------------------------ FSDP2
