@@ -446,16 +446,15 @@ def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict
 def _meta_load_session(path: str) -> dict:
     """Rank side of :func:`meta_init_and_load`."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from torch.distributed.device_mesh import DeviceMesh
 
-    from ..impl.fsdp import shard_per_unit
+    from ..impl.fsdp import make_mesh, shard_per_unit
     from ..runtime.launch import rank_device
     from ..runtime.ledger import CommLedger
     from .model import build_model
 
     rank, device = _rank(), rank_device()
     model = build_model(device="meta")            # shapes only: no memory, no initialisation
-    shard_per_unit(model, mesh=DeviceMesh.from_group(dist.group.WORLD, device.type))
+    shard_per_unit(model, mesh=make_mesh(device.type))
     on_meta = all(p.is_meta for p in model.parameters())
     model.to_empty(device=device)                 # this rank's shards get (uninitialised) memory
     full = torch.load(path, map_location="cpu", weights_only=True)["model"] if rank == 0 else {}

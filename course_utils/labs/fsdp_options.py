@@ -341,7 +341,6 @@ def _offload_run(steps: int, **fully_shard_kwargs) -> dict:
 
 
 def _rank_cpu_offload(steps: int) -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     out = {"no offload": _offload_run(steps),
@@ -349,7 +348,7 @@ def _rank_cpu_offload(steps: int) -> dict:
     device = rank_device()
     try:                                    # the default pin_memory=True, on this machine
         fully_shard(nn.Linear(4, 4, device=device), offload_policy=CPUOffloadPolicy(),
-                    mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+                    mesh=fsdp.make_mesh(device.type))
         out["pin_memory=True"] = "runs"
     except Exception as exc:  # noqa: BLE001 - reported, it is the point
         out["pin_memory=True"] = f"{type(exc).__name__}: {exc}"

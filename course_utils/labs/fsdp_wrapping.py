@@ -628,12 +628,6 @@ def _mesh_shape(kind: str, world: int) -> tuple[int, int]:
     return {"1-D": (1, world), "2-D": (2, world // 2), "N x 1": (world, 1)}[kind]
 
 
-def _mesh(shape, device):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
-
-
 def _full_digest(model, flavour: str) -> str:
     """Digest of the full parameters this rank would train (FSDP1: summon_full_params)."""
     if flavour == "fsdp1":
@@ -656,7 +650,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
         row = {}
         fsdp1_name = name.split(" ")[0]
         kind = "1-D" if name.endswith("(no mesh)") else STRATEGY_MAP[fsdp1_name][2]
-        mesh = _mesh(_mesh_shape(kind, world), device) if kind == "2-D" and "no mesh" not in name \
+        mesh = fsdp.make_mesh(device.type, shards=_mesh_shape(kind, world)[1]) if kind == "2-D" and "no mesh" not in name \
             else None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -675,7 +669,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
             else:
                 model, opt = fsdp.wrap_fsdp2(build_model(seed=seed, device=device),
                                         experiments.make_adamw, reshard_after_forward=reshard,
-                                        mesh=_mesh(_mesh_shape(kind, world), device))
+                                        mesh=fsdp.make_mesh(device.type, shards=_mesh_shape(kind, world)[1]))
             row["fsdp2"] = _measured_run(model, opt, data, steps, device,
                                          units=len(compat.fsdp2_param_groups(model)))
             row["fsdp2"]["digest"] = _full_digest(model, "fsdp2")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..checks import check_int
 from ..harness.experiments import make_adamw
-from ..harness.model import SyntheticData, build_model
+from ..harness.model import SyntheticData, build_model, rows_per_rank
 from ..impl.ddp import DataParallel
 from ..runtime.launch import launch, rank_device
 
@@ -164,9 +164,7 @@ def ddp_step_timeline(world_size: int = 2, *, overlap: bool = True, bucket_bytes
     check_int("seed", seed, 0)
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap must be True or False, got {overlap!r}")
-    if GLOBAL_BATCH % world_size:
-        raise ValueError(f"world_size must divide the global batch of {GLOBAL_BATCH} rows "
-                         f"(2, 3, 4, 6 or 12), got {world_size}")
+    rows_per_rank(GLOBAL_BATCH, world_size)
     return list(launch(_record_step, world_size, overlap, bucket_bytes, warmup, seed,
                        quiet=quiet, timeout_s=timeout_s))
 
