@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from course_utils.runtime import fmt
+from course_utils.runtime.fmt import table
 
 
 def test_num_and_nums_round_to_three_significant_digits():
@@ -110,3 +111,18 @@ def test_the_one_table_renderer_aligns_rules_and_notes():
                                  "all_reduce  6,000  ok", "----------  -----  -------",
                                  "total       6,000  DIFFERS", "a note"]
     assert table(["a"], [["x"]], rules=()).splitlines() == ["a", "x"]
+
+
+def test_table_cells_alignment_and_errors():
+    text = table(["a", "b"], [["x", 1234], ["yy", None], ["z", True]], notes=["n"])
+    assert text.splitlines() == ["a       b", "--  -----", "x   1,234", "yy      -", "z     yes", "n"]
+    assert table(["f"], [[1234.56], [9.288e-08], [3.0]]).splitlines()[2:] == [
+        "1,234.6", "9.288e-08", "3"]
+    assert table(["a", "b"], [["x", "long"], ["yy", "s"]], left=(0, 1)).splitlines()[2:] == [
+        "x   long", "yy  s"]
+    with pytest.raises(ValueError, match="column indices"):
+        table(["a", "b"], [["x", 1]], left=(2,))
+    with pytest.raises(ValueError, match="cells"):
+        table(["a", "b"], [["x"]])
+    with pytest.raises(TypeError):
+        table([], [])

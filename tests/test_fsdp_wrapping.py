@@ -236,18 +236,3 @@ def test_issue_inconsistent_init(seeding):
     brief = seeding.brief().splitlines()
     assert len(brief) == 3 and brief[0].endswith(" %)") and " % off " in brief[0]
     assert all(line.count("≤ 1e-6 ✓") == want for line, want in zip(brief[1:], (1, 2)))
-
-
-def test_text_table():
-    text = fw.text_table(["a", "b"], [["x", 1234], ["yy", None], ["z", True]], notes=["n"])
-    assert text.splitlines() == ["a       b", "--  -----", "x   1,234", "yy      -", "z     yes", "n"]
-    assert fw.text_table(["f"], [[1234.56], [9.288e-08], [3.0]]).splitlines()[2:] == [
-        "1,234.6", "9.288e-08", "3"]
-    assert fw.text_table(["a", "b"], [["x", "long"], ["yy", "s"]], left=(0, 1)).splitlines()[2:] == [
-        "x   long", "yy  s"]
-    with pytest.raises(ValueError, match="column indices"):
-        fw.text_table(["a", "b"], [["x", 1]], left=(2,))
-    with pytest.raises(ValueError, match="cells"):
-        fw.text_table(["a", "b"], [["x"]])
-    with pytest.raises(TypeError):
-        fw.text_table([], [])

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..impl.common import DEFAULT_BUCKET_BYTES
-from ..runtime.fmt import plural
+from ..runtime.fmt import fmt_bytes, plural
 from ..runtime.launch import gpu_count
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG, PRESETS, TransformerConfig
@@ -147,12 +147,8 @@ def _setup(spec: strategies.Strategy, timeout_s: float):
     return rank, world, device, where
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1024
-    return f"{n}"
+def _bytes(n) -> str:
+    return fmt_bytes(n, "auto", 2, sep=True)
 
 
 def _print(line: str) -> None:
@@ -191,12 +187,12 @@ def main(argv=None) -> int:
                     _print(f"step {step + 1} loss {loss:.4f} step_time {seconds * 1e3:.1f} ms")
         comm, calls = ledger.totals(), ledger.counts()
         if rank == 0:
-            sent = ", ".join(f"{op} {_fmt_bytes(b)} ({calls.get(op, 0)} calls)"
+            sent = ", ".join(f"{op} {_bytes(b)} ({calls.get(op, 0)} calls)"
                              for op, b in comm.items() if b or calls.get(op, 0))
             _print(f"sent by rank 0 over {args.steps} steps: {sent or 'nothing'}")
-            _print("model states on rank 0: " + ", ".join(f"{k} {_fmt_bytes(v)}"
+            _print("model states on rank 0: " + ", ".join(f"{k} {_bytes(v)}"
                                                          for k, v in state.items())
-                   + f" (total {_fmt_bytes(sum(state.values()))})")
+                   + f" (total {_bytes(sum(state.values()))})")
             _print(f"median step time {statistics.median(times) * 1e3:.1f} ms")
             if args.json:
                 out = {"strategy": args.strategy, "world_size": world, "where": where,

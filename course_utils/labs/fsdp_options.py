@@ -28,13 +28,12 @@ from ..harness.model import Block, SyntheticData, build_model, rows_per_rank
 from ..impl import fsdp
 from ..theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
 from ..runtime import compat
-from ..runtime.fmt import num, plural, sci
+from ..runtime.fmt import num, plural, sci, table
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG
 from ..theory.memory import activation_bytes
 from .fsdp_api import EventOrder, HeldParams, SavedActivations
-from .fsdp_wrapping import text_table
 
 __all__ = ["Check", "OptionResult", "shard_model", "measure_mixed_precision",
            "measure_cpu_offload", "measure_reshard_after_forward", "measure_prefetch",
@@ -155,7 +154,7 @@ class OptionResult:
                  _fmt_predicted(c), {True: "ok", False: "DIFFERS", None: ""}[c.ok])
                 for c in self.checks]
         notes = [textwrap.fill(par, 100) for par in self.note.split("\n")] if self.note else []
-        return f"{self.option}: {self.where}\n" + text_table(
+        return f"{self.option}: {self.where}\n" + table(
             ["quantity", "measured", "", "predicted", ""], rows, notes=notes, left=(0, 2, 4))
 
     __repr__ = table

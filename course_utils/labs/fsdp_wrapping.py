@@ -24,7 +24,6 @@ import dataclasses
 import functools
 import statistics
 import warnings
-from numbers import Integral
 
 import torch
 import torch.distributed as dist
@@ -38,7 +37,7 @@ from ..impl import fsdp
 from ..theory import sharding
 from ..impl.common import broadcast_from_rank0
 from ..runtime import compat
-from ..runtime.fmt import LOSS_RTOL, bound, nums
+from ..runtime.fmt import LOSS_RTOL, bound, nums, table
 from ..runtime.launch import where
 from ..runtime.ledger import CommLedger
 from ..theory.comm import OPS
@@ -48,7 +47,7 @@ from ..theory.layout import padded_numel as flat_padded_numel
 __all__ = ["GRANULARITIES", "UnshardedProbe", "predict_unsharded_peak", "measure_granularity",
            "GranularityReport", "compare_autowrap", "AutowrapReport", "STRATEGY_MAP", "strategy_table",
            "predict_strategy", "StrategyReport", "IssueReport", "issue_oom", "issue_slow",
-           "issue_inconsistent_init", "text_table", "LIMIT_ALL_GATHERS_NOTE"]
+           "issue_inconsistent_init", "LIMIT_ALL_GATHERS_NOTE"]
 
 #: name -> (unit types given to :func:`course_utils.theory.sharding.fsdp_units` (None: the blocks;
 #: (): none), reshard_after_forward of the units, what it is).
@@ -91,46 +90,6 @@ def _check_names(name: str, given, known) -> tuple:
     if not given or bad:
         raise ValueError(f"{name} must be a non-empty selection of {list(known)}, got {list(given)}")
     return given
-
-
-def text_table(header, rows, *, notes=(), left=(0,)) -> str:
-    """A plain-text table: ``header`` (column names) and ``rows`` (lists of cells, any
-    values; ints get thousands separators, floats 4 significant digits (one decimal from
-    100 up), None '-', bools yes/NO); the columns whose indices are in ``left`` (the
-    first, by default) are left-aligned, the others right-aligned. ``notes``: lines
-    printed under it."""
-    if not isinstance(header, (list, tuple)) or not header:
-        raise TypeError("header must be a non-empty list of column names")
-    left = set(left)
-    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(header) for i in left):
-        raise ValueError(f"left must hold column indices 0..{len(header) - 1}, got {sorted(left, key=str)}")
-
-    def cell(v) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, bool):
-            return "yes" if v else "NO"
-        if isinstance(v, Integral):
-            return f"{v:,}"
-        if isinstance(v, float):
-            if v.is_integer() and abs(v) >= 1:
-                return f"{v:,.0f}"
-            return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
-        return str(v)
-
-    cells = [[str(h) for h in header]]
-    for r in rows:
-        if len(r) != len(header):
-            raise ValueError(f"each row needs {len(header)} cells (one per column), got {len(r)}: {r!r}")
-        cells.append([cell(v) for v in r])
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = []
-    for k, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i in left else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines + [str(n) for n in notes])
 
 
 # ================================================================ 1. unsharded bytes, measured
@@ -436,7 +395,7 @@ class GranularityReport(_Rows):
             rows.append(row)
         notes = [f"fp32 bytes on one rank of {self.where}; params = unsharded parameters, "
                  f"+buffers = with the flat all-gather buffers; {self.steps} steps."]
-        return text_table(header, rows, notes=notes)
+        return table(header, rows, notes=notes)
 
 
 def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIES),
@@ -574,7 +533,7 @@ class AutowrapReport:
                   for name, m in self.runs.items()]
         notes += [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()]
         notes.append(f"the right form: {self.right_form}")
-        return text_table(header, rows, notes=notes)
+        return table(header, rows, notes=notes)
 
 
 def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
@@ -774,7 +733,7 @@ class StrategyReport(_Rows):
                  "= predicted: calls, bytes and rank 0's state bytes (predict_strategy)."]
         for r in self.rows:
             notes.append(f"{r['strategy']}: FSDP2 = {r['fsdp2_form']}")
-        return text_table(header, rows, notes=notes)
+        return table(header, rows, notes=notes)
 
 
 def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
@@ -842,7 +801,7 @@ class IssueReport:
         keys = [k for k in dict.fromkeys(list(self.before) + list(self.after))
                 if include_time or "(varies)" not in k]
         rows = [[k, self.before.get(k), self.after.get(k)] for k in keys]
-        return text_table([self.issue, "before", "after"], rows,
+        return table([self.issue, "before", "after"], rows,
                           notes=[f"measured on {self.where}"] + list(self.notes))
 
 
