@@ -46,7 +46,7 @@ from course_utils.harness import strategies
 from course_utils.theory.config import TransformerConfig
 from course_utils.runtime.env import gpu_names
 from course_utils.runtime.fmt import LOSS_RTOL, sci
-from course_utils.runtime.fmt import table
+from course_utils.runtime.fmt import table as text_table
 from course_utils.theory.sharding import DEFAULT_SHARDS
 from course_utils.runtime.launch import gpu_count, launch, where
 from course_utils.theory.memory import fmt_bytes, per_gpu
@@ -181,7 +181,7 @@ def table(rows) -> str:
             notes.append(f"[{len(notes) + 1}] {r.note}")
             result += f" [{len(notes)}]"
         body.append([r.check, r.where, r.measured, r.predicted, result])
-    return table(["check", "where", "measured", "predicted", "result"], body,
+    return text_table(["check", "where", "measured", "predicted", "result"], body,
                       notes=([""] if notes else []) + notes, left=(0, 1, 4))
 
 
@@ -482,7 +482,7 @@ def plan(gpus: int) -> list[Planned]:
 
 
 def _listing(planned) -> str:
-    return table(["check", "where"], [[p.check, p.where] for p in planned], left=(0, 1))
+    return text_table(["check", "where"], [[p.check, p.where] for p in planned], left=(0, 1))
 
 
 def describe_without_gpu(example_gpus: int = MAX_RANKS) -> str:
