@@ -9,7 +9,8 @@ from course_utils.course.exercises import check_zero3
 from course_utils.harness.grading import first_problem
 from course_utils.course.exercises.nb06 import zero3_on_rank
 from course_utils.impl.zero3 import FlatUnit
-from course_utils.impl.common import alloc_storage, free_storage, padded_numel
+from course_utils.impl.common import alloc_storage, free_storage
+from course_utils.theory.layout import padded_numel
 from course_utils.runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 from course_utils.runtime.launch import launch
 

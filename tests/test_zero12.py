@@ -18,6 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 import course_utils.impl.zero as zero
+from course_utils.impl.common import flatten_and_pad
+from course_utils.theory.layout import padded_numel, shard_bounds
 from course_utils.harness.experiments import state_bytes
 from course_utils.harness.probes import grad_bytes
 from course_utils.theory.zero import expected_comm_bytes, expected_state_bytes
@@ -47,19 +49,19 @@ def single():
 
 def test_padding_and_shards():
     assert num_params(build_model()) == PSI
-    assert zero.padded_numel(PSI, 2) == PSI and zero.padded_numel(PSI, 3) == PSI + 1
-    assert zero.padded_numel(PSI, 4) == PSI + 2
+    assert padded_numel(PSI, 2) == PSI and padded_numel(PSI, 3) == PSI + 1
+    assert padded_numel(PSI, 4) == PSI + 2
     for numel, n in ((10, 4), (7, 3), (PSI, 3), (1, 8), (12, 4)):
-        bounds = [zero.shard_bounds(numel, n, r) for r in range(n)]
-        assert bounds[0][0] == 0 and bounds[-1][1] == zero.padded_numel(numel, n)
+        bounds = [shard_bounds(numel, n, r) for r in range(n)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == padded_numel(numel, n)
         assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))          # contiguous
         assert len({hi - lo for lo, hi in bounds}) == 1                        # equal sizes
-    flat = zero.flatten_and_pad([torch.ones(2, 2), torch.full((3,), 2.0)], 3)
+    flat = flatten_and_pad([torch.ones(2, 2), torch.full((3,), 2.0)], 3)
     assert flat.tolist() == [1, 1, 1, 1, 2, 2, 2, 0, 0]
     with pytest.raises(ValueError, match="rank must be < world_size"):
-        zero.shard_bounds(10, 4, 4)
+        shard_bounds(10, 4, 4)
     with pytest.raises(ValueError, match="world_size must be >= 1"):
-        zero.padded_numel(10, 0)
+        padded_numel(10, 0)
     with pytest.raises(RuntimeError, match="torch.distributed initialised"):
         zero.ZeroOptimizer(nn.Linear(2, 2).parameters(), torch.optim.SGD)
 
@@ -70,7 +72,7 @@ def test_padding_and_shards():
 @pytest.mark.parametrize("stage", [1, 2])
 def test_course_model_matches_single_with_exact_bytes(stage, world_size, single):
     out = run(f"zero{stage}", world_size, steps=STEPS, quiet=True)
-    n, padded = world_size, zero.padded_numel(PSI, world_size)
+    n, padded = world_size, padded_numel(PSI, world_size)
     analytic = model_states(padded, world_size=n, stage=stage, recipe="fp32")
     for r in out:
         assert r.losses == out[0].losses
@@ -117,8 +119,8 @@ def test_variants_mixed_and_peak_gradient_memory():
     assert ref[0].extra["peak_grad_bytes"] == 4 * PSI
     # ZeRO-2 with one bucket per parameter: the shard + about one bucket in flight
     small = run("zero2", 2, steps=STEPS, bucket_bytes=0, quiet=True)
-    biggest = 4 * max(zero.padded_numel(k, 2) for k in small[0].extra["bucket_numels"])
-    shard = 4 * sum(zero.padded_numel(k, 2) for k in small[0].extra["bucket_numels"]) // 2
+    biggest = 4 * max(padded_numel(k, 2) for k in small[0].extra["bucket_numels"])
+    shard = 4 * sum(padded_numel(k, 2) for k in small[0].extra["bucket_numels"]) // 2
     for r in small:
         assert shard < r.extra["peak_grad_bytes"] <= shard + 2 * biggest
         assert ref[0].extra["peak_grad_bytes"] - r.extra["peak_grad_bytes"] >= 4 * PSI // 2 - 2 * biggest
@@ -357,7 +359,7 @@ def _good_bucket(params):
     from course_utils.runtime.compat import reduce_scatter_tensor
 
     n = dist.get_world_size()
-    flat = zero.flatten_and_pad([p.grad for p in params], n)
+    flat = flatten_and_pad([p.grad for p in params], n)
     shard = torch.empty(flat.numel() // n)
     reduce_scatter_tensor(shard, flat)
     for p in params:
@@ -372,7 +374,7 @@ def _keeps_grads(params):
 
 
 def test_exercise_checkers(capsys):
-    assert exercises.check_shard_bounds(zero.shard_bounds)
+    assert exercises.check_shard_bounds(shard_bounds)
     assert not exercises.check_shard_bounds(lambda numel, world_size, rank: (
         rank * (numel // world_size), (rank + 1) * (numel // world_size)))   # no padding
     assert exercises.check_zero1_step(_good_zero1_step)

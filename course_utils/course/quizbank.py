@@ -306,7 +306,7 @@ def quiz_04() -> Quiz:
 
 
 def quiz_05() -> Quiz:
-    from ..impl.zero import padded_numel
+    from ..theory.layout import padded_numel
     from ..theory.config import COURSE_CONFIG, PRESETS
     from ..theory.memory import activation_bytes, per_gpu
 

@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ..runtime.compat import queue_backward_callback
-from ..theory.layout import padded_numel, shard_bounds
+from ..theory.layout import padded_numel
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "broadcast_from_rank0", "trainable", "padded_numel", "shard_bounds",
+__all__ = ["DEFAULT_BUCKET_BYTES", "broadcast_from_rank0", "trainable", 
            "make_buckets", "BucketHooks", "flatten_and_pad", "free_storage", "alloc_storage", "storage_bytes", "check_bucket_bytes",
            "WrapsOptimizer", "register_grad_owner", "grad_owners", "clip_sharded_", "real_optimizer"]
 

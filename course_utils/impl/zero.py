@@ -23,10 +23,11 @@ from torch import nn
 from ..checks import require_process_group
 from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 from .common import (DEFAULT_BUCKET_BYTES, BucketHooks, broadcast_from_rank0, clip_sharded_, flatten_and_pad,
-                     make_buckets, padded_numel, register_grad_owner, shard_bounds)
+                     make_buckets, register_grad_owner)
+from ..theory.layout import shard_bounds
 
 __all__ = ["Zero1", "Zero2", "ZeroBucket", "ZeroOptimizer", "AllReduceGradients",
-           "SendAfterBackward", "BF16Master", "VARIANTS", "padded_numel", "shard_bounds", "flatten_and_pad"]
+           "SendAfterBackward", "BF16Master", "VARIANTS"]
 
 #: How ZeRO-1 reduces the gradients: a reduce-scatter, or an all-reduce then keep a slice.
 VARIANTS = ("reduce_scatter", "allreduce")

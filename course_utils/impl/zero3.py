@@ -39,10 +39,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..checks import require_process_group
-from ..theory.sharding import find_units
 from ..runtime.compat import all_gather_into_tensor, queue_backward_callback, reduce_scatter_tensor, tree_flatten
+from ..theory.layout import padded_numel
+from ..theory.sharding import find_units
 from .common import (alloc_storage, broadcast_from_rank0, clip_sharded_, flatten_and_pad, free_storage,
-                     padded_numel, real_optimizer, register_grad_owner)
+                     real_optimizer, register_grad_owner)
 
 __all__ = ["Zero3", "FlatUnit", "wrap_zero3"]
 

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from ...runtime.launch import where
 from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, grade_cases, launch_or_report,
                                 refuse_non_function, report_ranks)
-from ...impl.common import make_buckets, padded_numel, shard_bounds, storage_bytes
+from ...impl.common import make_buckets, storage_bytes
+from ...theory.layout import padded_numel, shard_bounds
 from ...runtime.fmt import bound
 from ...runtime.fmt import show as _show
 
@@ -30,7 +31,7 @@ _SHARD_CASES = [dict(numel=12, world_size=4, rank=0), dict(numel=10, world_size=
 def check_shard_bounds(fn: Callable) -> Verdict:
     """Exercise 04.1: ``fn(numel, world_size, rank)`` -> ``(start, stop)`` of rank's shard
     of a flat buffer of ``numel`` elements padded to a multiple of ``world_size``
-    (all shards equal, :func:`course_utils.impl.zero.shard_bounds`)."""
+    (all shards equal, :func:`course_utils.theory.layout.shard_bounds`)."""
     def as_tuple(numel, world_size, rank):
         return tuple(fn(numel=numel, world_size=world_size, rank=rank))
 

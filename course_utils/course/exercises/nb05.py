@@ -9,7 +9,8 @@ import torch.distributed as dist
 
 from ...runtime.launch import where
 from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_build, launch_or_report, refuse_non_function, report_ranks
-from ...impl.common import DEFAULT_BUCKET_BYTES, padded_numel, shard_bounds
+from ...impl.common import DEFAULT_BUCKET_BYTES
+from ...theory.layout import padded_numel, shard_bounds
 from .nb04 import params_right, zero_on_rank
 
 __all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZERO2_BUCKETS"]

@@ -8,7 +8,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ...impl.common import flatten_and_pad, padded_numel, storage_bytes, trainable
+from ...impl.common import flatten_and_pad, storage_bytes, trainable
+from ...theory.layout import padded_numel
 from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, on_world_sizes, refuse_non_function,
                                 report_ranks)
 from ...runtime.fmt import bound
