@@ -80,4 +80,4 @@ def require_process_group(what: str) -> None:
     """``RuntimeError`` unless ``torch.distributed`` is initialised: ``what`` runs on ranks."""
     if not distributed():
         raise RuntimeError(f"{what} needs torch.distributed initialised: run it inside "
-                           "course_utils.launch.launch(fn, N) or a %%ranks cell")
+                           "course_utils.runtime.launch.launch(fn, N) or a %%ranks cell")

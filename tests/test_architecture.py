@@ -7,8 +7,9 @@
 A module may import its own subpackage and the layers to its left, never one to its
 right; ``theory`` (arithmetic models) imports no ``torch.distributed`` at all. The
 top-level modules other than ``checks`` (``memory``, ``comm``, ``launch``,
-``experiments``, ``config``, ``train``) are thin re-exports kept at the import paths
-code outside the package uses: nothing inside the package imports them. No module
+``experiments``, ``config``: the names of the course's contracts) are thin re-exports
+kept at the import paths code outside the package uses: nothing inside the package
+imports them, and nothing the course writes cites them (one name for each thing). No module
 imports a private name (``_x``) from another subpackage, and no import cycle exists,
 counting imports inside functions too.
 """
@@ -21,7 +22,7 @@ import course_utils
 
 PKG = Path(course_utils.__file__).parent
 LAYERS = ["checks", "theory", "runtime", "impl", "harness", "labs", "course"]
-SHIMS = {"memory", "comm", "launch", "experiments", "config", "train"}
+SHIMS = {"memory", "comm", "launch", "experiments", "config"}
 
 
 def _modules() -> dict[str, Path]:

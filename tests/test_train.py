@@ -13,7 +13,7 @@ from course_utils.course.badges import ROOT
 
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "-m", "course_utils.train"]
+            "-m", "course_utils.harness.train"]
 
 
 def _close(a, b, rel=1e-6):
@@ -27,7 +27,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("train")
     cmds = {s: TORCHRUN + ["--strategy", s, "--steps", "3", "--json", str(tmp / f"{s}.json")]
             for s in ("ddp", "zero2")}
-    cmds["single"] = [sys.executable, "-m", "course_utils.train", "--strategy", "single",
+    cmds["single"] = [sys.executable, "-m", "course_utils.harness.train", "--strategy", "single",
                       "--steps", "2"]
     procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, env=ENV, cwd=ROOT) for name, cmd in cmds.items()}

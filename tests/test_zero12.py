@@ -63,7 +63,7 @@ def test_padding_and_shards():
     with pytest.raises(ValueError, match="world_size must be >= 1"):
         padded_numel(10, 0)
     with pytest.raises(RuntimeError, match="torch.distributed initialised"):
-        zero.ZeroOptimizer(nn.Linear(2, 2).parameters(), torch.optim.SGD)
+        zero.zero_optimizer(nn.Linear(2, 2).parameters(), torch.optim.SGD)
 
 
 # ------------------------------------------------------------------ the course model
@@ -216,7 +216,7 @@ def _zero2_after_backward():
     from course_utils.harness.experiments import LR, clip_grad_norm_
     from course_utils.harness.model import SyntheticData
 
-    opt = zero.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, bucket_bytes=16 * 1024, lr=LR)
+    opt = zero.zero_optimizer(model.parameters(), torch.optim.AdamW, stage=2, bucket_bytes=16 * 1024, lr=LR)
     x, y = SyntheticData(global_batch=12, seed=0).shard(0, dist.get_rank(), dist.get_world_size())
     model(x, y).backward()
     held = [n for n, p in model.named_parameters() if p.grad is not None]
@@ -255,7 +255,7 @@ def _accumulate(stage, micro_batches, overlap):
     rank, n = dist.get_rank(), dist.get_world_size()
     data = SyntheticData(global_batch=ACC_BATCH, seed=0)
     model = build_model(seed=0)
-    opt = zero.ZeroOptimizer(model.parameters(), torch.optim.SGD, stage=stage, bucket_bytes=16 * 1024,
+    opt = zero.zero_optimizer(model.parameters(), torch.optim.SGD, stage=stage, bucket_bytes=16 * 1024,
                              overlap=overlap, lr=ACC_LR)
     held = []
     with CommLedger() as ledger:

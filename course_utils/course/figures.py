@@ -163,7 +163,7 @@ def _collectives_data(world_size: int = 4) -> dict:
     """Before/after of the four collectives on ``world_size`` ranks, from
     :func:`course_utils.labs.collectives_lab.expected` (what the live demos of notebook 01 return),
     and the bytes each rank sends under the ring model, from the convention the
-    :class:`~course_utils.comm.CommLedger` records (:func:`course_utils.comm.sent_bytes`)."""
+    :class:`~course_utils.runtime.ledger.CommLedger` records (:func:`course_utils.theory.comm.sent_bytes`)."""
     from ..labs.collectives_lab import ROOT, expected
     from ..theory.comm import sent_bytes
 
@@ -352,8 +352,8 @@ def _zero3_timeline_draw(d: dict):
 def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
                      bytes_per_elem: int = 2) -> dict:
     """Bytes one rank sends per step, and the calls, for DDP, ZeRO-1/2/3 and FSDP2 on a real
-    model: :func:`~course_utils.comm.comm_volume` and
-    :func:`~course_utils.comm.collective_calls` for DDP and ZeRO; for ``fully_shard``
+    model: :func:`~course_utils.theory.comm.comm_volume` and
+    :func:`~course_utils.theory.comm.collective_calls` for DDP and ZeRO; for ``fully_shard``
     (one unit per block plus the root, kept gathered between forward and backward)
     :func:`course_utils.theory.sharding.comm_bytes_per_step` and :func:`course_utils.theory.sharding.calls_per_step`."""
     from fractions import Fraction

@@ -79,7 +79,7 @@ def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not callable(make_optimizer):
         raise TypeError("make_optimizer must be a function params -> optimizer, e.g. "
-                        "course_utils.experiments.make_adamw")
+                        "course_utils.harness.experiments.make_adamw")
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, (DataParallel, DistributedDataParallel)):
@@ -363,7 +363,7 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
     ``options`` go to the strategy's wrap function (:func:`wrap`), e.g.
     ``run("ddp", 2, bucket_bytes=0)`` or ``run("zero1", 2, variant="allreduce")``.
     ``"single"`` runs here, in this process, and needs ``world_size=1``; the others run
-    on ``world_size`` ranks through :func:`course_utils.launch.launch`, which prints
+    on ``world_size`` ranks through :func:`course_utils.runtime.launch.launch`, which prints
     one line saying where (``quiet=True``: not even that). Communication is measured
     over the ``steps`` training steps only: the start-up broadcast of rank 0's weights
     and the all-reduce that averages the logged loss are not counted.

@@ -1,4 +1,4 @@
-"""The course model: a small GPT built from any :class:`~course_utils.config.TransformerConfig`.
+"""The course model: a small GPT built from any :class:`~course_utils.theory.config.TransformerConfig`.
 
 The course model, introduced in ``notebooks/03_memory_anatomy.ipynb`` and used by
 every later notebook. One :class:`GPT` class covers both GPT-2-style configs (learned
@@ -40,7 +40,7 @@ INIT_STD = 0.02  #: standard deviation of every linear / embedding weight (GPT-2
 
 def _check_config(config) -> None:
     if not isinstance(config, TransformerConfig):
-        raise TypeError("config must be a course_utils.config.TransformerConfig "
+        raise TypeError("config must be a course_utils.theory.config.TransformerConfig "
                         f"(e.g. COURSE_CONFIG), got {type(config).__name__}")
 
 

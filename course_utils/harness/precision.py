@@ -20,7 +20,7 @@ The training loop is the same for every recipe::
 
 :func:`state_bytes` counts what is really held (each storage once) and
 :func:`memtracker_bytes` asks PyTorch's own ``MemTracker`` for a cross-check. The only
-difference from :func:`course_utils.memory.model_states` is AdamW's ``step`` counter:
+difference from :func:`course_utils.theory.memory.model_states` is AdamW's ``step`` counter:
 one fp32 scalar tensor (4 bytes) per parameter tensor, kept on the CPU even when the
 parameters are on a GPU.
 """
@@ -156,7 +156,7 @@ def _autocast_forward(model: nn.Module) -> None:
 
 def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_decay: float = 0.0,
                   betas: tuple[float, float] = (0.9, 0.95)):
-    """``(model, optimizer)`` for ``recipe``, a key of :data:`course_utils.memory.RECIPES`.
+    """``(model, optimizer)`` for ``recipe``, a key of :data:`course_utils.theory.memory.RECIPES`.
 
     * ``fp32``: the model in fp32 and ``torch.optim.AdamW``.
     * ``mixed``: the model (every parameter and buffer) in bf16 and a

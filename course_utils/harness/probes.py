@@ -83,7 +83,7 @@ def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, **options):
     frozen = [p for p in model.parameters() if not p.requires_grad]
     broadcast_from_rank0(frozen + list(model.buffers()), group)   # the trained ones: the optimizer
     groups, cls, defaults = real_optimizer(model, make_optimizer)
-    opt = zero.ZeroOptimizer(groups, cls, stage=stage, bucket_bytes=bucket_bytes, group=group, **options, **defaults)
+    opt = zero.zero_optimizer(groups, cls, stage=stage, bucket_bytes=bucket_bytes, group=group, **options, **defaults)
     return model, measure_peak(opt)
 
 

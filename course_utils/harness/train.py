@@ -1,8 +1,8 @@
 """Train the course GPT with any registered strategy, as a torchrun script
-(``python -m course_utils.train --help`` shows the commands for one node, several nodes
+(``python -m course_utils.harness.train --help`` shows the commands for one node, several nodes
 and one process).
 
-Same model, data and AdamW as :func:`course_utils.experiments.run`, with the same loop
+Same model, data and AdamW as :func:`course_utils.harness.experiments.run`, with the same loop
 (:func:`~course_utils.harness.experiments.train`), so the per-step losses match
 ``run("single", 1)`` for every strategy and world size. Rank 0 logs the global batch's
 loss, the bytes each collective sent (CommLedger) and the model-state bytes it holds;
@@ -34,13 +34,13 @@ __all__ = ["run_and_exit", "main", "parse_args", "model_config"]
 _EPILOG = """\
 commands:
   one node, 4 ranks:
-    torchrun --standalone --nproc-per-node 4 -m course_utils.train --strategy ddp --steps 20
+    torchrun --standalone --nproc-per-node 4 -m course_utils.harness.train --strategy ddp --steps 20
   two nodes of 8 GPUs (run on each node; --node-rank 0 on HOST, 1 on the other):
     torchrun --nnodes 2 --nproc-per-node 8 --node-rank R \\
              --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-             -m course_utils.train --strategy ddp --steps 20
+             -m course_utils.harness.train --strategy ddp --steps 20
   one process, no torchrun:
-    python -m course_utils.train --strategy single --steps 20
+    python -m course_utils.harness.train --strategy single --steps 20
 
 Each rank uses NCCL on GPU LOCAL_RANK when the node has a GPU per local rank,
 gloo on CPU (one thread per rank) otherwise. The global batch does not depend on
@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The command line (``argv``: defaults to ``sys.argv[1:]``)."""
     names = strategies.strategies()
     p = argparse.ArgumentParser(
-        prog="python -m course_utils.train",
+        prog="python -m course_utils.harness.train",
         description="Train the course GPT with one strategy; run it under torchrun "
                     "(one process per rank) or alone as one process.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,7 +126,7 @@ def _setup(spec: strategies.Strategy, timeout_s: float):
         return 0, 1, torch.device("cpu"), "1 process on CPU, no torch.distributed"
     use_gpu = gpu_count() >= local_world         # NVML: CUDA stays uninitialised until set_device
     backend = "nccl" if use_gpu else "gloo"
-    os.environ["COURSE_BACKEND"] = backend     # what course_utils.launch.rank_device reads
+    os.environ["COURSE_BACKEND"] = backend     # what course_utils.runtime.launch.rank_device reads
     timeout = timedelta(seconds=timeout_s)
     if use_gpu:
         torch.cuda.set_device(local_rank)

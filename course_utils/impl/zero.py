@@ -8,7 +8,7 @@ lives in one flat buffer padded to P_b = ceil(Ψ_b/N)·N, which its parameters b
 of. Rank r owns ``[r·P_b/N, (r+1)·P_b/N)``, and the real optimizer steps only that slice.
 ZeRO-2 is ZeRO-1 plus DDP's hooks: gradients are reduce-scattered during backward and
 freed; every backward adds into the shard gradients (accumulation), ``step()`` divides by N.
-Options are mixins (:func:`ZeroOptimizer`); predicted bytes: :mod:`course_utils.theory.zero`,
+Options are mixins (:func:`zero_optimizer`); predicted bytes: :mod:`course_utils.theory.zero`,
 measured: :mod:`course_utils.harness.probes`. ``state_dict`` is this rank's shard.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .common import (DEFAULT_BUCKET_BYTES, BucketHooks, broadcast_from_rank0, cl
                      make_buckets, register_grad_owner)
 from ..theory.layout import shard_bounds
 
-__all__ = ["Zero1", "Zero2", "ZeroBucket", "ZeroOptimizer", "AllReduceGradients",
+__all__ = ["Zero1", "Zero2", "ZeroBucket", "zero_optimizer", "AllReduceGradients",
            "SendAfterBackward", "BF16Master", "VARIANTS"]
 
 #: How ZeRO-1 reduces the gradients: a reduce-scatter, or an all-reduce then keep a slice.
@@ -340,7 +340,7 @@ def _with(base: type, *mixins: type) -> type:
     return type("".join(m.__name__ for m in mixins) + base.__name__, (*mixins, base), {}) if mixins else base
 
 
-def ZeroOptimizer(params, optimizer_class, *, stage: int = 1, bucket_bytes=DEFAULT_BUCKET_BYTES,  # noqa: N802
+def zero_optimizer(params, optimizer_class, *, stage: int = 1, bucket_bytes=DEFAULT_BUCKET_BYTES,
                   variant: str = "reduce_scatter", mixed: bool = False, overlap: bool = True, group=None,
                   **defaults):
     """:class:`Zero1` (``stage=1``) or :class:`Zero2`, with the options' mixins."""

@@ -1,7 +1,7 @@
 """The grand comparison: every registered strategy trained on the same model, data and ranks.
 
 Taught in ``notebooks/07_fsdp.ipynb`` (section "The grand comparison"). :func:`compare`
-runs :func:`course_utils.experiments.run` for each strategy in
+runs :func:`course_utils.harness.experiments.run` for each strategy in
 :data:`course_utils.harness.strategies.STRATEGIES` ("single" on one process, the others on
 ``world_size`` ranks) and collects, per strategy:
 
@@ -18,7 +18,7 @@ runs :func:`course_utils.experiments.run` for each strategy in
   message at once before sending: its peak is above ZeRO-1's (notebook 05). The other
   strategies do not track a peak (see :data:`PEAK_NOTE` for what their count means);
 * the bytes one rank sends per step, per collective (all-reduce, reduce-scatter,
-  all-gather, broadcast; ring convention of :class:`~course_utils.comm.CommLedger`; the
+  all-gather, broadcast; ring convention of :class:`~course_utils.runtime.ledger.CommLedger`; the
   largest over the ranks) and the calls per step (``"torch-zero1"``,
   ``ZeroRedundancyOptimizer``, broadcasts every parameter from its owner after the step);
 * the median step time (varies from run to run: the notebook prints it in a cell

@@ -628,7 +628,7 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
 def predicted_saved_activation_bytes(micro_batch: int, *, checkpointed: bool) -> dict:
     """Bytes autograd saves for backward (parameters excluded) in one forward of the course
     GPT (fp32, CPU kernels) on ``micro_batch`` sequences, from
-    :func:`course_utils.memory.activation_bytes`, whose per-layer formula counts 16-bit
+    :func:`course_utils.theory.memory.activation_bytes`, whose per-layer formula counts 16-bit
     activations and one-byte dropout masks:
 
     * per block, no checkpointing: ``attention="flash"`` gives 34·s·b·h bytes, of which

@@ -2,7 +2,7 @@
 
 Taught in ``notebooks/08_beyond_one_box.ipynb``. Each scenario is a rank function with a
 bug that real training code has (read them below), run on 2 ranks by
-:func:`course_utils.launch.launch` with a short ``timeout_s``:
+:func:`course_utils.runtime.launch.launch` with a short ``timeout_s``:
 
 ==================== ==========================================================================
 scenario             the bug

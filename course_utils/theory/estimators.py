@@ -15,7 +15,7 @@ Three things to watch when reading their output next to ours:
 
 1. Their "GB" are GiB (2**30 bytes): DeepSpeed prints ``bytes / 2**30`` and accelerate's
    ``convert_bytes`` divides by 1024 per step. The ZeRO paper and this course's
-   :mod:`course_utils.memory` use GB = 1e9 bytes.
+   :mod:`course_utils.theory.memory` use GB = 1e9 bytes.
 2. DeepSpeed's functions default to CPU offload *on* and return ``(cpu, gpu)``; ours
    default to offload *off* and return ``(gpu_bytes, cpu_bytes)``.
 3. None of them counts activations, communication buffers, the CUDA context or the

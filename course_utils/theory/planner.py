@@ -721,11 +721,11 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
     ``nics_per_node``: None is one per GPU. ``micro_batch``: None is the largest that fits
     (and, with ``global_batch``, divides the sequences per GPU, as DeepSpeed requires).
     ``global_batch``: sequences per step over all GPUs (a multiple of their number); None
-    is GPUs x micro-batch. ``recipe``: a key of :data:`course_utils.memory.RECIPES`; None
+    is GPUs x micro-batch. ``recipe``: a key of :data:`course_utils.theory.memory.RECIPES`; None
     is "mixed" for DeepSpeed, "torch-amp" for torch. ``framework``: "deepspeed" or "torch"
     (see the module docstring); None is "torch" for ``recipe="torch-amp"``. ``attention``
     ("flash", "standard") and ``cross_entropy`` ("torch", "fused"): see
-    :func:`course_utils.memory.activation_bytes`. ``gpu_flops`` (989e12: H100 SXM dense
+    :func:`course_utils.theory.memory.activation_bytes`. ``gpu_flops`` (989e12: H100 SXM dense
     bf16) x ``mfu``; ``overlap``: fraction of compute that can hide communication.
     ``overhead_gb``, ``activation_slack``, ``bucket_elems``, ``bucket_buffers``: the buffer
     allowance (``bucket_buffers=0`` when buckets are views of one gradient buffer).
