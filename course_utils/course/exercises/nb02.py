@@ -101,6 +101,7 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                        "parameter and buffer from rank 0 in __init__")
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
         ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.5)
+        # not experiments.train: the grader compares gradients between backward and step
         for step in range(steps):       # every rank runs every step (a rank that stopped early
             x, y = data.shard(step, rank, world)    # would leave the others in a collective)
             local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis

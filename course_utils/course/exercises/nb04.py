@@ -382,6 +382,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
     if _anyone(bool(problem)):          # every rank stops here, none waits in a collective
         return problem, seen
     inner = SpyAdamW.made[0]
+    # not experiments.train: the grader compares gradients between backward and step
     for step in range(steps):           # every rank runs every step
         x, y = data.shard(step, rank, n)
         local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
