@@ -392,37 +392,28 @@ def plan(gpus: int) -> list[Planned]:
         raise TypeError(f"gpus must be an int, got {type(gpus).__name__}")
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1 (with no GPU there is nothing to run), got {gpus}")
-    forked = ", forked from this process"
-    checks = [Planned("all-reduce of rank + 1 on 1 rank", where(1, "nccl", backend_first=True) + forked,
-                      functools.partial(check_all_reduce, 1))]
+
+    def on(n, backend, how):
+        return where(n, backend, backend_first=True) + how
+    forked, served = ", forked from this process", ", forked from the forkserver"
+    losses = f": losses = one process's ({STEPS} steps)"
+    checks = [Planned(f"all-reduce of rank + 1 on {n} rank{'s' if n > 1 else ''}", on(n, "nccl", forked),
+                      functools.partial(check_all_reduce, n)) for n in sorted({1, gpus})]
     if gpus >= 2:
-        checks.append(Planned(f"all-reduce of rank + 1 on {gpus} ranks",
-                              where(gpus, "nccl", backend_first=True) + forked,
-                              functools.partial(check_all_reduce, gpus)))
-        for name in strategies.strategies():
-            if not strategies.STRATEGIES[name].distributed:
-                continue
-            n = strategy_world_size(name, gpus)
-            checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",
-                                  where(n, "nccl", backend_first=True) + forked,
-                                  functools.partial(check_strategy, name, n, "nccl")))
-    checks.append(Planned(f"ddp: losses = one process's ({STEPS} steps)",
-                          where(2, "gloo", backend_first=True) + " after a backward here, forked from "
-                          "the forkserver (autograd's GPU threads started here)", check_after_backward))
+        checks += [Planned(name + losses, on(strategy_world_size(name, gpus), "nccl", forked),
+                           functools.partial(check_strategy, name, strategy_world_size(name, gpus), "nccl"))
+                   for name in strategies.strategies() if strategies.STRATEGIES[name].distributed]
+    checks.append(Planned("ddp" + losses, on(2, "gloo", " after a backward here" + served
+                                             + " (autograd's GPU threads started here)"), check_after_backward))
     checks.append(Planned(
         f"memory of a training step, course GPT at {MEMORY_CONFIG.num_params() / 1e6:.0f}M "
         "parameters (mixed) vs memory.per_gpu", "this process, GPU 0", check_memory))
     checks.append(Planned("torch's layout: FSDP2 states and gathered blocks vs planner(framework='torch')",
                           "this process, GPU 0 (1 NCCL rank)", check_torch_layout))
-    beside = " next to a visible GPU"
-    for name in GLOO_NEXT_TO_GPU:
-        checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",
-                              where(2, "gloo", backend_first=True) + beside
-                              + ", forked from the forkserver (CUDA initialised here)",
-                              functools.partial(check_gloo_next_to_gpu, name)))
+    checks += [Planned(name + losses, on(2, "gloo", " next to a visible GPU" + served + " (CUDA initialised here)"),
+                       functools.partial(check_gloo_next_to_gpu, name)) for name in GLOO_NEXT_TO_GPU]
     checks.append(Planned("all-reduce of rank + 1 on 1 rank after CUDA was initialised here",
-                          where(1, "nccl", backend_first=True) + ", forked from the forkserver",
-                          check_nccl_from_forkserver))
+                          on(1, "nccl", served), check_nccl_from_forkserver))
     return checks
 
 

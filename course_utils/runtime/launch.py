@@ -70,11 +70,8 @@ class RankResults(list):
 # --------------------------------------------------------------------------- planning
 
 def gpu_count() -> int:
-    """CUDA GPUs visible, counted without initialising CUDA here: the course's one GPU check.
-
-    ``torch.cuda.is_available()`` initialises the CUDA driver (a rank forked afterwards
-    cannot use the GPU); ``device_count()`` asks NVML first. 0 on a CPU-only torch.
-    """
+    """CUDA GPUs visible, counted without initialising CUDA here (``device_count()`` asks NVML;
+    ``is_available()`` would init the driver and forked ranks lose the GPU): the one GPU check."""
     import torch
     return torch.cuda.device_count()
 
@@ -97,9 +94,8 @@ def resolve_backend(world_size: int, backend: str = "auto") -> str:
 
 START_METHOD_ENV = "COURSE_START_METHOD"    # overrides the automatic start method
 START_METHODS = ("fork", "forkserver", "spawn")
-#: What the forkserver imports before forking ranks, so they start like forked ones
-#: (importing FSDP alone takes about 0.9 s per rank). Nothing that initialises CUDA, nor
-#: DeepSpeed (it probes the accelerator when imported).
+#: What the forkserver imports once, so ranks start like forked ones (FSDP alone: ~0.9 s per
+#: rank). Nothing that initialises CUDA, nor DeepSpeed (it probes the accelerator).
 FORKSERVER_PRELOAD = [
     "torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor",
     "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
@@ -166,15 +162,12 @@ def autograd_survives_fork() -> bool:
         return False
     pid = os.fork()
     if pid == 0:                                     # the child: try, report, leave at once
-        code = 1
         try:
             import torch
-            x = torch.zeros(1, requires_grad=True)
-            (2 * x).sum().backward()
-            code = 0
+            (2 * torch.zeros(1, requires_grad=True)).sum().backward()
         except BaseException:  # noqa: BLE001 - any failure means "do not fork"
-            pass
-        os._exit(code)
+            os._exit(1)
+        os._exit(0)
     deadline = time.monotonic() + FORK_PROBE_TIMEOUT_S
     done, status = os.waitpid(pid, os.WNOHANG)
     while not done and time.monotonic() < deadline:
@@ -357,11 +350,9 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
                               all_threads=False)
     code = 0
     try:
-        os.environ.update({
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.world_size),
-            "LOCAL_WORLD_SIZE": str(cfg.world_size), "GROUP_RANK": "0",
-            "OMP_NUM_THREADS": "1", "COURSE_BACKEND": cfg.backend,
-        })
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(cfg.world_size),
+                          LOCAL_WORLD_SIZE=str(cfg.world_size), GROUP_RANK="0", OMP_NUM_THREADS="1",
+                          COURSE_BACKEND=cfg.backend)
         lo = loopback_interface()   # else gloo binds where the host name resolves (often the LAN)
         if lo is not None:
             os.environ["GLOO_SOCKET_IFNAME"] = lo
@@ -473,10 +464,7 @@ def _user_stack(dump: str) -> str:
 
 
 _held_interrupts: list = []
-
-
-def _hold_interrupt(signum, frame) -> None:
-    _held_interrupts.append(signum)
+_hold_interrupt = lambda signum, frame: _held_interrupts.append(signum)  # noqa: E731 - a SIGINT handler
 
 
 @contextlib.contextmanager
