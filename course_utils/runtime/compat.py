@@ -31,10 +31,8 @@ __all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "HAS_SINGLE_NAMES"
            "checkpoint_functions", "fsdp1_allow_cpu_sync_module_states", "tree_flatten", "tree_unflatten", "DDP_BUFFER_BROADCAST",
            "release_forkserver_pipe", "stop_resource_tracker"]
 
-#: The oldest torch the course runs on (README, "Where it runs"). Measured on CPU/gloo:
-#: 2.10 passes every test and notebook; on 2.9 FSDP2's ``replicate`` and sharded
-#: gradient clipping differ, and on 2.7 FSDP2 reduces with ``ReduceOp.AVG``, which gloo
-#: lacks, so its gradients come out N times too large, silently.
+#: The oldest torch the course runs on (measured on CPU/gloo: on 2.9 FSDP2's ``replicate``
+#: and sharded clipping differ; on 2.7 its gradients come out N times too large, silently).
 MIN_TORCH = (2, 10)
 
 

@@ -515,11 +515,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
     ``timeout_s``: ranks still running then are killed (:class:`LaunchTimeout`); also the
     process-group timeout. ``env``: extra environment variables for the ranks. ``quiet``:
     do not print the plan line. ``start_method``: ``"auto"`` (:func:`choose_start_method`)
-    or one of :data:`START_METHODS` (forkserver and spawn send ``fn`` by value).
-
-    Returns a :class:`RankResults` (tensors moved to CPU) with ``.backend``,
-    ``.start_method`` and ``.outputs``. Raises :class:`LaunchError` when a rank raised or
-    crashed (``.rank`` names it; the message carries its traceback).
+    or one of :data:`START_METHODS`. Returns a :class:`RankResults` (tensors moved to CPU);
+    raises :class:`LaunchError` naming the rank that raised or crashed, with its traceback.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable (a function each rank runs), got {type(fn).__name__}")
@@ -663,23 +660,18 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
 
     if timed_out:
         stacks = "\n".join(f"--- rank {r} ---\n{stacks_seen[r]}" for r in hung if stacks_seen.get(r))
-        raise LaunchTimeout(
-            f"rank(s) {hung} still running after timeout_s={timeout_s:g} s and were killed "
-            f"(a hang: e.g. a rank waiting in a collective the others never call)."
-            + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""),
-            rank=hung[0], outputs=outputs,
-        )
+        raise LaunchTimeout(f"rank(s) {hung} still running after timeout_s={timeout_s:g} s and were killed "
+                            "(a hang: e.g. a rank waiting in a collective the others never call)."
+                            + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""), rank=hung[0], outputs=outputs)
     # Ranks that died without a Python error (a signal, os._exit) before we stopped them.
     crashed = [r for r in range(world_size) if codes[r] and r not in failures]
     primary = {r: f for r, f in failures.items() if not _secondary(f)}
     if primary or (failures and not crashed):
         first = _root_cause(primary or failures)
         info = failures[first]
-        err = LaunchError(
-            f"rank {first} raised {info['type']}: {info['message']}\n"
-            f"--- traceback of rank {first} ---\n{info['traceback']}",
-            rank=first, exc_type=info["type"], rank_traceback=info["traceback"], outputs=outputs,
-        )
+        err = LaunchError(f"rank {first} raised {info['type']}: {info['message']}\n"
+                          f"--- traceback of rank {first} ---\n{info['traceback']}",
+                          rank=first, exc_type=info["type"], rank_traceback=info["traceback"], outputs=outputs)
     elif crashed or missing:
         first = min(crashed or missing)
         code = codes[first]
