@@ -275,12 +275,10 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     elif os.name == "posix":
         parent = os.getppid()
-
         def watch():
             while os.getppid() == parent:
                 time.sleep(0.5)
             os._exit(1)
-
         threading.Thread(target=watch, name="course-watch-parent", daemon=True).start()
 
 
@@ -353,8 +351,7 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(cfg.world_size),
                           LOCAL_WORLD_SIZE=str(cfg.world_size), GROUP_RANK="0", OMP_NUM_THREADS="1",
                           COURSE_BACKEND=cfg.backend)
-        lo = loopback_interface()   # else gloo binds where the host name resolves (often the LAN)
-        if lo is not None:
+        if (lo := loopback_interface()) is not None:   # else gloo binds to the host name's address (LAN)
             os.environ["GLOO_SOCKET_IFNAME"] = lo
         os.environ.update(cfg.env)
         import torch
@@ -375,8 +372,7 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         store = dist.FileStore(os.path.join(cfg.workdir, "store"), cfg.world_size)
         # device_id: NCCL builds its communicator now (fails here, not in fn) and the
         # closing barrier runs on this rank's GPU.
-        dist.init_process_group(cfg.backend, store=store, rank=rank,
-                                world_size=cfg.world_size,
+        dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.timeout_s), device_id=device_id)
         # Wait until every rank's group is built: else a rank whose fn fails at once exits
         # while a peer still connects its gloo mesh, and the peer's error is reported (seen in CI).
@@ -389,10 +385,8 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         try:
             payload = pickle.dumps(_to_portable(result))
         except Exception as exc:
-            raise TypeError(
-                f"rank {rank} returned a {type(result).__name__} that cannot be pickled "
-                f"({exc}); return plain Python values or tensors"
-            ) from exc
+            raise TypeError(f"rank {rank} returned a {type(result).__name__} that cannot be pickled "
+                            f"({exc}); return plain Python values or tensors") from exc
         _write_atomic(base + ".result", payload)
         if dist.is_initialized():  # fn may have torn the group down itself
             dist.barrier()
@@ -421,9 +415,8 @@ def _wants(fn: Callable, name: str) -> bool:
 
 
 #: The line gloo writes to each rank's stdout once connected (torch 2.9, 2.10): a log, not output.
-_GLOO_CONNECTED = re.compile(
-    r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
-    r"Expected number of connected peer ranks is : \d+\r?\n?", re.MULTILINE)
+_GLOO_CONNECTED = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+                             r"Expected number of connected peer ranks is : \d+\r?\n?", re.MULTILINE)
 
 
 def _read(path: str) -> str:
@@ -450,8 +443,7 @@ def _secondary(info: dict) -> bool:
 
 
 def _root_cause(failures: dict[int, dict]) -> int:
-    """The lowest rank among errors raised within 1 s of the earliest (deterministic when
-    every rank raises the same exception)."""
+    """The lowest rank among errors within 1 s of the earliest (deterministic when all raise)."""
     t0 = min(f["time"] for f in failures.values())
     return min(r for r, f in failures.items() if f["time"] - t0 < 1.0)
 
