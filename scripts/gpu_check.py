@@ -86,30 +86,22 @@ def _signed(n) -> str:
     return ("+" if n >= 0 else "-") + fmt_bytes(abs(n), "MiB", 1)
 
 
-def _check_bytes(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a number of bytes, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0 bytes, got {value!r}")
-
-
 def bytes_row(check: str, where_: str, measured, predicted, *, rtol: float = 0.0, atol=0,
               why: str = "") -> Row:
     """ok when ``|measured - predicted| <= atol + rtol * predicted``; the note gives the gap,
     the tolerance and ``why`` (what the gap is made of)."""
-    _check_bytes("measured", measured)
-    _check_bytes("predicted", predicted)
+    for name, value in (("measured", measured), ("predicted", predicted)):
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise TypeError(f"{name} must be a number of bytes, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 bytes, got {value!r}")
     for name, value in (("rtol", rtol), ("atol", atol)):
         if isinstance(value, bool) or not isinstance(value, Real) or value < 0:
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     gap = measured - predicted
-    allowed = atol + rtol * predicted
-    ok = abs(gap) <= allowed
-    if rtol == 0 and atol == 0:
-        tolerance = "exact"
-    else:
-        parts = ([f"{rtol:.0%}"] if rtol else []) + ([fmt_bytes(atol, "MiB", 0)] if atol else [])
-        tolerance = "± " + " + ".join(parts)
+    ok = abs(gap) <= atol + rtol * predicted
+    parts = ([f"{rtol:.0%}"] if rtol else []) + ([fmt_bytes(atol, "MiB", 0)] if atol else [])
+    tolerance = "± " + " + ".join(parts) if parts else "exact"
     share = f" ({gap / predicted:+.1%})" if predicted else ""
     note = f"gap {_signed(gap)}{share}, tolerance {tolerance}" + (f"; {why}" if why else "")
     return Row(check, where_, _gib(measured), _gib(predicted), ok, note)
@@ -446,9 +438,7 @@ def main(argv=None) -> int:
     names = ", ".join(gpu_names())                  # nvidia-smi: CUDA stays uninitialised
     rows = run_checks(plan(gpus), progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"make gpu-check: {gpus} CUDA GPU{'s' if gpus > 1 else ''} visible ({names})")
-    print(table(rows))
-    print()
-    print(summary(rows))
+    print(table(rows), "", summary(rows), sep="\n")
     return 1 if any(r.ok is False for r in rows) else 0
 
 
