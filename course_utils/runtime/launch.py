@@ -60,8 +60,7 @@ class LaunchTimeout(LaunchError):
 
 
 class RankResults(list):
-    """The return values by rank, plus how the ranks ran: ``.backend``, ``.start_method``,
-    ``.world_size`` and ``.outputs`` (each rank's printed text)."""
+    """Return values by rank, with ``.backend``, ``.start_method``, ``.world_size``, ``.outputs``."""
 
     def describe(self) -> str:
         return describe_plan(self.world_size, self.backend, self.start_method)
@@ -114,10 +113,9 @@ def _available(method: str) -> bool:
 
 
 def choose_start_method() -> str:
-    """``"fork"`` on Linux while CUDA is not initialised here and a forked child can still
-    run backward (:func:`autograd_survives_fork`, asked only with a GPU visible); else
-    ``"forkserver"`` (neither CUDA state nor threads reach the ranks, and macOS never sees
-    a threaded kernel fork); else ``"spawn"``. ``COURSE_START_METHOD`` overrides it."""
+    """``"fork"`` on Linux while CUDA is not initialised here and a forked child can run backward
+    (:func:`autograd_survives_fork`, asked only with a GPU visible); else ``"forkserver"`` (no
+    CUDA state or threads reach the ranks); else ``"spawn"``. ``COURSE_START_METHOD`` overrides."""
     forced = os.environ.get(START_METHOD_ENV, "").strip()
     if forced:
         if forced not in START_METHODS:
@@ -143,7 +141,6 @@ def _forkserver_problem() -> str | None:
     if need >= _SUN_PATH_MAX:
         return (f"the temporary folder's path is too long for the forkserver's socket "
                 f"({need} of {_SUN_PATH_MAX - 1} bytes: set TMPDIR to a short folder, e.g. /tmp)")
-    return None
 
 
 _AUTOGRAD_FORK_BROKEN = False       # once broken in this process, it stays broken
@@ -169,14 +166,12 @@ def autograd_survives_fork() -> bool:
             os._exit(1)
         os._exit(0)
     deadline = time.monotonic() + FORK_PROBE_TIMEOUT_S
-    done, status = os.waitpid(pid, os.WNOHANG)
-    while not done and time.monotonic() < deadline:
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
         time.sleep(0.005)
-        done, status = os.waitpid(pid, os.WNOHANG)
-    if not done:                                     # deadlocked: kill it, reap it
+    if done[0] == 0:                                 # deadlocked: kill it, reap it
         os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-    ok = bool(done) and os.waitstatus_to_exitcode(status) == 0
+        os.waitpid(pid, 0)
+    ok = done[0] != 0 and os.waitstatus_to_exitcode(done[1]) == 0
     _AUTOGRAD_FORK_BROKEN = not ok
     return ok
 
@@ -226,8 +221,7 @@ _HOW = {"fork": "forked from this process",
 
 
 def describe_plan(world_size: int, backend: str, method: str, why: str | None = None) -> str:
-    """The one line ``launch`` prints: ranks, backend, how they start and (unless forked
-    from this process) why."""
+    """The line ``launch`` prints: ranks, backend, how they start and (unless forked) why."""
     if method not in _HOW:
         raise ValueError(f"method must be one of {START_METHODS}, got {method!r}")
     if why is None and method != "fork":
@@ -267,8 +261,7 @@ class _Config:
 
 
 def _die_with_parent() -> None:
-    """Ask the OS to end this rank if the process that started it dies (macOS has no
-    PR_SET_PDEATHSIG: a daemon thread watches the parent instead)."""
+    """End this rank when its parent dies (macOS lacks PR_SET_PDEATHSIG: a thread watches)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):       # best effort only
             import ctypes
@@ -289,10 +282,9 @@ def _to_portable(value):
         return value.detach().cpu().clone()
     if isinstance(value, dict):
         return type(value)((k, _to_portable(v)) for k, v in value.items())
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_to_portable(v) for v in value))
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_portable(v) for v in value)
+        items = [_to_portable(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
 
 
@@ -303,9 +295,8 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _by_value(fn: Callable, args: tuple, rank_kwargs: list, method: str) -> bytes:
-    """``fn``, ``args`` and every rank's kwargs pickled with ``cloudpickle``, which sends a
-    notebook (``__main__``) function by value: a spawned or forkserver rank has none of the
-    notebook's definitions, so plain pickle (by reference) would fail there."""
+    """``fn``, ``args`` and every rank's kwargs, by value with ``cloudpickle``: a spawned or
+    forkserver rank lacks the notebook's definitions, which plain pickle only names."""
     why = _why(method)
     try:
         import cloudpickle
@@ -576,8 +567,7 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
     procs = []
     timed_out = interrupted = False
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        sys.stdout.flush(), sys.stderr.flush()
         with _interrupts_held():
             for r in range(world_size):
                 p = ctx.Process(target=_rank_main, args=(r, cfg, fn, args, rank_kwargs[r]),
@@ -590,17 +580,13 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
                     raise _ForkserverFailed(f"{type(exc).__name__}: {exc}") from None
                 procs.append(p)
         deadline = time.monotonic() + timeout_s
-        # until a rank fails (non-zero exit code) or all have exited
-        while not any(p.exitcode for p in procs) and _wait(procs, 0):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
+        # until a rank fails (non-zero exit code), all have exited, or the deadline passed
+        while not any(p.exitcode for p in procs) and _wait(procs, 0) and not timed_out:
+            timed_out = (remaining := deadline - time.monotonic()) <= 0
             _wait(procs, min(0.2, remaining))
         if not timed_out and any(p.exitcode for p in procs):
-            # A rank failed: give the others a moment to exit too (when every rank raises,
-            # the lowest one may still be writing its error), then stop whoever is left,
-            # e.g. ranks blocked in a collective with the dead one.
+            # A rank failed: give the others a moment to exit too (the lowest may still be
+            # writing its error), then stop whoever is left (e.g. blocked in a collective).
             first, running = time.monotonic(), _wait(procs, 0)
             grace = first + _FAILURE_GRACE_S
             while running and time.monotonic() < grace:
