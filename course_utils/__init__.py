@@ -43,7 +43,6 @@ _require_supported_torch()      # an older torch: one sentence naming the one to
 def load_ipython_extension(ipython) -> None:
     """``%load_ext course_utils``: register the ``%%ranks`` magic."""
     from .runtime.magics import register
-
     register(ipython)
 
 
@@ -52,8 +51,7 @@ def _autoregister() -> None:
         from IPython import get_ipython
     except ImportError:
         return
-    ip = get_ipython()
-    if ip is not None:
+    if (ip := get_ipython()) is not None:
         load_ipython_extension(ip)
 
 

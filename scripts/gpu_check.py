@@ -2,34 +2,12 @@
 
     make gpu-check                       # or: .venv/bin/python scripts/gpu_check.py
 
-It prints one table: what ran, where, measured vs predicted, ok or FAIL (notes under it
-say what each gap is and show every error), and exits non-zero if any check failed.
-Each check is independent: one that fails or raises is a FAIL row, the others still run.
-
-* No CUDA GPU visible: says so, lists what it would run with one GPU and with several,
-  and exits 0.
-* One GPU or more, in this order:
-  1. an all-reduce on 1 NCCL rank (``launch(fn, 1, backend="nccl")``), forked from this
-     process, which has only counted the GPUs (``launch.gpu_count()``, no CUDA init);
-  2. with N >= 2 GPUs: the all-reduce on N NCCL ranks, then every strategy of
-     ``strategies.strategies()`` on min(N, 4) NCCL ranks (torch-hsdp on an even number),
-     whose losses must equal one process's on the global batch (``fmt.LOSS_RTOL``) and
-     whose ranks must end with the same full parameters;
-  3. ddp on 2 gloo ranks after a backward ran in this process (on the CPU, next to the
-     GPU): autograd's device threads started, so forked ranks could not run backward;
-     the launcher must notice (``launch.autograd_survives_fork``) and start them from its
-     preloaded forkserver;
-  4. one training step of the course GPT scaled up (:data:`MEMORY_CONFIG`, bf16 with fp32
-     master weights and AdamW, the ``mixed`` recipe) on GPU 0 of this process: the model
-     states held, the memory allocated and the peak, against ``memory.per_gpu``;
-  5. a few strategies on 2 gloo CPU ranks next to the visible GPU, as on a one-GPU Colab
-     after a cell used the GPU: CUDA is initialised in this process (the check makes
-     sure of it), so the ranks must start from the forkserver, and their losses must
-     still equal one process's; then the all-reduce on 1 NCCL rank from the forkserver:
-     its preload must not have initialised CUDA, or the rank could not use the GPU.
-
-Nothing here needs to be imported by a notebook or the package: it only drives
-``launch``, ``experiments.run``, ``precision`` and ``memory``.
+It prints one table (what ran, where, measured vs predicted, ok or FAIL, notes under it)
+and exits non-zero if any check failed; a check that raises is a FAIL row, the others
+still run. Without a CUDA GPU it lists what it would run and exits 0. With GPUs (see
+:func:`plan`): all-reduces on NCCL ranks, every strategy's losses against one process's
+on min(N, 4) NCCL ranks, the launcher's forkserver after a backward or CUDA init here,
+and the memory of one ``mixed`` training step against ``memory.per_gpu``.
 """
 from __future__ import annotations
 
@@ -45,25 +23,19 @@ from course_utils.harness import experiments
 from course_utils.harness import strategies
 from course_utils.theory.config import TransformerConfig
 from course_utils.runtime.env import gpu_names
-from course_utils.runtime.fmt import LOSS_RTOL, sci
-from course_utils.runtime.fmt import table as text_table
+from course_utils.runtime.fmt import LOSS_RTOL, sci, table as text_table
 from course_utils.theory.sharding import DEFAULT_SHARDS
 from course_utils.runtime.launch import gpu_count, launch, where
 from course_utils.theory.memory import fmt_bytes, per_gpu
 
-#: Training steps of every loss comparison (as ``comparison.compare``).
-STEPS = 3
-#: The most NCCL ranks a strategy runs on (the course's largest world size).
-MAX_RANKS = 4
-#: Strategies run on 2 gloo CPU ranks next to a visible GPU: the course's own DDP and
-#: ZeRO-2, and torch FSDP2, whose default mesh would be a CUDA one there.
+STEPS = 3                     # training steps of every loss comparison
+MAX_RANKS = 4                 # the most NCCL ranks a strategy runs on
+#: On 2 gloo CPU ranks next to a visible GPU (FSDP2's default mesh would be a CUDA one there).
 GLOO_NEXT_TO_GPU = ("ddp", "zero2", "torch-fsdp")
-#: Seconds one launch may take (NCCL's first communicator, spawned interpreters).
-TIMEOUT_S = 300.0
+TIMEOUT_S = 300.0             # per launch (NCCL's first communicator, spawned interpreters)
 
-#: The course GPT scaled up for the one-GPU memory check: ~161M parameters, about 6 GiB
-#: for micro-batch 8 (fits any GPU with 8 GB or more); the activations outweigh the model
-#: states, so the peak is the one the activation model predicts (start of backward).
+#: ~161M parameters, about 6 GiB at micro-batch 8 (any GPU with 8 GB); activations
+#: outweigh the model states, so the peak is the activation model's (start of backward).
 MEMORY_CONFIG = TransformerConfig(hidden=1024, layers=12, heads=16, vocab=8192, seq=1024)
 MEMORY_MICRO_BATCH = 8
 #: Steps before the measured one: AdamW creates m and v in its first step, cuBLAS its workspace.
@@ -114,31 +86,22 @@ def _signed(n) -> str:
     return ("+" if n >= 0 else "-") + fmt_bytes(abs(n), "MiB", 1)
 
 
-def _check_bytes(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a number of bytes, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0 bytes, got {value!r}")
-
-
 def bytes_row(check: str, where_: str, measured, predicted, *, rtol: float = 0.0, atol=0,
               why: str = "") -> Row:
-    """A measured byte count against its prediction: ok when
-    ``|measured - predicted| <= atol + rtol * predicted`` (both 0: exactly equal). The
-    note gives the gap, the tolerance and ``why`` (what the gap is made of)."""
-    _check_bytes("measured", measured)
-    _check_bytes("predicted", predicted)
+    """ok when ``|measured - predicted| <= atol + rtol * predicted``; the note gives the gap,
+    the tolerance and ``why`` (what the gap is made of)."""
+    for name, value in (("measured", measured), ("predicted", predicted)):
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise TypeError(f"{name} must be a number of bytes, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 bytes, got {value!r}")
     for name, value in (("rtol", rtol), ("atol", atol)):
         if isinstance(value, bool) or not isinstance(value, Real) or value < 0:
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     gap = measured - predicted
-    allowed = atol + rtol * predicted
-    ok = abs(gap) <= allowed
-    if rtol == 0 and atol == 0:
-        tolerance = "exact"
-    else:
-        parts = ([f"{rtol:.0%}"] if rtol else []) + ([fmt_bytes(atol, "MiB", 0)] if atol else [])
-        tolerance = "± " + " + ".join(parts)
+    ok = abs(gap) <= atol + rtol * predicted
+    parts = ([f"{rtol:.0%}"] if rtol else []) + ([fmt_bytes(atol, "MiB", 0)] if atol else [])
+    tolerance = "± " + " + ".join(parts) if parts else "exact"
     share = f" ({gap / predicted:+.1%})" if predicted else ""
     note = f"gap {_signed(gap)}{share}, tolerance {tolerance}" + (f"; {why}" if why else "")
     return Row(check, where_, _gib(measured), _gib(predicted), ok, note)
@@ -146,9 +109,7 @@ def bytes_row(check: str, where_: str, measured, predicted, *, rtol: float = 0.0
 
 def losses_row(check: str, where_: str, losses, reference, *, same_parameters: bool = True,
                rtol: float = LOSS_RTOL) -> Row:
-    """Losses of a strategy against one process's (relative, step by step, as the
-    course's notebooks and tests compare them), and whether every rank ended with the
-    same full parameters."""
+    """Losses against one process's (relative, step by step), and equal final parameters."""
     losses, reference = list(losses), list(reference)
     if len(losses) != len(reference) or not losses:
         raise ValueError(f"need two equally long, non-empty loss lists, got {len(losses)} "
@@ -196,8 +157,7 @@ def summary(rows) -> str:
 
 
 def run_checks(planned, *, progress=None) -> list[Row]:
-    """Run each planned check in order; one that raises becomes its FAIL (or not run) row
-    and the next one still runs."""
+    """Run each planned check; one that raises becomes its FAIL (or not run) row."""
     rows = []
     for p in planned:
         if progress is not None:
@@ -212,10 +172,8 @@ def run_checks(planned, *, progress=None) -> list[Row]:
 # ------------------------------------------------------------------------- the checks
 
 def _all_reduce_rank(rank: int, world_size: int):
-    """Rank side of the all-reduce check: all-reduce ``rank + 1`` on this rank's device."""
     import torch
     import torch.distributed as dist
-
     from course_utils.runtime.launch import rank_device
 
     t = torch.tensor([float(rank + 1)], device=rank_device())
@@ -232,8 +190,7 @@ def _ran(results, suffix: str = "") -> str:
 
 
 def check_all_reduce(world_size: int, backend: str = "nccl", start_method: str = "auto") -> list[Row]:
-    """All-reduce ``rank + 1`` on ``world_size`` ranks: every rank must hold N(N+1)/2, on
-    its own GPU under NCCL (rank r on cuda:r), on the CPU under gloo."""
+    """Every rank must hold N(N+1)/2, on cuda:r under NCCL, on the CPU under gloo."""
     results = launch(_all_reduce_rank, world_size, backend=backend, quiet=True, timeout_s=TIMEOUT_S,
                      start_method=start_method)
     total = world_size * (world_size + 1) / 2
@@ -254,9 +211,7 @@ def _single_losses() -> tuple:
 
 def check_strategy(strategy: str, world_size: int, backend: str, suffix: str = "", *,
                    start_method: str | None = None) -> list[Row]:
-    """``experiments.run(strategy, world_size)`` on ``backend``: its losses against one
-    process's, every rank ending with the same parameters, and (if given) the ranks
-    started by ``start_method``."""
+    """Losses against one process's, equal parameters, and (if given) the start method."""
     results = experiments.run(strategy, world_size, steps=STEPS, backend=backend, quiet=True,
                               timeout_s=TIMEOUT_S)
     same = len({r.param_digest for r in results}) == 1
@@ -269,9 +224,7 @@ def check_strategy(strategy: str, world_size: int, backend: str, suffix: str = "
 
 
 def check_gloo_next_to_gpu(strategy: str) -> list[Row]:
-    """A one-GPU Colab learner's case: CUDA is initialised in this process (as after any
-    cell that used the GPU), so 2 gloo CPU ranks must start from the forkserver, and train
-    as they do everywhere else."""
+    """One-GPU Colab: CUDA initialised here, so gloo ranks must start from the forkserver."""
     import torch
 
     torch.cuda.init()
@@ -279,8 +232,7 @@ def check_gloo_next_to_gpu(strategy: str) -> list[Row]:
 
 
 def check_nccl_from_forkserver() -> list[Row]:
-    """CUDA initialised here, 1 NCCL rank from the forkserver: the server's preload (torch,
-    the launcher) must leave CUDA uninitialised, or the forked rank could not use its GPU."""
+    """The forkserver's preload must leave CUDA uninitialised, or its rank has no GPU."""
     import torch
 
     torch.cuda.init()
@@ -289,10 +241,8 @@ def check_nccl_from_forkserver() -> list[Row]:
 
 
 def check_after_backward(strategy: str = "ddp") -> list[Row]:
-    """A learner's cell that trained one process (a reference) before a demo: a backward
-    in this process, next to a visible GPU, starts autograd's device threads, and ranks
-    forked afterwards cannot run a backward. CUDA stays uninitialised here, so only
-    ``launch.autograd_survives_fork`` tells: the ranks must start from the forkserver and train."""
+    """A backward here next to a GPU starts autograd's device threads (CUDA stays
+    uninitialised): only ``autograd_survives_fork`` tells, ranks must use the forkserver."""
     import torch
 
     x = torch.ones(2, requires_grad=True)
@@ -303,20 +253,14 @@ def check_after_backward(strategy: str = "ddp") -> list[Row]:
 
 
 def strategy_world_size(strategy: str, gpus: int) -> int:
-    """Ranks a strategy runs on with ``gpus`` GPUs: min(gpus, MAX_RANKS); torch-hsdp, whose
-    mesh has shard groups of ``DEFAULT_SHARDS``, a multiple of that."""
+    """min(gpus, MAX_RANKS); for torch-hsdp a multiple of ``DEFAULT_SHARDS``."""
     n = min(gpus, MAX_RANKS)
     return n - n % DEFAULT_SHARDS if strategy == "torch-hsdp" else n
 
 
 def peak_gap_terms(config: TransformerConfig, micro_batch: int) -> dict:
-    """What the measured peak of a ``mixed`` step has that ``per_gpu`` does not count, and
-    the reverse, in bytes (the peak is in the loss's backward, at the start of backward):
-    the bf16 gradients are not allocated yet (-2 B per parameter); the activation formula
-    counts 1-byte dropout masks this model does not have (two per layer and the
-    embedding's: -(2L + 1)·s·b·h). The loss's two fp32 gradient buffers of the logits'
-    size (2 x 4·s·b·V), which the measured H200 peak showed, are in ``per_gpu`` now
-    (``Activations.loss_grads``)."""
+    """Bytes the measured ``mixed`` peak (start of backward) differs from ``per_gpu`` by: bf16
+    grads not allocated yet, and no 1-byte dropout masks (2 per layer + the embedding's)."""
     s, b, h = config.seq, micro_batch, config.hidden
     terms = {"gradients not yet allocated": -2 * config.num_params(),
              "no dropout masks": -(2 * config.layers + 1) * s * b * h}
@@ -326,11 +270,8 @@ def peak_gap_terms(config: TransformerConfig, micro_batch: int) -> dict:
 
 def measure_memory(config: TransformerConfig = MEMORY_CONFIG, micro_batch: int = MEMORY_MICRO_BATCH,
                    *, device_index: int = 0) -> dict:
-    """One measured training step of ``config`` (``mixed`` recipe) on GPU ``device_index``
-    of this process, after :data:`MEMORY_WARMUP_STEPS` warm-up steps. Returns the bytes
-    held (``precision.state_bytes``), ``allocated`` after ``step()``, the ``peak`` of the
-    step (``max_memory_allocated``), all above what was allocated before the model, and
-    ``per_gpu``'s prediction. Initialises CUDA in this process."""
+    """One measured ``mixed`` step on GPU ``device_index`` after warm-up: bytes ``held``,
+    ``allocated`` after ``step()``, the ``peak``, and ``per_gpu``'s prediction."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -370,9 +311,7 @@ def measure_memory(config: TransformerConfig = MEMORY_CONFIG, micro_batch: int =
 
 def memory_rows(m: dict, config: TransformerConfig = MEMORY_CONFIG,
                 micro_batch: int = MEMORY_MICRO_BATCH) -> list[Row]:
-    """The three rows of the memory check from a measurement ``m`` (what
-    :func:`measure_memory` returns): the model states (exact), the memory allocated after
-    ``step()`` and the peak of the step, each against ``m["predicted"]`` (``per_gpu``)."""
+    """Model states (exact), memory after ``step()`` and the peak, against ``per_gpu``."""
     predicted, held = m["predicted"], m["held"]
     place = f"this process, GPU 0 ({m['device']})"
     counters = held["optimizer_detail"].get("step", 0)
@@ -415,9 +354,7 @@ def check_memory() -> list[Row]:
 
 def check_torch_layout() -> list[Row]:
     """torch's layout (``planner.plan(..., framework="torch")``) on one NCCL rank, to the
-    byte: FSDP2 + ``MixedPrecisionPolicy(bf16, fp32)`` + AdamW holds 16 B per parameter,
-    sharded, and ``reshard_after_forward=False`` holds the blocks' bf16 parameters from
-    forward to backward (``scripts/gpu_torch_layout.py``, which also runs on its own)."""
+    byte (``scripts/gpu_torch_layout.py``, which also runs on its own)."""
     import torch
     import torch.distributed as dist
 
@@ -447,37 +384,28 @@ def plan(gpus: int) -> list[Planned]:
         raise TypeError(f"gpus must be an int, got {type(gpus).__name__}")
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1 (with no GPU there is nothing to run), got {gpus}")
-    forked = ", forked from this process"
-    checks = [Planned("all-reduce of rank + 1 on 1 rank", where(1, "nccl", backend_first=True) + forked,
-                      functools.partial(check_all_reduce, 1))]
+
+    def on(n, backend, how):
+        return where(n, backend, backend_first=True) + how
+    forked, served = ", forked from this process", ", forked from the forkserver"
+    losses = f": losses = one process's ({STEPS} steps)"
+    checks = [Planned(f"all-reduce of rank + 1 on {n} rank{'s' if n > 1 else ''}", on(n, "nccl", forked),
+                      functools.partial(check_all_reduce, n)) for n in sorted({1, gpus})]
     if gpus >= 2:
-        checks.append(Planned(f"all-reduce of rank + 1 on {gpus} ranks",
-                              where(gpus, "nccl", backend_first=True) + forked,
-                              functools.partial(check_all_reduce, gpus)))
-        for name in strategies.strategies():
-            if not strategies.STRATEGIES[name].distributed:
-                continue
-            n = strategy_world_size(name, gpus)
-            checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",
-                                  where(n, "nccl", backend_first=True) + forked,
-                                  functools.partial(check_strategy, name, n, "nccl")))
-    checks.append(Planned(f"ddp: losses = one process's ({STEPS} steps)",
-                          where(2, "gloo", backend_first=True) + " after a backward here, forked from "
-                          "the forkserver (autograd's GPU threads started here)", check_after_backward))
+        checks += [Planned(name + losses, on(strategy_world_size(name, gpus), "nccl", forked),
+                           functools.partial(check_strategy, name, strategy_world_size(name, gpus), "nccl"))
+                   for name in strategies.strategies() if strategies.STRATEGIES[name].distributed]
+    checks.append(Planned("ddp" + losses, on(2, "gloo", " after a backward here" + served
+                                             + " (autograd's GPU threads started here)"), check_after_backward))
     checks.append(Planned(
         f"memory of a training step, course GPT at {MEMORY_CONFIG.num_params() / 1e6:.0f}M "
         "parameters (mixed) vs memory.per_gpu", "this process, GPU 0", check_memory))
     checks.append(Planned("torch's layout: FSDP2 states and gathered blocks vs planner(framework='torch')",
                           "this process, GPU 0 (1 NCCL rank)", check_torch_layout))
-    beside = " next to a visible GPU"
-    for name in GLOO_NEXT_TO_GPU:
-        checks.append(Planned(f"{name}: losses = one process's ({STEPS} steps)",
-                              where(2, "gloo", backend_first=True) + beside
-                              + ", forked from the forkserver (CUDA initialised here)",
-                              functools.partial(check_gloo_next_to_gpu, name)))
+    checks += [Planned(name + losses, on(2, "gloo", " next to a visible GPU" + served + " (CUDA initialised here)"),
+                       functools.partial(check_gloo_next_to_gpu, name)) for name in GLOO_NEXT_TO_GPU]
     checks.append(Planned("all-reduce of rank + 1 on 1 rank after CUDA was initialised here",
-                          where(1, "nccl", backend_first=True) + ", forked from the forkserver",
-                          check_nccl_from_forkserver))
+                          on(1, "nccl", served), check_nccl_from_forkserver))
     return checks
 
 
@@ -510,9 +438,7 @@ def main(argv=None) -> int:
     names = ", ".join(gpu_names())                  # nvidia-smi: CUDA stays uninitialised
     rows = run_checks(plan(gpus), progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"make gpu-check: {gpus} CUDA GPU{'s' if gpus > 1 else ''} visible ({names})")
-    print(table(rows))
-    print()
-    print(summary(rows))
+    print(table(rows), "", summary(rows), sep="\n")
     return 1 if any(r.ok is False for r in rows) else 0
 
 

@@ -75,28 +75,22 @@ def _targets(root: Path):
     yield root / "README.md", (lambda t: _rewrite_readme(t, root))
 
 
-def check(root: Path | str = ROOT) -> list[str]:
-    """Files whose badges / install cell / table differ from ``paths``; [] if none."""
-    root = Path(root)
-    stale = []
+def check(root: Path | str = ROOT, *, write: bool = False) -> list[str]:
+    """Files whose badges / install cell / table differ from ``paths``; [] if none
+    (``write=True``: rewritten)."""
+    root, stale = Path(root), []
     for path, fn in _targets(root):
         text = path.read_text(encoding="utf-8")
-        if fn(text) != text:
+        if (new := fn(text)) != text:
+            if write:
+                path.write_text(new, encoding="utf-8")
             stale.append(str(path.relative_to(root)))
     return stale
 
 
 def rewrite(root: Path | str = ROOT) -> list[str]:
     """Rewrite every out-of-date file; return the ones changed."""
-    root = Path(root)
-    changed = []
-    for path, fn in _targets(root):
-        text = path.read_text(encoding="utf-8")
-        new = fn(text)
-        if new != text:
-            path.write_text(new, encoding="utf-8")
-            changed.append(str(path.relative_to(root)))
-    return changed
+    return check(root, write=True)
 
 
 if __name__ == "__main__":

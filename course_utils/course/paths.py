@@ -8,7 +8,6 @@ GITHUB_REPO = "zero-to-fsdp/zero-to-fsdp"
 BRANCH = "main"
 
 # The notebook sequence: file name, title, one line for the README table.
-# ``ready`` notebooks exist in notebooks/; the others are planned.
 NOTEBOOKS = [
     ("00_orientation.ipynb", "Orientation",
      "Your environment, how a demo cell runs N real processes, quizzes and exercises."),

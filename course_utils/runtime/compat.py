@@ -1,30 +1,16 @@
 """Every difference between the torch versions the course supports, and every private
-torch API the course touches, in one place (``tests/test_architecture.py`` checks that
-no other module reaches into torch's private names).
-
-- The oldest torch it runs on (:data:`MIN_TORCH`; importing ``course_utils`` on an older
-  one raises one sentence naming the torch to install).
-- FSDP2's own data parallelism, ``replicate``, private and with a different signature
-  across versions (:func:`fsdp2_replicate`).
-- One spelling of the flat-buffer collectives, used by every piece of course code that
-  gathers or reduce-scatters one flat tensor (the collectives of notebook 01, the ZeRO
-  and FSDP code of notebooks 04-07). torch 2.13 renamed them and deprecated the old
-  names (a ``FutureWarning`` on every call)::
+torch API it touches, in one place (``tests/test_architecture.py`` checks that no other
+module reaches into torch's private names): the oldest torch (:data:`MIN_TORCH`), FSDP2's
+private ``replicate`` (:func:`fsdp2_replicate`), and one spelling of the flat-buffer
+collectives, which torch 2.13 renamed (the old names warn on every call)::
 
     torch >= 2.13                          torch 2.10 - 2.12
     dist.all_gather_single(out, inp)       dist.all_gather_into_tensor(out, inp)
     dist.reduce_scatter_single(out, inp)   dist.reduce_scatter_tensor(out, inp)
 
-Course code calls :func:`all_gather_into_tensor` and :func:`reduce_scatter_tensor`
-from here: they call the new name when torch has it
-(no warning) and the old one otherwise. The functions are looked up on
-``torch.distributed`` at call time, so a :class:`~course_utils.comm.CommLedger`
-that is recording sees the call.
-
-Shapes: ``output`` of ``all_gather_into_tensor`` holds ``world_size`` times the
-elements of ``input`` (concatenated along dim 0); ``input`` of
-``reduce_scatter_tensor`` holds ``world_size`` times the elements of ``output``. With
-gloo, pad flat buffers to a multiple of the world size: uneven sizes fail.
+Course code calls :func:`all_gather_into_tensor` and :func:`reduce_scatter_tensor` from
+here; they look the function up on ``torch.distributed`` at call time, so a recording
+``CommLedger`` sees the call. With gloo, pad flat buffers to a multiple of the world size.
 """
 from __future__ import annotations
 
@@ -45,10 +31,8 @@ __all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "HAS_SINGLE_NAMES"
            "checkpoint_functions", "fsdp1_allow_cpu_sync_module_states", "tree_flatten", "tree_unflatten", "DDP_BUFFER_BROADCAST",
            "release_forkserver_pipe", "stop_resource_tracker"]
 
-#: The oldest torch the course runs on (README, "Where it runs"). Measured on CPU/gloo:
-#: 2.10 passes every test and notebook; on 2.9 FSDP2's ``replicate`` and sharded
-#: gradient clipping differ, and on 2.7 FSDP2 reduces with ``ReduceOp.AVG``, which gloo
-#: lacks, so its gradients come out N times too large, silently.
+#: The oldest torch the course runs on (measured on CPU/gloo: on 2.9 FSDP2's ``replicate``
+#: and sharded clipping differ; on 2.7 its gradients come out N times too large, silently).
 MIN_TORCH = (2, 10)
 
 
@@ -74,22 +58,14 @@ REDUCE_SCATTER_NAME = "reduce_scatter_single" if HAS_SINGLE_NAMES else "reduce_s
 
 
 def all_gather_into_tensor(output, input, group=None, async_op=False):
-    """Gather every rank's ``input`` into ``output`` (rank r's part at ``r*input.numel()``).
-
-    ``torch.distributed.all_gather_single`` where it exists, else
-    ``all_gather_into_tensor``. Returns a work handle when ``async_op=True``, else None.
-    """
+    """Gather every rank's ``input`` into ``output`` (rank r's part at ``r*input.numel()``)."""
     if HAS_SINGLE_NAMES:
         return dist.all_gather_single(output, input, group=group, async_op=async_op)
     return dist.all_gather_into_tensor(output, input, group=group, async_op=async_op)
 
 
 def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
-    """Reduce ``input`` (``world_size`` chunks) over the ranks; rank r gets chunk r in ``output``.
-
-    ``torch.distributed.reduce_scatter_single`` where it exists, else
-    ``reduce_scatter_tensor``. Returns a work handle when ``async_op=True``, else None.
-    """
+    """Reduce ``input`` (``world_size`` chunks) over the ranks; rank r gets chunk r in ``output``."""
     if HAS_SINGLE_NAMES:
         return dist.reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
     return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
@@ -98,12 +74,7 @@ def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async
 def fsdp2_replicate(modules, group=None) -> bool:
     """Apply FSDP2's own data parallelism (``replicate``) to each of ``modules``, in order,
     over ``group`` (default: all ranks); False, changing nothing, where this torch has none.
-
-    ``replicate`` lives in the private
-    ``torch.distributed._composable.replicate_with_fsdp`` (torch >= 2.9). Its mesh is 1-D
-    and named ``("replicate",)``, as torch 2.13 names the mesh it builds itself; torch 2.10
-    refuses an unnamed one.
-    """
+    Its mesh is named ``("replicate",)`` as torch 2.13 names its own: torch 2.10 refuses an unnamed one."""
     try:
         from torch.distributed._composable.replicate_with_fsdp import replicate
     except ImportError:
@@ -123,18 +94,13 @@ def fsdp2_replicate(modules, group=None) -> bool:
 # Not APIs: each may move in any release. The course reads FSDP2's private state only to
 # observe what it holds, never to change what it does.
 
-#: The private function of ``torch.distributed`` torch DDP broadcasts its buffers with
-#: (the ledger records it like the public collectives).
+#: The private ``torch.distributed`` function torch DDP broadcasts its buffers with.
 DDP_BUFFER_BROADCAST = "_broadcast_coalesced"
 
 
 def fsdp2_param_group(module):
-    """The ``FSDPParamGroup`` of one module ``fully_shard`` was applied to: the flat
-    group of its own parameters that FSDP2 all-gathers and reduce-scatters as one unit
-    (``unshard``, ``reshard``, ``fsdp_params``, ``is_unsharded``...). None when the
-    module is not sharded or has no parameters of its own.
-    ``fully_shard.state(module)._fsdp_param_groups[0]`` (the course makes one group per
-    unit; before torch 2.10, ``._fsdp_param_group``)."""
+    """The ``FSDPParamGroup`` (the flat unit FSDP2 gathers and reduce-scatters) of one
+    ``fully_shard`` module; None when not sharded or without parameters of its own."""
     from torch.distributed.fsdp import fully_shard
 
     state = fully_shard.state(module)
@@ -147,9 +113,7 @@ def fsdp2_param_group(module):
 
 
 def fsdp2_param_groups(model) -> dict:
-    """``{unit name: FSDPParamGroup}`` (:func:`fsdp2_param_group`) of every ``fully_shard``
-    unit of ``model`` that has parameters, in module order: the root is ``"root"``, the
-    others their qualified names (``"blocks.0"``, ...)."""
+    """``{unit name ("root", "blocks.0", ...): FSDPParamGroup}`` of ``model``'s units, in order."""
     from torch.distributed.fsdp import FSDPModule
 
     out = {}
@@ -169,58 +133,43 @@ def fsdp2_is_gathered(group) -> bool:
     return group.is_unsharded or group._all_gather_result is not None
 
 
+def _bytes_once(tensors, seen: set) -> int:
+    """Bytes of the storages behind ``tensors`` not yet in ``seen`` (adds them)."""
+    total = 0
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.nbytes() and st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total
+
+
 def fsdp2_unsharded_bytes(groups) -> tuple[int, int]:
-    """``(parameter bytes, all-gather buffer bytes)`` unsharded right now over ``groups``:
-    the live storages of every ``FSDPParam.all_gather_outputs`` (the unsharded parameters
-    are views of them) and of every pending ``AllGatherResult.all_gather_output`` (one
-    flat buffer per unit), each storage once."""
-    groups = list(groups)
-    seen: set = set()
-    params = buffers = 0
-    for g in groups:
-        for fp in g.fsdp_params:
-            for t in getattr(fp, "all_gather_outputs", ()):
-                st = t.untyped_storage()
-                if st.nbytes() and st.data_ptr() not in seen:
-                    seen.add(st.data_ptr())
-                    params += st.nbytes()
+    """``(parameter bytes, all-gather buffer bytes)`` unsharded now over ``groups``: every
+    ``FSDPParam.all_gather_outputs`` and pending ``all_gather_output``, each storage once."""
+    groups, seen = list(groups), set()
+    params = _bytes_once((t for g in groups for fp in g.fsdp_params
+                          for t in getattr(fp, "all_gather_outputs", ())), seen)
     results = [g._all_gather_result for g in groups]
-    for g in groups[:1]:          # the all-gather state is shared by all units
-        state = getattr(g.comm_ctx, "all_gather_state", None)
-        if state is not None:
-            results.append(state.all_gather_result)
-    for r in results:
-        if r is not None:
-            st = r.all_gather_output.untyped_storage()
-            if st.nbytes() and st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
-                buffers += st.nbytes()
-    return params, buffers
+    state = getattr(groups[0].comm_ctx, "all_gather_state", None) if groups else None
+    if state is not None:           # the all-gather state is shared by all units
+        results.append(state.all_gather_result)
+    return params, _bytes_once((r.all_gather_output for r in results if r is not None), seen)
 
 
 def fsdp2_unsharded_grad_bytes(model) -> int:
     """Bytes of the unsharded gradients FSDP2 keeps between micro-batches while gradient
-    sync is off (each ``FSDPParam``'s ``unsharded_accumulated_grad`` or
-    ``_unsharded_param.grad``), each storage once."""
-    seen: set = set()
-    total = 0
-    for group in fsdp2_param_groups(model).values():
-        for fp in group.fsdp_params:
-            unsharded = getattr(fp, "_unsharded_param", None)
-            for g in (getattr(fp, "unsharded_accumulated_grad", None),
-                      None if unsharded is None else unsharded.grad):
-                if g is not None and g.untyped_storage().data_ptr() not in seen:
-                    seen.add(g.untyped_storage().data_ptr())
-                    total += g.untyped_storage().nbytes()
-    return total
+    sync is off (``unsharded_accumulated_grad`` or ``_unsharded_param.grad``), each storage once."""
+    grads = (g for group in fsdp2_param_groups(model).values() for fp in group.fsdp_params
+             for g in (getattr(fp, "unsharded_accumulated_grad", None),
+                       getattr(getattr(fp, "_unsharded_param", None), "grad", None)) if g is not None)
+    return _bytes_once(grads, set())
 
 
 @contextlib.contextmanager
 def watch_fsdp2(groups: dict, methods, on_call):
-    """While inside, each call of ``group.<method>()`` (for the ``FSDPParamGroup`` methods
-    ``methods``, e.g. ``"unshard"``, ``"reshard"``, ``"pre_backward"``) on the groups of
-    ``{name: group}`` runs ``on_call(name, group, method, call)``, where ``call()`` runs
-    FSDP2's own method and returns its result. The methods are restored on exit."""
+    """While inside, each call of ``group.<method>()`` (``methods``: e.g. ``"unshard"``) on
+    ``{name: group}`` runs ``on_call(name, group, method, call)``; ``call()`` runs FSDP2's own."""
     methods = tuple(methods)
     for name, group in groups.items():
         for method in methods:
@@ -257,14 +206,12 @@ def resolve_process_group(group):
 def functional_collectives():
     """``torch.distributed._functional_collectives``: the collectives DTensor issues."""
     import torch.distributed._functional_collectives as funcol
-
     return funcol
 
 
 def mem_tracker():
     """PyTorch's ``MemTracker`` class (memory by category: parameters, gradients, ...)."""
     from torch.distributed._tools.mem_tracker import MemTracker
-
     return MemTracker
 
 
@@ -281,17 +228,14 @@ def fsdp1_allow_cpu_sync_module_states():
     """A context manager under which FSDP1's ``sync_module_states=True`` accepts CPU
     tensors (its check in ``torch.distributed.fsdp._init_utils`` is NCCL's limit)."""
     from unittest import mock
-
     return mock.patch("torch.distributed.fsdp._init_utils._check_module_states_for_sync_module_states")
 
 
 # -- multiprocessing's private state (the launcher's, runtime/launch.py) --------------
 
 def release_forkserver_pipe() -> None:
-    """In a rank forked by the forkserver: close the forkserver's "a client is alive" pipe
-    that multiprocessing hands every child (so that a child could start processes of its
-    own). While a rank holds it, the server outlives a killed kernel, and the ranks, which
-    die with the server, outlive it too. Private state of ``multiprocessing.forkserver``."""
+    """In a rank forked by the forkserver: close the server's "a client is alive" pipe; while
+    a rank holds it, the server (and its ranks) outlive a killed kernel."""
     import os
     from multiprocessing import forkserver
 
@@ -304,9 +248,8 @@ def release_forkserver_pipe() -> None:
 
 
 def stop_resource_tracker() -> None:
-    """Spawning starts multiprocessing's resource-tracker helper, which would outlive the
-    launch; nothing of ours is registered with it, so stop it (it restarts on demand).
-    ``resource_tracker._stop`` is private (Python 3.8-3.13 have it)."""
+    """Stop the resource tracker spawning started (it would outlive the launch; nothing of
+    ours is registered with it, and it restarts on demand)."""
     from multiprocessing import resource_tracker
 
     tracker = getattr(resource_tracker, "_resource_tracker", None)

@@ -1,11 +1,12 @@
 """Where am I running, and where will the course's demos run?
 
 Taught in ``notebooks/00_orientation.ipynb``. Nothing here initialises CUDA in the
-calling process (GPUs are counted by :func:`course_utils.launch.gpu_count`, their names
+calling process (GPUs are counted by :func:`course_utils.runtime.launch.gpu_count`, their names
 come from ``nvidia-smi``), so the launcher can still fork.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -29,15 +30,12 @@ def gpu_names() -> list[str]:
     count = gpu_count()
     if not count:
         return []
-    smi = shutil.which("nvidia-smi")
     names: list[str] = []
-    if smi:
-        try:
+    if smi := shutil.which("nvidia-smi"):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
             out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
                                  capture_output=True, text=True, timeout=20, check=True).stdout
             names = [line.strip() for line in out.splitlines() if line.strip()]
-        except (OSError, subprocess.SubprocessError):
-            names = []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if names and visible not in (None, ""):
         idx = [int(i) for i in visible.split(",") if i.strip().isdigit()]
@@ -72,7 +70,6 @@ class Environment:
 def detect() -> Environment:
     """Read the environment: Colab or not, versions, CPU cores, GPUs."""
     import torch
-
     names = gpu_names()
     return Environment(
         where="Google Colab" if in_colab() else "a local Python (not Colab)",

@@ -31,7 +31,6 @@ def run_cell(source: str, namespace: dict | None = None):
     """Rank side of ``%%ranks``: execute ``source`` and return its ``result``."""
     import torch
     import torch.distributed as dist
-
     from .launch import rank_device
 
     ns = dict(namespace or {})
@@ -45,7 +44,6 @@ def run_cell(source: str, namespace: dict | None = None):
 def _travels(value) -> bool:
     """Whether ``value`` can be copied into a spawned rank."""
     import cloudpickle
-
     try:
         cloudpickle.dumps(value)
     except Exception:
@@ -53,18 +51,14 @@ def _travels(value) -> bool:
     return True
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="%%ranks", add_help=False)
-    p.add_argument("world_size", type=int)
-    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
-    return p
-
-
 def ranks(line: str, cell: str, user_ns: dict | None = None):
     """Run ``cell`` on ranks as ``%%ranks`` does; return the list of ``result`` by rank."""
+    parser = argparse.ArgumentParser(prog="%%ranks", add_help=False)
+    parser.add_argument("world_size", type=int)
+    parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     try:
-        opts = _parser().parse_args(shlex.split(line))
+        opts = parser.parse_args(shlex.split(line))
     except SystemExit:
         raise ValueError(
             f"usage: %%ranks N [--backend auto|gloo|nccl] [--timeout SECONDS], got '%%ranks {line}'"

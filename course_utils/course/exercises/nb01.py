@@ -25,24 +25,13 @@ _NOT_IN_RING = _REDUCTIONS + ("broadcast", "scatter", "gather", "all_to_all", "a
 def _exercise_input(rank: int, numel: int, device=None):
     """Rank r's input: ``100*(r+1) + i`` at position i, float32 (sums are exact)."""
     import torch
-
     return torch.arange(numel, dtype=torch.float32, device=device) + 100.0 * (rank + 1)
 
 
-def _exercise_sum(world_size: int, numel: int):
-    """The all-reduce (sum over ranks) of :func:`_exercise_input`."""
-    return sum(_exercise_input(r, numel) for r in range(world_size))
-
-
 def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: str) -> list:
-    """Rank side: call ``fn`` on this rank's input of each size in ``numels`` while the
-    ``forbidden`` collectives raise.
-
-    Returns, per size, what ``fn`` returned, or its (in-place modified) input when it
-    returned None. An error names the size it happened at.
-    """
+    """Rank side: per size in ``numels``, what ``fn`` returned for this rank's input (or
+    the input, modified in place, when None) while the ``forbidden`` collectives raise."""
     import torch.distributed as dist
-
     from ...runtime.launch import rank_device
 
     def refuse(name):
@@ -76,9 +65,7 @@ def _sizes(numels: Sequence[int]) -> str:
 
 
 def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: str, name: str) -> Verdict:
-    """Grade ``fn(tensor) -> all-reduced tensor`` on 2, 3 and 4 ranks, every size in
-    ``numels`` in one launch; one line per world size, with the first rank and size that
-    differ."""
+    """Grade ``fn(tensor) -> all-reduced tensor`` on 2, 3 and 4 ranks, all ``numels`` in one launch."""
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
     tensors = "a tensor" if len(numels) == 1 else "tensors"
@@ -87,7 +74,7 @@ def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: 
 
     def judge(values, rank, n):
         for numel, got in zip(numels, values):
-            if why := compare_brief(got, _exercise_sum(n, numel), atol=0):
+            if why := compare_brief(got, sum(_exercise_input(r, numel) for r in range(n)), atol=0):
                 return f"{numel} elements: {why}", ""
         return "", f"returned the sum ({_sizes(numels)})"
 

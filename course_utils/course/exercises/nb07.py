@@ -50,11 +50,9 @@ def _fsdp_wrap_on_rank(fn: Callable) -> dict:
 
 
 def check_fsdp_wrap(fn: Callable) -> Verdict:
-    """Exercise 07.1: ``fn(model)`` shards the course GPT the way FSDP1's
-    ``transformer_auto_wrap_policy`` with ``transformer_layer_cls={Block}`` would: one
-    ``fully_shard`` per block, then one on the root (returns the model or None).
-    Checked on 2 and 3 ranks: the FSDP units, the all-gathers and reduce-scatters of one
-    forward + backward (9 and 5), and the loss of one process on the global batch."""
+    """Exercise 07.1: ``fn(model)`` shards the course GPT with one ``fully_shard`` per block,
+    then one on the root (as FSDP1's ``transformer_auto_wrap_policy``). Checked on 2 and 3
+    ranks: the units, 9 all-gathers in one forward + backward, and one process's loss."""
     name = "fsdp_wrap"
     if (refused := refuse_non_function(fn, name, '(model) -> model')) is not None:
         return refused
@@ -87,8 +85,7 @@ def check_fsdp_wrap(fn: Callable) -> Verdict:
 
 
 def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
-    """Rank side of :func:`check_sharded_clip`: the course GPT under "torch-fsdp", one
-    backward on this rank's rows, then the learner's clipping."""
+    """Rank side of :func:`check_sharded_clip`: one FSDP2 backward, then the learner's clipping."""
     import torch.distributed as dist
 
     from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
@@ -150,12 +147,9 @@ def _accumulate_on_rank(fn: Callable, k: int) -> dict:
 
 
 def check_accumulation(fn: Callable) -> Verdict:
-    """Exercise 07.3: ``fn(model, micro_batches)`` runs forward + backward on each
-    ``(x, y)`` of this rank's micro-batches of an FSDP2 model so that the gradients are
-    reduce-scattered once, after the last one (``set_requires_gradient_sync``), and end
-    equal to the full-batch gradient (scale each micro-batch's loss by 1/k). Checked on
-    2 ranks with k = 2 and 3 micro-batches: 5 reduce-scatters (one per unit), gradients
-    within 1e-5 relative of one process on the whole batch."""
+    """Exercise 07.3: ``fn(model, micro_batches)`` accumulates this rank's micro-batches on
+    an FSDP2 model with one reduce-scatter per unit, after the last one, and the full-batch
+    gradient. Checked on 2 ranks with k = 2 and 3: 5 reduce-scatters, gradients within 1e-5."""
     import torch
 
     name = "accumulation"

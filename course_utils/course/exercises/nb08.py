@@ -1,11 +1,8 @@
 """The capstone of ``notebooks/08_beyond_one_box.ipynb``: size and choose a strategy for three clusters.
 
-The learner gets each scenario's numbers (parameters, GPUs, memory, network, and the
-activations + buffers per GPU at micro-batch 1, given) and writes
-``choose(scenario) -> (choice, gb_per_gpu)``: the option to run and its memory per GPU at
-micro-batch 1, computed from the model-state formulas of notebooks 03-06 (2 + 2 + 12
-bytes per parameter, sharded per stage). :func:`check_capstone` grades both against the
-planner, which the scenario does not offer: :func:`reference_plan` is the grader's.
+The learner writes ``choose(scenario) -> (choice, gb_per_gpu)`` from each scenario's
+numbers: the option to run and its memory per GPU at micro-batch 1 (the model-state
+formulas of notebooks 03-06). :func:`check_capstone` grades both against the planner.
 """
 from __future__ import annotations
 
@@ -62,11 +59,8 @@ class Scenario:
         return self.gpus_per_node * self.nodes
 
     def other_gb(self, strategy: str, recompute: bool) -> float:
-        """GB per GPU besides the model states at micro-batch 1: activations + buffers
-        (runtime, communication buckets or gathered units, allocator slack). Given: it
-        depends only on whether the strategy gathers parameters (ZeRO-3, HSDP) and on
-        full recomputation (with flash attention, selective recomputation keeps what no
-        recomputation keeps)."""
+        """GB per GPU besides the model states at micro-batch 1 (activations + buffers): it
+        depends only on whether the strategy gathers parameters and on full recomputation."""
         choice = as_choice((strategy, "none", recompute))   # a clear error for a bad name
         return _other_gb(self)[(strategy in _SHARDED_PARAMS, choice.recompute == "full")]
 
@@ -170,17 +164,10 @@ def _choice_verdict(scenario: Scenario, choice: Choice, near_tie: float) -> tupl
 
 
 def check_capstone(fn: Callable, *, near_tie: float = NEAR_TIE):
-    """Capstone exercise of notebook 08: ``fn(scenario) -> (choice, gb_per_gpu)`` for each
-    of :data:`CAPSTONE_SCENARIOS`.
-
-    ``choice`` is a :class:`Choice`, a dict ``{"strategy", "offload", "recompute"}``, a
-    tuple ``(strategy, offload, recompute)`` or a strategy name; ``gb_per_gpu`` is its
-    memory per GPU at micro-batch 1 (model states + ``scenario.other_gb(...)``). The
-    memory is right within 1 % of the planner's; the choice is right when the planner
-    says it fits and its step time is within ``near_tie`` (5 %) of the fastest option
-    that fits. Prints one line per scenario; returns a
-    :class:`course_utils.course.exercises.Verdict`.
-    """
+    """Capstone of notebook 08: ``fn(scenario) -> (choice, gb_per_gpu)`` for each of
+    :data:`CAPSTONE_SCENARIOS` (``choice``: anything :func:`planner.as_choice` takes). The
+    memory is right within 1 % of the planner's; the choice when it fits and its step time
+    is within ``near_tie`` (5 %) of the fastest option that fits."""
     name = "capstone"
     if not callable(fn):
         print(f"{name}: pass your function choose(scenario), got {type(fn).__name__}")
