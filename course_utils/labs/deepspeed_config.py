@@ -1,18 +1,13 @@
 """From a planner choice to a DeepSpeed ZeRO config and to the same thing in FSDP2 (notebook 08).
 
-:func:`deepspeed_config` (stage, offload to cpu/nvme, buckets, precision, ``train_batch_size =
-micro batch x accumulation x GPUs``); :func:`fsdp2_equivalent`: the same in PyTorch as runnable
-code, and where the libraries do *not* match (FSDP2 has no ZeRO-1 and no optimizer-only
-offload; DeepSpeed 0.19 removed MiCS, its HSDP); :func:`validate_deepspeed_config`: stricter
-than DeepSpeed's parser (which ignores ``offload_param`` below stage 3); :func:`run_equivalent`
-runs the generated code on N ranks against one process; :func:`side_by_side`.
-
-Recompute: DeepSpeed's ``activation_checkpointing`` cannot say what the model wraps in
-``checkpoint()``: "full" means every block, "selective" each block's attention core (as
-Megatron-DeepSpeed's ``--recompute-granularity selective``); in torch, op-level selective
-checkpointing. Buckets follow the HF Trainer's "auto" rule: ``reduce_bucket_size = h²``,
-``stage3_prefetch_bucket_size = 0.9·h²``, ``stage3_param_persistence_threshold = 10·h``; 5e7
-elements when the architecture is not known.
+FSDP2 has no ZeRO-1 and no optimizer-only offload, DeepSpeed 0.19 removed MiCS (its HSDP):
+:func:`fsdp2_equivalent` says where they differ. :func:`validate_deepspeed_config` is stricter
+than DeepSpeed's parser (which ignores ``offload_param`` below stage 3). Recompute: DeepSpeed's
+``activation_checkpointing`` cannot say what the model wraps in ``checkpoint()``: "full" means
+every block, "selective" each block's attention core (as Megatron-DeepSpeed's
+``--recompute-granularity selective``). Buckets follow the HF Trainer's "auto" rule:
+``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``,
+``stage3_param_persistence_threshold = 10·h``; 5e7 elements when the architecture is not known.
 """
 from __future__ import annotations
 
@@ -22,12 +17,10 @@ from numbers import Real
 from ..checks import check_bool, check_choice, check_int, check_number
 from ..harness.experiments import BETAS, GLOBAL_BATCH, LR, WEIGHT_DECAY, train
 from ..harness.model import rows_per_rank
-from ..theory.config import TransformerConfig
 from ..theory.planner import Choice, PlanRow, as_choice
 
-__all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config",
-           "validate_deepspeed_config", "FSDP2Equivalent", "fsdp2_equivalent", "run_equivalent",
-           "side_by_side"]
+__all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config", "validate_deepspeed_config",
+           "FSDP2Equivalent", "fsdp2_equivalent", "run_equivalent", "side_by_side"]
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 OFFLOAD_DEVICES = ("cpu", "nvme")
@@ -88,9 +81,8 @@ def _resolve_batch(train_batch_size, micro_batch, grad_accum, world_size) -> tup
         found = train_batch_size // (known * world_size)
         micro_batch, grad_accum = (found, grad_accum) if micro_batch is None else (micro_batch, found)
     if train_batch_size != micro_batch * grad_accum * world_size:
-        raise ValueError(f"train_batch_size ({train_batch_size}) must equal micro_batch x grad_accum x "
-                         f"GPUs = {micro_batch} x {grad_accum} x {world_size} = "
-                         f"{micro_batch * grad_accum * world_size}")
+        raise ValueError(f"train_batch_size ({train_batch_size}) must equal micro_batch x grad_accum x GPUs = "
+                         f"{micro_batch} x {grad_accum} x {world_size} = {micro_batch * grad_accum * world_size}")
     return train_batch_size, micro_batch, grad_accum
 
 
@@ -107,7 +99,7 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
     offload_device "nvme" is ZeRO-Infinity; ``bucket_elems``: stage 1/2 buckets (default h² or 5e7)."""
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
     choice = as_choice(plan_row_or_choice)
-    config: TransformerConfig | None = None
+    config = row.config if row is not None else None
     if row is not None:
         micro_batch = row.micro_batch if micro_batch is None else micro_batch
         if grad_accum is None and train_batch_size is None:
@@ -115,9 +107,7 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
         world_size = row.world_size if world_size is None else world_size
         gpus_per_node = row.gpus_per_node if gpus_per_node is None else gpus_per_node
         recipe = row.recipe if recipe is None else recipe
-        config = row.config
-        if hidden is None and config is not None:
-            hidden = config.hidden
+        hidden = config.hidden if hidden is None and config is not None else hidden
     if world_size is None:
         raise ValueError("world_size (data-parallel GPUs) is needed to compute the batch sizes; "
                          "pass world_size=..., or pass a planner row")
@@ -128,8 +118,7 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
                          "(recipe 'mixed'), or use fsdp2_equivalent(...) for the torch code")
     if recipe is not None and recipe not in ("fp32", "mixed", "mixed-fp32-grads"):
         raise ValueError(f"recipe must be 'fp32', 'mixed' or 'mixed-fp32-grads', got {recipe!r}")
-    if precision is None:
-        precision = "fp32" if recipe == "fp32" else "bf16"
+    precision = precision or ("fp32" if recipe == "fp32" else "bf16")
     check_choice("precision", precision, PRECISIONS, kind="precision", kinds="precisions")
     if recipe == "fp32" and precision != "fp32":
         raise ValueError("recipe 'fp32' keeps everything in fp32: use precision='fp32'")
@@ -145,15 +134,14 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
                  "steps_per_print": 100, "wall_clock_breakdown": False,
                  "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
                                                            "weight_decay": WEIGHT_DECAY}}}
-    if precision == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    elif precision == "fp16":
-        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
-                       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+    if precision != "fp32":     # fp16: dynamic loss scaling
+        cfg[precision] = {"enabled": True} if precision == "bf16" else {
+            "enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+            "hysteresis": 2, "min_loss_scale": 1}
     if recipe == "mixed-fp32-grads" and precision != "fp32":
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     stage = choice.stage
-    zero: dict = {"stage": stage}
+    cfg["zero_optimization"] = zero = {"stage": stage}
     if stage >= 1:
         bucket = bucket_elems or (hidden * hidden if hidden else DEFAULT_BUCKET_ELEMS)
         zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=int(bucket))
@@ -169,14 +157,13 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
                 raise ValueError("HSDP needs gpus_per_node (the shard group) for zero_hpz_partition_size")
             check_int("gpus_per_node", gpus_per_node, 1, what="GPUs in one machine")
             zero["zero_hpz_partition_size"] = gpus_per_node
-    largest = config.largest_layer_params() if config is not None else int(1e8)
+    param_buffer = max(int(1e8), config.largest_layer_params()) if config is not None else int(1e8)
     for key, on, nvme in (("offload_optimizer", choice.offload_optimizer, dict(buffer_count=4, fast_init=False)),
-                          ("offload_param", choice.offload_params, dict(
-                              buffer_count=5, buffer_size=max(int(1e8), largest), max_in_cpu=int(1e9)))):
+                          ("offload_param", choice.offload_params,
+                           dict(buffer_count=5, buffer_size=param_buffer, max_in_cpu=int(1e9)))):
         if on:
             zero[key] = {"device": offload_device, "pin_memory": True,
                          **({"nvme_path": str(nvme_path), **nvme} if offload_device == "nvme" else {})}
-    cfg["zero_optimization"] = zero
     if offload_device == "nvme" and choice.offload != "none":
         cfg["aio"] = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1,
                       "single_submit": False, "overlap_events": True}
@@ -187,16 +174,12 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
 
 
 def _int_below(value, minimum: int) -> bool:
-    """Not an int >= ``minimum`` (bools are not ints here)."""
     return isinstance(value, bool) or not isinstance(value, int) or value < minimum
 
 
 def validate_deepspeed_config(cfg, *, world_size: int | None = None) -> str:
-    """Check a DeepSpeed config's structure without DeepSpeed; a one-line summary if valid.
-
-    ``TypeError`` if ``cfg`` is not a dict, else a ``ValueError`` listing every problem, one a
-    line; without ``world_size``, ``train_batch_size`` must be a multiple of micro x accumulation.
-    """
+    """Check a DeepSpeed config without DeepSpeed: a one-line summary, or a ValueError listing every
+    problem (without ``world_size``, train_batch_size must be a multiple of micro x accumulation)."""
     if not isinstance(cfg, dict):
         raise TypeError(f"a DeepSpeed config is a dict, got {type(cfg).__name__}")
     if world_size is not None:
@@ -474,14 +457,11 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
 
 
 def _train_snippet(codes: list, steps: int) -> list:
-    """On each rank: for each snippet, build the course GPT, exec the snippet (it wraps the
-    model and makes ``optimizer``), train ``steps`` steps; the global loss of each step."""
+    """On each rank, per snippet: the course GPT, wrapped by the snippet, trained; the global losses."""
     from ..harness.model import SyntheticData, build_model
     from ..runtime.launch import rank_device
     from ..theory.config import COURSE_CONFIG
-
-    device = rank_device()
-    out = []
+    device, out = rank_device(), []
     for code in codes:
         ns = {"model": build_model(COURSE_CONFIG, seed=0, device=device)}
         exec(code, ns)  # noqa: S102 - running the generated snippet is the point
@@ -495,20 +475,11 @@ def _train_snippet(codes: list, steps: int) -> list:
 def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: str = "fp32",
                    gpus_per_node: int | None = None, nodes: int | None = None,
                    timeout_s: float = 120) -> list[dict]:
-    """Run :func:`fsdp2_equivalent`'s code for each choice on ``world_size`` real ranks.
-
-    ``choices``: one choice (a Choice, tuple, dict, name or planner row) or a list of them.
-
-    The course GPT (12 sequences per step, split over the ranks) trains ``steps`` steps
-    with the generated snippet, once per choice, all in one launch. Returns per choice
-    ``{"choice", "where", "code", "losses", "single", "max_rel_diff"}``: ``losses`` are
-    rank 0's global losses, ``single`` those of one process on the whole batch
-    (``experiments.run("single", 1)``); in fp32 they agree to float rounding. HSDP uses
-    ``nodes`` x ``gpus_per_node`` = ``world_size`` (default: 2 "nodes").
-    """
+    """Train the course GPT with :func:`fsdp2_equivalent`'s code for each choice (one or a list) on
+    ``world_size`` ranks, in one launch; per choice ``{"choice", "where", "code", "losses", "single",
+    "max_rel_diff"}`` against one process (in fp32 equal to rounding). HSDP: default 2 "nodes"."""
     from ..harness.experiments import run
     from ..runtime.launch import backend_label, launch, resolve_backend
-
     choices = choices if isinstance(choices, list) else [choices]
     if not choices:
         raise ValueError("choices is empty: pass a choice such as 'ZeRO-3', or a list of them")
@@ -518,8 +489,7 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
     backend = resolve_backend(world_size)
     device_type = "cuda" if backend == "nccl" else "cpu"
     if nodes is None and gpus_per_node is None:
-        nodes = 2 if world_size % 2 == 0 else 1
-        gpus_per_node = world_size // nodes
+        nodes, gpus_per_node = 2 - world_size % 2, world_size // (2 - world_size % 2)
     elif nodes is None or gpus_per_node is None:
         raise ValueError("give both nodes and gpus_per_node (or neither)")
     if nodes * gpus_per_node != world_size:
@@ -530,30 +500,14 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
                       timeout_s=timeout_s)
     single = run("single", 1, steps=steps, quiet=True)[0].losses
     where = f"{world_size} {'gloo ranks on CPU' if backend == 'gloo' else 'ranks, ' + backend_label(backend)}"
-    out = []
-    for i, e in enumerate(eqs):
-        losses = per_rank[0][i]
-        rel = max(abs(a - b) / abs(b) for a, b in zip(losses, single))
-        out.append({"choice": e.choice.label(), "where": where, "code": e.code, "losses": losses,
-                    "single": single, "max_rel_diff": rel})
-    return out
-
-
-# ------------------------------------------------------------- side by side
-
-#: The heading of :func:`side_by_side`'s last column.
-_TORCH_COLUMN = "torch equivalent"
+    return [{"choice": e.choice.label(), "where": where, "code": e.code, "losses": losses, "single": single,
+             "max_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, single))}
+            for e, losses in zip(eqs, per_rank[0])]
 
 
 def side_by_side(plan_row_or_choice, **kwargs) -> str:
-    """Planner choice, DeepSpeed config and the torch equivalent next to each other, as text.
-
-    The last column is named "torch equivalent", not "FSDP2": for ZeRO-1 and DDP it is
-    ``DistributedDataParallel`` (+ ``ZeroRedundancyOptimizer``), for the rest ``fully_shard``.
-
-    ``kwargs`` go to :func:`deepspeed_config` (e.g. ``world_size``, ``micro_batch``,
-    ``grad_accum``, ``offload_device``, ``nvme_path``).
-    """
+    """Planner choice, DeepSpeed config and the torch equivalent side by side, as text; ``kwargs``
+    go to :func:`deepspeed_config`."""
     c = as_choice(plan_row_or_choice)
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
     if row is not None and row.recipe == "torch-amp" and kwargs.get("recipe") is None:
@@ -597,10 +551,8 @@ def side_by_side(plan_row_or_choice, **kwargs) -> str:
          f"{cfg['gradient_accumulation_steps']} accumulation", f"{cfg['train_batch_size']} = {cfg['train_micro_batch_size_per_gpu']} x "
          f"{cfg['gradient_accumulation_steps']} x {world} GPUs", "your data loader and accumulation loop"),
     ]
-    w = [max(len(str(r[i])) for r in rows + [("", "planner", "DeepSpeed", _TORCH_COLUMN)]) for i in range(4)]
-    out = [f"{'':<{w[0]}}  {'planner':<{w[1]}}  {'DeepSpeed':<{w[2]}}  {_TORCH_COLUMN}",
-           "-" * (sum(w) + 6)]
-    out += [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
-    out.append(f"torch {'matches DeepSpeed' if fs.exact else 'differs from DeepSpeed'}:")
-    out += [f"  - {n}" for n in fs.notes]
-    return "\n".join(out)
+    rows.insert(0, ("", "planner", "DeepSpeed", "torch equivalent"))   # not "FSDP2": DDP for DDP and ZeRO-1
+    w = [max(len(str(r[i])) for r in rows) for i in range(4)]
+    out = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
+    return "\n".join(out[:1] + ["-" * (sum(w) + 6)] + out[1:] + [
+        f"torch {'matches DeepSpeed' if fs.exact else 'differs from DeepSpeed'}:"] + [f"  - {n}" for n in fs.notes])
