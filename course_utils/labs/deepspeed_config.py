@@ -1,90 +1,64 @@
-"""From a planner choice to a DeepSpeed ZeRO config and to the same thing in FSDP2.
+"""From a planner choice to a DeepSpeed ZeRO config and to the same thing in FSDP2 (notebook 08).
 
-Taught in ``notebooks/08_beyond_one_box.ipynb``. :func:`deepspeed_config` turns a planner
-:class:`~course_utils.theory.planner.Choice` into a DeepSpeed config (stage, offload to
-``cpu``/``nvme``, bucket sizes, precision, the batch triple ``train_batch_size = micro
-batch x accumulation x data-parallel GPUs``); :func:`fsdp2_equivalent` gives the same
-choice in PyTorch as runnable code and says where the libraries do *not* match (FSDP2 has
-no ZeRO-1 and no optimizer-only offload; DeepSpeed 0.19 removed MiCS, its HSDP);
-:func:`validate_deepspeed_config` checks a config without DeepSpeed, stricter than
-DeepSpeed's parser (which ignores ``offload_param`` below stage 3); :func:`run_equivalent`
-runs the generated code on N ranks against one process; :func:`side_by_side` prints them
-next to each other.
-
-Recomputation: DeepSpeed's ``activation_checkpointing`` section cannot say what the model
-wraps in ``checkpoint()``. ``recompute="full"`` means every block; ``"selective"`` only
-each block's attention core (as Megatron-DeepSpeed's ``--recompute-granularity
-selective``); with flash attention there is nothing to wrap. In torch it becomes op-level
-selective checkpointing (``create_selective_checkpoint_contexts``).
-
-Bucket sizes follow the HF Trainer's "auto" rule: ``reduce_bucket_size = h²``,
-``stage3_prefetch_bucket_size = 0.9·h²``, ``stage3_param_persistence_threshold = 10·h``;
-5e7 elements when the architecture is not known.
+FSDP2 has no ZeRO-1 and no optimizer-only offload, DeepSpeed 0.19 removed MiCS (its HSDP):
+:func:`fsdp2_equivalent` says where they differ. :func:`validate_deepspeed_config` is stricter
+than DeepSpeed's parser (which ignores ``offload_param`` below stage 3). Recompute: DeepSpeed's
+``activation_checkpointing`` cannot say what the model wraps in ``checkpoint()``: "full" means
+every block, "selective" each block's attention core (as Megatron-DeepSpeed's
+``--recompute-granularity selective``). Buckets follow the HF Trainer's "auto" rule:
+``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``,
+``stage3_param_persistence_threshold = 10·h``; 5e7 elements when the architecture is not known.
 """
 from __future__ import annotations
 
 import dataclasses
 from numbers import Real
 
-from ..checks import check_int
+from ..checks import check_bool, check_choice, check_int, check_number
 from ..harness.experiments import BETAS, GLOBAL_BATCH, LR, WEIGHT_DECAY, train
 from ..harness.model import rows_per_rank
-from ..theory.config import TransformerConfig
 from ..theory.planner import Choice, PlanRow, as_choice
 
-__all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config",
-           "validate_deepspeed_config", "FSDP2Equivalent", "fsdp2_equivalent", "run_equivalent",
-           "side_by_side"]
+__all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config", "validate_deepspeed_config",
+           "FSDP2Equivalent", "fsdp2_equivalent", "run_equivalent", "side_by_side"]
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 OFFLOAD_DEVICES = ("cpu", "nvme")
 DEFAULT_BUCKET_ELEMS = 50_000_000     # the planner's default bucket (100 MB of bf16 gradients)
 _ADAMW = f"lr={LR}, betas={BETAS}, weight_decay={WEIGHT_DECAY}"   # the course's make_adamw
 
-_TOP_KEYS = {
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-    "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "bf16", "fp16",
-    "zero_optimization", "optimizer", "scheduler", "activation_checkpointing", "data_types",
-    "aio", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-    "communication_data_type", "prescale_gradients", "gradient_predivide_factor",
-    "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger", "seq_parallel_communication_data_type",
-    "dump_state", "memory_breakdown", "checkpoint", "compile", "torch_autocast",
-}
+_TOP_KEYS = set("""
+    train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps gradient_clipping
+    steps_per_print wall_clock_breakdown bf16 fp16 zero_optimization optimizer scheduler
+    activation_checkpointing data_types aio zero_allow_untested_optimizer zero_force_ds_cpu_optimizer
+    communication_data_type prescale_gradients gradient_predivide_factor flops_profiler tensorboard wandb
+    csv_monitor comms_logger seq_parallel_communication_data_type dump_state memory_breakdown checkpoint
+    compile torch_autocast
+""".split())
 #: DeepSpeed 0.19's zero_optimization keys (DeepSpeedZeroConfig fields and their aliases)
-_ZERO_KEYS = {
-    "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
-    "use_multi_rank_bucket_allreduce", "allgather_partitions", "allgather_bucket_size",
-    "overlap_comm", "compute_grad_norm", "load_from_fp32_weights", "elastic_checkpoint",
-    "offload_param", "offload_optimizer", "zenflow", "sub_group_size", "cpu_offload_param",
-    "cpu_offload_use_pin_memory", "cpu_offload", "ignore_unused_parameters", "legacy_stage1",
-    "round_robin_gradients", "parameter_alignment", "zero_hpz_partition_size",
-    "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
-    "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
-    "log_trace_cache_warnings", "enable_sanity_checks", "save_muon_momentum_buffer_in_memory",
-    "leaf_module",
-    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-    "stage3_model_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-    "stage3_gather_16bit_weights_on_model_save", "stage3_module_granularity_threshold",
-    "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
-    "stage3_gather_fp16_weights_on_model_save",
-    "prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
-    "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
-}
-_STAGE3_ONLY = {k for k in _ZERO_KEYS if k.startswith("stage3_")} | {
-    "prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
-    "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
-    "offload_param", "zero_hpz_partition_size", "sub_group_size"}
+_ZERO_KEYS = set("""
+    stage contiguous_gradients reduce_scatter reduce_bucket_size use_multi_rank_bucket_allreduce
+    allgather_partitions allgather_bucket_size overlap_comm compute_grad_norm load_from_fp32_weights
+    elastic_checkpoint offload_param offload_optimizer zenflow sub_group_size cpu_offload_param
+    cpu_offload_use_pin_memory cpu_offload ignore_unused_parameters legacy_stage1 round_robin_gradients
+    parameter_alignment zero_hpz_partition_size zero_quantized_weights zero_quantized_nontrainable_weights
+    zero_quantized_gradients memory_efficient_linear pipeline_loading_checkpoint override_module_apply
+    log_trace_cache_warnings enable_sanity_checks save_muon_momentum_buffer_in_memory leaf_module
+    stage3_prefetch_bucket_size stage3_param_persistence_threshold stage3_model_persistence_threshold
+    stage3_max_live_parameters stage3_max_reuse_distance stage3_gather_16bit_weights_on_model_save
+    stage3_module_granularity_threshold stage3_use_all_reduce_for_fetch_params stage3_allgather_sequential
+    stage3_gather_fp16_weights_on_model_save prefetch_bucket_size param_persistence_threshold
+    model_persistence_threshold max_live_parameters max_reuse_distance gather_16bit_weights_on_model_save
+""".split())
+_STAGE3_ONLY = {k for k in _ZERO_KEYS if k.startswith("stage3_") or "stage3_" + k in _ZERO_KEYS} | {
+    "zero_hpz_partition_size", "sub_group_size"}      # offload_param has its own message
 _REMOVED = {"mics_shard_size": "MiCS (DeepSpeed's HSDP) was removed in DeepSpeed 0.19; use "
                                "zero_hpz_partition_size (ZeRO++ hpZ) or FSDP2 with a 2-D mesh",
             "mics_hierarchical_params_gather": "MiCS was removed in DeepSpeed 0.19"}
-_OFFLOAD_KEYS = {"offload_optimizer": {"device", "nvme_path", "buffer_count", "pin_memory",
-                                       "pipeline_read", "pipeline_write", "fast_init", "ratio",
-                                       "super_offload", "cpuadam_cores_perc"},
-                 "offload_param": {"device", "nvme_path", "buffer_count", "buffer_size",
-                                   "max_in_cpu", "pin_memory"}}
+_OFFLOAD_KEYS = {"offload_optimizer": set("device nvme_path buffer_count pin_memory pipeline_read pipeline_write "
+                                           "fast_init ratio super_offload cpuadam_cores_perc".split()),
+                 "offload_param": set("device nvme_path buffer_count buffer_size max_in_cpu pin_memory".split())}
 
-
-# ----------------------------------------------------------------- helpers
 
 def _resolve_batch(train_batch_size, micro_batch, grad_accum, world_size) -> tuple[int, int, int]:
     """Fill in the one missing of (train_batch_size, micro_batch, grad_accum), check the rest."""
@@ -99,35 +73,18 @@ def _resolve_batch(train_batch_size, micro_batch, grad_accum, world_size) -> tup
                          f"(missing {', '.join(missing)})")
     if train_batch_size is None:
         train_batch_size = micro_batch * grad_accum * world_size
-    elif micro_batch is None:
-        if train_batch_size % (grad_accum * world_size):
-            raise ValueError(f"train_batch_size {train_batch_size} is not a multiple of grad_accum x "
-                             f"GPUs = {grad_accum} x {world_size}")
-        micro_batch = train_batch_size // (grad_accum * world_size)
-    elif grad_accum is None:
-        if train_batch_size % (micro_batch * world_size):
-            raise ValueError(f"train_batch_size {train_batch_size} is not a multiple of micro_batch x "
-                             f"GPUs = {micro_batch} x {world_size}")
-        grad_accum = train_batch_size // (micro_batch * world_size)
+    elif missing:
+        name, known = ("grad_accum", grad_accum) if micro_batch is None else ("micro_batch", micro_batch)
+        if train_batch_size % (known * world_size):
+            raise ValueError(f"train_batch_size {train_batch_size} is not a multiple of {name} x "
+                             f"GPUs = {known} x {world_size}")
+        found = train_batch_size // (known * world_size)
+        micro_batch, grad_accum = (found, grad_accum) if micro_batch is None else (micro_batch, found)
     if train_batch_size != micro_batch * grad_accum * world_size:
-        raise ValueError(f"train_batch_size ({train_batch_size}) must equal micro_batch x grad_accum x "
-                         f"GPUs = {micro_batch} x {grad_accum} x {world_size} = "
-                         f"{micro_batch * grad_accum * world_size}")
+        raise ValueError(f"train_batch_size ({train_batch_size}) must equal micro_batch x grad_accum x GPUs = "
+                         f"{micro_batch} x {grad_accum} x {world_size} = {micro_batch * grad_accum * world_size}")
     return train_batch_size, micro_batch, grad_accum
 
-
-def _offload_section(device: str, nvme_path, *, params: bool, buffer_size: int) -> dict:
-    out = {"device": device, "pin_memory": True}
-    if device == "nvme":
-        out["nvme_path"] = str(nvme_path)
-        if params:
-            out.update(buffer_count=5, buffer_size=buffer_size, max_in_cpu=int(1e9))
-        else:
-            out.update(buffer_count=4, fast_init=False)
-    return out
-
-
-# ---------------------------------------------------------------- DeepSpeed
 
 def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
                      micro_batch: int | None = None, grad_accum: int | None = None,
@@ -136,28 +93,13 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
                      offload_device: str = "cpu", nvme_path: str | None = None,
                      hidden: int | None = None, bucket_elems: int | None = None,
                      gradient_clipping: float = 1.0) -> dict:
-    """A DeepSpeed config dict for one planner choice.
-
-    Args:
-        plan_row_or_choice: a :class:`~course_utils.theory.planner.PlanRow` (its micro-batch,
-            accumulation, GPUs, recipe and hidden size are used unless given here), or
-            a :class:`~course_utils.theory.planner.Choice` / tuple / dict / strategy name.
-        train_batch_size, micro_batch, grad_accum: give two (or all three, consistent);
-            ``train_batch_size = micro_batch x grad_accum x world_size``.
-        world_size: data-parallel GPUs; gpus_per_node: for HSDP's
-            ``zero_hpz_partition_size``.
-        precision: "bf16" (default), "fp16" (adds dynamic loss scaling) or "fp32";
-            recipe: the planner's recipe ("mixed-fp32-grads" asks DeepSpeed to
-            accumulate gradients in fp32; "fp32" means precision "fp32").
-        offload_device: "cpu" or "nvme" (ZeRO-Infinity, needs ``nvme_path``), used for
-            what the choice offloads.
-        hidden: hidden size, for the bucket sizes (h², 0.9·h², 10·h).
-        bucket_elems: stage 1/2 reduce and all-gather bucket in elements (default 5e7,
-            or h² when ``hidden`` is known).
-    """
+    """A DeepSpeed config dict for one planner choice (a PlanRow gives micro-batch, accumulation,
+    GPUs, recipe and hidden size unless given). Give two of train_batch_size, micro_batch,
+    grad_accum (or three, consistent). recipe "mixed-fp32-grads" accumulates gradients in fp32;
+    offload_device "nvme" is ZeRO-Infinity; ``bucket_elems``: stage 1/2 buckets (default h² or 5e7)."""
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
     choice = as_choice(plan_row_or_choice)
-    config: TransformerConfig | None = None
+    config = row.config if row is not None else None
     if row is not None:
         micro_batch = row.micro_batch if micro_batch is None else micro_batch
         if grad_accum is None and train_batch_size is None:
@@ -165,9 +107,7 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
         world_size = row.world_size if world_size is None else world_size
         gpus_per_node = row.gpus_per_node if gpus_per_node is None else gpus_per_node
         recipe = row.recipe if recipe is None else recipe
-        config = row.config
-        if hidden is None and config is not None:
-            hidden = config.hidden
+        hidden = config.hidden if hidden is None and config is not None else hidden
     if world_size is None:
         raise ValueError("world_size (data-parallel GPUs) is needed to compute the batch sizes; "
                          "pass world_size=..., or pass a planner row")
@@ -178,66 +118,52 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
                          "(recipe 'mixed'), or use fsdp2_equivalent(...) for the torch code")
     if recipe is not None and recipe not in ("fp32", "mixed", "mixed-fp32-grads"):
         raise ValueError(f"recipe must be 'fp32', 'mixed' or 'mixed-fp32-grads', got {recipe!r}")
-    if precision is None:
-        precision = "fp32" if recipe == "fp32" else "bf16"
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    precision = precision or ("fp32" if recipe == "fp32" else "bf16")
+    check_choice("precision", precision, PRECISIONS, kind="precision", kinds="precisions")
     if recipe == "fp32" and precision != "fp32":
         raise ValueError("recipe 'fp32' keeps everything in fp32: use precision='fp32'")
-    if offload_device not in OFFLOAD_DEVICES:
-        raise ValueError(f"offload_device must be 'cpu' or 'nvme', got {offload_device!r}")
+    check_choice("offload_device", offload_device, OFFLOAD_DEVICES, kind="offload device", kinds="devices")
     if offload_device == "nvme" and choice.offload != "none" and not nvme_path:
         raise ValueError("offload to nvme (ZeRO-Infinity) needs nvme_path='/local_nvme' (a fast local disk)")
-    if hidden is not None:
-        check_int("hidden", hidden, 1, what="the model's hidden size")
-    if bucket_elems is not None:
-        check_int("bucket_elems", bucket_elems, 1, what="elements per communication bucket")
-    if isinstance(gradient_clipping, bool) or not isinstance(gradient_clipping, Real) or gradient_clipping < 0:
-        raise ValueError(f"gradient_clipping must be a number >= 0 (0: off), got {gradient_clipping!r}")
-
+    for name, value in (("hidden", hidden), ("bucket_elems", bucket_elems)):
+        if value is not None:
+            check_int(name, value, 1, what="elements")
+    check_number("gradient_clipping", gradient_clipping, minimum=0, example="1.0")
     cfg: dict = {"train_batch_size": tbs, "train_micro_batch_size_per_gpu": mb,
                  "gradient_accumulation_steps": ga, "gradient_clipping": float(gradient_clipping),
                  "steps_per_print": 100, "wall_clock_breakdown": False,
                  "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
                                                            "weight_decay": WEIGHT_DECAY}}}
-    if precision == "bf16":
-        cfg["bf16"] = {"enabled": True}
-    elif precision == "fp16":
-        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
-                       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+    if precision != "fp32":     # fp16: dynamic loss scaling
+        cfg[precision] = {"enabled": True} if precision == "bf16" else {
+            "enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+            "hysteresis": 2, "min_loss_scale": 1}
     if recipe == "mixed-fp32-grads" and precision != "fp32":
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
-
     stage = choice.stage
-    zero: dict = {"stage": stage}
+    cfg["zero_optimization"] = zero = {"stage": stage}
     if stage >= 1:
         bucket = bucket_elems or (hidden * hidden if hidden else DEFAULT_BUCKET_ELEMS)
         zero.update(overlap_comm=True, contiguous_gradients=True, reduce_bucket_size=int(bucket))
         if stage in (1, 2):
             zero.update(reduce_scatter=True, allgather_partitions=True, allgather_bucket_size=int(bucket))
     if stage == 3:
-        h = hidden
-        zero.update({
-            "stage3_prefetch_bucket_size": int(0.9 * h * h) if h else DEFAULT_BUCKET_ELEMS,
-            "stage3_param_persistence_threshold": 10 * h if h else 100_000,
-            "stage3_max_live_parameters": int(1e9),
-            "stage3_max_reuse_distance": int(1e9),
-            "stage3_gather_16bit_weights_on_model_save": True,
-            "sub_group_size": int(1e9),
-        })
+        zero.update(stage3_prefetch_bucket_size=int(0.9 * hidden * hidden) if hidden else DEFAULT_BUCKET_ELEMS,
+                    stage3_param_persistence_threshold=10 * hidden if hidden else 100_000,
+                    stage3_max_live_parameters=int(1e9), stage3_max_reuse_distance=int(1e9),
+                    stage3_gather_16bit_weights_on_model_save=True, sub_group_size=int(1e9))
         if choice.strategy == "HSDP":
             if gpus_per_node is None:
                 raise ValueError("HSDP needs gpus_per_node (the shard group) for zero_hpz_partition_size")
             check_int("gpus_per_node", gpus_per_node, 1, what="GPUs in one machine")
             zero["zero_hpz_partition_size"] = gpus_per_node
-    largest = config.largest_layer_params() if config is not None else int(1e8)
-    if choice.offload_optimizer:
-        zero["offload_optimizer"] = _offload_section(offload_device, nvme_path, params=False,
-                                                     buffer_size=largest)
-    if choice.offload_params:
-        zero["offload_param"] = _offload_section(offload_device, nvme_path, params=True,
-                                                 buffer_size=max(int(1e8), largest))
-    cfg["zero_optimization"] = zero
+    param_buffer = max(int(1e8), config.largest_layer_params()) if config is not None else int(1e8)
+    for key, on, nvme in (("offload_optimizer", choice.offload_optimizer, dict(buffer_count=4, fast_init=False)),
+                          ("offload_param", choice.offload_params,
+                           dict(buffer_count=5, buffer_size=param_buffer, max_in_cpu=int(1e9)))):
+        if on:
+            zero[key] = {"device": offload_device, "pin_memory": True,
+                         **({"nvme_path": str(nvme_path), **nvme} if offload_device == "nvme" else {})}
     if offload_device == "nvme" and choice.offload != "none":
         cfg["aio"] = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1,
                       "single_submit": False, "overlap_events": True}
@@ -247,44 +173,34 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
     return cfg
 
 
-def _type_error(problems: list, where: str, value, want: str) -> None:
-    problems.append(f"{where} must be {want}, got {value!r}")
+def _int_below(value, minimum: int) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int) or value < minimum
 
 
 def validate_deepspeed_config(cfg, *, world_size: int | None = None) -> str:
-    """Check a DeepSpeed config's structure without DeepSpeed; a one-line summary if valid.
-
-    Raises ``TypeError`` when ``cfg`` is not a dict, else ``ValueError`` listing every
-    problem found (one line each, saying what to change): unknown or removed keys,
-    wrong types, ``offload_param`` below stage 3, ``offload_optimizer`` at stage 0,
-    ``stage3_*`` knobs below stage 3, an nvme device without ``nvme_path``, fp16 and
-    bf16 both on, and ``train_batch_size != micro x accumulation x world_size``
-    (``world_size`` given) or not a multiple of ``micro x accumulation`` (not given).
-    """
+    """Check a DeepSpeed config without DeepSpeed: a one-line summary, or a ValueError listing every
+    problem (without ``world_size``, train_batch_size must be a multiple of micro x accumulation)."""
     if not isinstance(cfg, dict):
         raise TypeError(f"a DeepSpeed config is a dict, got {type(cfg).__name__}")
     if world_size is not None:
         check_int("world_size", world_size, 1, what="data-parallel GPUs")
     problems: list[str] = []
+    bad = lambda where, value, want: problems.append(f"{where} must be {want}, got {value!r}")  # noqa: E731
     for key in cfg:
         if key in _REMOVED:
             problems.append(f"{key}: {_REMOVED[key]}")
         elif key not in _TOP_KEYS:
             problems.append(f"unknown top-level key {key!r} (a typo? e.g. 'zero_optimisation' "
                             "for 'zero_optimization')")
-    batch = {}
-    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-        if key in cfg:
-            v = cfg[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                _type_error(problems, key, v, "an int >= 1")
-            else:
-                batch[key] = v
+    batch_keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    for key in batch_keys:
+        if key in cfg and _int_below(cfg[key], 1):
+            bad(key, cfg[key], "an int >= 1")
+    batch = [cfg[k] for k in batch_keys if k in cfg and not _int_below(cfg[k], 1)]
     if "train_batch_size" not in cfg and "train_micro_batch_size_per_gpu" not in cfg:
         problems.append("give train_batch_size or train_micro_batch_size_per_gpu (DeepSpeed needs one)")
     if len(batch) == 3:
-        tbs, mb, ga = (batch["train_batch_size"], batch["train_micro_batch_size_per_gpu"],
-                       batch["gradient_accumulation_steps"])
+        tbs, mb, ga = batch
         if world_size is not None and tbs != mb * ga * world_size:
             problems.append(f"train_batch_size ({tbs}) must equal micro x accumulation x GPUs = "
                             f"{mb} x {ga} x {world_size} = {mb * ga * world_size}")
@@ -293,71 +209,66 @@ def validate_deepspeed_config(cfg, *, world_size: int | None = None) -> str:
                             f"= {mb} x {ga}: no whole number of GPUs fits")
     enabled = []
     for key in ("bf16", "fp16"):
-        if key in cfg:
-            sec = cfg[key]
-            if not isinstance(sec, dict) or not isinstance(sec.get("enabled", False), bool):
-                _type_error(problems, key, sec, "a dict with 'enabled': True/False")
-            elif sec.get("enabled"):
-                enabled.append(key)
+        sec = cfg.get(key, {})
+        if not isinstance(sec, dict) or not isinstance(sec.get("enabled", False), bool):
+            bad(key, sec, "a dict with 'enabled': True/False")
+        elif sec.get("enabled"):
+            enabled.append(key)
     if len(enabled) == 2:
         problems.append("bf16 and fp16 are both enabled: choose one")
-    if "gradient_clipping" in cfg:
-        v = cfg["gradient_clipping"]
-        if isinstance(v, bool) or not isinstance(v, Real) or v < 0:
-            _type_error(problems, "gradient_clipping", v, "a number >= 0")
-    zero = cfg.get("zero_optimization", {"stage": 0})
-    stage = 0
+    clip = cfg.get("gradient_clipping", 0)
+    if isinstance(clip, bool) or not isinstance(clip, Real) or clip < 0:
+        bad("gradient_clipping", clip, "a number >= 0")
+    zero, stage = cfg.get("zero_optimization", {"stage": 0}), 0
     if not isinstance(zero, dict):
-        _type_error(problems, "zero_optimization", zero, "a dict such as {'stage': 2}")
+        bad("zero_optimization", zero, "a dict such as {'stage': 2}")
         zero = {}
+    elif isinstance(zero.get("stage", 0), bool) or zero.get("stage", 0) not in (0, 1, 2, 3):
+        bad("zero_optimization.stage", zero["stage"], "0, 1, 2 or 3")
     else:
         stage = zero.get("stage", 0)
-        if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-            _type_error(problems, "zero_optimization.stage", stage, "0, 1, 2 or 3")
-            stage = 0
     for key, value in zero.items():
         where = f"zero_optimization.{key}"
         if key in _REMOVED:
             problems.append(f"{where}: {_REMOVED[key]}")
         elif key not in _ZERO_KEYS:
             problems.append(f"unknown key {where} (see DeepSpeedZeroConfig for the valid names)")
-        elif key in _STAGE3_ONLY and stage != 3 and key not in ("offload_param",):
+        elif key in _STAGE3_ONLY and stage != 3:
             problems.append(f"{where} only applies to stage 3 (this config is stage {stage}): remove it")
         elif key.endswith(("bucket_size", "threshold", "parameters", "distance")) or key == "sub_group_size":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                _type_error(problems, where, value, "an int >= 0 (elements)")
+            if _int_below(value, 0):
+                bad(where, value, "an int >= 0 (elements)")
         elif key in ("overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
                      "stage3_gather_16bit_weights_on_model_save", "round_robin_gradients"):
             if not isinstance(value, bool):
-                _type_error(problems, where, value, "True or False")
+                bad(where, value, "True or False")
+    hpz = zero.get("zero_hpz_partition_size")
     if "zero_hpz_partition_size" in zero and stage == 3:
-        v = zero["zero_hpz_partition_size"]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            _type_error(problems, "zero_optimization.zero_hpz_partition_size", v, "an int >= 1 (GPUs per node)")
-        elif world_size is not None and world_size % v:
-            problems.append(f"zero_hpz_partition_size ({v}) must divide the number of GPUs ({world_size})")
+        if _int_below(hpz, 1):
+            bad("zero_optimization.zero_hpz_partition_size", hpz, "an int >= 1 (GPUs per node)")
+        elif world_size is not None and world_size % hpz:
+            problems.append(f"zero_hpz_partition_size ({hpz}) must divide the number of GPUs ({world_size})")
     devices = {}
     for sec_name in ("offload_optimizer", "offload_param"):
-        if sec_name not in zero or zero[sec_name] is None:
+        sec, where = zero.get(sec_name), f"zero_optimization.{sec_name}"
+        if sec is None:
             continue
-        sec, where = zero[sec_name], f"zero_optimization.{sec_name}"
         if not isinstance(sec, dict):
-            _type_error(problems, where, sec, "a dict such as {'device': 'cpu'}")
+            bad(where, sec, "a dict such as {'device': 'cpu'}")
             continue
-        for k in sec:
-            if k not in _OFFLOAD_KEYS[sec_name]:
-                problems.append(f"unknown key {where}.{k}; valid: {sorted(_OFFLOAD_KEYS[sec_name])}")
+        problems += [f"unknown key {where}.{k}; valid: {sorted(_OFFLOAD_KEYS[sec_name])}"
+                     for k in sec if k not in _OFFLOAD_KEYS[sec_name]]
         device = sec.get("device", "none")
         if device not in ("none", "cpu", "nvme"):
-            _type_error(problems, f"{where}.device", device, "'none', 'cpu' or 'nvme'")
+            bad(f"{where}.device", device, "'none', 'cpu' or 'nvme'")
             continue
         devices[sec_name] = device
         if device == "nvme" and not sec.get("nvme_path"):
             problems.append(f"{where}: device 'nvme' needs nvme_path (a directory on a local NVMe disk)")
         if device != "nvme" and sec.get("nvme_path"):
             problems.append(f"{where}: nvme_path is only used with device 'nvme' (device is {device!r})")
-        if "pin_memory" in sec and not isinstance(sec["pin_memory"], bool):
-            _type_error(problems, f"{where}.pin_memory", sec["pin_memory"], "True or False")
+        if not isinstance(sec.get("pin_memory", False), bool):
+            bad(f"{where}.pin_memory", sec["pin_memory"], "True or False")
     if devices.get("offload_param", "none") != "none" and stage != 3:
         problems.append(f"zero_optimization.offload_param needs stage 3 (only ZeRO-3 shards the "
                         f"parameters); this config is stage {stage}: use stage 3 or remove it")
@@ -366,33 +277,19 @@ def validate_deepspeed_config(cfg, *, world_size: int | None = None) -> str:
                         "the whole optimizer on every GPU)")
     if problems:
         raise ValueError("invalid DeepSpeed config:\n  - " + "\n  - ".join(problems))
-    parts = [f"stage {stage}"]
-    for sec_name, label in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
-        if devices.get(sec_name, "none") != "none":
-            parts.append(f"{label} -> {devices[sec_name]}")
+    parts = [f"stage {stage}"] + [f"{label} -> {devices[k]}" for k, label in (
+        ("offload_optimizer", "optimizer"), ("offload_param", "params")) if devices.get(k, "none") != "none"]
     parts.append(enabled[0] if enabled else "fp32")
     if len(batch) == 3:
-        dp = batch["train_batch_size"] // (batch["train_micro_batch_size_per_gpu"]
-                                           * batch["gradient_accumulation_steps"])
-        parts.append(f"{batch['train_batch_size']} = {batch['train_micro_batch_size_per_gpu']} x "
-                     f"{batch['gradient_accumulation_steps']} x {dp} GPUs")
+        parts.append(f"{batch[0]} = {batch[1]} x {batch[2]} x {batch[0] // (batch[1] * batch[2])} GPUs")
     return "valid: " + ", ".join(parts)
 
 
-# -------------------------------------------------------------------- FSDP2
-
 @dataclasses.dataclass(frozen=True)
 class FSDP2Equivalent:
-    """The PyTorch form of a choice.
-
-    api: "fully_shard", "DistributedDataParallel" or "DistributedDataParallel + ZeroRedundancyOptimizer";
-    kwargs: the ``fully_shard`` keyword arguments as real objects (without ``mesh``,
-    which needs process groups: build it from ``mesh_shape`` and ``mesh_dim_names``);
-    code: a runnable snippet (needs ``model`` with its blocks at ``blocks``, and
-    ``torch.distributed`` initialised; defines ``optimizer``, the course's AdamW); exact: whether it does
-    what the DeepSpeed config does; notes: where they differ.
-    """
-
+    """The PyTorch form of a choice. kwargs: ``fully_shard``'s keyword arguments as objects (no
+    ``mesh``: it needs process groups); code: a runnable snippet (needs ``model`` and a process
+    group, defines ``optimizer``); exact: whether it does what the DeepSpeed config does."""
     choice: Choice
     api: str
     kwargs: dict
@@ -404,17 +301,14 @@ class FSDP2Equivalent:
 
 
 def _torch_zero1_difference(precision: str) -> str:
-    """What DDP + ``ZeroRedundancyOptimizer`` holds and sends, against DeepSpeed's ZeRO-1,
-    with llama-2-7b on 8 GPUs as the example (:func:`~course_utils.theory.memory.model_states`)."""
+    """What DDP + ``ZeroRedundancyOptimizer`` holds and sends against DeepSpeed's ZeRO-1 (llama-2-7b, 8 GPUs)."""
     from ..theory.config import PRESETS
     from ..theory.memory import GB, model_states
-
+    from ..theory.planner import matmul_weights
     traffic = ("it all-reduces the full gradients, then every owner broadcasts its parameters: "
                "1.5x the ring bytes of DeepSpeed's reduce-scatter + all-gather (notebook 07's table)")
     if precision == "fp32":
         return "the same bytes per GPU (4 + 4 + 8/N per parameter), but " + traffic
-    from ..theory.planner import matmul_weights
-
     cfg = PRESETS["llama-2-7b"].config
     psi = cfg.num_params()
     torch_b, ds_b = (model_states(psi, world_size=8, stage=1, recipe=r).total / GB
@@ -429,73 +323,49 @@ def _torch_zero1_difference(precision: str) -> str:
             f"table, measured in fp32), 3x those of DeepSpeed's bf16 reduce-scatter + all-gather")
 
 
-#: the ops torch's selective policy recomputes: the attention core (scaled-dot-product
-#: attention's kernels; softmax for a hand-written attention)
+#: the ops torch's selective policy recomputes: the attention core (SDPA's kernels; softmax by hand)
 _SAC_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
             "_softmax")
 
 
-def _recompute_imports(recompute: str) -> list[str]:
+def _recompute_code(recompute: str, blocks: str, where: str) -> tuple[list[str], list[str]]:
+    """The imports and the code that wrap every block for ``recompute`` ("none": nothing)."""
     if recompute == "none":
-        return []
-    out = ["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper"]
-    if recompute == "selective":
-        out += ["from functools import partial",
-                "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts"]
-    return out
-
-
-def _recompute_lines(recompute: str, blocks: str, where: str) -> list[str]:
-    """The code that wraps every block for ``recompute`` ("none": nothing)."""
-    if recompute == "none":
-        return []
+        return [], []
+    imports = ["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper"]
+    head = f"for i, block in enumerate({blocks}):  # {recompute} recompute{':' if where else ''}{where}"
     if recompute == "full":
-        return [f"for i, block in enumerate({blocks}):  # full recompute{':' if where else ''}{where}",
-                f"    {blocks}[i] = checkpoint_wrapper(block)"]
-    return [f"attention_ops = {{getattr(torch.ops.aten, n).default for n in {_SAC_OPS!r}",
-            "                 if hasattr(torch.ops.aten, n)}  # recompute these, save the rest",
-            "def policy(ctx, op, *args, **kwargs):",
-            "    return (CheckpointPolicy.PREFER_RECOMPUTE if op in attention_ops",
-            "            else CheckpointPolicy.MUST_SAVE)",
-            f"for i, block in enumerate({blocks}):  # selective recompute{':' if where else ''}{where}",
-            f"    {blocks}[i] = checkpoint_wrapper(",
-            "        block, context_fn=partial(create_selective_checkpoint_contexts, policy))"]
+        return imports, [head, f"    {blocks}[i] = checkpoint_wrapper(block)"]
+    return imports + ["from functools import partial",
+                      "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts"], [
+        f"attention_ops = {{getattr(torch.ops.aten, n).default for n in {_SAC_OPS!r}",
+        "                 if hasattr(torch.ops.aten, n)}  # recompute these, save the rest",
+        "def policy(ctx, op, *args, **kwargs):",
+        "    return (CheckpointPolicy.PREFER_RECOMPUTE if op in attention_ops",
+        "            else CheckpointPolicy.MUST_SAVE)",
+        head, f"    {blocks}[i] = checkpoint_wrapper(",
+        "        block, context_fn=partial(create_selective_checkpoint_contexts, policy))"]
 
 
 def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | None = None,
                      precision: str = "bf16", recipe: str = "mixed", device_type: str = "cuda",
                      pin_memory: bool = False, blocks: str = "model.blocks") -> FSDP2Equivalent:
-    """``fully_shard`` (FSDP2) settings and code for the same choice as :func:`deepspeed_config`.
-
-    ``choice``: a Choice / PlanRow / tuple / dict / name (a PlanRow also gives
-    ``gpus_per_node``, ``nodes`` and ``recipe``: a row of a torch plan has recipe
-    "torch-amp"). ``precision``: "bf16" or "fp16" (``MixedPrecisionPolicy`` with
-    ``reduce_dtype=torch.float32``) or "fp32" (none). ``recompute="full"``:
-    ``checkpoint_wrapper`` on every block; ``"selective"``: the same with a
-    ``context_fn`` from ``create_selective_checkpoint_contexts`` whose policy recomputes
-    the attention ops (scaled-dot-product attention, softmax) and saves every other result.
-    ``pin_memory``: for ``CPUOffloadPolicy`` (False is required on CPU-only machines;
-    True is faster on GPUs). ``blocks``: the expression naming the
-    model's list of blocks in the code.
-    """
+    """``fully_shard`` (FSDP2) settings and code for the same choice as :func:`deepspeed_config` (a
+    PlanRow also gives gpus_per_node, nodes and recipe). ``pin_memory``: for ``CPUOffloadPolicy``
+    (False on CPU-only machines, True is faster on GPUs); ``blocks``: the model's list of blocks."""
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
-
     row = choice if isinstance(choice, PlanRow) else None
     c = as_choice(choice)
     if row is not None:
         gpus_per_node = row.gpus_per_node if gpus_per_node is None else gpus_per_node
         nodes = row.world_size // row.gpus_per_node if nodes is None else nodes
         recipe = row.recipe
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if recipe not in ("fp32", "mixed", "mixed-fp32-grads", "torch-amp"):
-        raise ValueError(f"recipe must be 'fp32', 'mixed', 'mixed-fp32-grads' or 'torch-amp', got {recipe!r}")
-    if device_type not in ("cuda", "cpu"):
-        raise ValueError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
-    if not isinstance(pin_memory, bool):
-        raise TypeError(f"pin_memory must be True or False, got {pin_memory!r}")
+    check_choice("precision", precision, PRECISIONS, kind="precision", kinds="precisions")
+    check_choice("recipe", recipe, ("fp32", "mixed", "mixed-fp32-grads", "torch-amp"), kind="recipe", kinds="recipes")
+    check_choice("device_type", device_type, ("cuda", "cpu"), kind="device type", kinds="device types")
+    check_bool("pin_memory", pin_memory)
     if not isinstance(blocks, str) or not all(part.isidentifier() for part in blocks.split(".")):
         raise ValueError(f"blocks must be a dotted name such as 'model.blocks', got {blocks!r}")
     if c.strategy == "HSDP":
@@ -505,16 +375,10 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
             check_int(name, value, 1, what="the cluster")
 
     notes: list[str] = []
-    exact = True
     kwargs: dict = {}
-    lines = ["import torch", "from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy, CPUOffloadPolicy"]
-    mp_line = None
-    if precision != "fp32":
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-        reduce = torch.float32           # the course's advice, notebook 07: see the note
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce)
-        mp_line = (f"mp = MixedPrecisionPolicy(param_dtype=torch.{str(dtype).split('.')[-1]}, "
-                   f"reduce_dtype=torch.{str(reduce).split('.')[-1]})")
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(precision)
+    if dtype:        # reduce in fp32: the course's advice (notebook 07), see the note
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
         notes.append("reduce_dtype=float32: the N gradients are summed in fp32 (a sum of many "
                      "low-precision numbers loses their last bits) and FSDP2 keeps fp32 sharded "
                      "gradients anyway; reduce_dtype=bfloat16 halves the reduce-scatter bytes, "
@@ -526,10 +390,11 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
     if c.offload != "none":
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
         if c.offload == "optimizer":
-            exact = False
             notes.append("FSDP2 has no optimizer-only offload: CPUOffloadPolicy moves the sharded "
                          "parameters and gradients to the host too and runs the optimizer there "
                          "(DeepSpeed's offload_optimizer keeps the 16-bit parameters on the GPU)")
+    exact = not (c.offload == "optimizer" or c.strategy in ("ZeRO-1", "HSDP")
+                 or (c.strategy == "DDP" and c.offload != "none"))
     if c.strategy in ("ZeRO-2", "ZeRO-3", "HSDP") or c.offload != "none":
         api = "fully_shard"
         kwargs["reshard_after_forward"] = c.strategy in ("ZeRO-3", "HSDP")
@@ -538,12 +403,10 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
                          "its forward to its backward (ZeRO-2's peak), but FSDP2 still shards them "
                          "between steps and all-gathers them once per step")
         if c.strategy in ("DDP", "ZeRO-1"):
-            exact = False
             notes.append(f"{c.strategy} with offload has no torch equivalent: this is FSDP2 with "
                          "CPUOffloadPolicy, which also shards the parameters and gradients")
     elif c.strategy == "ZeRO-1":
         api = "DistributedDataParallel + ZeroRedundancyOptimizer"
-        exact = False
         notes.append("FSDP2 always shards gradients (it reduce-scatters): ZeRO-1 in torch is DDP "
                      "with ZeroRedundancyOptimizer (the course's 'torch-zero1'). Not the same "
                      "machine: " + _torch_zero1_difference(precision))
@@ -551,56 +414,36 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
         api = "DistributedDataParallel"
         notes.append("FSDP2's form of DDP is fully_shard on a 2-D mesh with a shard dimension of "
                      "size 1 (replicate only); plain DDP is simpler and buckets gradients")
-    mesh_shape = mesh_names = None
-    if c.strategy == "HSDP":
-        mesh_shape, mesh_names = (nodes, gpus_per_node), ("replicate", "shard")
+    hsdp = c.strategy == "HSDP"
+    mesh_shape, mesh_names = ((nodes, gpus_per_node), ("replicate", "shard")) if hsdp else (None, None)
+    if hsdp:
         notes.append(f"HSDP: shard inside each node of {gpus_per_node} GPUs, all-reduce the "
                      f"gradient shards across the {nodes} nodes. DeepSpeed 0.19 removed MiCS (its "
                      "HSDP); its config uses ZeRO++'s zero_hpz_partition_size instead, which keeps a "
                      "secondary parameter shard per node but still shards optimizer states and "
                      "gradients over all GPUs: not the same")
-        exact = False
-
+    rc_imports, rc_lines = _recompute_code(c.recompute, blocks, " before sharding" if api == "fully_shard" else "")
+    adamw = f"optimizer = torch.optim.AdamW(model.parameters(), {_ADAMW})"
     if api == "fully_shard":
-        if mesh_shape is not None:
-            lines.append("from torch.distributed.device_mesh import init_device_mesh")
-        lines += _recompute_imports(c.recompute)
-        lines.append("")
-        if mesh_shape is not None:
-            lines.append(f"mesh = init_device_mesh({device_type!r}, {mesh_shape}, mesh_dim_names={mesh_names})")
-        if mp_line:
-            lines.append(mp_line)
-        args = [f"reshard_after_forward={kwargs['reshard_after_forward']}"]
-        if mesh_shape is not None:
-            args.insert(0, "mesh=mesh")
-        if mp_line:
-            args.append("mp_policy=mp")
-        if "offload_policy" in kwargs:
-            lines.append(f"offload = CPUOffloadPolicy(pin_memory={pin_memory})")
-            args.append("offload_policy=offload")
-        lines += _recompute_lines(c.recompute, blocks, " before sharding")
-        root_args = [a for a in args if not a.startswith("reshard_after_forward")]
-        lines += [f"for block in {blocks}:", f"    fully_shard(block, {', '.join(args)})",
-                  f"fully_shard(model{', ' if root_args else ''}{', '.join(root_args)})"
-                  "  # root: stays gathered after forward",
-                  f"optimizer = torch.optim.AdamW(model.parameters(), {_ADAMW})"]
+        offload = "offload_policy" in kwargs
+        args = (["mesh=mesh"] * hsdp + [f"reshard_after_forward={kwargs['reshard_after_forward']}"]
+                + ["mp_policy=mp"] * bool(dtype) + ["offload_policy=offload"] * offload)
+        root_args = "".join(f", {a}" for a in args if not a.startswith("reshard_after_forward"))
+        lines = (["import torch", "from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy, CPUOffloadPolicy"]
+                 + ["from torch.distributed.device_mesh import init_device_mesh"] * hsdp + rc_imports + [""]
+                 + [f"mesh = init_device_mesh({device_type!r}, {mesh_shape}, mesh_dim_names={mesh_names})"] * hsdp
+                 + [f"mp = MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype=torch.float32)"] * bool(dtype)
+                 + [f"offload = CPUOffloadPolicy(pin_memory={pin_memory})"] * offload + rc_lines
+                 + [f"for block in {blocks}:", f"    fully_shard(block, {', '.join(args)})",
+                    f"fully_shard(model{root_args})  # root: stays gathered after forward", adamw])
     else:
-        lines = ["import torch", "from torch.nn.parallel import DistributedDataParallel as DDP"]
-        if c.strategy == "ZeRO-1":
-            lines.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
-        lines += _recompute_imports(c.recompute)
-        lines.append("")
-        lines += _recompute_lines(c.recompute, blocks, "")
-        lines.append("model = DDP(model)  # on GPUs: DDP(model, device_ids=[local_rank])")
-        if precision != "fp32":
-            lines.append(f"# mixed precision: run forward under torch.autocast({device_type!r}, "
-                         f"dtype=torch.{'bfloat16' if precision == 'bf16' else 'float16'})")
-        if c.strategy == "ZeRO-1":
-            lines.append("optimizer = ZeroRedundancyOptimizer(model.parameters(), "
-                         f"optimizer_class=torch.optim.AdamW, {_ADAMW})")
-        else:
-            lines.append(f"optimizer = torch.optim.AdamW(model.parameters(), {_ADAMW})")
-        kwargs = {}
+        zero1, kwargs = c.strategy == "ZeRO-1", {}
+        lines = (["import torch", "from torch.nn.parallel import DistributedDataParallel as DDP"]
+                 + ["from torch.distributed.optim import ZeroRedundancyOptimizer"] * zero1 + rc_imports + [""]
+                 + rc_lines + ["model = DDP(model)  # on GPUs: DDP(model, device_ids=[local_rank])"]
+                 + [f"# mixed precision: run forward under torch.autocast({device_type!r}, dtype=torch.{dtype})"]
+                 * bool(dtype) + [f"optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class="
+                                  f"torch.optim.AdamW, {_ADAMW})" if zero1 else adamw])
     if c.recompute == "full":
         notes.append("recomputation: checkpoint_wrapper on every block before sharding (FSDP2 "
                      "wants activation checkpointing applied first)")
@@ -614,14 +457,11 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
 
 
 def _train_snippet(codes: list, steps: int) -> list:
-    """On each rank: for each snippet, build the course GPT, exec the snippet (it wraps the
-    model and makes ``optimizer``), train ``steps`` steps; the global loss of each step."""
+    """On each rank, per snippet: the course GPT, wrapped by the snippet, trained; the global losses."""
     from ..harness.model import SyntheticData, build_model
     from ..runtime.launch import rank_device
     from ..theory.config import COURSE_CONFIG
-
-    device = rank_device()
-    out = []
+    device, out = rank_device(), []
     for code in codes:
         ns = {"model": build_model(COURSE_CONFIG, seed=0, device=device)}
         exec(code, ns)  # noqa: S102 - running the generated snippet is the point
@@ -635,20 +475,11 @@ def _train_snippet(codes: list, steps: int) -> list:
 def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: str = "fp32",
                    gpus_per_node: int | None = None, nodes: int | None = None,
                    timeout_s: float = 120) -> list[dict]:
-    """Run :func:`fsdp2_equivalent`'s code for each choice on ``world_size`` real ranks.
-
-    ``choices``: one choice (a Choice, tuple, dict, name or planner row) or a list of them.
-
-    The course GPT (12 sequences per step, split over the ranks) trains ``steps`` steps
-    with the generated snippet, once per choice, all in one launch. Returns per choice
-    ``{"choice", "where", "code", "losses", "single", "max_rel_diff"}``: ``losses`` are
-    rank 0's global losses, ``single`` those of one process on the whole batch
-    (``experiments.run("single", 1)``); in fp32 they agree to float rounding. HSDP uses
-    ``nodes`` x ``gpus_per_node`` = ``world_size`` (default: 2 "nodes").
-    """
+    """Train the course GPT with :func:`fsdp2_equivalent`'s code for each choice (one or a list) on
+    ``world_size`` ranks, in one launch; per choice ``{"choice", "where", "code", "losses", "single",
+    "max_rel_diff"}`` against one process (in fp32 equal to rounding). HSDP: default 2 "nodes"."""
     from ..harness.experiments import run
     from ..runtime.launch import backend_label, launch, resolve_backend
-
     choices = choices if isinstance(choices, list) else [choices]
     if not choices:
         raise ValueError("choices is empty: pass a choice such as 'ZeRO-3', or a list of them")
@@ -658,8 +489,7 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
     backend = resolve_backend(world_size)
     device_type = "cuda" if backend == "nccl" else "cpu"
     if nodes is None and gpus_per_node is None:
-        nodes = 2 if world_size % 2 == 0 else 1
-        gpus_per_node = world_size // nodes
+        nodes, gpus_per_node = 2 - world_size % 2, world_size // (2 - world_size % 2)
     elif nodes is None or gpus_per_node is None:
         raise ValueError("give both nodes and gpus_per_node (or neither)")
     if nodes * gpus_per_node != world_size:
@@ -670,30 +500,14 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
                       timeout_s=timeout_s)
     single = run("single", 1, steps=steps, quiet=True)[0].losses
     where = f"{world_size} {'gloo ranks on CPU' if backend == 'gloo' else 'ranks, ' + backend_label(backend)}"
-    out = []
-    for i, e in enumerate(eqs):
-        losses = per_rank[0][i]
-        rel = max(abs(a - b) / abs(b) for a, b in zip(losses, single))
-        out.append({"choice": e.choice.label(), "where": where, "code": e.code, "losses": losses,
-                    "single": single, "max_rel_diff": rel})
-    return out
-
-
-# ------------------------------------------------------------- side by side
-
-#: The heading of :func:`side_by_side`'s last column.
-_TORCH_COLUMN = "torch equivalent"
+    return [{"choice": e.choice.label(), "where": where, "code": e.code, "losses": losses, "single": single,
+             "max_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, single))}
+            for e, losses in zip(eqs, per_rank[0])]
 
 
 def side_by_side(plan_row_or_choice, **kwargs) -> str:
-    """Planner choice, DeepSpeed config and the torch equivalent next to each other, as text.
-
-    The last column is named "torch equivalent", not "FSDP2": for ZeRO-1 and DDP it is
-    ``DistributedDataParallel`` (+ ``ZeroRedundancyOptimizer``), for the rest ``fully_shard``.
-
-    ``kwargs`` go to :func:`deepspeed_config` (e.g. ``world_size``, ``micro_batch``,
-    ``grad_accum``, ``offload_device``, ``nvme_path``).
-    """
+    """Planner choice, DeepSpeed config and the torch equivalent side by side, as text; ``kwargs``
+    go to :func:`deepspeed_config`."""
     c = as_choice(plan_row_or_choice)
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
     if row is not None and row.recipe == "torch-amp" and kwargs.get("recipe") is None:
@@ -737,10 +551,8 @@ def side_by_side(plan_row_or_choice, **kwargs) -> str:
          f"{cfg['gradient_accumulation_steps']} accumulation", f"{cfg['train_batch_size']} = {cfg['train_micro_batch_size_per_gpu']} x "
          f"{cfg['gradient_accumulation_steps']} x {world} GPUs", "your data loader and accumulation loop"),
     ]
-    w = [max(len(str(r[i])) for r in rows + [("", "planner", "DeepSpeed", _TORCH_COLUMN)]) for i in range(4)]
-    out = [f"{'':<{w[0]}}  {'planner':<{w[1]}}  {'DeepSpeed':<{w[2]}}  {_TORCH_COLUMN}",
-           "-" * (sum(w) + 6)]
-    out += [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
-    out.append(f"torch {'matches DeepSpeed' if fs.exact else 'differs from DeepSpeed'}:")
-    out += [f"  - {n}" for n in fs.notes]
-    return "\n".join(out)
+    rows.insert(0, ("", "planner", "DeepSpeed", "torch equivalent"))   # not "FSDP2": DDP for DDP and ZeRO-1
+    w = [max(len(str(r[i])) for r in rows) for i in range(4)]
+    out = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
+    return "\n".join(out[:1] + ["-" * (sum(w) + 6)] + out[1:] + [
+        f"torch {'matches DeepSpeed' if fs.exact else 'differs from DeepSpeed'}:"] + [f"  - {n}" for n in fs.notes])

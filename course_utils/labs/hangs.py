@@ -1,48 +1,18 @@
-"""A hang-debugging lab: four real distributed bugs, caught, diagnosed and fixed.
+"""A hang-debugging lab (notebook 08): four real distributed bugs on 2 ranks, caught, diagnosed, fixed.
 
-Taught in ``notebooks/08_beyond_one_box.ipynb``. Each scenario is a rank function with a
-bug that real training code has (read them below), run on 2 ranks by
-:func:`course_utils.runtime.launch.launch` with a short ``timeout_s``:
+skipped_collective (an all-reduce inside ``if rank == 0``), uneven_batches (rank 1's loader is
+one batch shorter), shape_mismatch (rank 1 builds another hidden size; via torch DDP, FSDP2 or
+a flat all-reduce by hand), collective_order (two collectives in opposite orders).
 
-==================== ==========================================================================
-scenario             the bug
-==================== ==========================================================================
-skipped_collective   only rank 0 calls an all-reduce (it sits inside ``if rank == 0``)
-uneven_batches       rank 1's data loader is one batch shorter: it leaves the training loop
-                     while rank 0 waits in DDP's gradient all-reduce
-shape_mismatch       rank 1 builds the model with another hidden size (variants: torch DDP,
-                     torch FSDP2, a hand-written flat all-reduce of the gradients)
-collective_order     the ranks issue two collectives in opposite orders (variants: different
-                     sizes, equal sizes, different ops)
-==================== ==========================================================================
-
-What gloo does with them (torch 2.13, measured by the tests): a collective that some
-rank never calls **hangs** (the launcher kills the ranks at ``timeout_s`` and reports
-each one's Python stack), and so do two different ops met in the wrong order; a size
-mismatch **crashes** the rank that receives more bytes than it expects (gloo aborts the
-process: ``Received data size doesn't match expected size``); torch DDP checks parameter
-shapes when it is built and **raises** a clear error; two collectives of the same op and
-size issued in the wrong order **complete with wrong numbers**, silently.
-
-:func:`diagnose` runs a scenario's broken version, catches the failure within its
-timeout and prints a report naming the rank, the collective and the line where each
-rank was, from the launcher's stacks (hangs), the aborted rank's stack that
-``faulthandler`` dumps (crashes) or the traceback (errors). :func:`run_fixed` runs the
-fixed version and checks its result. ``diagnose(name, detail=True)`` runs with
-``TORCH_DISTRIBUTED_DEBUG=DETAIL``: torch then wraps every process group in a
-``ProcessGroupWrapper`` that, before each collective, compares the ranks' collective
-fingerprints (sequence number, op, tensor shapes, dtypes) over a helper gloo group and
-raises ``Detected mismatch between collectives on ranks`` instead of hanging or
-crashing (:func:`detail_message`; the launcher's closing barrier shows up in it as
-``OpType=REDUCE``); it cannot see two collectives with equal fingerprints swapped.
-:func:`check_hang_fix` grades a learner's fixed rank function.
-
-"diagnose prints" means: it returns a :class:`Diagnosis` whose ``repr`` is the report,
-so a notebook cell shows it. Ranks run gloo by default (``backend="gloo"``): the
-symptoms above are gloo's, and NCCL's may differ.
-
-Reports are deterministic text (no pids, ports, addresses or times): the elapsed time
-is kept in :attr:`Outcome.elapsed_s`, not printed.
+What gloo does (torch 2.13, measured by the tests): a collective some rank never calls
+**hangs**, and so do two different ops met in the wrong order; a size mismatch **crashes** the
+rank that receives more bytes than it expects; DDP checks parameter shapes when built and
+**raises**; two collectives of the same op and size swapped **complete with wrong numbers**.
+:func:`diagnose` names rank, collective and line from the launcher's stacks (hangs),
+faulthandler's dump (crashes) or the traceback (errors). ``detail=True``
+(``TORCH_DISTRIBUTED_DEBUG=DETAIL``) compares the ranks' collective fingerprints before each
+collective and raises instead (the launcher's closing barrier shows as ``OpType=REDUCE``); it
+cannot see swapped collectives with equal fingerprints. Reports hold no pids, ports or times.
 """
 from __future__ import annotations
 
@@ -61,26 +31,24 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..checks import check_choice, check_timeout
+from ..checks import check_choice, check_int, check_timeout
 from ..harness.grading import compare, grade_on_ranks
 from ..runtime.fmt import show as _show
 from ..runtime.launch import LaunchError, LaunchTimeout, launch, rank_device, where
 
-__all__ = ["DEFAULT_TIMEOUT_S", "SCENARIOS", "Scenario", "Outcome", "RankState", "Diagnosis",
-           "FixedRun", "skipped_collective", "skipped_collective_fixed", "uneven_batches",
-           "uneven_batches_fixed", "shape_mismatch", "shape_mismatch_fixed", "collective_order",
-           "collective_order_fixed", "run_broken", "diagnose", "run_fixed", "detail_message",
-           "clean_message", "check_hang_fix", "rank_batches", "ddp_steps", "order_tensors",
-           "sync_one"]
+__all__ = ["DEFAULT_TIMEOUT_S", "SCENARIOS", "Scenario", "Outcome", "RankState", "Diagnosis", "FixedRun",
+           "skipped_collective", "skipped_collective_fixed", "uneven_batches", "uneven_batches_fixed",
+           "shape_mismatch", "shape_mismatch_fixed", "collective_order", "collective_order_fixed",
+           "run_broken", "diagnose", "run_fixed", "detail_message", "clean_message", "check_hang_fix",
+           "rank_batches", "ddp_steps", "order_tensors", "sync_one"]
 
-#: Seconds a broken run may take before the launcher kills it (a hang costs this much).
-DEFAULT_TIMEOUT_S = 5.0
-#: Ranks the broken versions run on.
-WORLD_SIZE = 2
+DEFAULT_TIMEOUT_S = 5.0   # seconds a broken run may take before the launcher kills it
+WORLD_SIZE = 2            # ranks the broken versions run on
+BATCHES = 4               # batches of rank 0 in uneven_batches; rank r has BATCHES - r
+VIAS = ("torch-ddp", "torch-fsdp", "all_reduce")    # shape_mismatch's ways to synchronise
+ORDER_VARIANTS = ("sizes", "same_sizes", "ops")     # collective_order's variants
+_STEPS = 2
 
-
-# ============================================================== the scenarios, broken and fixed
-# Rank functions: launch(fn, N) runs them with torch.distributed initialised.
 
 def skipped_collective() -> float:
     """Average this rank's loss over the ranks, print it once. BUG: the all-reduce is inside
@@ -95,7 +63,6 @@ def skipped_collective() -> float:
 
 
 def skipped_collective_fixed() -> float:
-    """Every rank calls every collective; only the printing is rank 0's."""
     rank, world = dist.get_rank(), dist.get_world_size()
     loss = torch.tensor(float(rank + 1), device=rank_device())
     dist.all_reduce(loss)
@@ -105,17 +72,11 @@ def skipped_collective_fixed() -> float:
     return loss.item()
 
 
-#: Batches of rank 0 in ``uneven_batches``; rank r has ``BATCHES - r``.
-BATCHES = 4
-
-
 def rank_batches(rank: int) -> list:
     """Rank ``rank``'s data loader: ``BATCHES - rank`` batches of 2 rows (x, y = sum of x)."""
-    out = []
-    for step in range(BATCHES - rank):
-        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1000 * rank + step))
-        out.append((x, x.sum(dim=1, keepdim=True)))
-    return out
+    xs = [torch.randn(2, 4, generator=torch.Generator().manual_seed(1000 * rank + step))
+          for step in range(BATCHES - rank)]
+    return [(x, x.sum(dim=1, keepdim=True)) for x in xs]
 
 
 def _small_model() -> torch.nn.Module:
@@ -130,7 +91,6 @@ def _weights(model: torch.nn.Module) -> torch.Tensor:
 def ddp_steps(batches) -> torch.Tensor:
     """torch DDP + SGD over ``batches``; the final weights."""
     from torch.nn.parallel import DistributedDataParallel
-
     device = rank_device()
     model = DistributedDataParallel(_small_model().to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -144,28 +104,20 @@ def ddp_steps(batches) -> torch.Tensor:
 
 
 def uneven_batches() -> torch.Tensor:
-    """Train torch DDP on this rank's batches. BUG: rank 1 has one batch fewer, leaves the
-    loop, and rank 0's last backward waits for a gradient all-reduce rank 1 never joins."""
+    """BUG: rank 1 has one batch fewer, leaves the loop; rank 0's last backward waits."""
     return ddp_steps(rank_batches(dist.get_rank()))
 
 
 def uneven_batches_fixed() -> torch.Tensor:
-    """The ranks first agree on how many steps they can all take (an all-reduce with MIN)
-    and train that many. (torch's ``Join`` context manager is the other fix: it lets the
-    ranks that ran out shadow the others' all-reduces.)"""
+    """Agree on the steps every rank can take (all-reduce with MIN); torch's ``Join`` is the other fix."""
     batches = rank_batches(dist.get_rank())
     steps = torch.tensor(len(batches), device=rank_device())
     dist.all_reduce(steps, op=dist.ReduceOp.MIN)
     return ddp_steps(batches[:int(steps)])
 
 
-#: ``shape_mismatch``'s ways to synchronise: torch DDP, torch FSDP2, a flat all-reduce by hand.
-VIAS = ("torch-ddp", "torch-fsdp", "all_reduce")
-_STEPS = 2
-
-
 def _average_gradients(model: torch.nn.Module) -> None:
-    """Data parallelism by hand: one synchronous all-reduce of all gradients, flattened."""
+    """Data parallelism by hand: one all-reduce of all gradients, flattened."""
     grads = [p.grad for p in model.parameters()]
     flat = torch.nn.utils.parameters_to_vector(grads)
     dist.all_reduce(flat)
@@ -174,21 +126,15 @@ def _average_gradients(model: torch.nn.Module) -> None:
 
 
 def _train_course_gpt(hidden: int, via: str) -> torch.Tensor:
-    """2 AdamW steps of the course GPT (``hidden`` wide) on this rank's shard of the global
-    batch; the losses of the global batch (averaged over the ranks)."""
+    """2 AdamW steps of the course GPT (``hidden`` wide); the global batch's losses."""
     from ..harness.experiments import GLOBAL_BATCH, make_adamw, wrap
     from ..harness.model import SyntheticData, build_model
     from ..theory.config import COURSE_CONFIG
-
-    if via not in VIAS:
-        raise ValueError(f"via must be one of {VIAS}, got {via!r}")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = rank_device()
+    check_choice("via", via, VIAS, kind="way to synchronise", kinds="ways")
+    rank, world, device = dist.get_rank(), dist.get_world_size(), rank_device()
     model = build_model(dataclasses.replace(COURSE_CONFIG, hidden=hidden), seed=0, device=device)
-    if via == "all_reduce":
-        optimizer = make_adamw(model.parameters())
-    else:
-        model, optimizer = wrap(via, model, make_adamw)
+    model, optimizer = ((model, make_adamw(model.parameters())) if via == "all_reduce"
+                        else wrap(via, model, make_adamw))
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=0)
     losses = []
     for step in range(_STEPS):   # written out: the hand all-reduce runs between backward and step
@@ -207,26 +153,17 @@ def _train_course_gpt(hidden: int, via: str) -> torch.Tensor:
 
 def shape_mismatch(via: str = "torch-ddp") -> torch.Tensor:
     """Train the course GPT. BUG: rank 1 reads another config: hidden 60 instead of 50."""
-    hidden = 50 if dist.get_rank() == 0 else 60
-    return _train_course_gpt(hidden, via)
+    return _train_course_gpt(50 if dist.get_rank() == 0 else 60, via)
 
 
 def shape_mismatch_fixed(via: str = "torch-ddp") -> torch.Tensor:
-    """Every rank builds the model from the same config."""
     from ..theory.config import COURSE_CONFIG
-
     return _train_course_gpt(COURSE_CONFIG.hidden, via)
 
 
-#: ``collective_order``'s variants: the second tensor's size, and whether it is broadcast.
-ORDER_VARIANTS = ("sizes", "same_sizes", "ops")
-
-
 def order_tensors(variant: str):
-    """``collective_order``'s two tensors on this rank: ``loss`` (1 value, rank + 1) and
-    ``stats`` (8 values of 10·(rank + 1); 1 value with ``"same_sizes"``)."""
-    if variant not in ORDER_VARIANTS:
-        raise ValueError(f"variant must be one of {ORDER_VARIANTS}, got {variant!r}")
+    """``loss`` (1 value, rank + 1) and ``stats`` (8 values of 10·(rank + 1); 1 with "same_sizes")."""
+    check_choice("variant", variant, ORDER_VARIANTS, kind="variant", kinds="variants")
     rank, device = dist.get_rank(), rank_device()
     loss = torch.full((1,), float(rank + 1), device=device)
     stats = torch.full((1 if variant == "same_sizes" else 8,), 10.0 * (rank + 1), device=device)
@@ -234,8 +171,7 @@ def order_tensors(variant: str):
 
 
 def sync_one(name: str, tensor: torch.Tensor, variant: str) -> None:
-    """Synchronise one of :func:`order_tensors`' tensors: all-reduce it (``stats`` is
-    broadcast from rank 0 instead in the ``"ops"`` variant)."""
+    """All-reduce one of :func:`order_tensors`' tensors (``stats`` is broadcast with "ops")."""
     if name == "stats" and variant == "ops":
         dist.broadcast(tensor, src=0)    # rank 0's statistics to every rank
     else:
@@ -243,35 +179,24 @@ def sync_one(name: str, tensor: torch.Tensor, variant: str) -> None:
 
 
 def collective_order(variant: str = "sizes") -> torch.Tensor:
-    """Synchronise two tensors, ``loss`` (1 value) and ``stats`` (8 values; 1 with
-    ``"same_sizes"``; broadcast from rank 0 instead of all-reduced with ``"ops"``).
-    BUG: the order depends on the rank (rank 0 does loss first, the others stats first)."""
+    """BUG: the order depends on the rank (rank 0 syncs loss first, the others stats first)."""
     loss, stats = order_tensors(variant)
     tensors = {"loss": loss, "stats": stats}
-    order = ["loss", "stats"] if dist.get_rank() == 0 else ["stats", "loss"]
-    for name in order:
+    for name in (["loss", "stats"] if dist.get_rank() == 0 else ["stats", "loss"]):
         sync_one(name, tensors[name], variant)
     return torch.cat([loss, stats]).cpu()
 
 
 def collective_order_fixed(variant: str = "sizes") -> torch.Tensor:
-    """One order on every rank."""
     loss, stats = order_tensors(variant)
     sync_one("loss", loss, variant)
     sync_one("stats", stats, variant)
     return torch.cat([loss, stats]).cpu()
 
 
-# -- what the fixed versions must return
-
-def _expected_skipped(rank: int, world_size: int, variant=None) -> float:
-    return (world_size + 1) / 2
-
-
 @functools.lru_cache(maxsize=None)
 def _uneven_reference(world_size: int) -> torch.Tensor:
-    """The weights DDP must reach: one process, gradients averaged over the ranks' batches,
-    for as many steps as the shortest loader has."""
+    """The weights DDP must reach, in one process, as many steps as the shortest loader has."""
     model = _small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loaders = [rank_batches(r) for r in range(world_size)]
@@ -286,30 +211,18 @@ def _uneven_reference(world_size: int) -> torch.Tensor:
 @functools.lru_cache(maxsize=None)
 def _single_losses() -> torch.Tensor:
     from ..harness.experiments import run
-
     return torch.tensor(run("single", 1, steps=_STEPS)[0].losses, dtype=torch.float32)
 
 
 def _expected_order(rank: int, world_size: int, variant: str = "sizes") -> torch.Tensor:
-    total = world_size * (world_size + 1) / 2
-    loss, stats = _order_sizes(variant)
-    value = 10.0 if variant == "ops" else 10.0 * total
-    return torch.tensor([total] * loss + [value] * stats)
-
-
-def _order_sizes(variant: str) -> tuple[int, int]:
-    return 1, (1 if variant == "same_sizes" else 8)
+    total = world_size * (world_size + 1) / 2     # loss all-reduced; stats too, or broadcast ("ops")
+    return torch.tensor([total] + [10.0 if variant == "ops" else 10.0 * total] * (1 if variant == "same_sizes" else 8))
 
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """One bug of the lab: its broken and fixed rank functions and what they mean.
-
-    variants: the values of the functions' one argument (empty: they take none);
-    expected(rank, world_size, variant): what the fixed version returns on each rank;
-    fault: the bug in words; fix: how the fixed version avoids it.
-    """
-
+    """One bug: broken and fixed rank functions, ``variants`` (their one argument; empty: none),
+    ``expected(rank, world_size, variant)`` (what the fixed one returns), the fault and fix in words."""
     name: str
     title: str
     broken: Callable
@@ -323,7 +236,7 @@ class Scenario:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("skipped_collective", "a collective that only rank 0 calls",
-             skipped_collective, skipped_collective_fixed, (), _expected_skipped,
+             skipped_collective, skipped_collective_fixed, (), lambda rank, n, v=None: (n + 1) / 2,
              "the all-reduce sits inside `if rank == 0`: the ranks that skip it run on to the "
              "next collective (here the launcher's closing barrier) and wait there, rank 0 waits "
              "in the all-reduce: each waits for a collective the other never calls",
@@ -367,15 +280,11 @@ def _variants(spec: Scenario, variant) -> tuple:
     return (variant,)
 
 
-# ============================================================== running a broken version
-
 @dataclasses.dataclass(frozen=True)
 class RankState:
-    """Where one rank was: ``collective`` (the torch.distributed function it was in, or
-    ``"backward"`` inside autograd, or None), ``function``/``code`` (the innermost frame of
-    the scenario's own code and its source line, comments dropped), ``via`` (the function
-    of other non-torch code that line called into, e.g. ``wrap()``, if any)."""
-
+    """Where one rank was: ``collective`` (torch.distributed function, ``"backward"`` or None),
+    ``function``/``code`` (the scenario's innermost frame and its line, no comment), ``via``
+    (the non-torch function that line called into, e.g. ``wrap()``)."""
     rank: int
     collective: str | None
     function: str | None
@@ -383,30 +292,19 @@ class RankState:
     via: str | None = None
 
     def describe(self) -> str:
-        if self.collective == "backward":
-            what = "in autograd's backward (where DDP waits for its gradient all-reduce)"
-        elif self.collective:
-            what = f"in {self.collective}"
-        else:
-            what = "in its own code"
+        what = ("in autograd's backward (where DDP waits for its gradient all-reduce)"
+                if self.collective == "backward" else f"in {self.collective or 'its own code'}")
         if self.function is None:
-            return (f"rank {self.rank}: {what}, after its function returned "
-                    "(the launcher's closing barrier)")
+            return f"rank {self.rank}: {what}, after its function returned (the launcher's closing barrier)"
         via = f" via {self.via}" if self.via else ""
         return f"rank {self.rank}: {what}{via}, called from {self.function}(): {self.code}"
 
 
 @dataclasses.dataclass
 class Outcome:
-    """What one run of a scenario did.
-
-    kind: ``"hang"`` (killed at ``timeout_s``), ``"crash"`` (a rank died from a signal),
-    ``"error"`` (a rank raised), ``"wrong result"`` or ``"ok"``; ranks: the
-    :class:`RankState` of each rank seen stuck, crashed or failing; message: gloo's or the
-    exception's words, cleaned (:func:`clean_message`); outputs: what each rank printed;
-    elapsed_s: wall time of the launch (not part of the report).
-    """
-
+    """What one run did. kind: "hang" (killed at ``timeout_s``), "crash" (a signal), "error",
+    "wrong result" or "ok"; ranks: :class:`RankState` of each rank seen stuck or failing;
+    elapsed_s: wall time of the launch (not in the report)."""
     scenario: str
     variant: str | None
     kind: str
@@ -423,7 +321,7 @@ class Outcome:
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
-_THIS_FILE = __file__
+_TENSOR_OPTIONS = re.compile(r"TensorOptions\((?:[^()]|\([^()]*\))*\)")
 
 
 def _frames(text: str, innermost_first: bool) -> list[tuple[str, int, str]]:
@@ -436,21 +334,14 @@ def _is_torch(path: str) -> bool:
 
 
 def _rank_state(rank: int, frames: list) -> RankState:
-    """From a stack (innermost first): the innermost torch.distributed function, the innermost
-    frame of this module (the scenario's code) and any other non-torch frame inside it."""
-    kept = []
-    for f in frames:                     # cut where the lab's wrapper and the launcher begin
-        if f[2] in ("_rank_main", "_on_rank"):
-            break
-        kept.append(f)
-    collective = next((func for path, _, func in kept
-                       if _is_torch(path) and path.endswith("distributed_c10d.py")), None)
-    if collective is None and any(_is_torch(p) and "/autograd/" in p for p, _, _ in kept):
-        collective = "backward"
-    if collective is None:               # a torch.distributed helper (e.g. DDP's shape check)
-        collective = next((func for path, _, func in kept
-                           if _is_torch(path) and "/distributed/" in path), None)
-    mine = [i for i, f in enumerate(kept) if f[0] == _THIS_FILE]
+    """From a stack (innermost first): the torch.distributed function, this module's frame."""
+    ends = [i for i, f in enumerate(frames) if f[2] in ("_rank_main", "_on_rank")]
+    kept = frames[:ends[0]] if ends else frames    # cut where the wrapper and launcher begin
+    torch_frames = [(path, func) for path, _, func in kept if _is_torch(path)]
+    collective = (next((f for p, f in torch_frames if p.endswith("distributed_c10d.py")), None)
+                  or ("backward" if any("/autograd/" in p for p, _ in torch_frames) else None)
+                  or next((f for p, f in torch_frames if "/distributed/" in p), None))   # e.g. DDP's check
+    mine = [i for i, f in enumerate(kept) if f[0] == __file__]
     if not mine:
         return RankState(rank, collective, None, None)
     path, line, func = kept[mine[0]]
@@ -460,32 +351,9 @@ def _rank_state(rank: int, frames: list) -> RankState:
     return RankState(rank, collective, func, code, via)
 
 
-def _split_by_rank(text: str) -> dict[int, str]:
-    """The launcher's ``[rank r] line`` output, back into one text per rank."""
-    out: dict[int, list[str]] = {}
-    for line in text.splitlines():
-        m = re.match(r"\[rank (\d+)\] ?(.*)", line)
-        if m:
-            out.setdefault(int(m[1]), []).append(m[2])
-    return {r: "\n".join(lines) for r, lines in out.items()}
-
-
-def _main_thread_dump(stderr: str) -> str:
-    """The thread of a faulthandler dump that holds the rank's Python code."""
-    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stderr)
-    for block in blocks:
-        if "_rank_main" in block and "most recent call first" in block:
-            return block
-    return ""
-
-
-_TENSOR_OPTIONS = re.compile(r"TensorOptions\((?:[^()]|\([^()]*\))*\)")
-
-
 def clean_message(text: str) -> str:
-    """A collective error message without what changes from run to run or machine to
-    machine: source paths of the C++ check, addresses, devices (``TensorOptions(...)``),
-    doubled spaces."""
+    """A collective error message without what changes between runs and machines: C++ source
+    paths, addresses, devices (``TensorOptions(...)``), doubled spaces."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     text = re.sub(r"\[enforce fail at [^\]]*\]\s*", "", text)
@@ -500,21 +368,16 @@ def clean_message(text: str) -> str:
 
 
 def _on_rank(fn: Callable, args: tuple, detail: bool):
-    """Each broken run's rank: dump every thread's stack if the process aborts (gloo's
-    size checks abort from C++, so there is no Python exception), then run ``fn``."""
+    """Dump every thread's stack if the process aborts (gloo aborts from C++), run ``fn``."""
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    # launch(env=...) sets TORCH_DISTRIBUTED_DEBUG before the group is created, so the
-    # group is checked from the start (measured: the level is DETAIL on every rank)
     if detail and dist.get_debug_level() != dist.DebugLevel.DETAIL:
         raise RuntimeError("TORCH_DISTRIBUTED_DEBUG=DETAIL is not set in this rank's environment")
     return fn(*args)
 
 
 def _prepare_parent() -> None:
-    """What the ranks will need (FSDP2, DDP), imported once here for the forked ranks to
-    inherit instead of importing it inside the timeout."""
+    """Import FSDP2 and DDP here, for the forked ranks to inherit (not inside the timeout)."""
     from ..harness.model import warm_up
-
     warm_up(imports=("torch.distributed.fsdp", "torch.nn.parallel"))
 
 
@@ -526,31 +389,23 @@ def _wrong_values(spec: Scenario, results: list, variant) -> list[str]:
 
 def run_broken(name: str, variant=None, *, detail: bool = False,
                timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo") -> Outcome:
-    """Run scenario ``name``'s broken version on 2 ranks and say what happened.
-
-    ``variant``: one of the scenario's variants (default: its first). ``detail``: with
-    ``TORCH_DISTRIBUTED_DEBUG=DETAIL``. The launch is never raised out of: a hang, crash or
-    error becomes the returned :class:`Outcome`.
-    """
+    """Run a broken version on 2 ranks (``variant`` default: the first); a hang, crash or error
+    becomes the returned :class:`Outcome`, never raised."""
     from ..runtime.launch import resolve_backend
-
     spec = _scenario(name)
-    (variant,) = _variants(spec, variant) if variant is not None else (spec.variants or (None,))[:1]
+    (variant,) = _variants(spec, variant)[:1]
     check_timeout(timeout_s)
     chosen = resolve_backend(WORLD_SIZE, backend)
-    args = () if variant is None else (variant,)
-    env = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"} if detail else None
     _prepare_parent()
-    out, err = io.StringIO(), io.StringIO()
-    t0 = time.monotonic()
+    err, t0 = io.StringIO(), time.monotonic()
     outcome = Outcome(name, variant, "ok", where(WORLD_SIZE, chosen, backend_first=True),
                       float(timeout_s), 0.0, detail=detail)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            results = launch(_on_rank, WORLD_SIZE, spec.broken, args, detail, backend=chosen,
-                             timeout_s=timeout_s, env=env, quiet=True)
-        outcome.results = list(results)
-        outcome.outputs = dict(results.outputs)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            results = launch(_on_rank, WORLD_SIZE, spec.broken, () if variant is None else (variant,),
+                             detail, backend=chosen, timeout_s=timeout_s, quiet=True,
+                             env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"} if detail else None)
+        outcome.results, outcome.outputs = list(results), dict(results.outputs)
         outcome.wrong = _wrong_values(spec, outcome.results, variant)
         outcome.kind = "wrong result" if outcome.wrong else "ok"
     except LaunchTimeout as exc:
@@ -562,17 +417,18 @@ def run_broken(name: str, variant=None, *, detail: bool = False,
         outcome.failed_rank = exc.rank
         outcome.message = f"ranks {sorted(outcome.ranks)} still running at timeout_s={timeout_s:g}"
     except LaunchError as exc:
-        outcome.outputs = dict(exc.outputs)
-        outcome.failed_rank = exc.rank
-        stderr = _split_by_rank(err.getvalue())
+        outcome.outputs, outcome.failed_rank = dict(exc.outputs), exc.rank
         if exc.exc_type is None:             # died from a signal (gloo aborts from C++)
             outcome.kind = "crash"
-            text = stderr.get(exc.rank, "")
+            text = "\n".join(m[1] for m in re.finditer(rf"^\[rank {exc.rank}\] ?(.*)$",
+                                                       err.getvalue(), re.M))
             said = re.search(r"what\(\):\s*(.*)", text) or re.search(r"Fatal Python error: (.*)", text)
             number = re.search(r"killed by signal (\d+)", str(exc))
             name = signal.Signals(int(number[1])).name if number else "a signal"
             outcome.message = f"{name}: " + (clean_message(said[1]) if said else "no message")
-            frames = _frames(_main_thread_dump(text), True)
+            dumps = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text)   # faulthandler's threads
+            frames = _frames(next((b for b in dumps if "_rank_main" in b and "most recent call first"
+                                   in b), ""), True)
         else:
             outcome.kind = "error"
             first = str(exc).split("\n--- traceback", 1)[0]
@@ -584,32 +440,19 @@ def run_broken(name: str, variant=None, *, detail: bool = False,
     return outcome
 
 
-# ============================================================== the report
-
 def _outcome_lines(spec: Scenario, o: Outcome) -> list[str]:
     head = f"{spec.name}" + (f" ({o.variant})" if o.variant else "") + \
         (" with TORCH_DISTRIBUTED_DEBUG=DETAIL" if o.detail else "") + f", {o.where}:"
-    lines = [head]
-    if o.kind == "hang":
-        lines.append(f"  hang: caught by the launcher's timeout_s={o.timeout_s:g}; where each rank waited:")
-    elif o.kind == "crash":
-        lines.append(f"  crash: rank {o.failed_rank} was killed by {o.message}")
-    elif o.kind == "error":
-        lines.append(f"  error: rank {o.failed_rank} raised: {o.message}")
-    elif o.kind == "wrong result":
-        lines.append("  no error, no hang, but wrong numbers:")
-        lines += [f"    {w}" for w in o.wrong]
-    else:
-        lines.append("  completed with the right result")
-    lines += [f"  {o.ranks[r].describe()}" for r in sorted(o.ranks)]
-    for r in sorted(o.outputs):
-        for line in o.outputs[r].splitlines():
-            lines.append(f"  rank {r} printed: {line}")
-    return lines
+    said = {"hang": f"hang: caught by the launcher's timeout_s={o.timeout_s:g}; where each rank waited:",
+            "crash": f"crash: rank {o.failed_rank} was killed by {o.message}",
+            "error": f"error: rank {o.failed_rank} raised: {o.message}",
+            "wrong result": "no error, no hang, but wrong numbers:", "ok": "completed with the right result"}
+    return ([head, f"  {said[o.kind]}"] + [f"    {w}" for w in o.wrong]
+            + [f"  {o.ranks[r].describe()}" for r in sorted(o.ranks)]
+            + [f"  rank {r} printed: {line}" for r in sorted(o.outputs) for line in o.outputs[r].splitlines()])
 
 
 def _summary(o: Outcome) -> str:
-    """One sentence naming the fault from what was measured."""
     if o.kind == "hang":
         inside = [s for s in o.ranks.values() if s.function is not None]
         left = [s.rank for s in o.ranks.values() if s.function is None]
@@ -624,32 +467,25 @@ def _summary(o: Outcome) -> str:
         return "every rank waits in the same place: a collective some rank never reached"
     if o.kind in ("crash", "error"):
         s = o.ranks.get(o.failed_rank)
-        place = f" in {s.collective} at `{s.code}`" if s and s.collective else \
-            (f" at `{s.code}`" if s and s.code else "")
-        return f"rank {o.failed_rank} failed{place}"
+        place = f" in {s.collective}" if s and s.collective else ""
+        return f"rank {o.failed_rank} failed{place}" + (f" at `{s.code}`" if s and s.code else "")
     if o.kind == "wrong result":
         return "the collectives completed but combined the wrong tensors"
     return "nothing went wrong"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Diagnosis:
-    """:func:`diagnose`'s result: the :class:`Outcome` of every variant run and the report
-    (shown as the value of a notebook cell)."""
-
+    """:func:`diagnose`'s result: the :class:`Outcome` of every variant; ``repr`` is the report."""
     scenario: str
     outcomes: list
     report: str
-
-    def __repr__(self) -> str:
-        return self.report
+    __repr__ = lambda self: self.report   # noqa: E731 - a notebook cell shows the report
 
 
 def diagnose(name: str, variant=None, *, detail: bool = False,
              timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo") -> Diagnosis:
-    """Run scenario ``name``'s broken version (every variant, or ``variant``), catch what
-    goes wrong within ``timeout_s`` and report which rank, which collective and which line,
-    with the fault and the fix."""
+    """Run a broken version (every variant, or ``variant``); report rank, collective, line, fault and fix."""
     spec = _scenario(name)
     check_timeout(timeout_s)
     outcomes = [run_broken(name, v, detail=detail, timeout_s=timeout_s, backend=backend)
@@ -664,60 +500,41 @@ def diagnose(name: str, variant=None, *, detail: bool = False,
 
 def detail_message(name: str = "collective_order", variant=None, *,
                    timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
-    """The error ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` raises for a broken scenario, cleaned
-    (:func:`clean_message`) and split at its clauses; ``""`` when DETAIL saw nothing
-    (e.g. ``collective_order`` with ``"same_sizes"``: equal fingerprints)."""
+    """The error DETAIL raises for a broken scenario, cleaned, one clause a line; "" if it saw nothing."""
     o = run_broken(name, variant, detail=True, timeout_s=timeout_s)
-    if o.kind != "error":
-        return ""
-    return re.sub(r" (?=but Rank|Collectives differ)", "\n", o.message)
+    return "" if o.kind != "error" else re.sub(r" (?=but Rank|Collectives differ)", "\n", o.message)
 
 
-# ============================================================== the fixed versions
-
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class FixedRun:
-    """:func:`run_fixed`'s result: ``passed`` and the report."""
-
+    """:func:`run_fixed`'s result: ``passed`` (its truth value) and the report (its ``repr``)."""
     scenario: str
     passed: bool
     report: str
     results: dict
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def __repr__(self) -> str:
-        return self.report
-
-
+    __repr__ = Diagnosis.__repr__
+    __bool__ = lambda self: self.passed   # noqa: E731
 
 
 def run_fixed(name: str, variant=None, *, world_size: int = WORLD_SIZE, timeout_s: float = 60.0,
               backend: str = "auto") -> FixedRun:
-    """Run scenario ``name``'s fixed version (every variant, or ``variant``) on
-    ``world_size`` ranks and check every rank's result."""
+    """Run a fixed version (every variant, or ``variant``) and check every rank's result."""
     from ..runtime.launch import resolve_backend
-
     spec = _scenario(name)
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size not in (2, 3, 4):
-        raise ValueError(f"world_size must be 2, 3 or 4 (the lab's global batch and loaders fit "
-                         f"those), got {world_size!r}")
+    check_int("world_size", world_size, 2, 4, what="the lab's global batch and loaders fit those")
     check_timeout(timeout_s)
     chosen = resolve_backend(world_size, backend)
     _prepare_parent()
     lines, passed, results = [f"== {spec.name}, fixed: {spec.fix} =="], True, {}
     ran_on = where(world_size, chosen, backend_first=True)
     for v in _variants(spec, variant):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             values = launch(spec.fixed, world_size, *(() if v is None else (v,)), backend=chosen,
                             timeout_s=timeout_s, quiet=True)
         wrong = _wrong_values(spec, list(values), v)
         passed &= not wrong
         results[v] = list(values)
-        label = f" ({v})" if v else ""
-        lines.append(f"{spec.name}{label}, {ran_on}: completed; "
+        lines.append(f"{spec.name}{f' ({v})' if v else ''}, {ran_on}: completed; "
                      + ("every rank right" if not wrong else f"{len(wrong)} rank(s) wrong"))
         same = all(_show(x) == _show(values[0]) for x in values)
         lines.append("  every rank returned " + _show(values[0]) if same else
@@ -726,16 +543,11 @@ def run_fixed(name: str, variant=None, *, world_size: int = WORLD_SIZE, timeout_
     return FixedRun(name, passed, "\n".join(lines), results)
 
 
-# ============================================================== the exercise
-
 def check_hang_fix(name: str, fn: Callable):
-    """Exercise: fix scenario ``name``'s broken rank function. ``fn()`` (no arguments; the
-    default variant) runs on 2 and 3 gloo CPU ranks (as every grader's, whatever GPUs are
-    visible) with a 20-second timeout; each rank's value is
-    compared with what the fixed version returns. Prints what is right and what is not;
-    returns a :class:`~course_utils.course.exercises.Verdict` (a hang is reported, never raised)."""
+    """Exercise: ``fn()`` (the default variant) runs on 2 and 3 gloo CPU ranks, 20 s timeout, each
+    rank's value compared with the fixed version's; a Verdict (a hang is reported, never raised)."""
     spec = _scenario(name)
-    variant = spec.variants[0] if spec.variants else None
+    variant = (spec.variants or (None,))[0]
     _prepare_parent()
     graded = functools.partial(_graded_rank, fn) if callable(fn) else fn
     return grade_on_ranks(graded, lambda r, n: spec.expected(r, n, variant), world_sizes=(2, 3),
@@ -743,7 +555,6 @@ def check_hang_fix(name: str, fn: Callable):
 
 
 def _graded_rank(fn: Callable):
-    """A learner's rank function, without the crash handler a forked rank may inherit from
-    its parent (pytest's, which would print the parent's whole stack if gloo aborts)."""
+    """Without the crash handler a forked rank may inherit (pytest's prints the parent's stack)."""
     faulthandler.disable()
     return fn()
