@@ -1,9 +1,4 @@
-"""The strategies :func:`course_utils.harness.experiments.run` and ``wrap`` know: one table.
-
-Each entry names the function that wraps a model for it (in :mod:`course_utils.impl`),
-and the notebook that teaches it; :func:`course_utils.harness.experiments.state_bytes`
-counts the bytes a rank holds under any of them.
-"""
+"""The strategies :func:`course_utils.harness.experiments.run` and ``wrap`` know: one table."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,9 +16,8 @@ __all__ = ["Strategy", "STRATEGIES", "strategies", "get", "register_strategy"]
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-    """name; wrap: ``(model, make_optimizer, **options) -> (model, optimizer)``;
-    distributed: needs ``torch.distributed`` (False only for ``"single"``); extras:
-    ``(model, optimizer) -> dict`` of what else a run reports for this strategy."""
+    """wrap: ``(model, make_optimizer, **options) -> (model, optimizer)``; extras:
+    ``(model, optimizer) -> dict`` of what else a run reports."""
 
     name: str
     wrap: Callable
@@ -40,7 +34,6 @@ class Strategy:
 
 
 def wrap_single(model, make_optimizer):
-    """One process: the model as it is, the optimizer over its trainable parameters."""
     return model, make_optimizer(trainable(model))
 
 
@@ -77,20 +70,17 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
 
 
 def strategies() -> list[str]:
-    """The strategy names, in the order of the course."""
     return list(STRATEGIES)
 
 
 def get(name) -> Strategy:
-    """The :class:`Strategy` called ``name``; a clear error for anything else."""
     check_choice("strategy", name, STRATEGIES, kind="strategy", kinds="strategies")
     return STRATEGIES[name]
 
 
 def register_strategy(name: str, wrap_fn: Callable, *, distributed: bool = True,
                       description: str = "", notebook: str = "") -> Strategy:
-    """Add your own strategy to :data:`STRATEGIES` (a name may be used once), e.g. to
-    ``run`` a class you wrote next to the course's."""
+    """Add your own strategy to :data:`STRATEGIES` (each name once)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"a strategy name must be a non-empty str, got {name!r}")
     if name in STRATEGIES:

@@ -1,12 +1,6 @@
-"""Train the course GPT with any registered strategy, as a torchrun script
-(``python -m course_utils.harness.train --help`` shows the commands for one node, several nodes
-and one process).
-
-Same model, data and AdamW as :func:`course_utils.harness.experiments.run`, with the same loop
-(:func:`~course_utils.harness.experiments.train`), so the per-step losses match
-``run("single", 1)`` for every strategy and world size. Rank 0 logs the global batch's
-loss, the bytes each collective sent (CommLedger) and the model-state bytes it holds;
-``--json PATH`` writes them.
+"""Train the course GPT with any strategy as a torchrun script (``python -m
+course_utils.harness.train --help``): the model, data, AdamW and loop of
+:func:`course_utils.harness.experiments.run`, so the losses match ``run("single", 1)``.
 """
 from __future__ import annotations
 
@@ -53,7 +47,6 @@ def _config_names() -> list[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The command line (``argv``: defaults to ``sys.argv[1:]``)."""
     names = strategies.strategies()
     p = argparse.ArgumentParser(
         prog="python -m course_utils.harness.train",
@@ -112,8 +105,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _setup(spec: strategies.Strategy, timeout_s: float):
-    """Initialise torch.distributed from torchrun's environment; ``(rank, world, device,
-    where)``, where ``where`` says where the job runs."""
+    """Initialise torch.distributed from torchrun's environment; ``(rank, world, device, where)``."""
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world = _env_int("WORLD_SIZE", 1) if under_torchrun else 1
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -141,10 +133,8 @@ def _setup(spec: strategies.Strategy, timeout_s: float):
                                 timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     nodes = max(1, world // max(local_world, 1))
-    kind = "NCCL" if use_gpu else "gloo on CPU"
-    ranks = plural(world, "rank")
-    where = f"{ranks} on {nodes} nodes, {kind}" if nodes > 1 else f"{ranks}, {kind}"
-    return rank, world, device, where
+    where = plural(world, "rank") + (f" on {nodes} nodes" if nodes > 1 else "")
+    return rank, world, device, f"{where}, {'NCCL' if use_gpu else 'gloo on CPU'}"
 
 
 def _bytes(n) -> str:
@@ -214,12 +204,9 @@ def main(argv=None) -> int:
 
 
 def run_and_exit(argv=None) -> None:
-    """Run :func:`main`, then leave at once with its exit code, without the interpreter's
-    teardown. By then the process group is destroyed and the output flushed; what is
-    skipped is C++ static destruction, where a leftover gloo thread can abort the process
-    ("terminate called without an active exception", SIGABRT), which torchrun reports as
-    a failed run although every step finished: seen in about 1 of 11 runs on torch 2.10
-    (tests/test_train.py) and once in a CI run on 2.13 (notebook 07's torchrun cell)."""
+    """Run :func:`main`, then ``os._exit`` with its code, skipping C++ static destruction,
+    where a leftover gloo thread can abort a finished run (SIGABRT): seen in about 1 of 11
+    runs on torch 2.10 (tests/test_train.py) and once in CI on 2.13 (notebook 07)."""
     code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
