@@ -54,7 +54,6 @@ def _pair(model, optimizer):
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     from ..impl.zero3 import Zero3
-
     if isinstance(model, Zero3):
         raise TypeError("the course's own 'zero3' keeps each unit as one flat shard that DCP "
                         "cannot name; checkpoint a model wrapped with 'torch-fsdp' (fully_shard)")
@@ -94,12 +93,20 @@ def _check_stepped(optim) -> None:
 def _state(module, optimizer, *, full: bool = False) -> dict:
     """``{"model", "optim"}`` from ``get_state_dict``; ``full``: unsharded, CPU, rank 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
-
     options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
     if optimizer is None:
         return {"model": get_model_state_dict(module, options=options)}
     msd, osd = get_state_dict(module, optimizer, options=options)
     return {"model": msd, "optim": osd}
+
+
+def _set(module, optim, model_state, optim_state, options=None) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    if optim is None:
+        set_model_state_dict(module, model_state, options=options)
+    else:
+        set_state_dict(module, optim, model_state_dict=model_state, optim_state_dict=optim_state,
+                       options=options)
 
 
 def optimizer_tensors(optim_state: dict) -> dict[str, torch.Tensor]:
@@ -124,7 +131,6 @@ def _digest(tensors: dict) -> str:
 
 def _read_metadata(path: str):
     from torch.distributed.checkpoint import FileSystemReader
-
     if os.path.isfile(path):
         raise ValueError(f"{path!r} is a file, not a DCP checkpoint directory (a save_full "
                          "export? read it with load_full)")
@@ -140,7 +146,6 @@ def _read_metadata(path: str):
 def checkpoint_keys(path) -> dict[str, tuple | None]:
     """Every key -> its global shape (None for a non-tensor value), sorted; reads ``.metadata`` only."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     meta = _read_metadata(_check_path(path))
     return {k: (tuple(v.size) if isinstance(v, TensorStorageMetadata) else None)
             for k, v in sorted(meta.state_dict_metadata.items())}
@@ -149,7 +154,6 @@ def checkpoint_keys(path) -> dict[str, tuple | None]:
 def _chunk_data_bytes(meta, index) -> int:
     """Raw tensor bytes of one stored item (0 for a pickled object)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     entry = meta.state_dict_metadata[index.fqn]
     if not isinstance(entry, TensorStorageMetadata):
         return 0
@@ -162,13 +166,9 @@ def _chunk_data_bytes(meta, index) -> int:
 
 
 def describe_checkpoint(path) -> list[dict]:
-    """One row per file of a DCP checkpoint directory, sorted by name, no timestamps.
-
-    ``file``, ``bytes``, ``model_chunks`` / ``optimizer_chunks`` / ``objects`` (items stored
-    there; ``.metadata``: indexed in all), ``payload_bytes``, ``data_bytes`` (raw tensor data:
-    DCP frames each chunk with ~1.5 kB, so a 4-byte ``step`` takes 1,577 bytes), ``role``.
-    ``.metadata`` records the directory's path, so its size depends on the path's length.
-    """
+    """One row per file of a DCP checkpoint directory, sorted by name: what it stores
+    (``.metadata``: indexes) and its bytes. DCP frames each chunk with ~1.5 kB, so a 4-byte
+    ``step`` takes 1,577 bytes; ``.metadata`` holds the path, so its size varies with it."""
     path = _check_path(path)
     meta = _read_metadata(path)
     empty = dict.fromkeys(("model_chunks", "optimizer_chunks", "objects", "payload_bytes", "data_bytes"), 0)
@@ -220,7 +220,6 @@ def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) 
     DCP, each rank its own shards; a collective. Returns ``{"rank", "files", "bytes"}``
     this rank wrote. ``overwrite=False`` refuses a directory holding a checkpoint."""
     import torch.distributed.checkpoint as dcp
-
     module, optim = _pair(model, optimizer)
     path = _check_path(path)
     _check_stepped(optim)
@@ -239,7 +238,6 @@ def _check_compatible(path: str, meta, state: dict, strict: bool) -> None:
     """A ValueError naming the first key that does not fit the index (global shapes: the
     same on every rank, so no rank hangs)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     saved = meta.state_dict_metadata
     if "optim" in state and not any(k.startswith("optim.") for k in saved):
         raise ValueError(f"the checkpoint at {path!r} has no optimizer state (it was saved with "
@@ -276,8 +274,6 @@ def load_sharded(model: nn.Module, optimizer, path, *, strict: bool = True) -> d
     model lacks). Returns ``{"rank", "keys" (tensors loaded), "step"}`` (where to resume)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
     module, optim = _pair(model, optimizer)
     path = _check_path(path)
     meta = _read_metadata(path)
@@ -299,11 +295,7 @@ def load_sharded(model: nn.Module, optimizer, path, *, strict: bool = True) -> d
         if fresh:
             optim.state.clear()
         raise
-    if optim is None:
-        set_model_state_dict(module, state["model"])
-    else:
-        set_state_dict(module, optim, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+    _set(module, optim, state["model"], state.get("optim"))
     keys = len(state["model"]) + (len(optimizer_tensors(state["optim"])) if optim else 0)
     return {"rank": _rank(), "keys": keys, "step": _step_count(optim)}
 
@@ -346,8 +338,7 @@ def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict
     """Load a :func:`save_full` file into a plain or sharded model (and optimizer): every
     rank reads it and keeps its shards (at scale, ``broadcast_from_rank0=True`` lets rank 0
     alone read it). Returns ``{"rank", "step"}``."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
-
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
     module, optim = _pair(model, optimizer)
     path = _check_path(path)
     _check_file(path)
@@ -362,13 +353,9 @@ def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict
         if saved is not None and tuple(saved.shape) != tuple(value.shape):
             raise ValueError(f"shape mismatch for {key!r}: {path!r} holds {tuple(saved.shape)}, "
                              f"the model here has {tuple(value.shape)}")
-    options = StateDictOptions(full_state_dict=True, strict=strict)
     try:
-        if optim is None:
-            set_model_state_dict(module, state["model"], options=options)
-        else:
-            set_state_dict(module, optim, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"], options=options)
+        _set(module, optim, state["model"], state.get("optimizer"),
+             StateDictOptions(full_state_dict=True, strict=strict))
     except (RuntimeError, KeyError) as exc:
         raise ValueError(f"{path!r} does not fit this model/optimizer: {exc}") from exc
     return {"rank": _rank(), "step": _step_count(optim)}
@@ -376,12 +363,10 @@ def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict
 
 def _meta_load_session(path: str) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     from ..impl.fsdp import make_mesh, shard_per_unit
     from ..runtime.launch import rank_device
     from ..runtime.ledger import CommLedger
     from .model import build_model
-
     rank, device = _rank(), rank_device()
     model = build_model(device="meta")            # shapes only: no memory, no initialisation
     shard_per_unit(model, mesh=make_mesh(device.type))
@@ -402,16 +387,13 @@ def _meta_load_session(path: str) -> dict:
 
 
 def meta_init_and_load(path, world_size: int = 4, *, timeout_s: float = 120.0) -> list[dict]:
-    """How FSDP2 loads a model too big for one GPU: each rank builds the GPT on ``meta``,
-    ``fully_shard``-s it, ``to_empty`` gives its shards memory, only rank 0 reads the
-    :func:`save_full` file and ``broadcast_from_rank0=True`` sends every rank its shards.
-    Per rank: ``built_on_meta``, ``full_elements_read``, ``local_elements``, ``equal`` (to
-    the file, bit for bit), ``calls`` (collectives)."""
+    """How FSDP2 loads a model too big for one GPU: every rank builds it on ``meta`` and
+    shards it, ``to_empty`` gives the shards memory, rank 0 alone reads the :func:`save_full`
+    file and ``broadcast_from_rank0=True`` sends every rank its shards. One dict per rank."""
     _check_world("world_size", world_size)
     path = _check_path(path)
     _check_file(path)
     from ..runtime.launch import launch
-
     return list(launch(_meta_load_session, world_size, path, quiet=True, timeout_s=timeout_s))
 
 
@@ -425,7 +407,6 @@ def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
     train up to step ``stop``, optionally save; rank 0 returns the full state when ``gather``."""
     from ..runtime.launch import rank_device
     from .model import SyntheticData, build_model
-
     device = rank_device() if distributed() else torch.device("cpu")
     # a model that loads starts from other weights, so a load that did nothing shows
     model = build_model(seed=seed + 1 if load_from else seed, device=device)
@@ -455,7 +436,6 @@ def _same(a: dict, b: dict) -> bool:
 def _preload() -> None:
     """Import DCP, FSDP2 and DTensor once, here, for the forked ranks to inherit."""
     from .model import warm_up
-
     warm_up(imports=("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
                      "torch.distributed.fsdp", "torch.distributed.tensor"))
 
@@ -466,7 +446,6 @@ def _run_session(world_size: int, strategy: str, *args, timeout_s: float) -> tup
     if strategy == "single":
         return _session(strategy, *args), "1 process, no process group"
     from ..runtime.launch import launch, where
-
     results = launch(_session, world_size, strategy, *args, quiet=True, timeout_s=timeout_s)
     return results[0], where(results)
 
@@ -483,15 +462,10 @@ def _check_run(path, strategy, seed, timeout_s) -> str:
 def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int = 2, *,
                       strategy: str = "torch-fsdp", seed: int = 0,
                       timeout_s: float = 120.0) -> dict:
-    """Train ``steps`` steps on ``save_world`` ranks, save a DCP checkpoint into ``path``,
-    load it into a fresh model (other weights) and AdamW on each of ``load_worlds`` (``1``:
-    a plain model in this process) and compare the full states bit for bit.
-
-    Returns ``{"steps", "strategy", "rows", "files", "all_equal"}``: one row per world size
-    (``world_size``, ``role``, ``where``, ``params_equal``, ``optimizer_equal``,
-    ``full_is_full_parameters``, ``param_digest``, ``optimizer_digest``) and
-    :func:`describe_checkpoint` of ``path``.
-    """
+    """Train ``steps`` steps on ``save_world`` ranks, save into ``path``, load into a fresh
+    model and AdamW on each of ``load_worlds`` (``1``: a plain model in this process) and
+    compare the full states bit for bit: ``{"steps", "strategy", "rows" (one per world
+    size), "files" (:func:`describe_checkpoint`), "all_equal"}``."""
     path = _check_run(path, strategy, seed, timeout_s)
     if strategy == "single":
         raise ValueError("reshard_roundtrip saves from several ranks: use 'torch-fsdp' or "
@@ -527,17 +501,10 @@ def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int 
 def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, *,
                    other_world_size: int | None = 1, strategy: str = "torch-fsdp",
                    seed: int = 0, timeout_s: float = 120.0) -> dict:
-    """Does stopping, saving and resuming change training? Bit for bit, no.
-
-    Compares ``experiments.run(strategy, world_size, steps=steps)`` with ranks that train
-    ``stop_at`` steps and save into ``path``, then new ranks that load into a fresh model
-    and train on to ``steps``; and again on ``other_world_size`` ranks (None: skipped),
-    where the global batch is summed in another order (``max_abs_diff``).
-
-    Returns ``{"strategy", "world_size", "steps", "stop_at", "where", "uninterrupted",
-    "resumed", "bit_exact", "params_equal", "other"}`` (``other``: ``{"world_size", "where",
-    "losses", "max_abs_diff", "bit_exact"}`` or None).
-    """
+    """Does stopping, saving and resuming change training? Bit for bit, no: compares
+    ``experiments.run`` with ranks that train ``stop_at`` steps and save into ``path``, then
+    new ranks that load into a fresh model and train on to ``steps``; again on
+    ``other_world_size`` ranks (None: skipped), where the batch sums in another order."""
     path = _check_run(path, strategy, seed, timeout_s)
     _check_world("world_size", world_size)
     check_int("steps", steps, 2)

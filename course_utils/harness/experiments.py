@@ -70,7 +70,6 @@ def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):
         raise TypeError("make_optimizer must be a function params -> optimizer, e.g. "
                         "course_utils.harness.experiments.make_adamw")
     from torch.nn.parallel import DistributedDataParallel
-
     if isinstance(model, (DataParallel, DistributedDataParallel)):
         raise ValueError(f"model is already wrapped ({type(model).__name__}); pass the plain module")
     if not trainable(model):
@@ -134,7 +133,6 @@ class RunResult:
     sockets really sent (0 for ``"single"``, None without per-socket counters or under
     NCCL); neither counts the loss averaging. step_time_s: median of ``step_times_s``.
     """
-
     strategy: str
     rank: int
     world_size: int
@@ -223,7 +221,6 @@ def reference_grads(max_norm: float | None = None):
     """(loss, grad norm, {name: grad}) of step 0's whole global batch in one process: the
     notebook-07 graders' reference (``max_norm``: clipped as ``clip_grad_norm_`` would)."""
     from .model import SyntheticData, build_model
-
     model = build_model(seed=0)
     x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, 0, 1)
     loss = model(x, y)
@@ -274,7 +271,6 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
            options: dict) -> RunResult:
     from ..runtime.launch import rank_device
     from .model import SyntheticData, build_model
-
     spec = STRATEGIES[strategy]
     device = rank_device() if spec.distributed else torch.device("cpu")
     model, optimizer = wrap(strategy, build_model(config, seed=seed, device=device), make_adamw,
@@ -332,7 +328,6 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
         return [_train(strategy, steps, seed, config, global_batch, options)]
     from ..runtime.launch import launch
     from .model import warm_up
-
     warm_up(config)
     return launch(_train, world_size, strategy, steps, seed, config, global_batch, options,
                   backend=backend, quiet=quiet, timeout_s=timeout_s)

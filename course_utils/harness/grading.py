@@ -23,7 +23,6 @@ __all__ = ["GRADER_BACKEND", "Verdict", "compare", "compare_brief", "brief", "la
 def compare(got, expected, *, atol: float = 1e-6) -> str:
     """'' when ``got`` matches ``expected`` (numbers or tensors, within atol), else why not."""
     import torch
-
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
             return f"got {_show(got)}, expected a tensor {_show(expected)}"
@@ -58,7 +57,6 @@ def _window(flat, start: int) -> str:
 def brief(value) -> str:
     """A value in one line: a tensor as its first :data:`BRIEF_VALUES` values (and shape)."""
     import torch
-
     if isinstance(value, torch.Tensor) and value.numel() > 1:
         shape = f", shape={tuple(value.shape)}" if value.dim() > 1 else ""
         return f"tensor({_window(value.detach().reshape(-1).double().cpu(), 0)}{shape})"
@@ -68,7 +66,6 @@ def brief(value) -> str:
 def compare_brief(got, expected, *, atol: float) -> str:
     """:func:`compare`, in a few values from just before the first element that differs."""
     import torch
-
     why = compare(got, expected, atol=atol)
     if not why or not isinstance(expected, torch.Tensor):
         return why
@@ -174,7 +171,6 @@ def judge_on_ranks(rank_fn: Callable, judge: Callable[[object, int, int], tuple]
     """Run ``rank_fn(*args)`` on each world size; one :func:`report_ranks` line each from
     ``judge(value, rank, world_size) -> (why, detail)``."""
     from ..runtime.launch import where
-
     all_right = True
     for n in world_sizes:
         values = launch_or_report(rank_fn, n, *args, timeout_s=timeout_s, quiet=True)
@@ -246,7 +242,6 @@ def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: C
         return Verdict(name, False)
     from ..runtime.launch import where
     from .model import warm_up
-
     warm_up()
     all_right = True
     for n, values in (runs := on_world_sizes(rank_fn, (2, 3, 4), cls, *args, timeout_s=30, quiet=True)):

@@ -271,7 +271,6 @@ def warm_up(config: TransformerConfig = COURSE_CONFIG, *, imports=()) -> None:
     """Import ``imports`` and build a meta model (1-2 s of torch imports) once, in the
     launching process, so forked ranks inherit it instead of each doing it."""
     import importlib
-
     for name in imports:
         importlib.import_module(name)
     build_model(config, device="meta")

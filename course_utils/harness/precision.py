@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..checks import check_number
 from ..impl.common import WrapsOptimizer, trainable
 from ..runtime.launch import gpu_count
 from ..theory.memory import RECIPES
@@ -84,19 +85,6 @@ class MasterWeightsAdamW(WrapsOptimizer):
                 f"use_main_grad={self.use_main_grad})")
 
 
-def _check_hyperparameters(lr, weight_decay, betas) -> None:
-    for name, value in (("lr", lr), ("weight_decay", weight_decay)):
-        if isinstance(value, bool) or not isinstance(value, Real):
-            raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0 (e.g. 1e-3), got {lr!r}")
-    if not weight_decay >= 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
-    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
-            or not all(isinstance(b, Real) and 0 <= b < 1 for b in betas)):
-        raise ValueError(f"betas must be two numbers in [0, 1) such as (0.9, 0.95), got {betas!r}")
-
-
 def _attach_main_grad(p: nn.Parameter) -> None:
     """Give ``p`` an fp32 ``main_grad`` that every backward adds its gradient into."""
     p.main_grad = torch.zeros_like(p, dtype=torch.float32)
@@ -131,7 +119,11 @@ def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_dec
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
-    _check_hyperparameters(lr, weight_decay, betas)
+    check_number("lr", lr, above=0, example="1e-3")
+    check_number("weight_decay", weight_decay, minimum=0)
+    if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+            or not all(isinstance(b, Real) and 0 <= b < 1 for b in betas)):
+        raise ValueError(f"betas must be two numbers in [0, 1) such as (0.9, 0.95), got {betas!r}")
     params = trainable(model)
     if not params:
         raise ValueError("the model has no trainable parameters (all have requires_grad=False)")
@@ -186,7 +178,6 @@ def memtracker_bytes(model: nn.Module, optimizer, run_step: Callable[[], object]
     second) under PyTorch's ``MemTracker``. Masters and ``main_grad`` live outside a
     ``torch.optim`` state, so they show as "Other", not "Optstate"."""
     from ..runtime.compat import mem_tracker
-
     MemTracker = mem_tracker()
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -222,7 +213,6 @@ def cuda_phases(recipe: str = "mixed", *, config=None, micro_batch: int = 4, see
     from ..theory.config import TransformerConfig
     from ..theory.memory import model_states
     from .model import SyntheticData, build_model
-
     if not gpu_count():
         raise RuntimeError("cuda_phases needs a CUDA GPU; none is visible in this process")
     if recipe not in RECIPES:

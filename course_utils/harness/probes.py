@@ -28,7 +28,6 @@ def grad_bytes(opt) -> int:
 
 class PeakGradBytes:
     """Mixed in by :func:`measure_peak`: :func:`grad_bytes` noted after each hook, launch and wait."""
-
     peak_grad_bytes = 0
 
     def reset_peak(self) -> None:
@@ -94,7 +93,6 @@ def wrap_zero2(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, mixe
 def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None):
     """``"torch-zero1"``: ZeroRedundancyOptimizer over the gradients ``"ddp"`` averages."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
-
     model = ddp.DataParallel(model, bucket_bytes, overlap=overlap, group=group)
     groups, cls, defaults = real_optimizer(model.module, make_optimizer)
     return model, ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=group, **defaults)

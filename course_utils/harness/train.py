@@ -77,13 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.strategy not in names:
         p.error(f"unknown strategy {args.strategy!r}; known strategies: {', '.join(names)}")
-    for name in ("steps", "global_batch", "log_every"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.seed < 0:
-        p.error(f"--seed must be >= 0, got {args.seed}")
-    if args.bucket_bytes < 0:
-        p.error(f"--bucket-bytes must be >= 0, got {args.bucket_bytes}")
+    for name, least in (("steps", 1), ("global_batch", 1), ("log_every", 1), ("seed", 0), ("bucket_bytes", 0)):
+        if getattr(args, name) < least:
+            p.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     try:
         args.model_config = model_config(args)
     except (TypeError, ValueError) as e:
