@@ -27,7 +27,7 @@ from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest
 
 __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load_full",
            "describe_checkpoint", "checkpoint_keys", "reshard_roundtrip", "resume_matches",
-           "optimizer_tensors", "METADATA_FILE", "CHECKPOINTABLE", "meta_init_and_load"]
+           "optimizer_tensors", "METADATA_FILE", "CHECKPOINTABLE"]
 
 METADATA_FILE = ".metadata"  #: the index DCP's coordinator (rank 0) writes
 _NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
@@ -329,11 +329,6 @@ def save_full(model: nn.Module, optimizer, path) -> dict:
     return {"rank": _rank(), "bytes": written}
 
 
-def _check_file(path: str) -> None:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no file at {path!r} (write one with save_full(model, optimizer, path))")
-
-
 def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict:
     """Load a :func:`save_full` file into a plain or sharded model (and optimizer): every
     rank reads it and keeps its shards (at scale, ``broadcast_from_rank0=True`` lets rank 0
@@ -341,7 +336,8 @@ def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     module, optim = _pair(model, optimizer)
     path = _check_path(path)
-    _check_file(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no file at {path!r} (write one with save_full(model, optimizer, path))")
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"{path!r} is not a file written by save_full (no 'model' entry)")
@@ -359,42 +355,6 @@ def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict
     except (RuntimeError, KeyError) as exc:
         raise ValueError(f"{path!r} does not fit this model/optimizer: {exc}") from exc
     return {"rank": _rank(), "step": _step_count(optim)}
-
-
-def _meta_load_session(path: str) -> dict:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from ..impl.fsdp import make_mesh, shard_per_unit
-    from ..runtime.launch import rank_device
-    from ..runtime.ledger import CommLedger
-    from .model import build_model
-    rank, device = _rank(), rank_device()
-    model = build_model(device="meta")            # shapes only: no memory, no initialisation
-    shard_per_unit(model, mesh=make_mesh(device.type))
-    on_meta = all(p.is_meta for p in model.parameters())
-    model.to_empty(device=device)                 # this rank's shards get (uninitialised) memory
-    full = torch.load(path, map_location="cpu", weights_only=True)["model"] if rank == 0 else {}
-    with CommLedger() as ledger:                  # rank 0 sends every shard its owner needs
-        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
-                                                                   broadcast_from_rank0=True))
-    got = full_parameters(model)
-    with ledger.pause():
-        saved = torch.load(path, map_location="cpu", weights_only=True)["model"]  # for the check only
-    return {"rank": rank, "built_on_meta": on_meta,
-            "full_elements_read": sum(t.numel() for t in full.values()),
-            "local_elements": sum(p.to_local().numel() for p in model.parameters()),
-            "equal": all(torch.equal(got[k], saved[k].to(got[k].dtype)) for k in got),
-            "calls": {k: v for k, v in ledger.counts().items() if v}}
-
-
-def meta_init_and_load(path, world_size: int = 4, *, timeout_s: float = 120.0) -> list[dict]:
-    """How FSDP2 loads a model too big for one GPU: every rank builds it on ``meta`` and
-    shards it, ``to_empty`` gives the shards memory, rank 0 alone reads the :func:`save_full`
-    file and ``broadcast_from_rank0=True`` sends every rank its shards. One dict per rank."""
-    _check_world("world_size", world_size)
-    path = _check_path(path)
-    _check_file(path)
-    from ..runtime.launch import launch
-    return list(launch(_meta_load_session, world_size, path, quiet=True, timeout_s=timeout_s))
 
 
 #: Strategies whose model and optimizer DCP can name (see :func:`_pair`).
