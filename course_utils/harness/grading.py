@@ -171,15 +171,10 @@ def judge_on_ranks(rank_fn: Callable, judge: Callable[[object, int, int], tuple]
     """Run ``rank_fn(*args)`` on each world size; one :func:`report_ranks` line each from
     ``judge(value, rank, world_size) -> (why, detail)``."""
     from ..runtime.launch import where
-    all_right = True
-    for n in world_sizes:
-        values = launch_or_report(rank_fn, n, *args, timeout_s=timeout_s, quiet=True)
-        if values is None:
-            all_right = False
-            continue
-        all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True),
-                                  [judge(value, rank, n) for rank, value in enumerate(values)])
-    return Verdict(name, all_right)
+    runs = on_world_sizes(rank_fn, world_sizes, *args, timeout_s=timeout_s, quiet=True)
+    rights = [report_ranks(where(n, GRADER_BACKEND, backend_first=True),
+                           [judge(value, rank, n) for rank, value in enumerate(values)]) for n, values in runs]
+    return Verdict(name, all(rights) and runs.completed)
 
 
 def grade_on_ranks(fn: Callable, expected: Callable[[int, int], object], *,
@@ -243,13 +238,9 @@ def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: C
     from ..runtime.launch import where
     from .model import warm_up
     warm_up()
-    all_right = True
+    rights = []
     for n, values in (runs := on_world_sizes(rank_fn, (2, 3, 4), cls, *args, timeout_s=30, quiet=True)):
-        label = where(n, GRADER_BACKEND, backend_first=True)
-        first = first_problem(values)
-        if first:
-            print(f"{label}: not yet: rank {first[0]}: {first[1]}")
-            all_right = False
-            continue
-        print(f"{label}: right: {right(values)}")
-    return Verdict(name, all_right and runs.completed)
+        first = first_problem(values)   # right(values) only when there is none
+        rights.append(report_problems(where(n, GRADER_BACKEND, backend_first=True),
+                                      [f"rank {first[0]}: {first[1]}"] if first else [], first or right(values)))
+    return Verdict(name, all(rights) and runs.completed)

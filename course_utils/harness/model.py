@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_int
+from ..checks import check_int, check_number
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 
 __all__ = ["GPT", "Block", "Attention", "MLP", "build_model", "init_weights", "num_params", "warm_up",
@@ -155,10 +155,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         x = self.norm_f(x)
-        if self.config.tied_embeddings:
-            logits = F.linear(x, self.tok_emb.weight)     # the same Parameter, used twice
-        else:
-            logits = self.lm_head(x)
+        # tied: the same Parameter, used twice
+        logits = F.linear(x, self.tok_emb.weight) if self.config.tied_embeddings else self.lm_head(x)
         if targets is None:
             return logits
         self._check_tokens("targets", targets)
@@ -198,12 +196,8 @@ def build_model(config: TransformerConfig = COURSE_CONFIG, *, seed: int = 0,
         raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32 or "
                         f"torch.bfloat16, got {dtype!r}")
     with torch.device("meta"):          # no allocation, no default init, no global RNG
-        model = GPT(config)
-    model = model.to(dtype=dtype)
-    if device.type == "meta":
-        return model
-    model = model.to_empty(device=device)
-    return init_weights(model, seed=seed)
+        model = GPT(config).to(dtype=dtype)
+    return model if device.type == "meta" else init_weights(model.to_empty(device=device), seed=seed)
 
 
 def num_params(model: nn.Module) -> int:
@@ -225,8 +219,7 @@ class SyntheticData:
         _check_config(config)
         check_int("global_batch", global_batch, minimum=1)
         check_int("seed", seed, minimum=0)
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise <= 1:
-            raise ValueError(f"noise must be a number between 0 and 1, got {noise!r}")
+        check_number("noise", noise, minimum=0, maximum=1)
         self.config, self.global_batch, self.seed, self.noise = config, global_batch, seed, float(noise)
         self.rule = torch.randperm(config.vocab, generator=torch.Generator().manual_seed(seed))
 
