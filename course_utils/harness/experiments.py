@@ -46,8 +46,6 @@ def make_adamw(params) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
 
 
-# ================================================================================ wrap
-
 def _check_options(spec, options: dict) -> None:
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
@@ -122,8 +120,6 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -
                                           norm_type=norm_type)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
-
-# ================================================================================= run
 
 @dataclasses.dataclass
 class RunResult:
@@ -247,17 +243,15 @@ def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
     if rank is None or world is None:
         rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for step in range(steps) if isinstance(steps, int) else steps:
         x, y = (t.to(device) for t in data.shard(step, rank, world))
-        if cuda:
-            torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         loss = model(x, y)
         loss.backward()
         optimizer.step()
-        if cuda:
-            torch.cuda.synchronize()
+        sync()
         seconds = time.perf_counter() - t0
         with contextlib.ExitStack() as paused:
             for meter in meters:

@@ -44,13 +44,9 @@ def compare(got, expected, *, atol: float = 1e-6) -> str:
 BRIEF_VALUES = 5
 
 
-def _value(x: float) -> str:
-    return f"{x:.0f}" if float(x).is_integer() else _num(x)
-
-
 def _window(flat, start: int) -> str:
     stop = min(flat.numel(), start + BRIEF_VALUES)
-    items = [_value(x) for x in flat[start:stop].tolist()]
+    items = [f"{x:.0f}" if float(x).is_integer() else _num(x) for x in flat[start:stop].tolist()]
     return "[" + ", ".join(["…"] * (start > 0) + items + ["…"] * (stop < flat.numel())) + "]"
 
 

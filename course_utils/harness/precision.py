@@ -85,27 +85,10 @@ class MasterWeightsAdamW(WrapsOptimizer):
                 f"use_main_grad={self.use_main_grad})")
 
 
-def _attach_main_grad(p: nn.Parameter) -> None:
-    """Give ``p`` an fp32 ``main_grad`` that every backward adds its gradient into."""
-    p.main_grad = torch.zeros_like(p, dtype=torch.float32)
-
-    def accumulate(param: nn.Parameter) -> None:
-        param.main_grad.add_(param.grad)    # upcasts bf16 -> fp32 element by element
-        param.grad = None                   # the bf16 gradient is freed right away
-
-    p.register_post_accumulate_grad_hook(accumulate)
-
-
-def _autocast_forward(model: nn.Module) -> None:
-    """Run ``model``'s forward under ``torch.autocast`` in bf16 (on its parameters' device)."""
-    device_type = next(model.parameters()).device.type
-    forward = model.forward
-
-    def autocast_forward(*args, **kwargs):
-        with torch.autocast(device_type, dtype=LOW_PRECISION):
-            return forward(*args, **kwargs)
-
-    model.forward = autocast_forward
+def _accumulate_main_grad(param: nn.Parameter) -> None:
+    """The ``mixed-fp32-grads`` hook: add ``.grad`` into the fp32 ``main_grad``, free it at once."""
+    param.main_grad.add_(param.grad)    # upcasts bf16 -> fp32 element by element
+    param.grad = None
 
 
 def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_decay: float = 0.0,
@@ -133,15 +116,21 @@ def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_dec
     hyper = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas))
     if recipe in ("fp32", "torch-amp"):
         model.float()
-        if recipe == "torch-amp":
-            _autocast_forward(model)
+        if recipe == "torch-amp":       # forward under torch.autocast in bf16
+            device_type, forward = next(model.parameters()).device.type, model.forward
+
+            def autocast_forward(*args, **kwargs):
+                with torch.autocast(device_type, dtype=LOW_PRECISION):
+                    return forward(*args, **kwargs)
+            model.forward = autocast_forward
         return model, torch.optim.AdamW(params, **hyper)
     masters = [p.detach().to(torch.float32, copy=True) for p in params]
     model.to(LOW_PRECISION)             # Parameters keep their identity; only .data changes
     use_main_grad = recipe == "mixed-fp32-grads"
     if use_main_grad:
         for p in params:
-            _attach_main_grad(p)
+            p.main_grad = torch.zeros_like(p, dtype=torch.float32)
+            p.register_post_accumulate_grad_hook(_accumulate_main_grad)
     return model, MasterWeightsAdamW(params, masters, use_main_grad=use_main_grad, **hyper)
 
 
@@ -194,16 +183,14 @@ def memtracker_bytes(model: nn.Module, optimizer, run_step: Callable[[], object]
         warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper")
         with tracker:
             run_step()
-    return {kind: _by_category(tracker.get_tracker_snapshot(kind)) for kind in ("current", "peak")}
-
-
-def _by_category(snapshot: dict) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for per_device in snapshot.values():
-        for key, nbytes in per_device.items():
-            name = getattr(key, "value", key)       # _MemRefType enum -> "Parameter", ...
-            totals[name] = totals.get(name, 0) + nbytes
-    return totals
+    out = {}
+    for kind in ("current", "peak"):
+        totals = out[kind] = {}
+        for per_device in tracker.get_tracker_snapshot(kind).values():
+            for key, nbytes in per_device.items():
+                name = getattr(key, "value", key)       # _MemRefType enum -> "Parameter", ...
+                totals[name] = totals.get(name, 0) + nbytes
+    return out
 
 
 def cuda_phases(recipe: str = "mixed", *, config=None, micro_batch: int = 4, seed: int = 0) -> dict:

@@ -42,10 +42,6 @@ the number of ranks: it must be divisible by it (12 rows: 1, 2, 3, 4, 6, 12 rank
 """
 
 
-def _config_names() -> list[str]:
-    return ["course"] + [name for name, p in PRESETS.items() if p.config is not None]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     names = strategies.strategies()
     p = argparse.ArgumentParser(
@@ -60,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=experiments.GLOBAL_BATCH,
                    help=f"rows per step over all ranks (default {experiments.GLOBAL_BATCH}); "
                         "must be divisible by the number of ranks")
-    p.add_argument("--config", default="course", choices=_config_names(),
+    p.add_argument("--config", default="course",
+                   choices=["course"] + [n for n, preset in PRESETS.items() if preset.config is not None],
                    help="base model config (default: course, the course's small GPT)")
     for field in ("hidden", "layers", "heads", "vocab", "seq", "ffn"):
         p.add_argument(f"--{field}", type=int, default=None,
