@@ -199,9 +199,15 @@ def describe_checkpoint(path) -> list[dict]:
     return rows
 
 
-def _clear_checkpoint(path: str, overwrite: bool) -> None:
-    """Rank 0 deletes an old checkpoint (a larger world's stale shards would look like part
-    of the new one), then every rank waits."""
+def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) -> dict:
+    """Write the model's (and optimizer's, unless None) state to the directory ``path`` with
+    DCP, each rank its own shards; a collective. Returns ``{"rank", "files", "bytes"}``
+    this rank wrote. ``overwrite=False`` refuses a directory holding a checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    module, optim = _pair(model, optimizer)
+    path = _check_path(path)
+    _check_stepped(optim)
+    # rank 0 deletes an old checkpoint (a larger world's stale shards would look like part of this one)
     ours = [n for n in (os.listdir(path) if os.path.isdir(path) else [])
             if n == METADATA_FILE or n.endswith(".distcp")]
     if ours and not overwrite:
@@ -213,17 +219,6 @@ def _clear_checkpoint(path: str, overwrite: bool) -> None:
             os.remove(os.path.join(path, name))
     if distributed():
         dist.barrier()
-
-
-def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) -> dict:
-    """Write the model's (and optimizer's, unless None) state to the directory ``path`` with
-    DCP, each rank its own shards; a collective. Returns ``{"rank", "files", "bytes"}``
-    this rank wrote. ``overwrite=False`` refuses a directory holding a checkpoint."""
-    import torch.distributed.checkpoint as dcp
-    module, optim = _pair(model, optimizer)
-    path = _check_path(path)
-    _check_stepped(optim)
-    _clear_checkpoint(path, overwrite)
     state = _state(module, optim)
     with _quiet_no_dist():
         dcp.save(state, checkpoint_id=path, no_dist=not distributed())

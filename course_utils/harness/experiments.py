@@ -29,11 +29,9 @@ from .model import rows_per_rank
 from .strategies import STRATEGIES
 from .strategies import get as _get_strategy
 
-__all__ = ["train", "rows_per_rank", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS",
-           "WEIGHT_DECAY", "wrap",
-           "full_parameters", "run", "RunResult", "make_adamw", "unwrap", "max_abs_diff",
-           "max_rel_diff", "state_bytes", "param_digest", "reference_grads", "full_grads",
-           "clip_grad_norm_"]
+__all__ = ["train", "rows_per_rank", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY",
+           "wrap", "full_parameters", "run", "RunResult", "make_adamw", "unwrap", "max_abs_diff", "max_rel_diff",
+           "state_bytes", "param_digest", "reference_grads", "full_grads", "clip_grad_norm_"]
 
 #: Rows in the global batch of :func:`run`: divisible by 1, 2, 3, 4, 6 and 12 ranks.
 GLOBAL_BATCH = 12

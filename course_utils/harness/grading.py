@@ -28,16 +28,14 @@ def compare(got, expected, *, atol: float = 1e-6) -> str:
             return f"got {_show(got)}, expected a tensor {_show(expected)}"
         if got.shape != expected.shape:
             return f"got shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
-        if not torch.allclose(got.double(), expected.double(), atol=atol, rtol=0):
-            return f"got {_show(got)}, expected {_show(expected)}"
-        return ""
-    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        same = torch.allclose(got.double(), expected.double(), atol=atol, rtol=0)
+    elif isinstance(expected, (int, float)) and not isinstance(expected, bool):
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            return f"got {_show(got)}, expected {_show(expected)}"
-        return "" if abs(got - expected) <= atol else f"got {_show(got)}, expected {_show(expected)}"
-    return "" if got == expected else f"got {_show(got)}, expected {_show(expected)}"
+        same = not isinstance(got, bool) and isinstance(got, (int, float)) and abs(got - expected) <= atol
+    else:
+        same = got == expected
+    return "" if same else f"got {_show(got)}, expected {_show(expected)}"
 
 
 #: How many values of a tensor a grader's line shows.

@@ -112,18 +112,14 @@ def _setup(spec: strategies.Strategy, timeout_s: float):
     use_gpu = gpu_count() >= local_world         # NVML: CUDA stays uninitialised until set_device
     backend = "nccl" if use_gpu else "gloo"
     os.environ["COURSE_BACKEND"] = backend     # what course_utils.runtime.launch.rank_device reads
-    timeout = timedelta(seconds=timeout_s)
     if use_gpu:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         torch.set_num_threads(1)
         device = torch.device("cpu")
-    if under_torchrun:
-        dist.init_process_group(backend, timeout=timeout)
-    else:                                      # one rank, no rendezvous needed
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+    alone = {} if under_torchrun else dict(store=dist.HashStore(), rank=0, world_size=1)  # no rendezvous
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **alone)
     rank, world = dist.get_rank(), dist.get_world_size()
     nodes = max(1, world // max(local_world, 1))
     where = plural(world, "rank") + (f" on {nodes} nodes" if nodes > 1 else "")
