@@ -1,12 +1,8 @@
 """Saving and loading FSDP2 checkpoints: sharded (DCP), full (one file), resharded, resumed.
 
-Taught in ``notebooks/07_fsdp.ipynb``, for models wrapped by :data:`CHECKPOINTABLE` strategies.
-Sharded (:func:`save_sharded` / :func:`load_sharded`, PyTorch Distributed Checkpoint): every
-rank writes its own shards, rank 0 also ``.metadata`` (each key's global shape and where its
-chunks lie), so a load at any world size reads only the chunks that overlap its shards.
-Full (:func:`save_full` / :func:`load_full`): the unsharded tensors on rank 0, one
-``torch.save`` file, the export format; it needs the full model in rank 0's memory.
-Both use ``get_state_dict``, whose keys are the *unwrapped* module's names at any world size.
+Taught in ``notebooks/07_fsdp.ipynb``. Sharded (DCP): each rank writes its shards, rank 0 also
+``.metadata``, so a load at any world size reads only the chunks it needs. Full: one
+``torch.save`` file on rank 0, the export format. Keys: the unwrapped module's names.
 """
 from __future__ import annotations
 
@@ -200,9 +196,8 @@ def describe_checkpoint(path) -> list[dict]:
 
 
 def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) -> dict:
-    """Write the model's (and optimizer's, unless None) state to the directory ``path`` with
-    DCP, each rank its own shards; a collective. Returns ``{"rank", "files", "bytes"}``
-    this rank wrote. ``overwrite=False`` refuses a directory holding a checkpoint."""
+    """Write the state to the directory ``path`` with DCP, each rank its own shards (a
+    collective); returns what this rank wrote."""
     import torch.distributed.checkpoint as dcp
     module, optim = _pair(model, optimizer)
     path = _check_path(path)
@@ -263,10 +258,8 @@ def _check_compatible(path: str, meta, state: dict, strict: bool) -> None:
 
 
 def load_sharded(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict:
-    """Load the DCP checkpoint at ``path`` into the model (and optimizer, unless None), in
-    place, at any world size; a collective, or one plain process without a process group.
-    A checkpoint that does not fit: ValueError naming the key (``strict``: also keys this
-    model lacks). Returns ``{"rank", "keys" (tensors loaded), "step"}`` (where to resume)."""
+    """Load the DCP checkpoint at ``path`` in place, at any world size (a collective, or one
+    plain process); a ValueError names a key that does not fit. ``step``: where to resume."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     module, optim = _pair(model, optimizer)

@@ -1,9 +1,5 @@
-"""Train a model with any strategy and measure it: ``wrap``, the training loop ``train``, ``run``.
-
-Every strategy keeps the same loop, communication inside hooks and ``step()``. The global
-batch (:data:`GLOBAL_BATCH` rows) does not depend on the number of ranks, so every
-strategy must reproduce the losses of ``"single"``.
-"""
+"""Train a model with any strategy and measure it: ``wrap``, the loop ``train``, ``run``. The
+global batch does not depend on the number of ranks: every strategy gives ``"single"``'s losses."""
 from __future__ import annotations
 
 import contextlib
@@ -53,12 +49,8 @@ def _check_options(spec, options: dict) -> None:
 
 
 def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):
-    """``(model, optimizer)`` for ``strategy``; train with the usual loop.
-
-    Every rank starts from rank 0's parameters and buffers; frozen parameters are left
-    alone, tied weights work. ``make_optimizer(params)`` gets the trainable parameters this
-    rank updates; ``options`` go to the strategy's wrap function (``Strategy.options``).
-    """
+    """``(model, optimizer)`` for ``strategy``: every rank starts from rank 0's state;
+    ``make_optimizer(params)`` gets the parameters this rank updates; ``options``: ``Strategy.options``."""
     spec = _get_strategy(strategy)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -99,10 +91,8 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` for a model of any strategy: clips in place to a
-    *global* norm and returns the norm before clipping (the same on every rank). Shards
-    torch cannot see ("zero1", "zero2", "zero3") are clipped by their owner (a collective).
-    """
+    """``torch.nn.utils.clip_grad_norm_`` for any strategy: the *global* norm before clipping,
+    the same on every rank (shards torch cannot see are clipped by their owner: a collective)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module (the wrapped model), got {type(model).__name__}")
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
@@ -121,12 +111,8 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -
 
 @dataclasses.dataclass
 class RunResult:
-    """One rank's result of :func:`run`; fields also readable as keys (``r["losses"]``).
-
-    comm_bytes: op -> bytes sent *in the ring model* (CommLedger); wire_bytes: bytes its TCP
-    sockets really sent (0 for ``"single"``, None without per-socket counters or under
-    NCCL); neither counts the loss averaging. step_time_s: median of ``step_times_s``.
-    """
+    """One rank's result of :func:`run`, also readable as a dict. comm_bytes: sent *in the ring
+    model* (CommLedger); wire_bytes: sent by its TCP sockets (None where unmeasurable)."""
     strategy: str
     rank: int
     world_size: int
@@ -156,11 +142,8 @@ class RunResult:
 
 
 def state_bytes(model: nn.Module, optimizer, *, detail: bool = False) -> dict:
-    """Bytes of model states this rank holds now, each storage once, any strategy and
-    recipe (call it after ``optimizer.step()``, before ``zero_grad()``): ``"params"``,
-    ``"grads"`` (also ``main_grad`` and shard gradients), ``"optimizer"`` (masters and
-    state tensors); ``detail=True`` adds ``"optimizer_detail"`` by state name. torch DDP's
-    bucket buffers live in C++ and are not counted."""
+    """Bytes of ``"params"``, ``"grads"``, ``"optimizer"`` this rank holds now (after ``step()``,
+    before ``zero_grad()``), each storage once; not torch DDP's C++ bucket buffers."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     inner = getattr(optimizer, "inner", optimizer)
@@ -231,13 +214,9 @@ def full_grads(model) -> dict:
 
 def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
           world: int | None = None, device=None, meters=()):
-    """The course's training loop, a generator of ``(step, loss, seconds)``, yielded after
-    ``optimizer.step()`` and before ``zero_grad()`` (the for-body measures the state).
-
-    ``steps``: a count or the step numbers (``range(2, 4)`` resumes at step 2); rows:
-    ``data.shard(step, rank, world)``. ``loss``: :func:`global_loss`, with the ``meters``
-    paused; ``seconds``: forward, backward and step (GPU synchronised around them).
-    """
+    """The course's training loop, a generator of ``(step, loss, seconds)`` yielded between
+    ``optimizer.step()`` and ``zero_grad()``; ``steps``: a count or the step numbers
+    (``range(2, 4)`` resumes); ``loss``: :func:`global_loss`, with the ``meters`` paused."""
     if rank is None or world is None:
         rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -297,12 +276,8 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
         backend: str = "auto", quiet: bool = False, timeout_s: float = 120.0,
         **options) -> list[RunResult]:
     """Train the course GPT with ``strategy`` on ``world_size`` ranks; one :class:`RunResult` per rank.
-
-    Same model, data and AdamW for every strategy, so the losses compare with
-    ``run("single", 1)``. ``options`` go to :func:`wrap` (``run("ddp", 2, bucket_bytes=0)``).
-    ``"single"`` runs in this process (``world_size=1``). Communication is measured over
-    the training steps only (not the start-up broadcast, not the loss averaging).
-    """
+    ``options`` go to :func:`wrap`; communication is measured over the training steps only
+    (not the start-up broadcast, not the loss averaging)."""
     spec = _get_strategy(strategy)
     check_int("world_size", world_size, 1)
     check_int("steps", steps, 1)

@@ -1,10 +1,7 @@
-"""The grading engine of every exercise: run the learner's function, compare, report.
-
-Graders run the learner's function on several world sizes (a hard-coded answer fails),
-print one line per world size (``2 gloo ranks on CPU: right: ...`` or ``... not yet: rank
-R: got ..., expected ... (k of N ranks differ)``) and return a :class:`Verdict`; they never
-raise on a wrong answer. Always gloo on the CPU (:data:`GRADER_BACKEND`), even with GPUs:
-a learner's tensor made without a device must be graded, not rejected by NCCL.
+"""The grading engine of every exercise: run the learner's function on several world sizes
+(a hard-coded answer fails), print one line per world size, return a :class:`Verdict`, never
+raise on a wrong answer. Always gloo on the CPU (:data:`GRADER_BACKEND`), even with GPUs: a
+learner's tensor made without a device must be graded, not rejected by NCCL.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The course model (from ``notebooks/03_memory_anatomy.ipynb`` on): a small GPT for any
-:class:`~course_utils.theory.config.TransformerConfig`, GPT-2-style (learned positions,
-LayerNorm, GELU, tied embeddings) or Llama-style (RoPE, RMSNorm, SwiGLU, no biases, untied
-output, grouped-query attention), with exactly ``config.num_params()`` parameters.
-:func:`build_model` gives the same weights, bit for bit, in every process;
-:class:`SyntheticData` the same global batch at any world size.
+"""The course model (from ``notebooks/03_memory_anatomy.ipynb`` on): a GPT-2-style or
+Llama-style GPT for any :class:`~course_utils.theory.config.TransformerConfig`, with exactly
+``config.num_params()`` parameters and the same weights, bit for bit, in every process.
 
 Module names (what FSDP wrapping and the memory tables refer to)::
 
@@ -209,10 +206,8 @@ def num_params(model: nn.Module) -> int:
 
 
 class SyntheticData:
-    """A learnable token stream: each next token is ``rule[token]`` (a fixed random
-    permutation), a fraction ``noise`` uniformly random; the loss falls from ln(vocab)
-    within a few dozen steps. ``batch(step)``: the global batch, the same in every
-    process; ``shard(step, rank, world_size)``: rank's contiguous rows of it."""
+    """Tokens that follow ``rule[token]`` (a fixed permutation) except a fraction ``noise``:
+    the loss falls from ln(vocab) within a few dozen steps; the same batches in every process."""
 
     def __init__(self, config: TransformerConfig = COURSE_CONFIG, *, global_batch: int = 8,
                  seed: int = 0, noise: float = 0.1):

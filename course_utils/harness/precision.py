@@ -93,11 +93,8 @@ def _accumulate_main_grad(param: nn.Parameter) -> None:
 
 def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_decay: float = 0.0,
                   betas: tuple[float, float] = (0.9, 0.95)):
-    """``(model, optimizer)`` for ``recipe`` (a key of :data:`course_utils.theory.memory.RECIPES`),
-    the model converted in place: ``fp32`` / ``torch-amp`` (forward under ``torch.autocast``
-    in bf16) with ``torch.optim.AdamW``; ``mixed`` / ``mixed-fp32-grads`` in bf16 with a
-    :class:`MasterWeightsAdamW` (masters copied *before* rounding). Frozen parameters get
-    no optimizer state and no ``main_grad``."""
+    """``(model, optimizer)`` for ``recipe``, the model converted in place; the fp32 masters
+    are copied *before* rounding to bf16."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if recipe not in RECIPES:
@@ -194,9 +191,8 @@ def memtracker_bytes(model: nn.Module, optimizer, run_step: Callable[[], object]
 
 
 def cuda_phases(recipe: str = "mixed", *, config=None, micro_batch: int = 4, seed: int = 0) -> dict:
-    """On a CUDA GPU: the peak allocated bytes of each phase of one step (``init``: AdamW
-    makes m and v lazily, in ``step``; ``forward`` includes the activations), and the
-    predicted model states. Initialises CUDA in this process."""
+    """On a CUDA GPU (initialised here): the peak bytes of each phase of one step (AdamW
+    makes m and v lazily, in ``step``) and the predicted model states."""
     from ..theory.config import TransformerConfig
     from ..theory.memory import model_states
     from .model import SyntheticData, build_model

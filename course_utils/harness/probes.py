@@ -1,7 +1,5 @@
-"""The ``"zero1"``, ``"zero2"``, ``"torch-zero1"`` and ``"torch-ddp"`` strategies, measured
-from outside (the classes of :mod:`course_utils.impl` hold no bookkeeping):
-:func:`measure_peak` makes a Zero1/Zero2 record ``peak_grad_bytes``.
-"""
+"""The ``"zero1"``, ``"zero2"``, ``"torch-zero1"`` and ``"torch-ddp"`` strategies, measured from
+outside (:mod:`course_utils.impl` holds no bookkeeping): :func:`measure_peak` for Zero1/Zero2."""
 from __future__ import annotations
 
 import functools

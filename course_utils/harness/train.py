@@ -1,7 +1,5 @@
-"""Train the course GPT with any strategy as a torchrun script (``python -m
-course_utils.harness.train --help``): the model, data, AdamW and loop of
-:func:`course_utils.harness.experiments.run`, so the losses match ``run("single", 1)``.
-"""
+"""``python -m course_utils.harness.train --help``: :func:`course_utils.harness.experiments.run`
+as a torchrun script (its model, data, AdamW and loop: the losses match ``run("single", 1)``)."""
 from __future__ import annotations
 
 import argparse
