@@ -233,19 +233,3 @@ def test_bad_inputs(tmp_path):
         reshard_roundtrip(tmp_path / "r", strategy="zero3")
     with pytest.raises(ValueError, match="stop_at"):
         resume_matches(tmp_path / "r", steps=2, stop_at=2)
-
-
-def test_meta_init_and_broadcast_from_rank0_loads_the_file_bit_for_bit(tmp_path):
-    from course_utils.harness.checkpoint import meta_init_and_load
-    from course_utils.harness.model import build_model
-
-    path = tmp_path / "full.pt"
-    torch.save({"model": build_model(seed=3).state_dict()}, path)
-    rows = meta_init_and_load(path, world_size=3)
-    assert [r["rank"] for r in rows] == [0, 1, 2]
-    assert all(r["built_on_meta"] and r["equal"] for r in rows)
-    assert [r["full_elements_read"] for r in rows] == [129_350, 0, 0]     # only rank 0 read it
-    assert sum(r["local_elements"] for r in rows) >= 129_350 > max(r["local_elements"] for r in rows)
-    assert all(r["calls"].get("broadcast", 0) > 0 for r in rows)
-    with pytest.raises(FileNotFoundError, match="save_full"):
-        meta_init_and_load(tmp_path / "missing.pt", world_size=2)

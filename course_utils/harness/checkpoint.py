@@ -1,22 +1,8 @@
 """Saving and loading FSDP2 checkpoints: sharded (DCP), full (one file), resharded, resumed.
 
-Taught in ``notebooks/07_fsdp.ipynb``, for models wrapped by :data:`CHECKPOINTABLE` strategies.
-
-* **Sharded** (:func:`save_sharded` / :func:`load_sharded`): PyTorch Distributed Checkpoint.
-  Every rank writes only its own shards (``__<rank>_0.distcp``); rank 0 also writes
-  ``.metadata``, each key's global shape and where each chunk of it lies. That index makes
-  a checkpoint *reshardable*: a load reads, for every rank's new shard, only the saved
-  chunks that overlap it, so 4 ranks' checkpoint loads on 2 ranks or into one plain process
-  (:func:`reshard_roundtrip` checks all three bit for bit).
-* **Full** (:func:`full_state_dict`, :func:`save_full`, :func:`load_full`): the unsharded
-  tensors gathered to CPU on rank 0 and written with ``torch.save``: the export format a
-  plain ``build_model().load_state_dict`` reads. It needs the full model in rank 0's
-  memory, which is what sharding avoids: train with sharded checkpoints, export at the end.
-
-Both go through ``torch.distributed.checkpoint.state_dict``: ``get_state_dict`` names every
-tensor as in the *unwrapped* module and keys the optimizer state by those names, so the
-same keys exist at any world size. :func:`resume_matches` stops, saves, restarts, loads and
-continues: the losses equal the uninterrupted run's bit for bit.
+Taught in ``notebooks/07_fsdp.ipynb``. Sharded (DCP): each rank writes its shards, rank 0 also
+``.metadata``, so a load at any world size reads only the chunks it needs. Full: one
+``torch.save`` file on rank 0, the export format. Keys: the unwrapped module's names.
 """
 from __future__ import annotations
 
@@ -37,15 +23,11 @@ from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest
 
 __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load_full",
            "describe_checkpoint", "checkpoint_keys", "reshard_roundtrip", "resume_matches",
-           "optimizer_tensors", "METADATA_FILE", "CHECKPOINTABLE", "meta_init_and_load"]
+           "optimizer_tensors", "METADATA_FILE", "CHECKPOINTABLE"]
 
-#: The index file DCP's coordinator (rank 0) writes next to the per-rank shard files.
-METADATA_FILE = ".metadata"
-_SHARD_SUFFIX = ".distcp"
+METADATA_FILE = ".metadata"  #: the index DCP's coordinator (rank 0) writes
 _NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 
-
-# ------------------------------------------------------------------ checks and small helpers
 
 def _rank() -> int:
     return dist.get_rank() if distributed() else 0
@@ -64,12 +46,10 @@ def _check_world(name: str, world_size) -> None:
 
 
 def _pair(model, optimizer):
-    """The user's module (wrappers of "ddp"/"torch-ddp" removed) and the real torch
-    optimizer (``.inner`` of a wrapper), checked to be something DCP can name."""
+    """(the unwrapped module, the real torch optimizer or None), checked to be DCP-nameable."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     from ..impl.zero3 import Zero3
-
     if isinstance(model, Zero3):
         raise TypeError("the course's own 'zero3' keeps each unit as one flat shard that DCP "
                         "cannot name; checkpoint a model wrapped with 'torch-fsdp' (fully_shard)")
@@ -90,8 +70,7 @@ def _pair(model, optimizer):
 
 @contextlib.contextmanager
 def _quiet_no_dist():
-    """DCP warns every time it runs without a process group; that is the point here. torch
-    2.10's DCP also warns about its own use of ``tensor.storage()`` (fixed in later torch)."""
+    """DCP warns on every use without a process group, and torch 2.10's about ``storage()``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
@@ -99,10 +78,8 @@ def _quiet_no_dist():
 
 
 def _check_stepped(optim) -> None:
-    """Refuse to save an optimizer that has taken no step: ``get_state_dict`` would first
-    initialise its state by running ``step()`` with zero gradients and lr 0, which sets
-    AdamW's ``step`` to 1, so the first real update would use step 2's bias correction
-    and training would silently change."""
+    """``get_state_dict`` would initialise a step-less AdamW with a zero step (``step`` = 1),
+    so the first real update would use step 2's bias correction."""
     if optim is not None and not optim.state:
         raise ValueError("the optimizer has no state yet (no step() taken): saving it would make "
                          "torch initialise it with a zero step and change the next update; save "
@@ -110,10 +87,8 @@ def _check_stepped(optim) -> None:
 
 
 def _state(module, optimizer, *, full: bool = False) -> dict:
-    """``{"model": ..., "optim": ...}`` from ``get_state_dict`` (sharded DTensors, or the
-    full tensors on CPU on rank 0 with ``full=True``)."""
+    """``{"model", "optim"}`` from ``get_state_dict``; ``full``: unsharded, CPU, rank 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
-
     options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
     if optimizer is None:
         return {"model": get_model_state_dict(module, options=options)}
@@ -121,23 +96,25 @@ def _state(module, optimizer, *, full: bool = False) -> dict:
     return {"model": msd, "optim": osd}
 
 
+def _set(module, optim, model_state, optim_state, options=None) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    if optim is None:
+        set_model_state_dict(module, model_state, options=options)
+    else:
+        set_state_dict(module, optim, model_state_dict=model_state, optim_state_dict=optim_state,
+                       options=options)
+
+
 def optimizer_tensors(optim_state: dict) -> dict[str, torch.Tensor]:
-    """``{"<param name>.<state name>": tensor}`` of an optimizer state dict keyed by
-    parameter names (what ``get_state_dict`` / :func:`full_state_dict` return), in its
-    order: ``tok_emb.weight.step``, ``tok_emb.weight.exp_avg``, ... for AdamW."""
+    """``{"<param name>.<state name>": tensor}`` of a name-keyed optimizer state dict."""
     if not isinstance(optim_state, dict) or "state" not in optim_state:
         raise TypeError("optim_state must be an optimizer state dict with a 'state' entry, e.g. "
                         "full_state_dict(model, optimizer)['optimizer']")
-    out = {}
-    for name, per_param in optim_state["state"].items():
-        for key, value in per_param.items():
-            if isinstance(value, torch.Tensor):
-                out[f"{name}.{key}"] = value
-    return out
+    return {f"{name}.{key}": value for name, per_param in optim_state["state"].items()
+            for key, value in per_param.items() if isinstance(value, torch.Tensor)}
 
 
 def _step_count(optim) -> int | None:
-    """Optimizer steps taken (AdamW's ``step`` of its first parameter); None without optimizer."""
     if optim is None:
         return None
     steps = [s["step"] for s in optim.state.values() if "step" in s]
@@ -145,15 +122,11 @@ def _step_count(optim) -> int | None:
 
 
 def _digest(tensors: dict) -> str:
-    """SHA-256 of names and bytes (experiments' digest; 0-d tensors made 1-d first)."""
     return param_digest({k: t.reshape(-1) for k, t in tensors.items()})
 
 
-# ------------------------------------------------------------------ what is on disk
-
 def _read_metadata(path: str):
     from torch.distributed.checkpoint import FileSystemReader
-
     if os.path.isfile(path):
         raise ValueError(f"{path!r} is a file, not a DCP checkpoint directory (a save_full "
                          "export? read it with load_full)")
@@ -167,28 +140,16 @@ def _read_metadata(path: str):
 
 
 def checkpoint_keys(path) -> dict[str, tuple | None]:
-    """Every key of the DCP checkpoint at ``path`` -> its global shape (a tuple), or None
-    for a non-tensor value (e.g. ``optim.param_groups.0.lr``); sorted by key. Reads only
-    the ``.metadata`` index, no shard."""
+    """Every key -> its global shape (None for a non-tensor value), sorted; reads ``.metadata`` only."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     meta = _read_metadata(_check_path(path))
     return {k: (tuple(v.size) if isinstance(v, TensorStorageMetadata) else None)
             for k, v in sorted(meta.state_dict_metadata.items())}
 
 
-def _kind(key: str) -> str:
-    if key.startswith("model."):
-        return "model_chunks"
-    if key.startswith("optim.state."):
-        return "optimizer_chunks"
-    return "objects"
-
-
 def _chunk_data_bytes(meta, index) -> int:
-    """Raw bytes of the tensor data of one stored item (0 for a pickled object)."""
+    """Raw tensor bytes of one stored item (0 for a pickled object)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     entry = meta.state_dict_metadata[index.fqn]
     if not isinstance(entry, TensorStorageMetadata):
         return 0
@@ -201,28 +162,19 @@ def _chunk_data_bytes(meta, index) -> int:
 
 
 def describe_checkpoint(path) -> list[dict]:
-    """What a DCP checkpoint directory holds, one row per file, sorted by name.
-
-    Row keys: ``file``; ``bytes`` (its size on disk); ``model_chunks``,
-    ``optimizer_chunks`` and ``objects`` (tensor chunks of model parameters, of optimizer
-    states, and pickled non-tensor values, e.g. the optimizer's hyperparameters, stored in
-    that file; for ``.metadata``: indexed in the whole checkpoint); ``payload_bytes``
-    (bytes of those stored items) and ``data_bytes`` (the raw tensor data in them: DCP
-    ``torch.save``-s each chunk separately, about 1.5 kB of framing each, so a 4-byte
-    ``step`` takes 1,577 bytes); ``role``. No timestamps, so the same checkpoint
-    is described the same way on every run (``.metadata`` also records the directory's
-    path, so its size changes with the length of the path).
-    """
+    """One row per file of a DCP checkpoint directory, sorted by name: what it stores
+    (``.metadata``: indexes) and its bytes. DCP frames each chunk with ~1.5 kB, so a 4-byte
+    ``step`` takes 1,577 bytes; ``.metadata`` holds the path, so its size varies with it."""
     path = _check_path(path)
     meta = _read_metadata(path)
-    empty = {"model_chunks": 0, "optimizer_chunks": 0, "objects": 0, "payload_bytes": 0,
-             "data_bytes": 0}
+    empty = dict.fromkeys(("model_chunks", "optimizer_chunks", "objects", "payload_bytes", "data_bytes"), 0)
     per_file: dict[str, dict] = {}
     totals = dict(empty)
     for index, info in meta.storage_data.items():
-        row = per_file.setdefault(info.relative_path, dict(empty))
-        for counts in (row, totals):
-            counts[_kind(index.fqn)] += 1
+        kind = ("model_chunks" if index.fqn.startswith("model.") else
+                "optimizer_chunks" if index.fqn.startswith("optim.state.") else "objects")
+        for counts in (per_file.setdefault(info.relative_path, dict(empty)), totals):
+            counts[kind] += 1
             counts["payload_bytes"] += int(info.length)
             counts["data_bytes"] += _chunk_data_bytes(meta, index)
     rows = []
@@ -236,23 +188,23 @@ def describe_checkpoint(path) -> list[dict]:
                     f"where each of {len(meta.storage_data)} stored items lies")
         elif name in per_file:
             counts = per_file[name]
-            rank = name[2:].split("_")[0] if name.startswith("__") else "?"
-            role = f"the items rank {rank} wrote"
+            role = f"the items rank {name[2:].split('_')[0] if name.startswith('__') else '?'} wrote"
         else:
-            counts = dict(empty)
-            role = "not part of this checkpoint"
+            counts, role = dict(empty), "not part of this checkpoint"
         rows.append({"file": name, "bytes": os.path.getsize(full), **counts, "role": role})
     return rows
 
 
-# ------------------------------------------------------------------ sharded: DCP
-
-def _clear_checkpoint(path: str, overwrite: bool) -> None:
-    """Make ``path`` an empty-enough directory for a new checkpoint (rank 0 deletes, then
-    every rank waits): stale shard files of an earlier, larger world would look like part
-    of the new checkpoint."""
+def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) -> dict:
+    """Write the state to the directory ``path`` with DCP, each rank its own shards (a
+    collective); returns what this rank wrote."""
+    import torch.distributed.checkpoint as dcp
+    module, optim = _pair(model, optimizer)
+    path = _check_path(path)
+    _check_stepped(optim)
+    # rank 0 deletes an old checkpoint (a larger world's stale shards would look like part of this one)
     ours = [n for n in (os.listdir(path) if os.path.isdir(path) else [])
-            if n == METADATA_FILE or n.endswith(_SHARD_SUFFIX)]
+            if n == METADATA_FILE or n.endswith(".distcp")]
     if ours and not overwrite:
         raise ValueError(f"{path!r} already holds a checkpoint ({len(ours)} files); pass "
                          "overwrite=True to replace it, or choose a new directory")
@@ -262,22 +214,6 @@ def _clear_checkpoint(path: str, overwrite: bool) -> None:
             os.remove(os.path.join(path, name))
     if distributed():
         dist.barrier()
-
-
-def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) -> dict:
-    """Write ``model``'s (and ``optimizer``'s, unless None) state to the directory ``path``
-    with DCP: each rank writes only its own shards. A collective: call it on every rank.
-
-    Returns what this rank wrote: ``{"rank", "files" (sorted names), "bytes"}``; rank 0's
-    files include ``.metadata``. ``overwrite=False`` refuses a directory that already
-    holds a checkpoint.
-    """
-    import torch.distributed.checkpoint as dcp
-
-    module, optim = _pair(model, optimizer)
-    path = _check_path(path)
-    _check_stepped(optim)
-    _clear_checkpoint(path, overwrite)
     state = _state(module, optim)
     with _quiet_no_dist():
         dcp.save(state, checkpoint_id=path, no_dist=not distributed())
@@ -289,20 +225,17 @@ def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) 
 
 
 def _check_compatible(path: str, meta, state: dict, strict: bool) -> None:
-    """Compare what will be loaded with the checkpoint's index; a ValueError naming the first
-    key that does not fit. The same on every rank (global shapes), so no rank hangs."""
+    """A ValueError naming the first key that does not fit the index (global shapes: the
+    same on every rank, so no rank hangs)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     saved = meta.state_dict_metadata
     if "optim" in state and not any(k.startswith("optim.") for k in saved):
         raise ValueError(f"the checkpoint at {path!r} has no optimizer state (it was saved with "
                          "optimizer=None): pass optimizer=None to load only the model, or save "
                          "the optimizer too")
-    wanted = {}
-    for key, value in state["model"].items():
-        wanted[f"model.{key}"] = value
-    for key, value in optimizer_tensors(state.get("optim", {"state": {}})).items():
-        wanted[f"optim.state.{key}"] = value
+    wanted = {f"model.{k}": v for k, v in state["model"].items()}
+    wanted.update({f"optim.state.{k}": v
+                   for k, v in optimizer_tensors(state.get("optim", {"state": {}})).items()})
     for key, value in wanted.items():
         if key not in saved:
             raise ValueError(f"the checkpoint at {path!r} has no {key!r}: it was saved from a "
@@ -325,20 +258,10 @@ def _check_compatible(path: str, meta, state: dict, strict: bool) -> None:
 
 
 def load_sharded(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict:
-    """Load the DCP checkpoint at ``path`` into ``model`` (and ``optimizer``, unless None),
-    in place, at any world size: each rank reads the saved chunks that overlap its shards.
-
-    A collective when torch.distributed is initialised; without a process group it loads
-    into a plain (unwrapped) model in this one process (``no_dist``). Raises
-    FileNotFoundError for a missing checkpoint and ValueError naming the key for a
-    checkpoint that does not fit (no optimizer state, another shape, a missing key, or,
-    with ``strict``, keys this model lacks). Returns ``{"rank", "keys" (tensors loaded), "step"}``: the
-    optimizer's step count (None without optimizer), i.e. where to resume the data.
-    """
+    """Load the DCP checkpoint at ``path`` in place, at any world size (a collective, or one
+    plain process); a ValueError names a key that does not fit. ``step``: where to resume."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
     module, optim = _pair(model, optimizer)
     path = _check_path(path)
     meta = _read_metadata(path)
@@ -360,38 +283,26 @@ def load_sharded(model: nn.Module, optimizer, path, *, strict: bool = True) -> d
         if fresh:
             optim.state.clear()
         raise
-    if optim is None:
-        set_model_state_dict(module, state["model"])
-    else:
-        set_state_dict(module, optim, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+    _set(module, optim, state["model"], state.get("optim"))
     keys = len(state["model"]) + (len(optimizer_tensors(state["optim"])) if optim else 0)
     return {"rank": _rank(), "keys": keys, "step": _step_count(optim)}
 
 
-# ------------------------------------------------------------------ full: one file
-
 def full_state_dict(model: nn.Module, optimizer=None) -> dict:
-    """The consolidated state, unsharded, on CPU, on rank 0: ``{"model": {name: tensor},
-    "optimizer": {"state": {name: {...}}, "param_groups": [...]}}`` (no "optimizer" when
-    None); every other rank gets ``{}``. Names as in the unwrapped module. A collective
-    (the shards are all-gathered): call it on every rank."""
+    """``{"model": {name: tensor}, "optimizer": {...}}`` unsharded on CPU on rank 0 (no
+    "optimizer" when None), ``{}`` elsewhere; a collective."""
     module, optim = _pair(model, optimizer)
     _check_stepped(optim)
     state = _state(module, optim, full=True)
     if _rank() != 0:
         return {}
-    out = {"model": state["model"]}
-    if optim is not None:
-        out["optimizer"] = state["optim"]
-    return out
+    return {"model": state["model"], **({"optimizer": state["optim"]} if optim is not None else {})}
 
 
 def save_full(model: nn.Module, optimizer, path) -> dict:
-    """:func:`full_state_dict` written by rank 0 with ``torch.save`` to the file ``path``
-    (the export format: ``build_model().load_state_dict(torch.load(path)["model"])``).
-    A collective; every rank returns once the file exists: ``{"rank", "bytes"}`` written
-    by this rank (0 except on rank 0)."""
+    """:func:`full_state_dict` written by rank 0 to the file ``path`` (for
+    ``build_model().load_state_dict(torch.load(path)["model"])``); a collective.
+    Returns ``{"rank", "bytes"}`` this rank wrote."""
     path = _check_path(path)
     if os.path.isdir(path):
         raise ValueError(f"{path!r} is a directory; save_full writes one file (e.g. 'model.pt')")
@@ -407,12 +318,10 @@ def save_full(model: nn.Module, optimizer, path) -> dict:
 
 
 def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict:
-    """Load a :func:`save_full` file into ``model`` (and ``optimizer``, unless None), plain
-    or sharded: every rank reads the file and keeps its own shards
-    (``set_state_dict(..., StateDictOptions(full_state_dict=True))``). At scale,
-    ``broadcast_from_rank0=True`` lets rank 0 alone read it. Returns ``{"rank", "step"}``."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
-
+    """Load a :func:`save_full` file into a plain or sharded model (and optimizer): every
+    rank reads it and keeps its shards (at scale, ``broadcast_from_rank0=True`` lets rank 0
+    alone read it). Returns ``{"rank", "step"}``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
     module, optim = _pair(model, optimizer)
     path = _check_path(path)
     if not os.path.isfile(path):
@@ -423,73 +332,18 @@ def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict
     if optim is not None and "optimizer" not in state:
         raise ValueError(f"{path!r} has no optimizer state (saved with optimizer=None): pass "
                          "optimizer=None to load only the model")
-    here = _state(module, None)["model"]
-    for key, value in here.items():
+    for key, value in _state(module, None)["model"].items():
         saved = state["model"].get(key)
         if saved is not None and tuple(saved.shape) != tuple(value.shape):
             raise ValueError(f"shape mismatch for {key!r}: {path!r} holds {tuple(saved.shape)}, "
                              f"the model here has {tuple(value.shape)}")
-    options = StateDictOptions(full_state_dict=True, strict=strict)
     try:
-        if optim is None:
-            set_model_state_dict(module, state["model"], options=options)
-        else:
-            set_state_dict(module, optim, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"], options=options)
+        _set(module, optim, state["model"], state.get("optimizer"),
+             StateDictOptions(full_state_dict=True, strict=strict))
     except (RuntimeError, KeyError) as exc:
         raise ValueError(f"{path!r} does not fit this model/optimizer: {exc}") from exc
     return {"rank": _rank(), "step": _step_count(optim)}
 
-
-# ------------------------------------------------- a big model: built on meta, loaded by rank 0
-
-def _meta_load_session(path: str) -> dict:
-    """Rank side of :func:`meta_init_and_load`."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    from ..impl.fsdp import make_mesh, shard_per_unit
-    from ..runtime.launch import rank_device
-    from ..runtime.ledger import CommLedger
-    from .model import build_model
-
-    rank, device = _rank(), rank_device()
-    model = build_model(device="meta")            # shapes only: no memory, no initialisation
-    shard_per_unit(model, mesh=make_mesh(device.type))
-    on_meta = all(p.is_meta for p in model.parameters())
-    model.to_empty(device=device)                 # this rank's shards get (uninitialised) memory
-    full = torch.load(path, map_location="cpu", weights_only=True)["model"] if rank == 0 else {}
-    with CommLedger() as ledger:                  # rank 0 sends every shard its owner needs
-        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
-                                                                   broadcast_from_rank0=True))
-    got = full_parameters(model)
-    with ledger.pause():
-        saved = torch.load(path, map_location="cpu", weights_only=True)["model"]  # for the check only
-    return {"rank": rank, "built_on_meta": on_meta,
-            "full_elements_read": sum(t.numel() for t in full.values()),
-            "local_elements": sum(p.to_local().numel() for p in model.parameters()),
-            "equal": all(torch.equal(got[k], saved[k].to(got[k].dtype)) for k in got),
-            "calls": {k: v for k, v in ledger.counts().items() if v}}
-
-
-def meta_init_and_load(path, world_size: int = 4, *, timeout_s: float = 120.0) -> list[dict]:
-    """How FSDP2 loads a model too big for one GPU, on ``world_size`` ranks: each rank
-    builds the course GPT on the ``meta`` device (shapes only), applies ``fully_shard``,
-    ``to_empty`` gives its shards memory, and only rank 0 reads the :func:`save_full`
-    file at ``path``; ``set_model_state_dict(..., StateDictOptions(full_state_dict=True,
-    broadcast_from_rank0=True))`` sends every rank its shards. Per rank: whether the model
-    was built on meta, the elements of the full state dict it read (rank 0: all; the others:
-    none), the elements it holds (its shards), whether its gathered parameters equal the
-    file's bit for bit, and the collectives it called."""
-    _check_world("world_size", world_size)
-    path = _check_path(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no file at {path!r} (write one with save_full(model, optimizer, path))")
-    from ..runtime.launch import launch
-
-    return list(launch(_meta_load_session, world_size, path, quiet=True, timeout_s=timeout_s))
-
-
-# ------------------------------------------------------------------ demo drivers
 
 #: Strategies whose model and optimizer DCP can name (see :func:`_pair`).
 CHECKPOINTABLE = ("torch-fsdp", "torch-fsdp-zero2", "single", "ddp", "torch-ddp")
@@ -497,12 +351,10 @@ CHECKPOINTABLE = ("torch-fsdp", "torch-fsdp-zero2", "single", "ddp", "torch-ddp"
 
 def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
              save_to: str | None, gather: bool) -> dict:
-    """One rank's life between two launches: build and wrap the course GPT, optionally load
-    a checkpoint (then resume the data at the optimizer's step), train up to step ``stop``
-    (None: no training), optionally save; rank 0 returns the full state when ``gather``."""
+    """One rank's life: build, wrap, optionally load (the data resumes at the loaded step),
+    train up to step ``stop``, optionally save; rank 0 returns the full state when ``gather``."""
     from ..runtime.launch import rank_device
     from .model import SyntheticData, build_model
-
     device = rank_device() if distributed() else torch.device("cpu")
     # a model that loads starts from other weights, so a load that did nothing shows
     model = build_model(seed=seed + 1 if load_from else seed, device=device)
@@ -525,68 +377,54 @@ def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
 
 
 def _same(a: dict, b: dict) -> bool:
-    """Same names, and every tensor equal bit for bit (``torch.equal``; dtype too)."""
     return list(a) == list(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])
                                       for k in a)
 
 
 def _preload() -> None:
-    """What every rank needs (DCP, FSDP2, DTensor), imported once here for the forked
-    ranks to inherit (:func:`~course_utils.harness.model.warm_up`)."""
+    """Import DCP, FSDP2 and DTensor once, here, for the forked ranks to inherit."""
     from .model import warm_up
-
     warm_up(imports=("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
                      "torch.distributed.fsdp", "torch.distributed.tensor"))
 
 
 def _run_session(world_size: int, strategy: str, *args, timeout_s: float) -> tuple[dict, str]:
-    """``_session`` on ``world_size`` launched ranks (rank 0's result, where it ran), or in
-    this process with no process group for ``strategy="single"``."""
+    """(rank 0's ``_session`` result, where it ran); ``"single"``: in this process."""
     _preload()
     if strategy == "single":
         return _session(strategy, *args), "1 process, no process group"
     from ..runtime.launch import launch, where
-
     results = launch(_session, world_size, strategy, *args, quiet=True, timeout_s=timeout_s)
     return results[0], where(results)
 
 
-def _check_strategy(strategy) -> None:
+def _check_run(path, strategy, seed, timeout_s) -> str:
+    path = _check_path(path)
     if strategy not in CHECKPOINTABLE:
         raise ValueError(f"strategy must be one of {CHECKPOINTABLE}, got {strategy!r}")
+    check_int("seed", seed, 0)
+    check_timeout(timeout_s)
+    return path
 
 
 def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int = 2, *,
                       strategy: str = "torch-fsdp", seed: int = 0,
                       timeout_s: float = 120.0) -> dict:
-    """Save on ``save_world`` ranks, load on each of ``load_worlds``, compare bit for bit.
-
-    Trains the course GPT ``steps`` steps with ``strategy`` (``experiments.run``'s data and
-    AdamW), saves a DCP checkpoint into the directory ``path`` and gathers the full state on
-    rank 0. Then a fresh model (other initial weights) and AdamW load it on each world size
-    of ``load_worlds`` (``1``: a plain model in this process, no process group) and their
-    full state is compared with what was saved.
-
-    Returns ``{"steps", "strategy", "rows", "files", "all_equal"}``: one row per world size
-    (``world_size``, ``role``, ``where``, ``params_equal``, ``optimizer_equal``,
-    ``full_is_full_parameters``, ``param_digest``, ``optimizer_digest``) and
-    :func:`describe_checkpoint` of ``path``.
-    """
-    path = _check_path(path)
-    _check_strategy(strategy)
+    """Train ``steps`` steps on ``save_world`` ranks, save into ``path``, load into a fresh
+    model and AdamW on each of ``load_worlds`` (``1``: a plain model in this process) and
+    compare the full states bit for bit: ``{"steps", "strategy", "rows" (one per world
+    size), "files" (:func:`describe_checkpoint`), "all_equal"}``."""
+    path = _check_run(path, strategy, seed, timeout_s)
     if strategy == "single":
         raise ValueError("reshard_roundtrip saves from several ranks: use 'torch-fsdp' or "
                          "'torch-fsdp-zero2'")
     _check_world("save_world", save_world)
     check_int("steps", steps, 1)
-    check_int("seed", seed, 0)
-    check_timeout(timeout_s)
     if isinstance(load_worlds, Integral) or not all(not isinstance(n, bool) for n in load_worlds):
         raise TypeError(f"load_worlds must be a sequence of world sizes such as (2, 1), got {load_worlds!r}")
     load_worlds = tuple(load_worlds)
     for n in load_worlds:
         _check_world("every world size in load_worlds", n)
-
     saved, where = _run_session(save_world, strategy, seed, steps, None, path, True,
                                 timeout_s=timeout_s)
 
@@ -611,44 +449,33 @@ def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int 
 def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, *,
                    other_world_size: int | None = 1, strategy: str = "torch-fsdp",
                    seed: int = 0, timeout_s: float = 120.0) -> dict:
-    """Does stopping, saving and resuming change training? Bit for bit, no.
-
-    Compares ``experiments.run(strategy, world_size, steps=steps)`` with new ranks that
-    train ``stop_at`` steps, save into ``path`` and exit, then newer ranks that load into a
-    fresh model (other initial weights), continue the data at the loaded step and train to
-    ``steps``; and again on ``other_world_size`` ranks (None: skipped), where the checkpoint
-    reshards but the global batch is summed in another order (``max_abs_diff``).
-
-    Returns ``{"strategy", "world_size", "steps", "stop_at", "where", "uninterrupted",
-    "resumed", "bit_exact", "params_equal", "other"}`` (``other``: ``{"world_size", "where",
-    "losses", "max_abs_diff", "bit_exact"}`` or None).
-    """
-    path = _check_path(path)
-    _check_strategy(strategy)
+    """Does stopping, saving and resuming change training? Bit for bit, no: compares
+    ``experiments.run`` with ranks that train ``stop_at`` steps and save into ``path``, then
+    new ranks that load into a fresh model and train on to ``steps``; again on
+    ``other_world_size`` ranks (None: skipped), where the batch sums in another order."""
+    path = _check_run(path, strategy, seed, timeout_s)
     _check_world("world_size", world_size)
     check_int("steps", steps, 2)
     check_int("stop_at", stop_at, 1)
     if stop_at >= steps:
         raise ValueError(f"stop_at must be < steps ({steps}) so that there is something to "
                          f"resume, got {stop_at}")
-    check_int("seed", seed, 0)
-    check_timeout(timeout_s)
     if other_world_size is not None:
         _check_world("other_world_size", other_world_size)
     if strategy == "single" and (world_size != 1 or other_world_size not in (None, 1)):
         raise ValueError("'single' is one process: use world_size=1 and other_world_size=None")
-
     _preload()                      # before run(), so that its ranks inherit the imports too
     base = experiments.run(strategy, world_size, steps=steps, seed=seed, quiet=True,
                            timeout_s=timeout_s)[0]
+    uninterrupted = list(base.losses)
     first, where = _run_session(world_size, strategy, seed, stop_at, None, path, False,
                                 timeout_s=timeout_s)
     second, _ = _run_session(world_size, strategy, seed, steps, path, None, False,
                              timeout_s=timeout_s)
     resumed = first["losses"] + second["losses"]
     report = {"strategy": strategy, "world_size": world_size, "steps": steps,
-              "stop_at": stop_at, "where": where, "uninterrupted": list(base.losses),
-              "resumed": resumed, "bit_exact": resumed == list(base.losses),
+              "stop_at": stop_at, "where": where, "uninterrupted": uninterrupted,
+              "resumed": resumed, "bit_exact": resumed == uninterrupted,
               "params_equal": second["param_digest"] == base.param_digest, "other": None}
     if other_world_size is not None:
         other, other_where = _run_session(other_world_size, strategy, seed, steps, path, None,
@@ -657,5 +484,5 @@ def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, 
         report["other"] = {
             "world_size": other_world_size, "where": other_where, "losses": losses,
             "max_abs_diff": experiments.max_abs_diff(losses, base.losses),
-            "bit_exact": losses == list(base.losses)}
+            "bit_exact": losses == uninterrupted}
     return report

@@ -1,13 +1,5 @@
-"""Train a model with any strategy and measure it: ``wrap``, the training loop ``train``, ``run``.
-
-Every strategy of :mod:`course_utils.harness.strategies` keeps the same loop
-(:func:`train`): ``loss = model(x, y); loss.backward(); optimizer.step();
-optimizer.zero_grad()``, communication inside hooks and ``step()``. :func:`run` trains the
-course GPT with one strategy and reports per rank the global batch's losses, what each
-collective sent, the model-state bytes held (:func:`state_bytes`) and the step times. The
-global batch (:data:`GLOBAL_BATCH` rows) does not depend on the number of ranks, so every
-strategy must reproduce the losses of ``"single"``.
-"""
+"""Train a model with any strategy and measure it: ``wrap``, the loop ``train``, ``run``. The
+global batch does not depend on the number of ranks: every strategy gives ``"single"``'s losses."""
 from __future__ import annotations
 
 import contextlib
@@ -33,11 +25,9 @@ from .model import rows_per_rank
 from .strategies import STRATEGIES
 from .strategies import get as _get_strategy
 
-__all__ = ["train", "rows_per_rank", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS",
-           "WEIGHT_DECAY", "wrap",
-           "full_parameters", "run", "RunResult", "make_adamw", "unwrap", "max_abs_diff",
-           "max_rel_diff", "state_bytes", "param_digest", "reference_grads", "full_grads",
-           "clip_grad_norm_"]
+__all__ = ["train", "rows_per_rank", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY",
+           "wrap", "full_parameters", "run", "RunResult", "make_adamw", "unwrap", "max_abs_diff", "max_rel_diff",
+           "state_bytes", "param_digest", "reference_grads", "full_grads", "clip_grad_norm_"]
 
 #: Rows in the global batch of :func:`run`: divisible by 1, 2, 3, 4, 6 and 12 ranks.
 GLOBAL_BATCH = 12
@@ -50,10 +40,7 @@ def make_adamw(params) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
 
 
-# ================================================================================ wrap
-
 def _check_options(spec, options: dict) -> None:
-    """A ``TypeError`` listing the strategy's options for any option it does not take."""
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
         raise TypeError(f"strategy {spec.name!r} has no option {', '.join(unknown)}; its options: "
@@ -62,18 +49,8 @@ def _check_options(spec, options: dict) -> None:
 
 
 def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):
-    """``(model, optimizer)`` for ``strategy``; train with the usual loop.
-
-    Args:
-        strategy: a name in :data:`~course_utils.harness.strategies.STRATEGIES`
-            (``"single"``, ``"ddp"``, ``"zero3"``, ``"torch-fsdp"``...).
-        model: any ``nn.Module``; the distributed strategies start every rank from rank
-            0's parameters and buffers. Frozen parameters are left alone, tied weights work.
-        make_optimizer: ``params -> optimizer``, called with the trainable parameters this
-            rank updates, e.g. :func:`make_adamw` or ``lambda ps: torch.optim.SGD(ps, lr=0.1)``.
-        options: passed to the strategy's wrap function (its keyword arguments, e.g.
-            ``bucket_bytes``, ``overlap``, ``group`` for "ddp"; ``Strategy.options`` lists them).
-    """
+    """``(model, optimizer)`` for ``strategy``: every rank starts from rank 0's state;
+    ``make_optimizer(params)`` gets the parameters this rank updates; ``options``: ``Strategy.options``."""
     spec = _get_strategy(strategy)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -81,7 +58,6 @@ def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):
         raise TypeError("make_optimizer must be a function params -> optimizer, e.g. "
                         "course_utils.harness.experiments.make_adamw")
     from torch.nn.parallel import DistributedDataParallel
-
     if isinstance(model, (DataParallel, DistributedDataParallel)):
         raise ValueError(f"model is already wrapped ({type(model).__name__}); pass the plain module")
     if not trainable(model):
@@ -98,12 +74,8 @@ def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):
 
 
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``{name: full tensor}`` (detached CPU clones) with the names of the unwrapped module
-    (``model.named_parameters()``: a tied Parameter under its first name), on every rank.
-
-    Sharded parameters (DTensors, as FSDP2 makes them) are gathered, which is a
-    collective: call it on every rank.
-    """
+    """``{name: full tensor}`` (detached CPU clones, names of the unwrapped module) on
+    every rank; sharded parameters are gathered (a collective)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if callable(getattr(model, "full_parameters", None)):   # e.g. zero3.Zero3 gathers its shards
@@ -119,17 +91,8 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` for a model of any strategy: clips the gradients
-    to a *global* norm of ``max_norm`` in place and returns that norm before clipping (a
-    0-dim float tensor, the same on every rank). Call it between ``backward()`` and
-    ``optimizer.step()``, as torch's.
-
-    Where each rank holds full averaged gradients ("single", "ddp", "torch-ddp",
-    "torch-zero1") it is torch's own; FSDP2's DTensor gradients are handled by torch's too
-    (the norm gathered to a plain tensor). Where the averaged gradients are shards torch
-    cannot see ("zero1", "zero2": the optimizer's shard buffers; "zero3": the units'
-    shards), their owner reduces the norm over the ranks (a collective on every rank).
-    """
+    """``torch.nn.utils.clip_grad_norm_`` for any strategy: the *global* norm before clipping,
+    the same on every rank (shards torch cannot see are clipped by their owner: a collective)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module (the wrapped model), got {type(model).__name__}")
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
@@ -146,20 +109,10 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
-# ================================================================================= run
-
 @dataclasses.dataclass
 class RunResult:
-    """One rank's result of :func:`run`; fields also readable as keys (``r["losses"]``).
-
-    losses: the global batch's loss per step (the same on every rank); comm_bytes / comm_calls:
-    op -> bytes this rank sent *in the ring model* (CommLedger) / calls; wire_bytes: bytes its
-    TCP sockets really sent (:mod:`course_utils.runtime.wire`; 0 for ``"single"``, None where
-    the OS has no per-socket counter and under NCCL); the loss averaging is in neither.
-    state_bytes: :func:`state_bytes` after the last ``optimizer.step()``; step_time_s: median
-    of ``step_times_s`` (forward + backward + step); param_digest: of the final parameters.
-    """
-
+    """One rank's result of :func:`run`, also readable as a dict. comm_bytes: sent *in the ring
+    model* (CommLedger); wire_bytes: sent by its TCP sockets (None where unmeasurable)."""
     strategy: str
     rank: int
     world_size: int
@@ -189,17 +142,8 @@ class RunResult:
 
 
 def state_bytes(model: nn.Module, optimizer, *, detail: bool = False) -> dict:
-    """Bytes of model states this rank holds now, each storage once, for every strategy and
-    precision recipe (call it after ``optimizer.step()``, before ``zero_grad()``).
-
-    ``"params"``: the (unwrapped) model's parameters, DTensors' local shards;
-    ``"grads"``: their ``.grad`` and ``main_grad``, and the gradients of what the optimizer
-    updates (a sharded optimizer's shards, ``shard_grad`` of its ``buckets``);
-    ``"optimizer"``: what the optimizer updates that is no model parameter (fp32 masters,
-    master shards) and its state tensors (through ``.inner``, and ``.optim`` of torch's
-    ZeroRedundancyOptimizer: this rank's part).
-    ``detail=True`` adds ``"optimizer_detail"``: those bytes by state name (``"master"``,
-    ``"exp_avg"``...). torch DDP's bucket buffers live in C++ and are not counted."""
+    """Bytes of ``"params"``, ``"grads"``, ``"optimizer"`` this rank holds now (after ``step()``,
+    before ``zero_grad()``), each storage once; not torch DDP's C++ bucket buffers."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     inner = getattr(optimizer, "inner", optimizer)
@@ -229,7 +173,6 @@ def state_bytes(model: nn.Module, optimizer, *, detail: bool = False) -> dict:
 
 
 def local_tensor(t):
-    """This rank's part of ``t`` (``DTensor.to_local()``); ``t`` itself otherwise."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 
@@ -243,9 +186,7 @@ def param_digest(params: dict) -> str:
 
 
 def global_loss(loss: torch.Tensor) -> float:
-    """The loss of the global batch from this rank's loss on its rows: the ranks' losses
-    summed in float64 and divided by the world size (every rank holds the same number of
-    rows). Collective when ``torch.distributed`` is initialised; one process: the loss."""
+    """The global batch's loss: the ranks' losses summed in float64 / world size (a collective)."""
     total = loss.detach().double()
     if distributed() and dist.get_world_size() > 1:
         dist.all_reduce(total)
@@ -254,13 +195,9 @@ def global_loss(loss: torch.Tensor) -> float:
 
 
 def reference_grads(max_norm: float | None = None):
-    """One process, whole global batch of step 0: (loss, total grad norm, {name: grad}) of
-    the course GPT, the reference the notebook-07 graders compare with (``max_norm``: the
-    norm is clipped as ``clip_grad_norm_`` would)."""
-    import torch
-
+    """(loss, grad norm, {name: grad}) of step 0's whole global batch in one process: the
+    notebook-07 graders' reference (``max_norm``: clipped as ``clip_grad_norm_`` would)."""
     from .model import SyntheticData, build_model
-
     model = build_model(seed=0)
     x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, 0, 1)
     loss = model(x, y)
@@ -277,34 +214,21 @@ def full_grads(model) -> dict:
 
 def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
           world: int | None = None, device=None, meters=()):
-    """The course's training loop, a generator: one ``(step, loss, seconds)`` per step::
-
-        for step, loss, seconds in train(model, optimizer, data, 5):
-            ...     # runs after optimizer.step(), before optimizer.zero_grad()
-
-    ``steps``: a number of steps or the step numbers (``range(2, 4)`` resumes at step 2).
-    Each step: this rank's rows of the step's global batch (``data.shard(step, rank, world)``,
-    by default this process's rank and world size), forward, backward, ``optimizer.step()``;
-    then the step is yielded, so the for-body measures the state after the step; then
-    ``optimizer.zero_grad()``. ``loss``: the loss of the global batch (:func:`global_loss`,
-    an all-reduce run with every meter in ``meters``, a CommLedger or WireMeter, paused);
-    ``seconds``: forward, backward and step (on a GPU, the device synchronised around them).
-    A probe of forward and backward (a FLOP counter, saved-tensor hooks) wraps the loop.
-    """
+    """The course's training loop, a generator of ``(step, loss, seconds)`` yielded between
+    ``optimizer.step()`` and ``zero_grad()``; ``steps``: a count or the step numbers
+    (``range(2, 4)`` resumes); ``loss``: :func:`global_loss`, with the ``meters`` paused."""
     if rank is None or world is None:
         rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for step in range(steps) if isinstance(steps, int) else steps:
         x, y = (t.to(device) for t in data.shard(step, rank, world))
-        if cuda:
-            torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         loss = model(x, y)
         loss.backward()
         optimizer.step()
-        if cuda:
-            torch.cuda.synchronize()
+        sync()
         seconds = time.perf_counter() - t0
         with contextlib.ExitStack() as paused:
             for meter in meters:
@@ -316,10 +240,8 @@ def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
 
 def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, global_batch: int,
            options: dict) -> RunResult:
-    """One rank's training run (the body of :func:`run`)."""
     from ..runtime.launch import rank_device
     from .model import SyntheticData, build_model
-
     spec = STRATEGIES[strategy]
     device = rank_device() if spec.distributed else torch.device("cpu")
     model, optimizer = wrap(strategy, build_model(config, seed=seed, device=device), make_adamw,
@@ -336,10 +258,8 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
                 optimizer.reset_peak()
             if step == steps - 1:
                 state = state_bytes(model, optimizer)
-    if not spec.distributed:                # one process sends nothing (its sockets are the kernel's)
-        wire_bytes = 0 if wire.available else None
-    else:                                   # NCCL's NVLink/InfiniBand traffic has no TCP socket
-        wire_bytes = group_wire_bytes(wire)
+    # one process sends nothing; NCCL's NVLink/InfiniBand traffic has no TCP socket
+    wire_bytes = group_wire_bytes(wire) if spec.distributed else (0 if wire.available else None)
     extra = dict(spec.extras(model, optimizer)) if spec.extras else {}
     if peaks:
         extra["peak_grad_bytes"] = max(peaks)
@@ -356,18 +276,8 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
         backend: str = "auto", quiet: bool = False, timeout_s: float = 120.0,
         **options) -> list[RunResult]:
     """Train the course GPT with ``strategy`` on ``world_size`` ranks; one :class:`RunResult` per rank.
-
-    Same model (``build_model(config, seed=seed)``), data (``SyntheticData`` with
-    ``global_batch`` rows, split evenly over the ranks) and AdamW (:func:`make_adamw`, fp32)
-    for every strategy, so the losses are comparable with ``run("single", 1)``.
-    ``options`` go to the strategy's wrap function (:func:`wrap`), e.g.
-    ``run("ddp", 2, bucket_bytes=0)`` or ``run("zero1", 2, variant="allreduce")``.
-    ``"single"`` runs here, in this process, and needs ``world_size=1``; the others run
-    on ``world_size`` ranks through :func:`course_utils.runtime.launch.launch`, which prints
-    one line saying where (``quiet=True``: not even that). Communication is measured
-    over the ``steps`` training steps only: the start-up broadcast of rank 0's weights
-    and the all-reduce that averages the logged loss are not counted.
-    """
+    ``options`` go to :func:`wrap`; communication is measured over the training steps only
+    (not the start-up broadcast, not the loss averaging)."""
     spec = _get_strategy(strategy)
     check_int("world_size", world_size, 1)
     check_int("steps", steps, 1)
@@ -385,7 +295,6 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
         return [_train(strategy, steps, seed, config, global_batch, options)]
     from ..runtime.launch import launch
     from .model import warm_up
-
     warm_up(config)
     return launch(_train, world_size, strategy, steps, seed, config, global_batch, options,
                   backend=backend, quiet=quiet, timeout_s=timeout_s)

@@ -1,17 +1,6 @@
-"""The course model: a small GPT built from any :class:`~course_utils.theory.config.TransformerConfig`.
-
-The course model, introduced in ``notebooks/03_memory_anatomy.ipynb`` and used by
-every later notebook. One :class:`GPT` class covers both GPT-2-style configs (learned
-positions, LayerNorm with biases, GELU MLP, tied embeddings) and Llama-style ones
-(RoPE, RMSNorm, SwiGLU, no biases, untied output layer, grouped-query attention), and
-its parameter count is exactly ``config.num_params()``.
-
-* :func:`build_model` gives the same weights, bit for bit, for the same seed in every
-  call and every process (it never touches the global random state), so every rank of
-  a data-parallel job starts from the same model. ``device="meta"`` builds shapes only:
-  count the parameters of a 70B config without allocating them.
-* :class:`SyntheticData` is a deterministic, learnable token stream: any world size
-  sees the same global batch, split into contiguous per-rank shards.
+"""The course model (from ``notebooks/03_memory_anatomy.ipynb`` on): a GPT-2-style or
+Llama-style GPT for any :class:`~course_utils.theory.config.TransformerConfig`, with exactly
+``config.num_params()`` parameters and the same weights, bit for bit, in every process.
 
 Module names (what FSDP wrapping and the memory tables refer to)::
 
@@ -29,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_int
+from ..checks import check_int, check_number
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 
 __all__ = ["GPT", "Block", "Attention", "MLP", "build_model", "init_weights", "num_params", "warm_up",
@@ -44,17 +33,10 @@ def _check_config(config) -> None:
                         f"(e.g. COURSE_CONFIG), got {type(config).__name__}")
 
 
-# -- building blocks ------------------------------------------------------------------
-
 def _norm(config: TransformerConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.hidden, eps=1e-5)                  # weight only
     return nn.LayerNorm(config.hidden, bias=config.bias)           # weight (+ bias)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
 
 
 def apply_rope(x: torch.Tensor) -> torch.Tensor:
@@ -64,15 +46,12 @@ def apply_rope(x: torch.Tensor) -> torch.Tensor:
     angles = torch.outer(torch.arange(T, device=x.device).float(), inv_freq)  # [T, head_dim/2]
     angles = torch.cat((angles, angles), dim=-1)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    return x * cos + _rotate_half(x) * sin
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
 
 
 class Attention(nn.Module):
-    """Causal self-attention with separate q, k, v, o projections.
-
-    k and v have ``kv_heads * head_dim`` outputs; with fewer kv heads than heads
-    (grouped-query attention) each kv head is shared by ``heads // kv_heads`` query heads.
-    """
+    """Causal self-attention, separate q, k, v, o projections; ``kv_heads`` < ``heads``: GQA."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -121,10 +100,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
-
-    The unit FSDP wraps (one all-gather per block in notebooks 06-07).
-    """
+    """A pre-norm block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``; FSDP's unit."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -139,11 +115,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """A decoder-only transformer for ``config``; see the module docstring for its names.
-
-    ``GPT(config)`` initialises with PyTorch's defaults (global random state); use
-    :func:`build_model` for the course's deterministic weights.
-    """
+    """A decoder-only transformer; PyTorch's default init (use :func:`build_model`)."""
 
     def __init__(self, config: TransformerConfig = COURSE_CONFIG):
         super().__init__()
@@ -168,8 +140,7 @@ class GPT(nn.Module):
         raise TypeError(f"{name} must be a LongTensor of shape [batch, seq], got {got}")
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab]; or, given ``targets`` [B, T], the mean cross-entropy
-        loss (an fp32 scalar even when the model is bf16)."""
+        """Logits [B, T, vocab]; given ``targets`` [B, T], the mean cross-entropy (fp32)."""
         self._check_tokens("idx", idx)
         B, T = idx.shape
         if T > self.config.seq:
@@ -181,10 +152,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         x = self.norm_f(x)
-        if self.config.tied_embeddings:
-            logits = F.linear(x, self.tok_emb.weight)     # the same Parameter, used twice
-        else:
-            logits = self.lm_head(x)
+        # tied: the same Parameter, used twice
+        logits = F.linear(x, self.tok_emb.weight) if self.config.tied_embeddings else self.lm_head(x)
         if targets is None:
             return logits
         self._check_tokens("targets", targets)
@@ -194,24 +163,17 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().reshape(B * T, -1), targets.reshape(B * T))
 
 
-# -- construction ----------------------------------------------------------------------
-
 @torch.no_grad()
 def init_weights(model: nn.Module, *, seed: int = 0) -> nn.Module:
-    """Deterministic init, in place: linear and embedding weights ~ N(0, 0.02), biases 0,
-    norm weights 1. Values are drawn on the CPU from a local generator, in module order,
-    so they are bit-identical on every call and every process, whatever the device."""
+    """In place: weights ~ N(0, 0.02), biases 0, norm weights 1, drawn on the CPU from a
+    local generator in module order: bit-identical in every process, on any device."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     check_int("seed", seed, minimum=0)
     gen = torch.Generator().manual_seed(seed)
-
-    def normal(p: torch.Tensor) -> None:
-        p.copy_(torch.empty(p.shape).normal_(0.0, INIT_STD, generator=gen))
-
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            normal(module.weight)
+            module.weight.copy_(torch.empty(module.weight.shape).normal_(0.0, INIT_STD, generator=gen))
         if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and module.weight is not None:
             module.weight.fill_(1.0)
         if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
@@ -221,11 +183,7 @@ def init_weights(model: nn.Module, *, seed: int = 0) -> nn.Module:
 
 def build_model(config: TransformerConfig = COURSE_CONFIG, *, seed: int = 0,
                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> GPT:
-    """The course's GPT for ``config``, with deterministic weights from ``seed``.
-
-    ``device="meta"`` gives shapes only (no memory, no init): enough to count the
-    parameters of any preset.
-    """
+    """The course's GPT with deterministic weights; ``device="meta"``: shapes only."""
     _check_config(config)
     check_int("seed", seed, minimum=0)
     if not isinstance(device, (str, torch.device)):
@@ -235,12 +193,8 @@ def build_model(config: TransformerConfig = COURSE_CONFIG, *, seed: int = 0,
         raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32 or "
                         f"torch.bfloat16, got {dtype!r}")
     with torch.device("meta"):          # no allocation, no default init, no global RNG
-        model = GPT(config)
-    model = model.to(dtype=dtype)
-    if device.type == "meta":
-        return model
-    model = model.to_empty(device=device)
-    return init_weights(model, seed=seed)
+        model = GPT(config).to(dtype=dtype)
+    return model if device.type == "meta" else init_weights(model.to_empty(device=device), seed=seed)
 
 
 def num_params(model: nn.Module) -> int:
@@ -251,30 +205,21 @@ def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in unique.values())
 
 
-# -- data -------------------------------------------------------------------------------
-
 class SyntheticData:
-    """A learnable token stream: each next token is ``rule[token]`` (a fixed random
-    permutation of the vocabulary, chosen by ``seed``), except that a fraction ``noise``
-    of tokens are uniformly random. A model can learn the rule in a few dozen steps, so
-    the loss visibly falls from ln(vocab).
-
-    ``batch(step)`` is the global batch [global_batch, seq], the same in every process;
-    ``shard(step, rank, world_size)`` is rank's contiguous slice of it.
-    """
+    """Tokens that follow ``rule[token]`` (a fixed permutation) except a fraction ``noise``:
+    the loss falls from ln(vocab) within a few dozen steps; the same batches in every process."""
 
     def __init__(self, config: TransformerConfig = COURSE_CONFIG, *, global_batch: int = 8,
                  seed: int = 0, noise: float = 0.1):
         _check_config(config)
         check_int("global_batch", global_batch, minimum=1)
         check_int("seed", seed, minimum=0)
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise <= 1:
-            raise ValueError(f"noise must be a number between 0 and 1, got {noise!r}")
+        check_number("noise", noise, minimum=0, maximum=1)
         self.config, self.global_batch, self.seed, self.noise = config, global_batch, seed, float(noise)
         self.rule = torch.randperm(config.vocab, generator=torch.Generator().manual_seed(seed))
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets), LongTensors [global_batch, seq]; targets are inputs shifted by one."""
+        """(inputs, targets) [global_batch, seq]; targets are inputs shifted by one."""
         check_int("step", step, minimum=0)
         gen = torch.Generator().manual_seed((self.seed * 2**32 + step) % 2**64)  # one stream per (seed, step)
         B, V = self.global_batch, self.config.vocab
@@ -287,8 +232,6 @@ class SyntheticData:
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     def shard(self, step: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rank's rows of ``batch(step)``: rows ``rank*b : (rank+1)*b`` with
-        ``b = global_batch // world_size``."""
         check_int("world_size", world_size, minimum=1)
         check_int("rank", rank, minimum=0)
         if rank >= world_size:
@@ -303,8 +246,7 @@ class SyntheticData:
 
 
 def rows_per_rank(global_batch: int, world_size: int) -> int:
-    """``global_batch // world_size``, the rows each rank trains on; a ValueError naming the
-    world sizes that fit when the global batch does not split evenly (the one such check)."""
+    """``global_batch // world_size``; a ValueError naming the world sizes that fit."""
     check_int("world_size", world_size, minimum=1)
     if global_batch % world_size:
         fits = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
@@ -314,12 +256,9 @@ def rows_per_rank(global_batch: int, world_size: int) -> int:
 
 
 def warm_up(config: TransformerConfig = COURSE_CONFIG, *, imports=()) -> None:
-    """Do once, in the process that launches ranks, what every forked rank would do
-    again: import ``imports`` (module names, e.g. ``"torch.distributed.fsdp"``) and build
-    a model on the meta device (its first build imports torch's reference ops, 1-2 s).
-    Forked ranks inherit all of it; on 2 CPU cores this saves seconds per launch."""
+    """Import ``imports`` and build a meta model (1-2 s of torch imports) once, in the
+    launching process, so forked ranks inherit it instead of each doing it."""
     import importlib
-
     for name in imports:
         importlib.import_module(name)
     build_model(config, device="meta")

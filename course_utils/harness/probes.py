@@ -1,13 +1,5 @@
-"""The ``"zero1"``, ``"zero2"``, ``"torch-zero1"`` and ``"torch-ddp"`` strategies of
-:mod:`course_utils.harness.strategies`, measured from outside: the classes of
-:mod:`course_utils.impl` hold no bookkeeping, so what a run reports about them beyond the
-common fields is taken here.
-
-- :func:`grad_bytes`: the gradient bytes a :class:`~course_utils.impl.zero.Zero1` or
-  ``Zero2`` holds now; :func:`measure_peak` extends one so that it records the most it
-  held at any moment (``peak_grad_bytes``; ``harness.experiments`` calls ``reset_peak()``
-  before each step and reads it after). The bytes of model states: ``experiments.state_bytes``.
-"""
+"""The ``"zero1"``, ``"zero2"``, ``"torch-zero1"`` and ``"torch-ddp"`` strategies, measured from
+outside (:mod:`course_utils.impl` holds no bookkeeping): :func:`measure_peak` for Zero1/Zero2."""
 from __future__ import annotations
 
 import functools
@@ -25,8 +17,7 @@ def _nbytes(t) -> int:
 
 
 def grad_bytes(opt) -> int:
-    """Gradient bytes ``opt`` holds now: ZeRO-1 its flat gradient buffers; ZeRO-2 the full
-    ``.grad`` not sent yet + the message in flight + the shard gradients."""
+    """ZeRO-1: its flat gradient buffers; ZeRO-2: unsent ``.grad`` + message in flight + shards."""
     if not isinstance(opt, zero.Zero2):
         return sum(_nbytes(b.flat_grads) for b in opt.buckets)
     return (sum(_nbytes(p.grad) for p in opt.params)
@@ -34,13 +25,10 @@ def grad_bytes(opt) -> int:
 
 
 class PeakGradBytes:
-    """Mixed into a Zero1/Zero2 by :func:`measure_peak`: after each gradient hook, launch
-    and completed message, ``peak_grad_bytes`` is raised to :func:`grad_bytes` if above."""
-
+    """Mixed in by :func:`measure_peak`: :func:`grad_bytes` noted after each hook, launch and wait."""
     peak_grad_bytes = 0
 
     def reset_peak(self) -> None:
-        """Start measuring :attr:`peak_grad_bytes` afresh."""
         self.peak_grad_bytes = grad_bytes(self)
 
     def _note(self) -> None:
@@ -75,7 +63,7 @@ def measure_peak(opt):
 
 
 def zero_extras(model, optimizer) -> dict:
-    """What a ZeRO-1/2 run reports besides the common fields: the buckets' sizes Ψ_b."""
+    """What a ZeRO-1/2 run also reports: the buckets' sizes Ψ_b."""
     return {"bucket_numels": [b.numel for b in optimizer.buckets]}
 
 
@@ -89,8 +77,7 @@ def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, **options):
 
 def wrap_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, variant="reduce_scatter",
                mixed=False, overlap=True, group=None):
-    """``"zero1"``: the model itself and a :class:`~course_utils.impl.zero.Zero1` with the
-    class, parameter groups and hyperparameters of ``make_optimizer``'s optimizer."""
+    """``"zero1"``: the model and a Zero1 over ``make_optimizer``'s class, groups and hyperparameters."""
     return _wrap_zero(model, make_optimizer, 1, group, bucket_bytes, variant=variant, mixed=mixed,
                       overlap=overlap)
 
@@ -102,10 +89,8 @@ def wrap_zero2(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, mixe
 
 
 def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None):
-    """``"torch-zero1"``: torch's ZeroRedundancyOptimizer (whole parameters assigned to
-    ranks) over the gradients ``"ddp"`` averages in backward."""
+    """``"torch-zero1"``: ZeroRedundancyOptimizer over the gradients ``"ddp"`` averages."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
-
     model = ddp.DataParallel(model, bucket_bytes, overlap=overlap, group=group)
     groups, cls, defaults = real_optimizer(model.module, make_optimizer)
     return model, ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=group, **defaults)
@@ -113,7 +98,6 @@ def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES
 
 @functools.wraps(ddp.wrap_torch_ddp)
 def wrap_torch_ddp(model, make_optimizer, **options):
-    """``"torch-ddp"``, its bucket all-reduces issued from Python (DDP's default averaging)
-    so that a CommLedger sees them."""
+    """``"torch-ddp"``, its all-reduces issued from Python so that a CommLedger sees them."""
     model, optimizer = ddp.wrap_torch_ddp(model, make_optimizer, **options)
     return CommLedger.attach_ddp(model), optimizer

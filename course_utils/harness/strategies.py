@@ -1,9 +1,4 @@
-"""The strategies :func:`course_utils.harness.experiments.run` and ``wrap`` know: one table.
-
-Each entry names the function that wraps a model for it (in :mod:`course_utils.impl`),
-and the notebook that teaches it; :func:`course_utils.harness.experiments.state_bytes`
-counts the bytes a rank holds under any of them.
-"""
+"""The strategies :func:`course_utils.harness.experiments.run` and ``wrap`` know: one table."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,10 +16,8 @@ __all__ = ["Strategy", "STRATEGIES", "strategies", "get", "register_strategy"]
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-    """name; wrap: ``(model, make_optimizer, **options) -> (model, optimizer)``;
-    distributed: needs ``torch.distributed`` (False only for ``"single"``); extras:
-    ``(model, optimizer) -> dict`` of what else a run reports for this strategy."""
-
+    """wrap: ``(model, make_optimizer, **options) -> (model, optimizer)``; extras:
+    ``(model, optimizer) -> dict`` of what else a run reports."""
     name: str
     wrap: Callable
     distributed: bool = True
@@ -40,57 +33,40 @@ class Strategy:
 
 
 def wrap_single(model, make_optimizer):
-    """One process: the model as it is, the optimizer over its trainable parameters."""
     return model, make_optimizer(trainable(model))
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("single", wrap_single, distributed=False, notebook="02_data_parallelism",
-             description="one process, the whole global batch; no communication"),
-    Strategy("ddp", ddp.wrap_ddp, notebook="02_data_parallelism",
-             description="data parallelism from scratch: bucketed async all-reduce of the "
-                         "gradients during backward (DataParallel)"),
-    Strategy("torch-ddp", probes.wrap_torch_ddp, notebook="02_data_parallelism",
-             description="torch.nn.parallel.DistributedDataParallel"),
-    Strategy("zero1", probes.wrap_zero1, notebook="04_zero1", extras=probes.zero_extras,
-             description="ZeRO-1 from scratch: optimizer states sharded (flat padded buffers, "
-                         "reduce-scatter, step on the shard, all-gather)"),
-    Strategy("zero2", probes.wrap_zero2, notebook="05_zero2", extras=probes.zero_extras,
-             description="ZeRO-2 from scratch: also gradients sharded, reduce-scattered "
-                         "bucket by bucket during backward, full grads freed"),
-    Strategy("torch-zero1", probes.wrap_torch_zero1, notebook="04_zero1",
-             description="torch.distributed.optim.ZeroRedundancyOptimizer + gradient all-reduce"),
-    Strategy("zero3", zero3.wrap_zero3, notebook="06_zero3",
-             description="ZeRO-3 from scratch: parameters, gradients and optimizer states sharded; "
-                         "each unit all-gathered for forward and again for backward, gradients "
-                         "reduce-scattered (Zero3)"),
-    Strategy("torch-fsdp", fsdp.wrap_torch_fsdp, notebook="07_fsdp",
-             description="torch FSDP2: fully_shard per block then the root, "
-                         "reshard_after_forward=True (ZeRO-3)"),
-    Strategy("torch-fsdp-zero2", fsdp.wrap_torch_fsdp_zero2, notebook="07_fsdp",
-             description="torch FSDP2 with reshard_after_forward=False: parameters stay gathered "
-                         "between forward and backward (ZeRO-2-like)"),
-    Strategy("torch-hsdp", hsdp.wrap_torch_hsdp, notebook="08_beyond_one_box",
-             description=f"torch FSDP2 on a 2-D mesh (replicas x {DEFAULT_SHARDS} shards): "
-                         "fully_shard inside each shard group, all-reduce across replicas (HSDP)"),
+    Strategy("single", wrap_single, False, "one process, the whole global batch", "02_data_parallelism"),
+    Strategy("ddp", ddp.wrap_ddp, True, "DataParallel: bucketed async all-reduce during backward",
+             "02_data_parallelism"),
+    Strategy("torch-ddp", probes.wrap_torch_ddp, True, "torch's DistributedDataParallel", "02_data_parallelism"),
+    Strategy("zero1", probes.wrap_zero1, True, "ZeRO-1: optimizer states sharded", "04_zero1", probes.zero_extras),
+    Strategy("zero2", probes.wrap_zero2, True, "ZeRO-2: also gradients, reduce-scattered in backward",
+             "05_zero2", probes.zero_extras),
+    Strategy("torch-zero1", probes.wrap_torch_zero1, True, "ZeroRedundancyOptimizer + gradient all-reduce",
+             "04_zero1"),
+    Strategy("zero3", zero3.wrap_zero3, True, "Zero3: parameters too, gathered per unit", "06_zero3"),
+    Strategy("torch-fsdp", fsdp.wrap_torch_fsdp, True, "FSDP2 fully_shard per block, then the root", "07_fsdp"),
+    Strategy("torch-fsdp-zero2", fsdp.wrap_torch_fsdp_zero2, True,
+             "FSDP2, reshard_after_forward=False (ZeRO-2-like)", "07_fsdp"),
+    Strategy("torch-hsdp", hsdp.wrap_torch_hsdp, True,
+             f"FSDP2 on a 2-D mesh (replicas x {DEFAULT_SHARDS} shards): HSDP", "08_beyond_one_box"),
 )}
 
 
 def strategies() -> list[str]:
-    """The strategy names, in the order of the course."""
     return list(STRATEGIES)
 
 
 def get(name) -> Strategy:
-    """The :class:`Strategy` called ``name``; a clear error for anything else."""
     check_choice("strategy", name, STRATEGIES, kind="strategy", kinds="strategies")
     return STRATEGIES[name]
 
 
 def register_strategy(name: str, wrap_fn: Callable, *, distributed: bool = True,
                       description: str = "", notebook: str = "") -> Strategy:
-    """Add your own strategy to :data:`STRATEGIES` (a name may be used once), e.g. to
-    ``run`` a class you wrote next to the course's."""
+    """Add your own strategy to :data:`STRATEGIES` (each name once)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"a strategy name must be a non-empty str, got {name!r}")
     if name in STRATEGIES:

@@ -1,13 +1,5 @@
-"""Train the course GPT with any registered strategy, as a torchrun script
-(``python -m course_utils.harness.train --help`` shows the commands for one node, several nodes
-and one process).
-
-Same model, data and AdamW as :func:`course_utils.harness.experiments.run`, with the same loop
-(:func:`~course_utils.harness.experiments.train`), so the per-step losses match
-``run("single", 1)`` for every strategy and world size. Rank 0 logs the global batch's
-loss, the bytes each collective sent (CommLedger) and the model-state bytes it holds;
-``--json PATH`` writes them.
-"""
+"""``python -m course_utils.harness.train --help``: :func:`course_utils.harness.experiments.run`
+as a torchrun script (its model, data, AdamW and loop: the losses match ``run("single", 1)``)."""
 from __future__ import annotations
 
 import argparse
@@ -48,12 +40,7 @@ the number of ranks: it must be divisible by it (12 rows: 1, 2, 3, 4, 6, 12 rank
 """
 
 
-def _config_names() -> list[str]:
-    return ["course"] + [name for name, p in PRESETS.items() if p.config is not None]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
-    """The command line (``argv``: defaults to ``sys.argv[1:]``)."""
     names = strategies.strategies()
     p = argparse.ArgumentParser(
         prog="python -m course_utils.harness.train",
@@ -67,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=experiments.GLOBAL_BATCH,
                    help=f"rows per step over all ranks (default {experiments.GLOBAL_BATCH}); "
                         "must be divisible by the number of ranks")
-    p.add_argument("--config", default="course", choices=_config_names(),
+    p.add_argument("--config", default="course",
+                   choices=["course"] + [n for n, preset in PRESETS.items() if preset.config is not None],
                    help="base model config (default: course, the course's small GPT)")
     for field in ("hidden", "layers", "heads", "vocab", "seq", "ffn"):
         p.add_argument(f"--{field}", type=int, default=None,
@@ -84,13 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.strategy not in names:
         p.error(f"unknown strategy {args.strategy!r}; known strategies: {', '.join(names)}")
-    for name in ("steps", "global_batch", "log_every"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.seed < 0:
-        p.error(f"--seed must be >= 0, got {args.seed}")
-    if args.bucket_bytes < 0:
-        p.error(f"--bucket-bytes must be >= 0, got {args.bucket_bytes}")
+    for name, least in (("steps", 1), ("global_batch", 1), ("log_every", 1), ("seed", 0), ("bucket_bytes", 0)):
+        if getattr(args, name) < least:
+            p.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     try:
         args.model_config = model_config(args)
     except (TypeError, ValueError) as e:
@@ -112,8 +96,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _setup(spec: strategies.Strategy, timeout_s: float):
-    """Initialise torch.distributed from torchrun's environment; ``(rank, world, device,
-    where)``, where ``where`` says where the job runs."""
+    """Initialise torch.distributed from torchrun's environment; ``(rank, world, device, where)``."""
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world = _env_int("WORLD_SIZE", 1) if under_torchrun else 1
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -127,24 +110,18 @@ def _setup(spec: strategies.Strategy, timeout_s: float):
     use_gpu = gpu_count() >= local_world         # NVML: CUDA stays uninitialised until set_device
     backend = "nccl" if use_gpu else "gloo"
     os.environ["COURSE_BACKEND"] = backend     # what course_utils.runtime.launch.rank_device reads
-    timeout = timedelta(seconds=timeout_s)
     if use_gpu:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         torch.set_num_threads(1)
         device = torch.device("cpu")
-    if under_torchrun:
-        dist.init_process_group(backend, timeout=timeout)
-    else:                                      # one rank, no rendezvous needed
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+    alone = {} if under_torchrun else dict(store=dist.HashStore(), rank=0, world_size=1)  # no rendezvous
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **alone)
     rank, world = dist.get_rank(), dist.get_world_size()
     nodes = max(1, world // max(local_world, 1))
-    kind = "NCCL" if use_gpu else "gloo on CPU"
-    ranks = plural(world, "rank")
-    where = f"{ranks} on {nodes} nodes, {kind}" if nodes > 1 else f"{ranks}, {kind}"
-    return rank, world, device, where
+    where = plural(world, "rank") + (f" on {nodes} nodes" if nodes > 1 else "")
+    return rank, world, device, f"{where}, {'NCCL' if use_gpu else 'gloo on CPU'}"
 
 
 def _bytes(n) -> str:
@@ -214,12 +191,9 @@ def main(argv=None) -> int:
 
 
 def run_and_exit(argv=None) -> None:
-    """Run :func:`main`, then leave at once with its exit code, without the interpreter's
-    teardown. By then the process group is destroyed and the output flushed; what is
-    skipped is C++ static destruction, where a leftover gloo thread can abort the process
-    ("terminate called without an active exception", SIGABRT), which torchrun reports as
-    a failed run although every step finished: seen in about 1 of 11 runs on torch 2.10
-    (tests/test_train.py) and once in a CI run on 2.13 (notebook 07's torchrun cell)."""
+    """Run :func:`main`, then ``os._exit`` with its code, skipping C++ static destruction,
+    where a leftover gloo thread can abort a finished run (SIGABRT): seen in about 1 of 11
+    runs on torch 2.10 (tests/test_train.py) and once in CI on 2.13 (notebook 07)."""
     code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
