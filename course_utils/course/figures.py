@@ -51,8 +51,6 @@ def _finish(fig, *axes):
     return fig
 
 
-# ------------------------------------------------------------------- zero_stages
-
 def _zero_stages_data() -> dict:
     """Per-GPU model states for 7B params on 4 GPUs, mixed-precision Adam (a common worked example)."""
     num_params, gpus, recipe = 7_000_000_000, 4, "mixed"
@@ -97,8 +95,6 @@ def _zero_stages_draw(d: dict):
     ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=False)
     return _finish(fig, ax)
 
-
-# ------------------------------------------------------------------ ddp_redundancy
 
 def _ddp_redundancy_data() -> dict:
     """DDP on 4 GPUs, 7B params, mixed-precision Adam: every GPU holds the same 112 GB."""
@@ -146,8 +142,6 @@ def _ring_draw(d: dict):
 
     return draw_ring_sequence(d["steps"])
 
-
-# ------------------------------------------------------------------- collectives
 
 _COLLECTIVES = (  # (demo name in course_utils.labs.collectives_lab, title, what it does)
     ("broadcast", "broadcast", "rank 0's tensor is copied to every rank"),
@@ -252,8 +246,6 @@ def _collectives_draw(d: dict):
     return _finish(fig)
 
 
-# ----------------------------------------------------------------- memory_vs_gpus
-
 def _memory_vs_gpus_data() -> dict:
     """Model states per GPU for 7B params, mixed-precision Adam, N = 1 ... 64 GPUs."""
     num_params, recipe = 7_000_000_000, "mixed"
@@ -297,8 +289,6 @@ def _memory_vs_gpus_draw(d: dict):
     ax.legend(fontsize=8, frameon=False, loc="center right")
     return _finish(fig, ax)
 
-
-# ------------------------------------------------------------------ zero3_timeline
 
 def _zero3_timeline_data(world_size: int = 2) -> dict:
     """The ZeRO-3 timeline of the course GPT on ``world_size`` ranks, without and with prefetch."""
@@ -346,8 +336,6 @@ def _zero3_timeline_draw(d: dict):
                  "step, gather by gather (root = embeddings + final norm, b0..b3 = blocks)", fontsize=9)
     return _finish(fig)
 
-
-# ---------------------------------------------------------------------- comm_table
 
 def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
                      bytes_per_elem: int = 2) -> dict:
@@ -443,8 +431,6 @@ FIGURES: dict[str, tuple[Callable[[], dict], Callable[[dict], object]]] = {
     "comm_table": (_comm_table_data, _comm_table_draw),               # notebook 06
 }
 
-
-# ------------------------------------------------------------------- machinery
 
 def _check(name: str) -> None:
     if name not in FIGURES:

@@ -34,7 +34,6 @@ LEDGER_OPS = OPS + ("broadcast", "reduce", "scatter", "gather", "all_to_all", "s
 class CommRecord:
     """One collective call seen by a :class:`CommLedger` (its docstring says what each
     field means); ``function``: what was called, e.g. ``"funcol.all_reduce"``."""
-
     op: str
     function: str
     message_bytes: int
@@ -346,7 +345,6 @@ class CommLedger:
     with ``all_reduce``, ``reduce_scatter`` and ``all_gather`` always present; the ledger
     itself pickles (its records), so a rank can return it from ``launch``.
     """
-
     def __init__(self):
         self.records: list[CommRecord] = []
         self._paused = 0

@@ -163,7 +163,6 @@ class WireMeter:
     all-reduce done only for logging). A socket closed inside the block takes its bytes
     with it: meter regions in which the process group stays up.
     """
-
     def __init__(self):
         self._start: tuple | None = None
         self._end: tuple | None = None

@@ -53,7 +53,6 @@ STAGES = (0, 1, 2, 3)
 STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
 
-
 def _exact(x):
     """An int when the byte count is whole, else the float."""
     return int(x) if float(x).is_integer() else x
@@ -62,7 +61,6 @@ def _exact(x):
 @dataclasses.dataclass(frozen=True)
 class ModelStates:
     """Bytes of model states one rank holds. ``total = params + grads + optimizer``."""
-
     params: float
     grads: float
     optimizer: float
@@ -121,12 +119,9 @@ def model_states(num_params, *, world_size: int = 1, stage: int = 0,
                        _exact(num_params), n, stage, recipe)
 
 
-# ---------------------------------------------------------------------- offload
-
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Where one rank's model states live: bytes on the accelerator and in host memory."""
-
     gpu: float
     cpu: float
     on_gpu: tuple[str, ...]
@@ -174,8 +169,6 @@ def placement(states: ModelStates, *, offload_optimizer: bool = False,
                      tuple(k for k, v in where.items() if v == "gpu"),
                      tuple(k for k, v in where.items() if v == "cpu"))
 
-
-# ------------------------------------------------------------------ activations
 
 ATTENTION = ("standard", "flash")
 RECOMPUTE = ("none", "selective", "full")
@@ -270,7 +263,6 @@ class Activations:
     ``recompute_peak`` are transient buffers of backward, never alive at the same time
     (see :func:`activation_bytes`), so ``total`` adds the larger of the two.
     """
-
     per_layer: float        # kept by one block under the recompute policy
     layers: float           # per_layer x L
     outside_layers: float   # embedding dropout mask, final norm, output layer input, fp32 logits
@@ -394,12 +386,9 @@ def activation_bytes(model, *, micro_batch: int, seq: int | None = None,
                        recompute_peak=peak, terms=terms)
 
 
-# ------------------------------------------------------------------- per GPU
-
 @dataclasses.dataclass(frozen=True)
 class GpuMemory:
     """Everything the calculator counts on one GPU, in bytes."""
-
     params: float
     grads: float
     optimizer: float

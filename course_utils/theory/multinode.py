@@ -115,7 +115,6 @@ class HybridCost:
     bytes per GPU (mixed precision, :func:`course_utils.theory.memory.model_states`,
     ZeRO-3 over N vs over g GPUs).
     """
-
     num_params: float
     gpus_per_node: int
     nodes: int
