@@ -30,8 +30,7 @@ _STATE_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"
 
 def _despine(*axes) -> None:
     for ax in axes:
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["top", "right"]].set_visible(False)
 
 
 def _finish(fig, *axes):
@@ -43,12 +42,9 @@ def _finish(fig, *axes):
 def _zero_stages_data() -> dict:
     """Per-GPU model states for 7B params on 4 GPUs, mixed-precision Adam."""
     num_params, gpus, recipe = 7_000_000_000, 4, "mixed"
-    stages = []
-    for stage in (0, 1, 2, 3):
-        ms = model_states(num_params, world_size=gpus, stage=stage, recipe=recipe)
-        stages.append({"name": STAGE_NAMES[stage], "stage": stage,
-                       "params_GB": ms.params / GB, "grads_GB": ms.grads / GB,
-                       "optimizer_GB": ms.optimizer / GB, "total_GB": ms.total / GB})
+    stages = [{"name": STAGE_NAMES[ms.stage], "stage": ms.stage, "params_GB": ms.params / GB,
+               "grads_GB": ms.grads / GB, "optimizer_GB": ms.optimizer / GB, "total_GB": ms.total / GB}
+              for ms in (model_states(num_params, world_size=gpus, stage=s, recipe=recipe) for s in (0, 1, 2, 3))]
     return {"num_params": num_params, "gpus": gpus, "recipe": recipe, "stages": stages,
             "sharded": {"DDP": [], "ZeRO-1": ["optimizer"], "ZeRO-2": ["optimizer", "grads"],
                         "ZeRO-3": ["optimizer", "grads", "params"]}}
@@ -236,12 +232,10 @@ def _memory_vs_gpus_data() -> dict:
     gpus = [2 ** k for k in range(7)]
     stages = []
     for stage in (0, 1, 2, 3):
-        totals = [model_states(num_params, world_size=n, stage=stage, recipe=recipe).total / GB
-                  for n in gpus]
-        one = model_states(num_params, world_size=1, stage=stage, recipe=recipe)
-        floor = {0: one.total, 1: one.params + one.grads, 2: one.params, 3: 0}[stage] / GB
-        stages.append({"name": STAGE_NAMES[stage], "stage": stage, "total_GB": totals,
-                       "floor_GB": floor})
+        one = model_states(num_params, world_size=1, stage=stage, recipe=recipe)   # floor: the unsharded parts
+        stages.append({"name": STAGE_NAMES[stage], "stage": stage, "total_GB": [
+            model_states(num_params, world_size=n, stage=stage, recipe=recipe).total / GB for n in gpus],
+            "floor_GB": {0: one.total, 1: one.params + one.grads, 2: one.params, 3: 0}[stage] / GB})
     return {"num_params": num_params, "recipe": recipe, "gpus": gpus, "stages": stages}
 
 

@@ -159,12 +159,10 @@ def _describe(family: str, name: str, signature, args, kwargs):
         return "broadcast", message, world, rank, sent_bytes("broadcast", message, world, rank,
                                                               src, 0), False
     op, arg_name, how = (_FUNCOL if family == "funcol" else _C10D)[name]
-    bound = signature.bind(*args, **kwargs)
-    a = bound.arguments
+    a = signature.bind(*args, **kwargs).arguments
     group = a.get("group")
     if family == "funcol":
-        world, rank = _funcol_group(group)
-        is_async = True
+        (world, rank), is_async = _funcol_group(group), True
     else:
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         is_async = name in ("isend", "irecv") or bool(a.get("async_op", False))
@@ -236,7 +234,8 @@ def _install() -> None:
     import torch.distributed.distributed_c10d as c10d
 
     wrappers: dict[int, object] = {}
-    for family, table, modules in (("c10d", _C10D, (dist, c10d)), ("funcol", _FUNCOL, (funcol,))):
+    for family, table, modules in (("c10d", _C10D, (dist, c10d)), ("funcol", _FUNCOL, (funcol,)),
+                                   ("c10d", (DDP_BUFFER_BROADCAST,), (dist,))):   # DDP's buffer broadcast
         for name in table:
             for module in modules:
                 original = getattr(module, name, None)
@@ -247,11 +246,6 @@ def _install() -> None:
                     wrappers[key] = _make_wrapper(family, name, original)
                 setattr(module, name, wrappers[key])
                 _PATCHES.append((module, name, original, wrappers[key]))
-    original = getattr(dist, DDP_BUFFER_BROADCAST, None)     # torch DDP's buffer broadcast
-    if original is not None and not hasattr(original, "__course_ledger_original__"):
-        wrapper = _make_wrapper("c10d", DDP_BUFFER_BROADCAST, original)
-        setattr(dist, DDP_BUFFER_BROADCAST, wrapper)
-        _PATCHES.append((dist, DDP_BUFFER_BROADCAST, original, wrapper))
 
 
 def _uninstall() -> None:

@@ -20,11 +20,9 @@ __all__ = ["deepspeed_zero2", "deepspeed_zero3", "deepspeed_printout",
 
 def _resolve(model, largest_layer_params=None, *, need_largest: bool = False):
     """(num_params, largest_layer_params) from a count, a config, a Preset or a preset name."""
-    from .config import Preset, TransformerConfig, preset
+    from .config import PRESETS, Preset, TransformerConfig, preset
 
     if isinstance(model, str):
-        from .config import PRESETS
-
         if model not in PRESETS:
             raise ValueError(f"unknown preset {model!r}: pass a parameter count such as 7e9, a "
                              f"TransformerConfig, or one of {sorted(PRESETS)}")
@@ -66,15 +64,10 @@ def deepspeed_zero2(num_params, *, gpus_per_node: int = 1, nodes: int = 1,
     num_params, _ = _resolve(num_params)
     _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
     check_bool("cpu_offload", cpu_offload)
-    total_params = num_params
-    total_gpus = nodes * gpus_per_node
+    psi, n = num_params, nodes * gpus_per_node
     if cpu_offload:
-        gpu_mem = 2 * total_params
-        cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
-    else:
-        gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
-        cpu_mem = total_params * 4 * gpus_per_node * additional_buffer_factor
-    return int(gpu_mem), int(cpu_mem)
+        return int(2 * psi), int(psi * max(4 * n, 16) * additional_buffer_factor)
+    return int(2 * psi + int(18 * psi / n)), int(psi * 4 * gpus_per_node * additional_buffer_factor)
 
 
 def deepspeed_zero3(num_params, largest_layer_params=None, *, gpus_per_node: int = 1,
@@ -161,14 +154,10 @@ def accelerate_training_usage(model_bytes: int, dtype: str = "float32") -> dict:
     if isinstance(model_bytes, bool) or not isinstance(model_bytes, int) or model_bytes < 1:
         raise ValueError(f"model_bytes must be an int >= 1 (the model's fp32 size in bytes), got {model_bytes!r}")
     _check_dtype(dtype)
-    sizes = {"model": -1, "optimizer": -1, "gradients": -1, "step": -1}
-    fp32_size, fp16_size = model_bytes, model_bytes // 2
-    if dtype == "float32":
-        sizes.update(model=fp32_size, gradients=fp32_size, optimizer=fp32_size * 2, step=fp32_size * 4)
-    elif dtype in ("float16", "bfloat16", "fp8"):
-        sizes.update(model=fp32_size, gradients=fp32_size + fp16_size, optimizer=fp32_size * 2)
-        sizes["step"] = sizes["optimizer"]
-    return sizes
+    m, half = model_bytes, dtype != "float32"
+    if dtype in ("int8", "int4"):
+        return dict.fromkeys(("model", "optimizer", "gradients", "step"), -1)
+    return {"model": m, "optimizer": 2 * m, "gradients": m + m // 2 if half else m, "step": 2 * m if half else 4 * m}
 
 
 def accelerate_peak(num_params, *, dtype: str = "float32", buffer_bytes: int = 0) -> int:
@@ -336,14 +325,10 @@ def plot(rows, *, title: str = ""):
     ax.set_yticks(ys, [r.name for r in rows], fontsize=7)
     ax.set_xlim(0, max(values) * 1.15)
     ax.set_xlabel("model states per GPU, GB (1 GB = 1e9 bytes; DeepSpeed and accelerate print GiB)")
-    seen = []
-    for r in rows:
-        if _family(r.name) not in seen:
-            seen.append(_family(r.name))
+    seen = dict.fromkeys(_family(r.name) for r in rows)
     ax.legend(handles=[Patch(color=c, label=f) for f, c in seen], fontsize=7, frameon=False,
               loc="lower right")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()

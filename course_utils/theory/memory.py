@@ -8,23 +8,18 @@ parts are the analytic ``num_params * bytes / world_size`` (notebooks 04-06 meas
 from __future__ import annotations
 
 import dataclasses
-import math
 from numbers import Real
 
+from ..checks import check_int, check_number
 from .text import GB, UNITS, GiB, fmt_bytes, to_unit  # noqa: F401 (re-exported)
 
 __all__ = ["RECIPES", "ModelStates", "model_states", "GB", "GiB", "fmt_bytes", "to_unit",
            "Placement", "placement", "Activations", "activation_bytes", "block_terms",
-           "recompute_policy", "GpuMemory", "per_gpu",
-           "STAGE_NAMES"]
+           "recompute_policy", "GpuMemory", "per_gpu", "STAGE_NAMES"]
 
 #: bytes per parameter for (params, grads, optimizer states)
-RECIPES: dict[str, tuple[int, int, int]] = {
-    "fp32": (4, 4, 8),
-    "mixed": (2, 2, 12),
-    "mixed-fp32-grads": (2, 4, 12),
-    "torch-amp": (4, 4, 8),
-}
+RECIPES: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12),
+                                             "mixed-fp32-grads": (2, 4, 12), "torch-amp": (4, 4, 8)}
 
 STAGES = (0, 1, 2, 3)
 STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -69,14 +64,8 @@ def model_states(num_params, *, world_size: int = 1, stage: int = 0,
     >>> model_states(7e9, world_size=4, stage=3).total / 1e9
     28.0
     """
-    if isinstance(num_params, bool) or not isinstance(num_params, Real):
-        raise TypeError(f"num_params must be a number such as 7e9, got {type(num_params).__name__}")
-    if not math.isfinite(num_params) or num_params <= 0:
-        raise ValueError(f"num_params must be > 0 (a parameter count such as 7e9), got {num_params!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int (number of GPUs), got {type(world_size).__name__}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1 (number of data-parallel GPUs), got {world_size}")
+    check_number("num_params", num_params, above=0, example="7e9")
+    check_int("world_size", world_size, 1, what="number of data-parallel GPUs")
     if stage not in STAGES or isinstance(stage, bool):
         raise ValueError(f"stage must be 0 (DDP), 1, 2 or 3 (ZeRO stages), got {stage!r}")
     if recipe not in RECIPES:
@@ -126,8 +115,6 @@ def placement(states: ModelStates, *, offload_optimizer: bool = False,
 ATTENTION = ("standard", "flash")
 RECOMPUTE = ("none", "selective", "full")
 CROSS_ENTROPY = ("torch", "fused")
-#: bool spellings of ``recompute`` kept working (the planner's ``Choice.recompute``)
-_RECOMPUTE_ALIASES = {False: "none", True: "full"}
 _S2_TERM = "attention scores"    # the s²-scaling term: what flash never stores, selective recomputes
 
 
@@ -199,7 +186,6 @@ def _config_of(model):
         return model.config
     if isinstance(model, str):
         from .config import preset
-
         return _config_of(preset(model))
     if isinstance(model, TransformerConfig):
         return model
@@ -218,7 +204,7 @@ def _seq_batch(cfg, micro_batch, seq) -> tuple[int, int]:
 def recompute_policy(recompute) -> str:
     """``"none"``, ``"selective"`` or ``"full"``; ``False``/``True`` are read as none/full."""
     if isinstance(recompute, bool):
-        return _RECOMPUTE_ALIASES[recompute]
+        return "full" if recompute else "none"
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE} (or False/True for none/full), "
                          f"got {recompute!r}")
@@ -286,12 +272,8 @@ def per_gpu(model, *, world_size: int = 1, stage: int = 0, recipe: str = "mixed"
 
     if isinstance(model, str):
         model = preset(model)
-    if isinstance(model, Preset):
-        num_params = model.num_params
-    elif isinstance(model, TransformerConfig):
-        num_params = model.num_params()
-    else:
-        num_params = model
+    num_params = (model.num_params if isinstance(model, Preset) else
+                  model.num_params() if isinstance(model, TransformerConfig) else model)
     states = model_states(num_params, world_size=world_size, stage=stage, recipe=recipe)
     where = placement(states, offload_optimizer=offload_optimizer, offload_params=offload_params)
     acts = None
@@ -299,9 +281,8 @@ def per_gpu(model, *, world_size: int = 1, stage: int = 0, recipe: str = "mixed"
         if isinstance(model, Real) and not isinstance(model, bool):
             raise ValueError("activations need an architecture: pass a TransformerConfig or a "
                              "preset name, or micro_batch=None for model states only")
-        acts = activation_bytes(model, micro_batch=micro_batch, seq=seq,
-                                attention=attention, recompute=recompute,
-                                cross_entropy=cross_entropy)
+        acts = activation_bytes(model, micro_batch=micro_batch, seq=seq, attention=attention,
+                                recompute=recompute, cross_entropy=cross_entropy)
     part = {k: (getattr(states, k) if k in where.on_gpu else 0) for k in ("params", "grads", "optimizer")}
     return GpuMemory(part["params"], part["grads"], part["optimizer"],
                      acts.total if acts else 0, where.cpu, states, acts)

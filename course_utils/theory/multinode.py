@@ -252,8 +252,7 @@ def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra
         ax.set_ylabel("communication per step (s)")
         ax.set_title(f"{r} NIC(s) per node of {gpus_per_node} GPUs", fontsize=9)
         ax.legend(fontsize=7, frameon=False, loc="lower left")
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["top", "right"]].set_visible(False)
     fig.suptitle(f"{num_params / 1e9:g}B params, {nodes} nodes x {gpus_per_node} GPUs, NVLink "
                  f"{intra_bw / 1e9:g} GB/s: 2 all-gathers + 1 reduce-scatter per step", fontsize=9)
     fig.tight_layout()
