@@ -128,24 +128,23 @@ def _ring_draw(d: dict):
     return draw_ring_sequence(d["steps"])
 
 
-_COLLECTIVES = (  # (demo name in course_utils.labs.collectives_lab, title, what it does)
-    ("broadcast", "broadcast", "rank 0's tensor is copied to every rank"),
-    ("all_reduce", "all-reduce", "every rank gets the element-wise sum"),
-    ("reduce_scatter", "reduce-scatter", "the sum, cut in N pieces: rank r keeps piece r"),
-    ("all_gather", "all-gather", "every rank gets every rank's piece, in rank order"),
+_COLLECTIVES = (  # (demo name in labs.collectives_lab, title, what it does, bytes a rank sends)
+    ("broadcast", "broadcast", "rank 0's tensor is copied to every rank", "M, 0 on the ring's last rank"),
+    ("all_reduce", "all-reduce", "every rank gets the element-wise sum", "2(N-1)/N·M"),
+    ("reduce_scatter", "reduce-scatter", "the sum, cut in N pieces: rank r keeps piece r", "(N-1)/N·M"),
+    ("all_gather", "all-gather", "every rank gets every rank's piece, in rank order", "(N-1)/N·M"),
 )
 _RANK_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
 _SUM_COLOR = "#F6D55C"
 
 
 def _collectives_data(world_size: int = 4) -> dict:
-    """Before/after of the four collectives (notebook 01's demos) and each rank's bytes sent
-    under the CommLedger's convention."""
+    """Before/after of the four collectives (notebook 01's demos) and the ring-model bytes sent."""
     from ..labs.collectives_lab import ROOT, expected
     from ..theory.comm import sent_bytes
 
     rows = []
-    for name, title, what in _COLLECTIVES:
+    for name, title, what, _ in _COLLECTIVES:
         ranks = [expected(name, r, world_size) for r in range(world_size)]
         before = [[float(x) for x in e["before"].tolist()] for e in ranks]
         after = [[float(x) for x in e["after"].tolist()] for e in ranks]
@@ -165,11 +164,6 @@ def _collectives_data(world_size: int = 4) -> dict:
     return {"world_size": world_size, "root": ROOT, "element_bytes": 4, "collectives": rows}
 
 
-_COLLECTIVE_FORMULAS = {"broadcast": "M, 0 on the ring's last rank",
-                        "all_reduce": "2(N-1)/N·M", "reduce_scatter": "(N-1)/N·M",
-                        "all_gather": "(N-1)/N·M"}
-
-
 def _collectives_draw(d: dict):
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Rectangle
@@ -181,6 +175,7 @@ def _collectives_draw(d: dict):
     x_text = x_after + width + 0.4
     block = n * row_h
     fig, ax = plt.subplots(figsize=(10.0, 8.0))
+    formulas = {name: formula for name, _, _, formula in _COLLECTIVES}
 
     def cells(x0, y_top, values, sources):
         for r, (vals, srcs) in enumerate(zip(values, sources)):
@@ -211,7 +206,7 @@ def _collectives_draw(d: dict):
         sent_text = (f"{sent[0]:g} B" if same else ", ".join(f"{s:g}" for s in sent) + " B")
         ax.text(x_text, top - 0.35, f"M = {c['message_bytes']} B", fontsize=8.5, va="center")
         ax.text(x_text, top - 0.85, f"sent per rank: {sent_text}", fontsize=8.5, va="center")
-        ax.text(x_text, top - 1.35, f"= {_COLLECTIVE_FORMULAS[c['name']]}", fontsize=8.5, va="center",
+        ax.text(x_text, top - 1.35, f"= {formulas[c['name']]}", fontsize=8.5, va="center",
                 color="#333333")
         y = top - block - gap
     ax.text(x_before, 0.55, "before", fontsize=10, fontstyle="italic")
@@ -316,8 +311,7 @@ def _zero3_timeline_draw(d: dict):
 
 def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
                      bytes_per_elem: int = 2) -> dict:
-    """Bytes one rank sends per step, and the calls, for DDP, ZeRO-1/2/3 (theory.comm) and
-    FSDP2 (theory.sharding: one unit per block, the root kept gathered) on a real model."""
+    """Bytes one rank sends per step, and the calls, for DDP, ZeRO-1/2/3 and FSDP2 on a real model."""
     from fractions import Fraction
 
     from ..harness.model import build_model

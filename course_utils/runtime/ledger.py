@@ -97,13 +97,9 @@ def _group_rank(group, global_root, group_root) -> int:
     """The root's rank inside ``group`` from a global ``src``/``dst`` or a ``group_src``."""
     import torch.distributed as dist
 
-    if group_root is not None:
-        return group_root
-    if global_root is None:
-        return 0
-    if group is None or group is dist.group.WORLD:
-        return global_root
-    return dist.get_group_rank(group, global_root)
+    if group_root is not None or global_root is None:
+        return group_root or 0
+    return global_root if group is None or group is dist.group.WORLD else dist.get_group_rank(group, global_root)
 
 
 def _funcol_group(group):
@@ -276,12 +272,9 @@ class CommLedger:
             dist.all_reduce(torch.ones(1000))       # 4000-byte message
         ledger.totals()   # {'all_reduce': 2*(N-1)/N*4000, 'reduce_scatter': 0, 'all_gather': 0}
 
-    While any ledger is active, torch.distributed's and the functional collectives are
-    wrapped (restored when the last one exits; ledgers nest; a collective called by a
-    recorded one counts once). Seen: ``dist.*``, FSDP2, DTensor, DDP after :meth:`attach_ddp`;
-    not seen: names bound before entering, collectives issued from C++. M: the full tensor
-    (all-gather: the gathered output; reduce-scatter: the unreduced input), this rank's chunk
-    for scatter/gather; ``seconds`` of async calls is the issue time. The ledger pickles.
+    Ledgers nest; a collective called by a recorded one counts once. Seen: ``dist.*``, FSDP2,
+    DTensor, DDP after :meth:`attach_ddp`; not seen: names bound before entering, C++ calls.
+    M: the full tensor (all-gather's output, reduce-scatter's input); async calls time the issue.
     """
     def __init__(self):
         self.records: list[CommRecord] = []
@@ -330,8 +323,7 @@ class CommLedger:
 
     @staticmethod
     def attach_ddp(ddp_model):
-        """Route a DDP model's bucket all-reduces through :func:`ddp_comm_hook` so ledgers record
-        them (call before its first backward); returns the model."""
+        """Route a DDP model's bucket all-reduces through :func:`ddp_comm_hook` (before its first backward)."""
         from torch.nn.parallel import DistributedDataParallel
 
         if not isinstance(ddp_model, DistributedDataParallel):

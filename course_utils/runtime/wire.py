@@ -76,15 +76,8 @@ def wire_available() -> bool:
     """Whether this system gives per-socket byte counters (Linux with ``TCP_INFO``)."""
     if not sys.platform.startswith("linux") or not hasattr(socket, "TCP_INFO"):
         return False
-    listener = socket.socket()                 # an unconnected TCP socket answers TCP_INFO too
-    try:
-        listener.bind(("127.0.0.1", 0))
-        info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
-        return len(info) >= _BYTES_RETRANS_OFFSET + 8
-    except OSError:
-        return False
-    finally:
-        listener.close()
+    with socket.socket() as listener:          # an unconnected TCP socket answers TCP_INFO too
+        return _counters(listener.fileno()) is not None
 
 
 def ignore_inherited_sockets() -> None:
@@ -94,8 +87,7 @@ def ignore_inherited_sockets() -> None:
 
 
 def _read() -> tuple[int, int] | None:
-    """``(bytes sent, each once; retransmitted)`` over this process's TCP sockets, once their
-    queues drained (at most :data:`SETTLE_S` s); None where the OS gives no such counters."""
+    """``(bytes sent, each once; retransmitted)`` over our TCP sockets once drained, or None."""
     if not sys.platform.startswith("linux") or not hasattr(socket, "TCP_INFO"):
         return None
     deadline = time.monotonic() + SETTLE_S

@@ -73,8 +73,7 @@ def deepspeed_zero2(num_params, *, gpus_per_node: int = 1, nodes: int = 1,
 def deepspeed_zero3(num_params, largest_layer_params=None, *, gpus_per_node: int = 1,
                     nodes: int = 1, cpu_offload: bool = False, cpu_offload_params: bool = False,
                     zero_init: bool = True, additional_buffer_factor: float = 1.5):
-    """DeepSpeed's ZeRO-3 estimate, ``(gpu_bytes, cpu_bytes)``; 4L: the largest layer gathered
-    as fp16 params plus its fp16 grads."""
+    """DeepSpeed's ZeRO-3 estimate, ``(gpu_bytes, cpu_bytes)`` (4L: the largest layer's fp16 params + grads)."""
     num_params, largest_layer_params = _resolve(num_params, largest_layer_params, need_largest=True)
     _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
     for name, flag in (("cpu_offload", cpu_offload), ("cpu_offload_params", cpu_offload_params),
@@ -200,14 +199,6 @@ class Row:
     ignores: str               # what it leaves out, one line
     cpu_bytes: int | float = 0  # host memory per node (offload rows), else 0
 
-    @property
-    def gpu_gb(self) -> float:
-        return self.gpu_bytes / GB
-
-    @property
-    def gpu_gib(self) -> float:
-        return self.gpu_bytes / GiB
-
 
 _PAPER_NOTE = "GB = 1e9 bytes"
 _DS_NOTE = 'their "GB" = GiB'
@@ -219,8 +210,7 @@ _SHARDED = {0: "nothing sharded", 1: "optimizer states sharded",
 
 def compare(model, world_size: int, *, largest_layer_params=None,
             gpus_per_node: int | None = None) -> list[Row]:
-    """Every estimator's per-GPU bytes for the same model on ``world_size`` GPUs (one node unless
-    ``gpus_per_node`` says otherwise)."""
+    """Every estimator's per-GPU bytes for the same model on ``world_size`` GPUs."""
     num_params, largest = _resolve(model, largest_layer_params, need_largest=True)
     check_int("world_size", world_size, 1, what="number of data-parallel GPUs")
     if gpus_per_node is None:
@@ -286,9 +276,7 @@ def table(rows, unit: str = "GB", *, details: bool = False) -> str:
         cpu = f"{r.cpu_bytes / bin_b:10.2f}" if r.cpu_bytes else f"{'':>10}"
         out.append(f"{r.name:<{name_w}}  {stage:>5}  {r.gpu_bytes / dec_b:10.2f}  "
                    f"{r.gpu_bytes / bin_b:10.2f}  {cpu}  {r.unit_note:<{note_w}}".rstrip())
-        if details:
-            out.append(f"    counts:  {r.counts}")
-            out.append(f"    ignores: {r.ignores}")
+        out += [f"    counts:  {r.counts}", f"    ignores: {r.ignores}"] if details else []
     out.append(f"{dec} = 10**{round(math.log10(dec_b))} bytes; {binu} = 2**{int(math.log2(bin_b))} bytes. "
                f"CPU = host memory per node (DeepSpeed rows).")
     return "\n".join(out)

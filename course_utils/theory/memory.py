@@ -120,13 +120,9 @@ _S2_TERM = "attention scores"    # the s²-scaling term: what flash never stores
 
 def block_terms(model, *, micro_batch: int, seq: int | None = None,
                 attention: str = "standard") -> dict[str, int]:
-    """Bytes one transformer block saves for backward, term by term (no recomputation), 16-bit.
-
-    GPT blocks: Korthikanti et al. 2022 exactly (34·s·b·h + 5·a·s²·b with f = 4h); Llama
-    blocks (SwiGLU, RMSNorm, no dropout): their own count; flash attention stores no s x s
-    scores. Measured to the byte on an H200 llama-2-7b block (plus RoPE tables and 16 B of
-    RNG state); tests/test_activations.py checks a tiny block on CPU.
-    """
+    """Bytes one block saves for backward, term by term (16-bit): Korthikanti et al. 2022 for GPT
+    (34·s·b·h + 5·a·s²·b), Llama's own count; flash keeps no s x s scores. Measured to the byte
+    on an H200 llama-2-7b block; tests/test_activations.py checks a tiny one on CPU."""
     cfg = _config_of(model)
     s, b = _seq_batch(cfg, micro_batch, seq)
     if attention not in ATTENTION:
@@ -214,12 +210,9 @@ def recompute_policy(recompute) -> str:
 def activation_bytes(model, *, micro_batch: int, seq: int | None = None,
                      attention: str = "standard", recompute: str = "none",
                      cross_entropy: str = "torch") -> Activations:
-    """Activation memory at the peak of a step: :func:`block_terms` per layer under ``recompute``
-    ("selective" drops the s² scores, "full" keeps each block's input), the output layer's
-    inputs and fp32 log-probabilities, plus the larger of the loss's fp32 gradients (8·s·b·V
-    with ``cross_entropy="torch"``, 0 "fused") and one block's recompute. Measured on an H200:
-    the loss peaks at 12·s·b·V; tests/test_activations.py tracks the same on CPU.
-    """
+    """Activations at the peak of a step: :func:`block_terms` per layer under ``recompute``, the
+    output layer's inputs and fp32 log-probs, plus the larger of the loss's fp32 gradients
+    (8·s·b·V, "fused": 0) and one block's recompute (H200: the loss peaks at 12·s·b·V)."""
     cfg = _config_of(model)
     s, b = _seq_batch(cfg, micro_batch, seq)
     recompute = recompute_policy(recompute)
@@ -266,8 +259,7 @@ def per_gpu(model, *, world_size: int = 1, stage: int = 0, recipe: str = "mixed"
             micro_batch: int | None = 1, seq: int | None = None,
             attention: str = "standard", recompute: str = "none",
             cross_entropy: str = "torch") -> GpuMemory:
-    """Model states on this GPU (after offload) plus :func:`activation_bytes`'s total
-    (``micro_batch=None``: states only)."""
+    """Model states on this GPU after offload plus activations (``micro_batch=None``: none)."""
     from .config import Preset, TransformerConfig, preset
 
     if isinstance(model, str):

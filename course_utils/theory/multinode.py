@@ -33,8 +33,7 @@ def _nics(nics_per_node, gpus_per_node: int) -> int:
 
 def flat_ring_wire(sent_bytes: float, gpus_per_node: int, nodes: int, intra_bw: float, nic_bw: float,
                    nics_per_node: int | None = None) -> tuple[float, float, float]:
-    """Bandwidth part of a ring over all GPUs in which every rank sends ``sent_bytes``:
-    ``(seconds, bytes per NIC, NVLink bytes of the busiest GPU)``."""
+    """Bandwidth part of a ring over all GPUs: ``(seconds, bytes per NIC, busiest NVLink bytes)``."""
     r = _nics(nics_per_node, gpus_per_node)
     if nodes == 1:
         return sent_bytes / intra_bw, 0.0, float(sent_bytes)

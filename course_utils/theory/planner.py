@@ -220,8 +220,7 @@ class Assumptions:
 
     @property
     def wire_bytes(self) -> tuple[int, int]:
-        """(gather, reduce) bytes per element: DeepSpeed sends what it stores; torch gathers
-        bf16 (FSDP2's param_dtype) and reduces fp32."""
+        """(gather, reduce) bytes per element: DeepSpeed's stored ones; torch's bf16 and fp32."""
         p, g, _ = RECIPES[self.recipe]
         if self.framework == "torch":
             return (2 if self.amp else 4), 4
@@ -396,10 +395,6 @@ class PlanRow:
     def tokens_per_s(self) -> float:
         return self.tokens_per_step / self.step_s if self.step_s > 0 else math.inf
 
-    @property
-    def global_batch(self) -> int:
-        return self.tokens_per_step // self.seq_len
-
     def describe(self) -> str:
         fit = "fits" if self.fits else f"does not fit ({self.why})"
         return (f"{self.label()}: {self.total / GB:.1f} GB per GPU at micro-batch "
@@ -450,8 +445,7 @@ def _resolve_model(model):
 
 
 def matmul_weights(config: TransformerConfig | None, num_params: int) -> int:
-    """Parameters autocast casts to bf16 (and autograd saves): the blocks' projections and the
-    output layer; a bare count: all of them (an upper bound)."""
+    """Parameters autocast casts to bf16 and autograd saves (a bare count: all, an upper bound)."""
     if config is None:
         return num_params
     h, kv, f = config.hidden, config.kv_heads_ * config.head_dim, config.ffn_
@@ -718,9 +712,7 @@ def table(rows: Plan) -> str:
                    f"{r.host_bytes_per_node / GB:7.0f}  {'yes' if r.fits else 'no':<4}"
                    f"{r.compute_s:9.3f}{r.comm_s:8.3f}{r.offload_s:8.3f}{r.step_s:8.3f}"
                    f"{r.tokens_per_s:10.0f}")
-    out.append("assumptions:")
-    out.extend(f"  - {line}" for line in a.lines())
-    return "\n".join(out)
+    return "\n".join(out + ["assumptions:"] + [f"  - {line}" for line in a.lines()])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -805,15 +797,14 @@ def plot(rows: Plan, *, highlight: Choice | None = None):
     for y, r in zip(ys, rows):
         alpha = 1.0 if r.fits else 0.35
         edge = dict(edgecolor="black", linewidth=1.5) if r.choice == rec else dict(linewidth=0)
-        left = 0.0
-        for part, value in (("states", r.states), ("activations", r.activations), ("buffers", r.buffers)):
-            ax_mem.barh(y, value / GB, left=left, color=_PART_COLORS[part], alpha=alpha, **edge)
-            left += value / GB
-        left = 0.0
         exposed = r.step_s - r.compute_s - r.offload_s
-        for part, value in (("compute", r.compute_s), ("comm", exposed), ("offload", r.offload_s)):
-            ax_t.barh(y, value, left=left, color=_PART_COLORS[part], alpha=alpha, **edge)
-            left += value
+        for ax, parts in ((ax_mem, (("states", r.states / GB), ("activations", r.activations / GB),
+                                    ("buffers", r.buffers / GB))),
+                          (ax_t, (("compute", r.compute_s), ("comm", exposed), ("offload", r.offload_s)))):
+            left = 0.0
+            for part, value in parts:
+                ax.barh(y, value, left=left, color=_PART_COLORS[part], alpha=alpha, **edge)
+                left += value
     ax_mem.axvline(a.gpu_mem_gb, color="black", linestyle="--", linewidth=1)
     ax_mem.set_yticks(ys, [r.short() + ("" if r.fits else " (no fit)") for r in rows], fontsize=7)
     ax_mem.set_xlabel("GB per GPU")
@@ -823,10 +814,9 @@ def plot(rows: Plan, *, highlight: Choice | None = None):
         handles = [Patch(color=_PART_COLORS[p], label="exposed comm" if p == "comm" else p) for p in parts]
         ax.legend(handles=handles, fontsize=7, frameon=False, ncol=3, loc="lower center",
                   bbox_to_anchor=(0.5, 1.0))
+        ax.spines[["top", "right"]].set_visible(False)
     fig.suptitle(f"{a.model} on {a.nodes} x {a.gpus_per_node} GPUs of {a.gpu_mem_gb:g} GB, seq {a.seq_len}"
                  + (f": recommended {rec.label(a.framework, amp=a.amp)}" if rec else ": nothing fits"), fontsize=9)
-    for ax in (ax_mem, ax_t):
-        ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
 
@@ -877,8 +867,7 @@ def benchmark_plan(*, gpus: int = 1, micro_batch: int | None = None, strategy: s
                  overhead_gb: float = DEFAULT_OVERHEAD_GB,
                  activation_slack: float = DEFAULT_ACTIVATION_SLACK,
                  attention: str = "flash", recompute="none") -> PlanRow:
-    """One planner row as the benchmark ran (18 B/param, flash attention, fused loss, buckets
-    as views); ``strategy="ZeRO-1"`` is ``--use-distributed-optimizer``."""
+    """One planner row as the benchmark ran; ``strategy="ZeRO-1"``: ``--use-distributed-optimizer``."""
     rows = plan(benchmark_config(), gpu_mem_gb=_BENCHMARK_GPU_GB, gpus_per_node=gpus, nodes=1,
                 intra_bw_gbps=450, inter_bw_gbps=450, seq_len=GPT2XL_BENCHMARK["seq"], micro_batch=micro_batch,
                 recipe="mixed-fp32-grads", attention=attention, cross_entropy="fused",
@@ -889,8 +878,7 @@ def benchmark_plan(*, gpus: int = 1, micro_batch: int | None = None, strategy: s
 
 
 def linear_model_bounds() -> dict:
-    """The per-sequence costs c (GB) for which used(b) = used(1) + c·(b-1) meets the one-GPU
-    maximum (15) and the DP=8 one (21): the ranges do not overlap."""
+    """Costs per sequence (GB) that meet the benchmark's maxima 15 and 21: the ranges do not overlap."""
     cfg = benchmark_config()
     cap = GPT2XL_BENCHMARK["gpu_total_mib"] * 2**20
     used1 = GPT2XL_BENCHMARK["r1_used_mib"] * 2**20
