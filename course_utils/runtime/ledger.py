@@ -415,8 +415,7 @@ class CommLedger:
             ax.bar([i + width / 2 for i in x], [expected.get(op, 0) for op in ops], width,
                    label="expected", color="#DD8452")
         ax.set_xticks(x, ops)
-        ax.set_ylabel("bytes")
-        ax.set_title(title)
+        ax.set(ylabel="bytes", title=title)
         ax.legend(frameon=False)
         fig.tight_layout()
         return fig

@@ -114,14 +114,12 @@ def _read() -> tuple[int, int] | None:
 def wire_bytes_sent() -> int | None:
     """Payload bytes this process's TCP sockets have sent, each once (resends apart), or None
     (:data:`WIRE_UNAVAILABLE`); only differences before/after a region mean something."""
-    counts = _read()
-    return None if counts is None else counts[0]
+    return None if (counts := _read()) is None else counts[0]
 
 
 def wire_bytes_retransmitted() -> int | None:
     """Bytes TCP sent a second time (seen even on loopback: ~1 in 30 4 MB all-reduces on 4 ranks)."""
-    counts = _read()
-    return None if counts is None else counts[1]
+    return None if (counts := _read()) is None else counts[1]
 
 
 class WireMeter:

@@ -21,7 +21,6 @@ __all__ = ["RECIPES", "ModelStates", "model_states", "GB", "GiB", "fmt_bytes", "
 RECIPES: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12),
                                              "mixed-fp32-grads": (2, 4, 12), "torch-amp": (4, 4, 8)}
 
-STAGES = (0, 1, 2, 3)
 STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
 
@@ -66,7 +65,7 @@ def model_states(num_params, *, world_size: int = 1, stage: int = 0,
     """
     check_number("num_params", num_params, above=0, example="7e9")
     check_int("world_size", world_size, 1, what="number of data-parallel GPUs")
-    if stage not in STAGES or isinstance(stage, bool):
+    if stage not in STAGE_NAMES or isinstance(stage, bool):
         raise ValueError(f"stage must be 0 (DDP), 1, 2 or 3 (ZeRO stages), got {stage!r}")
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")

@@ -807,10 +807,10 @@ def plot(rows: Plan, *, highlight: Choice | None = None):
                 left += value
     ax_mem.axvline(a.gpu_mem_gb, color="black", linestyle="--", linewidth=1)
     ax_mem.set_yticks(ys, [r.short() + ("" if r.fits else " (no fit)") for r in rows], fontsize=7)
-    ax_mem.set_xlabel("GB per GPU")
-    ax_t.set_xlabel("seconds per optimizer step")
     ax_mem.set_xlim(0, max(a.gpu_mem_gb * 1.6, 1.0))     # a bar that does not fit may run off the edge
-    for ax, parts in ((ax_mem, ("states", "activations", "buffers")), (ax_t, ("compute", "comm", "offload"))):
+    for ax, parts, xlabel in ((ax_mem, ("states", "activations", "buffers"), "GB per GPU"),
+                              (ax_t, ("compute", "comm", "offload"), "seconds per optimizer step")):
+        ax.set_xlabel(xlabel)
         handles = [Patch(color=_PART_COLORS[p], label="exposed comm" if p == "comm" else p) for p in parts]
         ax.legend(handles=handles, fontsize=7, frameon=False, ncol=3, loc="lower center",
                   bbox_to_anchor=(0.5, 1.0))
