@@ -27,7 +27,6 @@ def _lines(text):
     return [line.strip() for line in textwrap.dedent(text).strip().splitlines()]
 
 
-# --------------------------------------------------------------- DeepSpeed docs
 # DeepSpeed docs, "Memory Requirements" (deepspeed.readthedocs.io/en/latest/memory.html,
 # source docs/code-docs/source/memory.rst), ZeRO3 examples, all_cold with
 # total_params=2851e6, largest_layer_params=32e6, num_gpus_per_node=8, num_nodes=1.
@@ -138,7 +137,6 @@ def test_deepspeed_prints_gib_labelled_gb():
     assert round(gpu / GiB, 2) == 46.91 and round(gpu / GB, 2) == 50.37
 
 
-# ------------------------------------------------------------- accelerate docs
 # accelerate docs, "Model memory estimator" (docs/source/usage_guides/model_size_estimator.md),
 # `accelerate estimate-memory bert-base-cased`:
 #   | float32 | 84.95 MB | 413.18 MB | 1.61 GB   |
@@ -183,8 +181,6 @@ def test_accelerate_peak_is_the_largest_stage_not_a_sum():
     assert accelerate_convert_bytes(1023) == "1023 bytes"
     assert accelerate_convert_bytes(2**30) == "1.0 GB"        # its "GB" is GiB
 
-
-# -------------------------------------------------------------- relationships
 
 @pytest.mark.parametrize("p, n", [(7_000_000_000, 8), (129_350, 3), (1_000_001, 4), (2_783_959_040, 7)])
 def test_deepspeed_formulas(p, n):
@@ -304,8 +300,6 @@ def test_why_nvidia_smi_differs():
         assert word in joined, word
 
 
-# ------------------------------------------------------------------ validation
-
 @pytest.mark.parametrize("call, exc, words", [
     (lambda: deepspeed_zero2(0), ValueError, "num_params must be > 0"),
     (lambda: deepspeed_zero2("7B"), ValueError, "unknown preset '7B': pass a parameter count"),
@@ -340,7 +334,6 @@ def test_bad_input_gets_clear_errors(call, exc, words):
         call()
 
 
-# ----------------------------------------------- against the real libraries
 # DeepSpeed and accelerate are test dependencies (pure Python on CPU): a formula change
 # upstream (like DeepSpeed PR #5099) fails these tests instead of going unnoticed.
 

@@ -88,8 +88,6 @@ def test_unknown_figure():
         figures.data("nope")
 
 
-# ------------------------------------------------------------------ what the figures draw
-
 TIMELINE_KEYS = ("phase", "unit", "event", "alive_units", "alive_bytes")
 
 

@@ -37,8 +37,6 @@ def _originals():
     return {(m.__name__, n): getattr(m, n) for m, n in PATCHED if hasattr(m, n)}
 
 
-# ----------------------------------------------------------------- patching, nesting, pause
-
 def test_functions_are_patched_inside_and_restored_after():
     before = _originals()
     with CommLedger():
@@ -102,8 +100,6 @@ def test_nested_ledgers_both_record_and_pause_excludes():
     assert [(r.op, r.function, r.message_bytes) for r in deprecated] == [
         ("all_gather", "all_gather_into_tensor", 32)]
 
-
-# ------------------------------------------------------------------------- bytes per op
 
 def _ring_ops(sizes):
     N, r = dist.get_world_size(), dist.get_rank()
@@ -179,8 +175,6 @@ def test_other_ops_follow_the_documented_convention():
     assert sum(s["broadcast"] for s in sent) == 2 * 40            # mean (N-1)/N·M per rank
 
 
-# ------------------------------------------------------------------------------- FSDP2
-
 def _toy_fsdp(steps=1):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))  # dim 0: 7, 3
@@ -248,8 +242,6 @@ def test_dtensor_collectives_are_recorded():
     assert records[0].function in ("funcol.all_gather_single", "funcol.all_gather_tensor")
 
 
-# --------------------------------------------------------------------------- torch DDP
-
 def _ddp_grads(with_hook: bool):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
@@ -285,8 +277,6 @@ def test_ddp_hook_records_buckets_and_keeps_ddp_results():
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         CommLedger.attach_ddp(nn.Linear(2, 2))
 
-
-# ------------------------------------------------------------------------ results, output
 
 def _ledger_with(records):
     ledger = CommLedger()

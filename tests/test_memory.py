@@ -46,7 +46,6 @@ def test_bad_input_gets_clear_errors(kwargs, exc, words):
         model_states(**kwargs)
 
 
-# ----------------------------------------------------------------- issue 3 additions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

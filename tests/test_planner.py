@@ -1,21 +1,6 @@
-"""The strategy planner (notebook 08): seed 003 reproduced, the model's laws, widget, capstone.
-
-Tolerances against seed 003 (gpt2-xl, Megatron-LM, H100 80GB), and why:
-
-* parameter counts and Megatron's "weight and optimizer = 26699.47 MB": exact to the
-  printed digits (it is arithmetic: Megatron's formula, reimplemented, in MiB);
-* memory in GB: within 10%. The seed's "79GB"/"65GB" are read off nvidia-smi, which
-  shows the caching allocator's reserve (not the live tensors) and does not say GB or
-  GiB (they differ by 7.4%);
-* largest batches: within one sequence per GPU. With the runtime overhead fitted to R1,
-  "15 fits, 16 does not" on one GPU and "21 fits, 22 does not" at DP=8 with the
-  distributed optimizer need per-sequence costs in disjoint intervals
-  (``linear_model_bounds``): no model of the form overhead + cost x batch meets both, so
-  +-1 is the best any such model can promise;
-* the R5 -> R6 drop (14 GB): within 10%, and it must exclude true ZeRO-2 (18.7 GB);
-* step times: compute within 10% (MFU 0.4 is an assumption; the seed implies 0.37),
-  the DP=4 all-reduce within 35% (we assume the 450 GB/s NVLink peak; NCCL achieved
-  about 334 GB/s there).
+"""The strategy planner (notebook 08): the gpt2-xl benchmark reproduced, the model's laws, widget,
+capstone. Tolerances: see planner.benchmark_comparison (exact counts, memory 10%, largest batches
++-1 per GPU as linear_model_bounds proves, compute 10%, the DP=4 all-reduce 35%).
 """
 import math
 
@@ -34,8 +19,6 @@ from course_utils.course.calculator import PlannerSetting, PlannerWidget
 
 H100 = dict(gpu_mem_gb=80, gpus_per_node=8, intra_bw_gbps=450, inter_bw_gbps=50, seq_len=2048)
 
-
-# ------------------------------------------------------------------ seed 003
 
 def _calibrate_overhead(activation_slack: float = planner.DEFAULT_ACTIVATION_SLACK) -> float:
     """The runtime overhead (GB) that makes the planner reproduce the benchmark's first row
@@ -113,8 +96,6 @@ def test_seed003_step_times():
     r5 = benchmark_plan(gpus=4, micro_batch=15)
     assert abs(r5.comm_s - 0.028) <= 0.35 * 0.028
 
-
-# ------------------------------------------------------------- model's laws
 
 def test_states_equal_memory_model_states_without_offload():
     rows = plan("llama-2-7b", nodes=2, **H100)
@@ -235,8 +216,6 @@ def test_plan_of_a_bare_parameter_count_leaves_activations_out():
     assert rows.row("ZeRO-1").states == model_states(7e9, world_size=8, stage=1).total
 
 
-# ----------------------------------------------------------- table, advice
-
 def test_table_is_deterministic_and_states_its_assumptions():
     rows = plan("llama-2-7b", global_batch=64, **H100)
     text = table(rows)
@@ -316,8 +295,6 @@ def test_bad_models_and_choices():
         as_choice(3)
 
 
-# ------------------------------------------------------------------- widget
-
 def test_widget_bundle_and_interaction():
     w = calculator.planner_widget()
     bundle = w._repr_mimebundle_()
@@ -350,8 +327,6 @@ def test_plot_has_one_bar_per_option():
     assert [line.get_xdata()[0] for line in ax_mem.get_lines()] == [80]     # the GPU's memory
     assert f"recommended {planner.recommend(rows).choice.label()}" in fig.texts[0].get_text()
 
-
-# ------------------------------------------------------------- torch's layout
 
 DGX = dict(gpu_mem_gb=80, gpus_per_node=8, nodes=1, intra_bw_gbps=450, inter_bw_gbps=25, seq_len=4096)
 
@@ -436,8 +411,6 @@ def test_torch_amp_recipe_picks_torch_and_fp32_torch_has_no_autocast_copies():
     assert fp32.row("ZeRO-2").copies == 4 * preset("llama-2-7b").num_params      # gathered in fp32
     assert fp32.assumptions.wire_bytes == (4, 4)
 
-
-# ---------------------------------------------------------- selective recompute
 
 def test_selective_recompute_between_none_and_full_and_it_can_win():
     rows = plan("llama-2-7b", attention="standard", global_batch=64, **DGX)

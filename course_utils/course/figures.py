@@ -1,20 +1,9 @@
-"""The figures in ``vis/``, each drawn by code here; ``make figures`` redraws them all.
+"""The figures in ``vis/`` (the course map in notebook 00; each shown where it is taught).
 
-Taught in ``notebooks/00_orientation.ipynb`` (the course map); each figure is shown in
-the notebook that teaches it (``figures.show(name)``): ``collectives`` and
-``ring_all_reduce`` in 01, ``ddp_redundancy`` and ``memory_vs_gpus`` in 03,
-``zero3_timeline`` and ``comm_table`` in 06. A figure is two
-functions: ``data()`` returns the numbers it draws (plain JSON-able values, computed by
-``course_utils``), ``draw(data)`` returns a matplotlib figure. Each figure is written
-twice to ``vis/``, from the same drawing: an SVG (what markdown cells and the README
-reference) and a PNG at :data:`DPI` dots per inch (what ``show`` displays: a notebook
-opened untrusted, and GitHub, draw a PNG output but not an SVG one). Both carry the
-SHA-256 of the data in their metadata, so ``tests/test_figures.py`` can tell when a
-committed figure no longer matches the code, without comparing pixels (which change
-with matplotlib versions). Both are byte-identical from one run to the next.
-
-Add a figure: write ``_<name>_data`` and ``_<name>_draw``, register them in
-``FIGURES``, run ``make figures``, commit the SVG and the PNG.
+A figure is ``_<name>_data()`` (JSON-able numbers from course_utils) and ``_<name>_draw(data)``,
+registered in ``FIGURES``; ``make figures`` writes each as a byte-identical SVG and a PNG at
+:data:`DPI` (what ``show`` displays: untrusted notebooks and GitHub draw PNGs, not SVGs), both
+tagged with the data's SHA-256 so ``tests/test_figures.py`` finds stale ones without comparing pixels.
 """
 from __future__ import annotations
 
@@ -41,8 +30,7 @@ _STATE_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"
 
 def _despine(*axes) -> None:
     for ax in axes:
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["top", "right"]].set_visible(False)
 
 
 def _finish(fig, *axes):
@@ -51,17 +39,12 @@ def _finish(fig, *axes):
     return fig
 
 
-# ------------------------------------------------------------------- zero_stages
-
 def _zero_stages_data() -> dict:
-    """Per-GPU model states for 7B params on 4 GPUs, mixed-precision Adam (a common worked example)."""
+    """Per-GPU model states for 7B params on 4 GPUs, mixed-precision Adam."""
     num_params, gpus, recipe = 7_000_000_000, 4, "mixed"
-    stages = []
-    for stage in (0, 1, 2, 3):
-        ms = model_states(num_params, world_size=gpus, stage=stage, recipe=recipe)
-        stages.append({"name": STAGE_NAMES[stage], "stage": stage,
-                       "params_GB": ms.params / GB, "grads_GB": ms.grads / GB,
-                       "optimizer_GB": ms.optimizer / GB, "total_GB": ms.total / GB})
+    stages = [{"name": STAGE_NAMES[ms.stage], "stage": ms.stage, "params_GB": ms.params / GB,
+               "grads_GB": ms.grads / GB, "optimizer_GB": ms.optimizer / GB, "total_GB": ms.total / GB}
+              for ms in (model_states(num_params, world_size=gpus, stage=s, recipe=recipe) for s in (0, 1, 2, 3))]
     return {"num_params": num_params, "gpus": gpus, "recipe": recipe, "stages": stages,
             "sharded": {"DDP": [], "ZeRO-1": ["optimizer"], "ZeRO-2": ["optimizer", "grads"],
                         "ZeRO-3": ["optimizer", "grads", "params"]}}
@@ -97,8 +80,6 @@ def _zero_stages_draw(d: dict):
     ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=False)
     return _finish(fig, ax)
 
-
-# ------------------------------------------------------------------ ddp_redundancy
 
 def _ddp_redundancy_data() -> dict:
     """DDP on 4 GPUs, 7B params, mixed-precision Adam: every GPU holds the same 112 GB."""
@@ -147,53 +128,40 @@ def _ring_draw(d: dict):
     return draw_ring_sequence(d["steps"])
 
 
-# ------------------------------------------------------------------- collectives
-
-_COLLECTIVES = (  # (demo name in course_utils.labs.collectives_lab, title, what it does)
-    ("broadcast", "broadcast", "rank 0's tensor is copied to every rank"),
-    ("all_reduce", "all-reduce", "every rank gets the element-wise sum"),
-    ("reduce_scatter", "reduce-scatter", "the sum, cut in N pieces: rank r keeps piece r"),
-    ("all_gather", "all-gather", "every rank gets every rank's piece, in rank order"),
+_COLLECTIVES = (  # (demo name in labs.collectives_lab, title, what it does, bytes a rank sends)
+    ("broadcast", "broadcast", "rank 0's tensor is copied to every rank", "M, 0 on the ring's last rank"),
+    ("all_reduce", "all-reduce", "every rank gets the element-wise sum", "2(N-1)/N·M"),
+    ("reduce_scatter", "reduce-scatter", "the sum, cut in N pieces: rank r keeps piece r", "(N-1)/N·M"),
+    ("all_gather", "all-gather", "every rank gets every rank's piece, in rank order", "(N-1)/N·M"),
 )
 _RANK_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52")
 _SUM_COLOR = "#F6D55C"
 
 
 def _collectives_data(world_size: int = 4) -> dict:
-    """Before/after of the four collectives on ``world_size`` ranks, from
-    :func:`course_utils.labs.collectives_lab.expected` (what the live demos of notebook 01 return),
-    and the bytes each rank sends under the ring model, from the convention the
-    :class:`~course_utils.runtime.ledger.CommLedger` records (:func:`course_utils.theory.comm.sent_bytes`)."""
+    """Before/after of the four collectives (notebook 01's demos) and the ring-model bytes sent."""
     from ..labs.collectives_lab import ROOT, expected
     from ..theory.comm import sent_bytes
 
     rows = []
-    for name, title, what in _COLLECTIVES:
+    for name, title, what, _ in _COLLECTIVES:
         ranks = [expected(name, r, world_size) for r in range(world_size)]
         before = [[float(x) for x in e["before"].tolist()] for e in ranks]
         after = [[float(x) for x in e["after"].tolist()] for e in ranks]
         chunk = len(before[0])
-        # where each value comes from: a rank (its colour) or "sum" (of every rank)
         if name == "broadcast":
             sources = [[ROOT] * len(a) for a in after]
         elif name == "all_gather":
             sources = [[i // chunk for i in range(len(a))] for a in after]
         else:
             sources = [["sum"] * len(a) for a in after]
-        element = 4  # float32
-        # M: the full tensor (broadcast, all-reduce), the unreduced input (reduce-scatter),
-        # the gathered output (all-gather): the CommLedger's convention
+        element = 4  # float32; M: the gathered output for all-gather, else the input
         message = element * (len(after[0]) if name == "all_gather" else len(before[0]))
         own = element * len(before[0])
         sent = [sent_bytes(name, message, world_size, r, ROOT, own) for r in range(world_size)]
         rows.append({"name": name, "title": title, "what": what, "before": before, "after": after,
                      "after_sources": sources, "message_bytes": message, "sent_bytes": sent})
     return {"world_size": world_size, "root": ROOT, "element_bytes": 4, "collectives": rows}
-
-
-_COLLECTIVE_FORMULAS = {"broadcast": "M, 0 on the ring's last rank",
-                        "all_reduce": "2(N-1)/N·M", "reduce_scatter": "(N-1)/N·M",
-                        "all_gather": "(N-1)/N·M"}
 
 
 def _collectives_draw(d: dict):
@@ -207,6 +175,7 @@ def _collectives_draw(d: dict):
     x_text = x_after + width + 0.4
     block = n * row_h
     fig, ax = plt.subplots(figsize=(10.0, 8.0))
+    formulas = {name: formula for name, _, _, formula in _COLLECTIVES}
 
     def cells(x0, y_top, values, sources):
         for r, (vals, srcs) in enumerate(zip(values, sources)):
@@ -237,7 +206,7 @@ def _collectives_draw(d: dict):
         sent_text = (f"{sent[0]:g} B" if same else ", ".join(f"{s:g}" for s in sent) + " B")
         ax.text(x_text, top - 0.35, f"M = {c['message_bytes']} B", fontsize=8.5, va="center")
         ax.text(x_text, top - 0.85, f"sent per rank: {sent_text}", fontsize=8.5, va="center")
-        ax.text(x_text, top - 1.35, f"= {_COLLECTIVE_FORMULAS[c['name']]}", fontsize=8.5, va="center",
+        ax.text(x_text, top - 1.35, f"= {formulas[c['name']]}", fontsize=8.5, va="center",
                 color="#333333")
         y = top - block - gap
     ax.text(x_before, 0.55, "before", fontsize=10, fontstyle="italic")
@@ -252,21 +221,16 @@ def _collectives_draw(d: dict):
     return _finish(fig)
 
 
-# ----------------------------------------------------------------- memory_vs_gpus
-
 def _memory_vs_gpus_data() -> dict:
     """Model states per GPU for 7B params, mixed-precision Adam, N = 1 ... 64 GPUs."""
     num_params, recipe = 7_000_000_000, "mixed"
     gpus = [2 ** k for k in range(7)]
     stages = []
     for stage in (0, 1, 2, 3):
-        totals = [model_states(num_params, world_size=n, stage=stage, recipe=recipe).total / GB
-                  for n in gpus]
-        one = model_states(num_params, world_size=1, stage=stage, recipe=recipe)
-        # what stays whole however many GPUs: the unsharded parts
-        floor = {0: one.total, 1: one.params + one.grads, 2: one.params, 3: 0}[stage] / GB
-        stages.append({"name": STAGE_NAMES[stage], "stage": stage, "total_GB": totals,
-                       "floor_GB": floor})
+        one = model_states(num_params, world_size=1, stage=stage, recipe=recipe)   # floor: the unsharded parts
+        stages.append({"name": STAGE_NAMES[stage], "stage": stage, "total_GB": [
+            model_states(num_params, world_size=n, stage=stage, recipe=recipe).total / GB for n in gpus],
+            "floor_GB": {0: one.total, 1: one.params + one.grads, 2: one.params, 3: 0}[stage] / GB})
     return {"num_params": num_params, "recipe": recipe, "gpus": gpus, "stages": stages}
 
 
@@ -297,8 +261,6 @@ def _memory_vs_gpus_draw(d: dict):
     ax.legend(fontsize=8, frameon=False, loc="center right")
     return _finish(fig, ax)
 
-
-# ------------------------------------------------------------------ zero3_timeline
 
 def _zero3_timeline_data(world_size: int = 2) -> dict:
     """The ZeRO-3 timeline of the course GPT on ``world_size`` ranks, without and with prefetch."""
@@ -347,15 +309,9 @@ def _zero3_timeline_draw(d: dict):
     return _finish(fig)
 
 
-# ---------------------------------------------------------------------- comm_table
-
 def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
                      bytes_per_elem: int = 2) -> dict:
-    """Bytes one rank sends per step, and the calls, for DDP, ZeRO-1/2/3 and FSDP2 on a real
-    model: :func:`~course_utils.theory.comm.comm_volume` and
-    :func:`~course_utils.theory.comm.collective_calls` for DDP and ZeRO; for ``fully_shard``
-    (one unit per block plus the root, kept gathered between forward and backward)
-    :func:`course_utils.theory.sharding.comm_bytes_per_step` and :func:`course_utils.theory.sharding.calls_per_step`."""
+    """Bytes one rank sends per step, and the calls, for DDP, ZeRO-1/2/3 and FSDP2 on a real model."""
     from fractions import Fraction
 
     from ..harness.model import build_model
@@ -444,8 +400,6 @@ FIGURES: dict[str, tuple[Callable[[], dict], Callable[[dict], object]]] = {
 }
 
 
-# ------------------------------------------------------------------- machinery
-
 def _check(name: str) -> None:
     if name not in FIGURES:
         raise ValueError(f"unknown figure {name!r}; known figures: {sorted(FIGURES)}")
@@ -460,19 +414,17 @@ def path(name: str, vis_dir: Path | str | None = None, fmt: str = "svg") -> Path
 
 
 def data(name: str) -> dict:
-    """The numbers figure ``name`` draws."""
     _check(name)
     return FIGURES[name][0]()
 
 
 def data_hash(name: str) -> str:
-    """SHA-256 of the figure's data (canonical JSON)."""
+    """SHA-256 of the figure's data as canonical JSON."""
     blob = json.dumps(data(name), sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 
 
 def draw(name: str):
-    """A matplotlib figure of ``name``, drawn now from code."""
     _check(name)
     data_fn, draw_fn = FIGURES[name]
     return draw_fn(data_fn())
@@ -494,8 +446,7 @@ def png_bytes(fig, name: str) -> bytes:
 
 
 def save(name: str, vis_dir: Path | str | None = None) -> list[Path]:
-    """Draw ``name`` once and write it as a deterministic SVG and PNG, each tagged with
-    its data hash; returns their paths (``vis/<name>.svg``, ``vis/<name>.png``)."""
+    """Draw ``name`` once and write its deterministic SVG and PNG; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -520,30 +471,19 @@ def stale(vis_dir: Path | str | None = None) -> dict[str, str]:
     """Figures whose committed SVG or PNG is missing or drawn from other data: name -> why."""
     problems = {}
     for name in FIGURES:
-        for fmt in FORMATS:
-            p = path(name, vis_dir, fmt)
-            if not p.exists():
-                problems[name] = f"{p} is missing: run `make figures`"
-                break
-            m = _HASH_RE.search(p.read_bytes())
-            if not m:
-                problems[name] = f"{p} carries no data hash: run `make figures`"
-                break
-            if m.group(1).decode() != data_hash(name):
-                problems[name] = f"{p} was drawn from other data than the code gives now: run `make figures`"
+        for p in (path(name, vis_dir, fmt) for fmt in FORMATS):
+            m = _HASH_RE.search(p.read_bytes()) if p.exists() else None
+            why = ("is missing" if not p.exists() else "carries no data hash" if not m else
+                   "was drawn from other data than the code gives now"
+                   if m.group(1).decode() != data_hash(name) else "")
+            if why:
+                problems[name] = f"{p} {why}: run `make figures`"
                 break
     return problems
 
 
-def _png_width(png: bytes) -> int:
-    """Pixel width of a PNG (its IHDR chunk)."""
-    return int.from_bytes(png[16:20], "big")
-
-
 def show(name: str):
-    """Display figure ``name`` in a notebook: the committed PNG (drawn live if absent),
-    as wide as its SVG, with ``figure: <name>`` as its text form. A PNG output renders
-    in an untrusted notebook, on GitHub and in the offline book; an SVG output does not."""
+    """Display the committed PNG of ``name`` (drawn live if absent) as wide as its SVG."""
     import base64
 
     from IPython.display import display
@@ -557,7 +497,7 @@ def show(name: str):
         fig = draw(name)
         png = png_bytes(fig, name)
         plt.close(fig)
-    width = round(_png_width(png) * _CSS_DPI / DPI)
+    width = round(int.from_bytes(png[16:20], "big") * _CSS_DPI / DPI)   # the IHDR width
     display({"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"figure: {name}"},
             raw=True, metadata={"image/png": {"width": width}})
 

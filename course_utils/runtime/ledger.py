@@ -1,13 +1,6 @@
-"""CommLedger: record every collective this process issues, with the bytes the ring model
-says it sends.
-
-Taught in ``notebooks/01_collectives.ipynb``. The ledger wraps ``torch.distributed``'s
-collectives (and the functional collectives DTensor uses) while it is entered; each call
-becomes a :class:`CommRecord` with the message size and, from it,
-:func:`course_utils.theory.comm.sent_bytes`: a *model* of the bytes sent, not a
-measurement of the wire. What really went on the wire is measured by
-:mod:`course_utils.runtime.wire` (on gloo the two differ: its reduce-scatter is a full
-all-reduce, its broadcast a tree).
+"""CommLedger (notebook 01): record every collective this process issues, with the bytes the
+ring *model* says it sends (:func:`course_utils.theory.comm.sent_bytes`); what really went on
+the wire is :mod:`course_utils.runtime.wire` (on gloo they differ).
 """
 from __future__ import annotations
 
@@ -32,9 +25,7 @@ LEDGER_OPS = OPS + ("broadcast", "reduce", "scatter", "gather", "all_to_all", "s
 
 @_dataclasses.dataclass(frozen=True)
 class CommRecord:
-    """One collective call seen by a :class:`CommLedger` (its docstring says what each
-    field means); ``function``: what was called, e.g. ``"funcol.all_reduce"``."""
-
+    """One collective call seen by a :class:`CommLedger`; ``function``: e.g. ``"funcol.all_reduce"``."""
     op: str
     function: str
     message_bytes: int
@@ -45,10 +36,8 @@ class CommRecord:
     async_op: bool = False
 
 
-# -- what each torch function is ---------------------------------------------------------
-# name -> (normalised op, the argument holding the message, how to size it):
-#   "tensor": its bytes; "list": bytes of the tensors in it; "lists": of the tensors in
-#   its lists; "times_n": its bytes times the group size (a gather's input); None: 0.
+# name -> (op, the argument holding the message, how to size it: "tensor", "list" (of tensors),
+# "lists" (of lists), "times_n" (its bytes x the group size: a gather's input), None: 0)
 _C10D = {
     "all_reduce": ("all_reduce", "tensor", "tensor"),
     "all_reduce_coalesced": ("all_reduce", "tensors", "list"),
@@ -74,8 +63,7 @@ _C10D = {
     "barrier": ("barrier", None, None),
     "monitored_barrier": ("barrier", None, None),
 }
-# torch.distributed._functional_collectives (DTensor's collectives: full_tensor(),
-# redistribute, clip_grad_norm_ on sharded grads). All return async tensors.
+# torch.distributed._functional_collectives (DTensor's); all return async tensors
 _FUNCOL = {
     "broadcast": ("broadcast", "self", "tensor"),
     "all_reduce": ("all_reduce", "self", "tensor"),
@@ -109,18 +97,13 @@ def _group_rank(group, global_root, group_root) -> int:
     """The root's rank inside ``group`` from a global ``src``/``dst`` or a ``group_src``."""
     import torch.distributed as dist
 
-    if group_root is not None:
-        return group_root
-    if global_root is None:
-        return 0
-    if group is None or group is dist.group.WORLD:
-        return global_root
-    return dist.get_group_rank(group, global_root)
+    if group_root is not None or global_root is None:
+        return group_root or 0
+    return global_root if group is None or group is dist.group.WORLD else dist.get_group_rank(group, global_root)
 
 
 def _funcol_group(group):
-    """(world size, rank) of a functional-collective group (ProcessGroup, group name,
-    DeviceMesh, (mesh, dim) or a list of ranks)."""
+    """(world size, rank) of a funcol group: ProcessGroup, name, DeviceMesh, (mesh, dim) or ranks."""
     import torch.distributed as dist
 
     if isinstance(group, list) and group and all(isinstance(r, int) for r in group):
@@ -157,13 +140,8 @@ def _own_chunk(tensor, splits, world: int, rank: int) -> int:
 def _size(value, how: str | None, world: int) -> int:
     if how is None or value is None:
         return 0
-    if how == "tensor":
-        return _nbytes(value)
-    if how == "times_n":
-        return _nbytes(value) * world
-    if how == "list":
-        return _sum_bytes(value)
-    return sum(_sum_bytes(lst) for lst in value)      # "lists"
+    return {"tensor": _nbytes, "times_n": lambda v: _nbytes(v) * world, "list": _sum_bytes,
+            "lists": lambda v: sum(_sum_bytes(lst) for lst in v)}[how](value)
 
 
 def _describe(family: str, name: str, signature, args, kwargs):
@@ -177,29 +155,22 @@ def _describe(family: str, name: str, signature, args, kwargs):
         return "broadcast", message, world, rank, sent_bytes("broadcast", message, world, rank,
                                                               src, 0), False
     op, arg_name, how = (_FUNCOL if family == "funcol" else _C10D)[name]
-    bound = signature.bind(*args, **kwargs)
-    a = bound.arguments
+    a = signature.bind(*args, **kwargs).arguments
     group = a.get("group")
     if family == "funcol":
-        world, rank = _funcol_group(group)
-        is_async = True
+        (world, rank), is_async = _funcol_group(group), True
     else:
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         is_async = name in ("isend", "irecv") or bool(a.get("async_op", False))
     message = _size(a.get(arg_name), how, world)
     root = own = 0
-    if op in ("broadcast", "scatter"):
-        if family == "funcol":               # a rank within the group already
-            root = a.get("src") or 0
-        else:
-            root = _group_rank(group, a.get("src"), a.get("group_src"))
+    if op in ("broadcast", "scatter"):           # funcol's src is a rank within the group already
+        root = (a.get("src") or 0) if family == "funcol" else _group_rank(group, a.get("src"), a.get("group_src"))
     elif op in ("reduce", "gather"):
         root = _group_rank(group, a.get("dst"), a.get("group_dst"))
     elif op == "all_to_all":
-        if how == "list":
-            own = _nbytes(a[arg_name][rank])
-        else:
-            own = _own_chunk(a[arg_name], a.get("input_split_sizes"), world, rank)
+        own = (_nbytes(a[arg_name][rank]) if how == "list"
+               else _own_chunk(a[arg_name], a.get("input_split_sizes"), world, rank))
     return op, message, world, rank, sent_bytes(op, message, world, rank, root, own), is_async
 
 
@@ -250,8 +221,7 @@ def _make_wrapper(family: str, name: str, original):
 
 
 def _install() -> None:
-    """Replace the collectives in torch.distributed, its distributed_c10d module and
-    _functional_collectives by recording wrappers (once, while any ledger is active)."""
+    """Wrap the collectives of torch.distributed, distributed_c10d and _functional_collectives."""
     import torch.distributed as dist
 
     if not dist.is_available():          # a torch built without distributed: nothing to patch
@@ -260,7 +230,8 @@ def _install() -> None:
     import torch.distributed.distributed_c10d as c10d
 
     wrappers: dict[int, object] = {}
-    for family, table, modules in (("c10d", _C10D, (dist, c10d)), ("funcol", _FUNCOL, (funcol,))):
+    for family, table, modules in (("c10d", _C10D, (dist, c10d)), ("funcol", _FUNCOL, (funcol,)),
+                                   ("c10d", (DDP_BUFFER_BROADCAST,), (dist,))):   # DDP's buffer broadcast
         for name in table:
             for module in modules:
                 original = getattr(module, name, None)
@@ -271,11 +242,6 @@ def _install() -> None:
                     wrappers[key] = _make_wrapper(family, name, original)
                 setattr(module, name, wrappers[key])
                 _PATCHES.append((module, name, original, wrappers[key]))
-    original = getattr(dist, DDP_BUFFER_BROADCAST, None)     # torch DDP's buffer broadcast
-    if original is not None and not hasattr(original, "__course_ledger_original__"):
-        wrapper = _make_wrapper("c10d", DDP_BUFFER_BROADCAST, original)
-        setattr(dist, DDP_BUFFER_BROADCAST, wrapper)
-        _PATCHES.append((dist, DDP_BUFFER_BROADCAST, original, wrapper))
 
 
 def _uninstall() -> None:
@@ -286,10 +252,7 @@ def _uninstall() -> None:
 
 
 def ddp_comm_hook(process_group, bucket):
-    """A torch DDP communication hook equal to DDP's default (divide the bucket by the
-    world size, all-reduce SUM), issued from Python so that a :class:`CommLedger` records
-    it. ``ddp_model.register_comm_hook(None, ddp_comm_hook)``; see :meth:`CommLedger.attach_ddp`.
-    """
+    """DDP's default comm hook (average, all-reduce), issued from Python so a ledger records it."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     _TLS.label = "DDP comm hook"
@@ -303,56 +266,21 @@ _fmt_bytes = _functools.partial(fmt_bytes, unit=None, digits=2, sep=True)
 
 
 class CommLedger:
-    """Record every collective this process issues while the ledger is active.
-
-    Taught in ``notebooks/01_collectives.ipynb``; used by ``experiments.run`` to measure
-    each strategy's communication. ::
+    """Record every collective this process issues while the ledger is active. ::
 
         with CommLedger() as ledger:
             dist.all_reduce(torch.ones(1000))       # 4000-byte message
         ledger.totals()   # {'all_reduce': 2*(N-1)/N*4000, 'reduce_scatter': 0, 'all_gather': 0}
 
-    **How.** While any ledger is active, the collectives of ``torch.distributed`` (also
-    reachable as ``torch.distributed.distributed_c10d.*``) and of
-    ``torch.distributed._functional_collectives`` (DTensor's) are replaced by wrappers
-    that time the call and record it, then restored when the last ledger exits (also on
-    an exception). Ledgers nest: every active, unpaused ledger records each call. A
-    collective called *by* a recorded one (``all_gather_into_tensor`` calls
-    ``all_gather_single`` in torch 2.13) is recorded once, as the outer call.
-    Object collectives (``all_gather_object``...) show up as the tensor collectives
-    they issue. Seen: course code calling ``dist.*`` or ``course_utils.runtime.compat.*``;
-    torch FSDP2 (``fully_shard`` calls ``dist.all_gather_single`` and
-    ``dist.reduce_scatter_single`` in 2.13, ``dist.all_reduce`` for HSDP); DTensor;
-    torch DDP once :meth:`attach_ddp` routed its bucket all-reduces through Python (by
-    default DDP's C++ reducer calls the backend directly, invisible from Python).
-    Not seen: names bound before the ledger started (``from torch.distributed import
-    all_reduce``), collectives issued from C++.
-
-    **Bytes.** ``message_bytes`` M of one call: the full tensor for all-reduce,
-    broadcast and reduce; the full (gathered) tensor for all-gather, i.e. N × the
-    input; the full (unreduced) input for reduce-scatter, N × the output (so the
-    ring formulas of :func:`collective_bytes` apply with the same M); this rank's chunk
-    for scatter and gather; this rank's whole input for all-to-all; the tensor for
-    send/recv; 0 for barrier. ``sent_bytes``: what this rank puts on the wire in the ring
-    model (:func:`course_utils.theory.comm.sent_bytes`; broadcast and reduce as pipelined
-    rings, NCCL's algorithm).
-
-    With N = 1 nothing is sent. ``seconds`` is the wall time of the call; for
-    ``async_op=True`` calls (and DDP's hook, and functional collectives) that is the time
-    to *issue* it, and ``async_op`` says so.
-
-    Results (:meth:`totals`, :meth:`counts`, :meth:`message_bytes`, :meth:`summary`)
-    are plain dicts that depend only on the calls made, in :data:`LEDGER_OPS` order
-    with ``all_reduce``, ``reduce_scatter`` and ``all_gather`` always present; the ledger
-    itself pickles (its records), so a rank can return it from ``launch``.
+    Ledgers nest; a collective called by a recorded one counts once. Seen: ``dist.*``, FSDP2,
+    DTensor, DDP after :meth:`attach_ddp`; not seen: names bound before entering, C++ calls.
+    M: the full tensor (all-gather's output, reduce-scatter's input); async calls time the issue.
     """
-
     def __init__(self):
         self.records: list[CommRecord] = []
         self._paused = 0
         self._active = False
 
-    # -- recording
     def __enter__(self) -> "CommLedger":
         with _LOCK:
             if self._active:
@@ -375,13 +303,11 @@ class CommLedger:
 
     @property
     def active(self) -> bool:
-        """Whether the ledger is recording now (inside its ``with`` block)."""
         return self._active
 
     @_contextlib.contextmanager
     def pause(self):
-        """Do not record in this ledger inside the block (e.g. a loss all-reduce done
-        only for logging). Other active ledgers still record."""
+        """Do not record in this ledger inside the block (other ledgers still record)."""
         self._paused += 1
         try:
             yield self
@@ -389,19 +315,15 @@ class CommLedger:
             self._paused -= 1
 
     def reset(self) -> None:
-        """Forget every record (the ledger keeps recording if it is active)."""
+        """Forget every record (an active ledger keeps recording)."""
         with _LOCK:
             self.records.clear()
 
-    # -- torch DDP
     ddp_hook = staticmethod(ddp_comm_hook)
 
     @staticmethod
     def attach_ddp(ddp_model):
-        """Route a ``DistributedDataParallel`` model's bucket all-reduces through
-        :func:`ddp_comm_hook` (DDP's default averaging, issued from Python) so that any
-        active ledger records them: one all-reduce per bucket, M = the bucket's bytes.
-        Call once per DDP model, before its first backward. Returns the model."""
+        """Route a DDP model's bucket all-reduces through :func:`ddp_comm_hook` (before its first backward)."""
         from torch.nn.parallel import DistributedDataParallel
 
         if not isinstance(ddp_model, DistributedDataParallel):
@@ -410,7 +332,6 @@ class CommLedger:
         ddp_model.register_comm_hook(None, ddp_comm_hook)
         return ddp_model
 
-    # -- results
     def _ops(self) -> list[str]:
         seen = {r.op for r in self.records}
         return [op for op in LEDGER_OPS if op in OPS or op in seen] + sorted(seen - set(LEDGER_OPS))
@@ -422,31 +343,27 @@ class CommLedger:
         return out
 
     def totals(self, *, exact: bool = False) -> dict:
-        """``{op: bytes this rank sent in the ring model}``, summed exactly (ring ops as
-        fractions), then an int when whole, else a float; ``exact=True``: the Fractions."""
+        """``{op: ring-model bytes sent}``, summed exactly (``exact=True``: the Fractions)."""
         sums = self._per_op(_exact_sent, _Fraction(0))
         return sums if exact else {op: _from_fraction(v) for op, v in sums.items()}
 
     def counts(self) -> dict:
-        """``{op: number of calls}``."""
         return self._per_op(lambda r: 1)
 
     def message_bytes(self) -> dict:
-        """``{op: sum of M}`` (the message sizes, before the ring factors)."""
+        """``{op: sum of M}`` (before the ring factors)."""
         return self._per_op(lambda r: r.message_bytes)
 
     def seconds(self) -> dict:
-        """``{op: wall seconds spent in the calls}`` (issue time for async calls)."""
+        """``{op: wall seconds in the calls}``."""
         return self._per_op(lambda r: r.seconds, 0.0)
 
     def summary(self) -> dict:
-        """Plain, picklable dicts: ``totals``, ``counts``, ``message_bytes``, ``seconds``."""
         return {"totals": self.totals(), "counts": self.counts(),
                 "message_bytes": self.message_bytes(), "seconds": self.seconds()}
 
     def table(self) -> str:
-        """A text table: one row per op (calls, message bytes M, bytes sent in the ring
-        model, seconds) and a total."""
+        """One row per op (calls, M, ring-model bytes, seconds) and a total."""
         rows = [("op", "calls", "message bytes", "ring-model bytes", "seconds")]
         totals, counts, msgs, secs = self.totals(), self.counts(), self.message_bytes(), self.seconds()
         for op in totals:
@@ -458,12 +375,8 @@ class CommLedger:
         return table(rows[0], rows[1:], rules=(0, len(rows) - 2))
 
     def compare(self, expected: dict) -> str:
-        """The ledger's bytes (the ring model applied to each recorded call) vs ``expected``
-        bytes, per op: e.g. ``comm_volume(...)`` times the number of steps. This checks
-        which calls were made and how large they were, not the wire (for that:
-        :mod:`course_utils.runtime.wire`). A ``"total"`` key is compared with the sum over ops. Each line
-        gives the exact difference (measured - expected) and ``ok`` when it is zero
-        (or below 1e-9 relative, float rounding of (N-1)/N)."""
+        """The ledger's ring-model bytes vs ``expected`` (e.g. ``comm_volume(...)`` x steps) per op
+        and "total": the exact difference, ``ok`` when zero (or < 1e-9 relative)."""
         if not isinstance(expected, dict):
             raise TypeError(f"expected must be a dict op -> bytes (like comm_volume's), got "
                             f"{type(expected).__name__}")
@@ -471,14 +384,9 @@ class CommLedger:
         keys = [k for k in expected if k != "total"]
         keys += [op for op, v in measured.items() if op not in expected and v != 0]
         rows = [("op", "ledger (ring model)", "expected", "difference", "")]
-        total_m = _Fraction(0)
-        for op in keys:
-            m = measured.get(op, _Fraction(0))
-            total_m += m
-            rows.append(self._compare_row(op, m, expected.get(op, 0)))
+        rows += [self._compare_row(op, measured.get(op, _Fraction(0)), expected.get(op, 0)) for op in keys]
         if "total" in expected:
-            all_m = sum(measured.values(), _Fraction(0))
-            rows.append(self._compare_row("total", all_m, expected["total"]))
+            rows.append(self._compare_row("total", sum(measured.values(), _Fraction(0)), expected["total"]))
         return table(rows[0], rows[1:], left=(0, 4), rules=())
 
     @staticmethod
@@ -490,9 +398,7 @@ class CommLedger:
                 _fmt_bytes(_from_fraction(diff)), "ok" if close else "DIFFERS")
 
     def plot(self, expected: dict | None = None, *, title: str = "bytes sent by this rank"):
-        """A bar chart of the bytes each op sends in the ring model; with ``expected`` (e.g. ``comm_volume(...)``
-        times steps) a second bar per op. Returns the matplotlib Figure (made without
-        pyplot, so a notebook shows it once, as the cell's value)."""
+        """Bars of each op's ring-model bytes (and ``expected``'s); a Figure made without pyplot."""
         from matplotlib.figure import Figure
 
         measured = self.totals()
@@ -509,13 +415,11 @@ class CommLedger:
             ax.bar([i + width / 2 for i in x], [expected.get(op, 0) for op in ops], width,
                    label="expected", color="#DD8452")
         ax.set_xticks(x, ops)
-        ax.set_ylabel("bytes")
-        ax.set_title(title)
+        ax.set(ylabel="bytes", title=title)
         ax.legend(frameon=False)
         fig.tight_layout()
         return fig
 
-    # -- plumbing
     def __len__(self) -> int:
         return len(self.records)
 

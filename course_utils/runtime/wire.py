@@ -1,22 +1,15 @@
-"""Bytes on the wire, read from the kernel: what this process's TCP sockets really sent.
+"""Bytes on the wire (notebook 01), read from the kernel: what this process's TCP sockets sent.
 
-Taught in ``notebooks/01_collectives.ipynb``. :class:`~course_utils.runtime.ledger.CommLedger`
-computes the bytes of each collective from its message size with the ring formulas: a
-*model*. This module *measures*: Linux keeps, for every TCP socket, the number of payload
-bytes it has sent (``tcpi_bytes_sent`` of ``getsockopt(TCP_INFO)``, Linux 4.19 and newer),
-so the difference of the sum over this process's sockets before and after a region is what
-went on the wire in between, whatever algorithm the backend chose::
+The CommLedger *models* bytes; this *measures* them: Linux's ``tcpi_bytes_sent``
+(``TCP_INFO``, 4.19+) summed over this process's sockets, before and after a region::
 
     with WireMeter() as wire:
         dist.all_reduce(t)
     wire.sent        # bytes, or None where the OS has no such counter (macOS, Windows)
 
-What it sees: gloo's TCP connections (gloo's message headers and control messages
-included, TCP/IP headers excluded; a segment TCP had to resend is counted once in
-``sent`` and again in ``retransmitted``). What it does not see: NCCL's traffic over NVLink,
-shared memory or InfiniBand (no TCP socket carries it), and sockets of other processes.
-A rank forked from a notebook inherits the kernel's own sockets (Jupyter's messaging):
-:func:`ignore_inherited_sockets`, called by ``launch`` when a rank starts, leaves them out.
+It sees gloo's TCP traffic (its headers included, TCP/IP's not), not NCCL's (NVLink,
+InfiniBand) nor other processes'; a rank forked from a notebook leaves out the sockets it
+inherited (:func:`ignore_inherited_sockets`, called by ``launch``).
 """
 from __future__ import annotations
 
@@ -30,11 +23,10 @@ import time
 __all__ = ["wire_bytes_sent", "wire_bytes_retransmitted", "WireMeter", "group_wire_bytes", "wire_available", "WIRE_UNAVAILABLE",
            "ignore_inherited_sockets"]
 
-#: Offset and size of ``tcpi_bytes_sent`` in Linux's ``struct tcp_info`` (since 4.19).
-_BYTES_SENT_OFFSET = 200
+_BYTES_SENT_OFFSET = 200           # tcpi_bytes_sent in Linux's struct tcp_info (since 4.19)
 _BYTES_RETRANS_OFFSET = 208         # tcpi_bytes_retrans (since 4.19)
 _NOTSENT_OFFSET = 144               # tcpi_notsent_bytes (since 4.6)
-#: How long a reading waits for the sockets' queues to drain (see :func:`wire_bytes_sent`).
+#: How long a reading waits for the sockets' queues to drain.
 SETTLE_S = 2.0
 _TCP_INFO_BYTES = 512
 #: Why :func:`wire_bytes_sent` returns None, in one sentence.
@@ -62,9 +54,7 @@ def _socket_fds() -> dict[str, int]:
 
 
 def _counters(fd: int) -> tuple[int, int, int] | None:
-    """``(tcpi_bytes_sent, tcpi_bytes_retrans, tcpi_notsent_bytes)`` of the TCP socket
-    ``fd``: bytes the kernel has transmitted (retransmissions included), the retransmitted
-    ones, and bytes written by the program but still queued; None for any other socket."""
+    """``(bytes sent incl. retransmissions, retransmitted, still queued)`` of TCP socket ``fd``, else None."""
     try:
         s = socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM)     # a dup: closing it is safe
     except OSError:
@@ -86,29 +76,18 @@ def wire_available() -> bool:
     """Whether this system gives per-socket byte counters (Linux with ``TCP_INFO``)."""
     if not sys.platform.startswith("linux") or not hasattr(socket, "TCP_INFO"):
         return False
-    listener = socket.socket()                 # an unconnected TCP socket answers TCP_INFO too
-    try:
-        listener.bind(("127.0.0.1", 0))
-        info = listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
-        return len(info) >= _BYTES_RETRANS_OFFSET + 8
-    except OSError:
-        return False
-    finally:
-        listener.close()
+    with socket.socket() as listener:          # an unconnected TCP socket answers TCP_INFO too
+        return _counters(listener.fileno()) is not None
 
 
 def ignore_inherited_sockets() -> None:
-    """Leave the sockets open now out of every later count: ``launch`` calls it when a
-    rank starts, before its process group exists, so a rank forked from a notebook does
-    not count the notebook kernel's own traffic on the sockets it inherited."""
+    """Leave the sockets open now out of every later count (``launch`` calls it as a rank starts)."""
     _inherited.clear()
     _inherited.update(_socket_fds())
 
 
 def _read() -> tuple[int, int] | None:
-    """``(bytes sent, each once; bytes retransmitted)`` over this process's TCP sockets
-    (inherited ones left out), once nothing written is still queued in them (at most
-    :data:`SETTLE_S` seconds); None where the OS gives no such counters."""
+    """``(bytes sent, each once; retransmitted)`` over our TCP sockets once drained, or None."""
     if not sys.platform.startswith("linux") or not hasattr(socket, "TCP_INFO"):
         return None
     deadline = time.monotonic() + SETTLE_S
@@ -123,9 +102,7 @@ def _read() -> tuple[int, int] | None:
                 retrans += counters[1]
                 queued += counters[2]
                 seen_tcp = True
-        # A collective returns once its bytes are written into the sockets; the kernel may
-        # transmit some of them a moment later. Wait for the queues to drain, so that bytes
-        # are counted in the region whose code sent them.
+        # a collective returns once its bytes are queued: count them in the region that sent them
         if not queued or time.monotonic() > deadline:
             break
         time.sleep(0.001)
@@ -135,35 +112,19 @@ def _read() -> tuple[int, int] | None:
 
 
 def wire_bytes_sent() -> int | None:
-    """Payload bytes this process's TCP sockets have sent since they were opened, each
-    byte once (a segment TCP had to send again is counted in
-    :func:`wire_bytes_retransmitted`, not here), summed over the sockets (each once,
-    however many descriptors point at it; inherited ones left out), read from the kernel
-    once nothing written is still queued in them; None where the OS gives no per-socket
-    counter (:data:`WIRE_UNAVAILABLE`). Only differences mean something: read it before
-    and after a region (:class:`WireMeter` does)."""
-    counts = _read()
-    return None if counts is None else counts[0]
+    """Payload bytes this process's TCP sockets have sent, each once (resends apart), or None
+    (:data:`WIRE_UNAVAILABLE`); only differences before/after a region mean something."""
+    return None if (counts := _read()) is None else counts[0]
 
 
 def wire_bytes_retransmitted() -> int | None:
-    """Bytes TCP sent a second time on this process's sockets (segments it took for lost;
-    even on the loopback interface it happens now and then: seen here in about 1 of 30
-    all-reduces of 4 MB on 4 ranks, 48 B to 256 kB on one rank); None where unavailable."""
-    counts = _read()
-    return None if counts is None else counts[1]
+    """Bytes TCP sent a second time (seen even on loopback: ~1 in 30 4 MB all-reduces on 4 ranks)."""
+    return None if (counts := _read()) is None else counts[1]
 
 
 class WireMeter:
-    """Bytes this process's TCP sockets send inside the ``with`` block, measured.
-
-    ``sent``: payload bytes, each once (an int once the block has ended, or so far inside
-    it); ``retransmitted``: bytes TCP had to send again, apart. Both None where the OS has
-    no per-socket counter. :meth:`pause` leaves a part of the block out (e.g. a loss
-    all-reduce done only for logging). A socket closed inside the block takes its bytes
-    with it: meter regions in which the process group stays up.
-    """
-
+    """Bytes this process's TCP sockets send inside the ``with`` block: ``sent`` and, apart,
+    ``retransmitted`` (None where unavailable). A socket closed inside takes its bytes with it."""
     def __init__(self):
         self._start: tuple | None = None
         self._end: tuple | None = None
@@ -217,9 +178,7 @@ class WireMeter:
 
 
 def group_wire_bytes(meter: WireMeter, group=None) -> int | None:
-    """What ``meter`` measured as this rank's traffic in ``group``'s collectives: its
-    count when the group runs gloo (TCP), None under NCCL, whose NVLink and InfiniBand
-    traffic no socket carries (the sockets would show only NCCL's bootstrap)."""
+    """``meter.sent`` when ``group`` runs gloo; None under NCCL, whose traffic no socket carries."""
     import torch.distributed as dist
 
     return meter.sent if dist.get_backend(group) == "gloo" else None

@@ -1,25 +1,7 @@
-"""Other people's memory estimators, reimplemented, and why they disagree with each other.
-
-Taught in ``notebooks/03_memory_anatomy.ipynb``.
-
-Pure-Python copies (no DeepSpeed or accelerate needed at run time) of:
-
-* DeepSpeed's ``estimate_zero2_model_states_mem_needs``
-  (``deepspeed/runtime/zero/stage_1_and_2.py``) and
-  ``estimate_zero3_model_states_mem_needs`` (``deepspeed/runtime/zero/stage3.py``),
-  checked against DeepSpeed 0.19.8 and the examples of its "Memory Requirements" page;
-* the "Training using Adam" column of ``accelerate estimate-memory``
-  (``estimate_training_usage`` in ``accelerate/commands/estimate.py``, accelerate 1.15.0).
-
-Three things to watch when reading their output next to ours:
-
-1. Their "GB" are GiB (2**30 bytes): DeepSpeed prints ``bytes / 2**30`` and accelerate's
-   ``convert_bytes`` divides by 1024 per step. The ZeRO paper and this course's
-   :mod:`course_utils.theory.memory` use GB = 1e9 bytes.
-2. DeepSpeed's functions default to CPU offload *on* and return ``(cpu, gpu)``; ours
-   default to offload *off* and return ``(gpu_bytes, cpu_bytes)``.
-3. None of them counts activations, communication buffers, the CUDA context or the
-   caching allocator: see :func:`why_nvidia_smi_differs`.
+"""Other people's memory estimators (notebook 03), reimplemented in pure Python, and why they
+disagree: DeepSpeed's ``estimate_zero{2,3}_model_states_mem_needs`` (0.19.8) and
+``accelerate estimate-memory``'s "Training using Adam" (1.15.0). Their "GB" are GiB, DeepSpeed
+defaults to offload on and returns (cpu, gpu), and none counts activations or buffers.
 """
 from __future__ import annotations
 
@@ -36,16 +18,11 @@ __all__ = ["deepspeed_zero2", "deepspeed_zero3", "deepspeed_printout",
            "Row", "compare", "table", "plot", "why_nvidia_smi_differs"]
 
 
-# ----------------------------------------------------------------- validation
-
 def _resolve(model, largest_layer_params=None, *, need_largest: bool = False):
-    """(num_params, largest_layer_params) from a count, a TransformerConfig, a Preset or
-    a preset name."""
-    from .config import Preset, TransformerConfig, preset
+    """(num_params, largest_layer_params) from a count, a config, a Preset or a preset name."""
+    from .config import PRESETS, Preset, TransformerConfig, preset
 
     if isinstance(model, str):
-        from .config import PRESETS
-
         if model not in PRESETS:
             raise ValueError(f"unknown preset {model!r}: pass a parameter count such as 7e9, a "
                              f"TransformerConfig, or one of {sorted(PRESETS)}")
@@ -80,43 +57,23 @@ def _check_cluster(gpus_per_node, nodes, additional_buffer_factor) -> None:
     check_number("additional_buffer_factor", additional_buffer_factor, above=0, example="1.5 (DeepSpeed's default)")
 
 
-# ------------------------------------------------------------------ DeepSpeed
-
 def deepspeed_zero2(num_params, *, gpus_per_node: int = 1, nodes: int = 1,
                     cpu_offload: bool = False, additional_buffer_factor: float = 1.5):
-    """DeepSpeed's ZeRO-2 model-states estimate: ``(gpu_bytes, cpu_bytes)`` per GPU / per node.
-
-    The arithmetic of ``estimate_zero2_model_states_mem_needs`` (DeepSpeed 0.19.8), in its
-    order, N = all GPUs: GPU = ``2Ψ`` replicated fp16 params + ``int(18Ψ/N)`` sharded (fp16
-    + fp32 grads, master, m, v; none of it with offload); CPU = the fp32 model each local
-    rank builds before DeepSpeed takes over. DeepSpeed returns ``(cpu, gpu)`` and defaults
-    to ``cpu_offload=True``. Before DeepSpeed PR #5099 (2024) the no-offload GPU line was
-    ``4Ψ + int(16Ψ/N)``; its docs' ZeRO-2 table still shows that.
-    """
+    """DeepSpeed's ZeRO-2 estimate, ``(gpu_bytes, cpu_bytes)``: GPU = 2Ψ + int(18Ψ/N) (before
+    PR #5099, and in its docs' table: 4Ψ + int(16Ψ/N))."""
     num_params, _ = _resolve(num_params)
     _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
     check_bool("cpu_offload", cpu_offload)
-    total_params = num_params
-    total_gpus = nodes * gpus_per_node
+    psi, n = num_params, nodes * gpus_per_node
     if cpu_offload:
-        gpu_mem = 2 * total_params
-        cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
-    else:
-        gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
-        cpu_mem = total_params * 4 * gpus_per_node * additional_buffer_factor
-    return int(gpu_mem), int(cpu_mem)
+        return int(2 * psi), int(psi * max(4 * n, 16) * additional_buffer_factor)
+    return int(2 * psi + int(18 * psi / n)), int(psi * 4 * gpus_per_node * additional_buffer_factor)
 
 
 def deepspeed_zero3(num_params, largest_layer_params=None, *, gpus_per_node: int = 1,
                     nodes: int = 1, cpu_offload: bool = False, cpu_offload_params: bool = False,
                     zero_init: bool = True, additional_buffer_factor: float = 1.5):
-    """DeepSpeed's ZeRO-3 model-states estimate: ``(gpu_bytes, cpu_bytes)`` per GPU / per node.
-
-    The arithmetic of ``estimate_zero3_model_states_mem_needs`` (DeepSpeed 0.19.8). ``4L``
-    (L = the largest layer's params, from the config when one is given): that layer
-    gathered as fp16 params plus its fp16 grads. DeepSpeed returns ``(cpu, gpu, 4L)`` and
-    defaults to both offloads on.
-    """
+    """DeepSpeed's ZeRO-3 estimate, ``(gpu_bytes, cpu_bytes)`` (4L: the largest layer's fp16 params + grads)."""
     num_params, largest_layer_params = _resolve(num_params, largest_layer_params, need_largest=True)
     _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
     for name, flag in (("cpu_offload", cpu_offload), ("cpu_offload_params", cpu_offload_params),
@@ -126,36 +83,21 @@ def deepspeed_zero3(num_params, largest_layer_params=None, *, gpus_per_node: int
         raise ValueError("DeepSpeed's estimator has no case for offloading parameters without "
                          "the optimizer (it silently ignores cpu_offload_params then); "
                          "set cpu_offload=True as well")
-    total_params, num_gpus_per_node, num_nodes = num_params, gpus_per_node, nodes
-    total_gpus = num_nodes * num_gpus_per_node
-    gpus_factor = 1 / num_nodes
-    largest_layer_memory = (4 * largest_layer_params)
+    psi, g, buf = num_params, gpus_per_node, additional_buffer_factor
     if cpu_offload:
-        # offloading the parameters too moves their fp16 copy (2 bytes) to the host: 18 vs 16
-        host = 18 if cpu_offload_params else 16
-        gpu_mem = largest_layer_memory + (0 if cpu_offload_params else int(2 * total_params / total_gpus))
-        if zero_init:
-            cpu_mem = total_params * host * gpus_factor * additional_buffer_factor
-        else:
-            cpu_mem = total_params * max(4 * num_gpus_per_node, host * gpus_factor) * additional_buffer_factor
+        host = 18 if cpu_offload_params else 16     # the fp16 params on the host too: 18
+        gpu_mem = 4 * largest_layer_params + (0 if cpu_offload_params else int(2 * psi / (nodes * g)))
+        cpu_mem = psi * (host * (1 / nodes) if zero_init else max(4 * g, host * (1 / nodes))) * buf
     else:
-        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
-        if zero_init:
-            cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
-        else:
-            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+        gpu_mem = 4 * largest_layer_params + int(18 * psi / (nodes * g))
+        cpu_mem = (largest_layer_params if zero_init else psi) * 4 * g * buf
     return int(gpu_mem), int(cpu_mem)
 
 
 def deepspeed_printout(num_params, largest_layer_params=None, *, stage: int = 3,
                        gpus_per_node: int = 1, nodes: int = 1,
                        additional_buffer_factor: float = 1.5) -> str:
-    """The table ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` prints, as a string.
-
-    Same rows and number format (``bytes / 2**30`` with two decimals, labelled "GB": they
-    are GiB). The options column is written as DeepSpeed's docs show it
-    (``offload_param=cpu ,`` ...).
-    """
+    """The table ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` prints (its "GB" are GiB)."""
     if stage not in (2, 3) or isinstance(stage, bool):
         raise ValueError(f"stage must be 2 or 3 (DeepSpeed has estimators for ZeRO-2 and ZeRO-3), got {stage!r}")
     num_params, largest_layer_params = _resolve(num_params, largest_layer_params,
@@ -187,10 +129,7 @@ def deepspeed_printout(num_params, largest_layer_params=None, *, stage: int = 3,
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------- accelerate
-
-#: dtypes ``estimate_training_usage`` understands ("fp8" means without MS-AMP; the CLI
-#: itself offers float32, float16, int8, int4)
+#: dtypes ``estimate_training_usage`` understands ("fp8": without MS-AMP)
 ACCELERATE_DTYPES = ("float32", "float16", "bfloat16", "fp8", "int8", "int4")
 _LOAD_DIVISOR = {"float32": 1, "float16": 2, "bfloat16": 1, "fp8": 1, "int8": 4, "int4": 8}
 
@@ -210,38 +149,19 @@ def _fp32_model_bytes(num_params, buffer_bytes) -> int:
 
 
 def accelerate_training_usage(model_bytes: int, dtype: str = "float32") -> dict:
-    """accelerate's ``estimate_training_usage(bytes, mixed_precision)``, same keys and values.
-
-    ``model_bytes`` is the model's size in fp32 (4 bytes a parameter plus its buffers; the
-    CLI builds every model in fp32). Values, with M = model_bytes:
-
-    * ``float32``: model M, gradients M, optimizer 2M, step 4M.
-    * ``float16`` / ``bfloat16`` / ``fp8``: model M, gradients M + M//2, optimizer 2M, step 2M.
-    * ``int8`` / ``int4``: -1 everywhere (the CLI prints "N/A").
-
-    The CLI's "Training using Adam" is ``max()`` of these: the largest single stage, not a sum.
-    """
+    """accelerate's ``estimate_training_usage(bytes, mixed_precision)``; ``model_bytes``: the fp32 size."""
     if isinstance(model_bytes, bool) or not isinstance(model_bytes, int) or model_bytes < 1:
         raise ValueError(f"model_bytes must be an int >= 1 (the model's fp32 size in bytes), got {model_bytes!r}")
     _check_dtype(dtype)
-    sizes = {"model": -1, "optimizer": -1, "gradients": -1, "step": -1}
-    fp32_size, fp16_size = model_bytes, model_bytes // 2
-    if dtype == "float32":
-        sizes.update(model=fp32_size, gradients=fp32_size, optimizer=fp32_size * 2, step=fp32_size * 4)
-    elif dtype in ("float16", "bfloat16", "fp8"):
-        sizes.update(model=fp32_size, gradients=fp32_size + fp16_size, optimizer=fp32_size * 2)
-        sizes["step"] = sizes["optimizer"]
-    return sizes
+    m, half = model_bytes, dtype != "float32"
+    if dtype in ("int8", "int4"):
+        return dict.fromkeys(("model", "optimizer", "gradients", "step"), -1)
+    return {"model": m, "optimizer": 2 * m, "gradients": m + m // 2 if half else m, "step": 2 * m if half else 4 * m}
 
 
 def accelerate_peak(num_params, *, dtype: str = "float32", buffer_bytes: int = 0) -> int:
-    """``accelerate estimate-memory``'s "Training using Adam" in bytes: the max of its stages.
-
-    16 bytes a parameter in float32 (the optimizer step: weights + grads + Adam m, v) and
-    8 in float16/bfloat16 (the Adam states alone: the stages are not added up). Nothing
-    is divided by the number of GPUs. ``buffer_bytes``: the model's buffers, which the
-    CLI includes (e.g. 8192 for BERT's two int64 id tables of 512).
-    """
+    """``accelerate estimate-memory``'s "Training using Adam" in bytes: the max of its stages,
+    not their sum (16 B/param in float32, 8 in 16-bit); ``buffer_bytes``: the model's buffers."""
     _check_dtype(dtype)
     if dtype in ("int8", "int4"):
         raise ValueError(f"accelerate reports no training estimate for {dtype} (it prints N/A); "
@@ -250,9 +170,7 @@ def accelerate_peak(num_params, *, dtype: str = "float32", buffer_bytes: int = 0
 
 
 def accelerate_total_size(num_params, *, dtype: str = "float32", buffer_bytes: int = 0):
-    """The CLI's "Total Size" column (loading the weights only): the fp32 size divided by
-    2 (float16), 4 (int8) or 8 (int4). bfloat16 and fp8 are not CLI choices; they are
-    left undivided as ``gather_data`` would."""
+    """The CLI's "Total Size" column (the weights only, divided per dtype as ``gather_data`` does)."""
     _check_dtype(dtype)
     size = _fp32_model_bytes(num_params, buffer_bytes)
     div = _LOAD_DIVISOR[dtype]
@@ -270,12 +188,9 @@ def accelerate_convert_bytes(size) -> str:
     return f"{round(size, 2)} PB"
 
 
-# -------------------------------------------------------------------- compare
-
 @dataclasses.dataclass(frozen=True)
 class Row:
     """One estimator's answer for one model and cluster."""
-
     name: str
     stage: int | None          # ZeRO stage it models (None: no sharding at all)
     gpu_bytes: int | float     # per GPU
@@ -283,14 +198,6 @@ class Row:
     counts: str                # what it counts, one line
     ignores: str               # what it leaves out, one line
     cpu_bytes: int | float = 0  # host memory per node (offload rows), else 0
-
-    @property
-    def gpu_gb(self) -> float:
-        return self.gpu_bytes / GB
-
-    @property
-    def gpu_gib(self) -> float:
-        return self.gpu_bytes / GiB
 
 
 _PAPER_NOTE = "GB = 1e9 bytes"
@@ -303,14 +210,7 @@ _SHARDED = {0: "nothing sharded", 1: "optimizer states sharded",
 
 def compare(model, world_size: int, *, largest_layer_params=None,
             gpus_per_node: int | None = None) -> list[Row]:
-    """Every estimator's per-GPU bytes for the same model on ``world_size`` GPUs.
-
-    ``model``: a parameter count Ψ, a TransformerConfig, a Preset or a preset name.
-    ``largest_layer_params`` (DeepSpeed's ZeRO-3 rows) defaults to
-    ``config.largest_layer_params()`` when the model has a config; with a bare number
-    you must give it. ``gpus_per_node`` (only changes DeepSpeed's CPU numbers) defaults
-    to ``world_size``: one node.
-    """
+    """Every estimator's per-GPU bytes for the same model on ``world_size`` GPUs."""
     num_params, largest = _resolve(model, largest_layer_params, need_largest=True)
     check_int("world_size", world_size, 1, what="number of data-parallel GPUs")
     if gpus_per_node is None:
@@ -359,11 +259,7 @@ _TABLE_UNITS = {"GB": ("GB", GB, "GiB", GiB), "MB": ("MB", 10**6, "MiB", 2**20)}
 
 
 def table(rows, unit: str = "GB", *, details: bool = False) -> str:
-    """A fixed-width text table of :func:`compare` rows, in decimal and binary units.
-
-    ``unit``: "GB" (columns GB = 1e9 B and GiB = 2**30 B) or "MB" (MB and MiB).
-    ``details=True`` adds each row's "counts" and "ignores" lines under it.
-    """
+    """:func:`compare` rows as a text table in ``unit`` ("GB" or "MB") and its binary twin."""
     if unit not in _TABLE_UNITS:
         raise ValueError(f"unit must be 'GB' or 'MB' (the table shows it next to GiB/MiB), got {unit!r}")
     rows = list(rows)
@@ -380,9 +276,7 @@ def table(rows, unit: str = "GB", *, details: bool = False) -> str:
         cpu = f"{r.cpu_bytes / bin_b:10.2f}" if r.cpu_bytes else f"{'':>10}"
         out.append(f"{r.name:<{name_w}}  {stage:>5}  {r.gpu_bytes / dec_b:10.2f}  "
                    f"{r.gpu_bytes / bin_b:10.2f}  {cpu}  {r.unit_note:<{note_w}}".rstrip())
-        if details:
-            out.append(f"    counts:  {r.counts}")
-            out.append(f"    ignores: {r.ignores}")
+        out += [f"    counts:  {r.counts}", f"    ignores: {r.ignores}"] if details else []
     out.append(f"{dec} = 10**{round(math.log10(dec_b))} bytes; {binu} = 2**{int(math.log2(bin_b))} bytes. "
                f"CPU = host memory per node (DeepSpeed rows).")
     return "\n".join(out)
@@ -400,10 +294,7 @@ def _family(name: str) -> tuple[str, str]:
 
 
 def plot(rows, *, title: str = ""):
-    """The rows of :func:`compare` as a bar chart: GPU GB per GPU (1 GB = 1e9 bytes), one
-    bar per estimator, coloured by who wrote it, with the value printed at 3 significant
-    digits. Host memory (DeepSpeed's CPU column) is left out: it is per node, not per GPU.
-    Returns the matplotlib Figure."""
+    """:func:`compare` rows as a bar chart of GPU GB (host memory is per node: left out)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -422,14 +313,10 @@ def plot(rows, *, title: str = ""):
     ax.set_yticks(ys, [r.name for r in rows], fontsize=7)
     ax.set_xlim(0, max(values) * 1.15)
     ax.set_xlabel("model states per GPU, GB (1 GB = 1e9 bytes; DeepSpeed and accelerate print GiB)")
-    seen = []
-    for r in rows:
-        if _family(r.name) not in seen:
-            seen.append(_family(r.name))
+    seen = dict.fromkeys(_family(r.name) for r in rows)
     ax.legend(handles=[Patch(color=c, label=f) for f, c in seen], fontsize=7, frameon=False,
               loc="lower right")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()

@@ -1,60 +1,11 @@
-"""Full sharding vs HSDP across nodes: communication time, bytes through the network
-cards (NICs) and memory per GPU, from the alpha-beta model with the links of a real node.
+"""Full sharding vs HSDP across nodes (notebook 08): communication time, bytes per NIC and
+memory per GPU from the alpha-beta model; the planner uses the same link model.
 
-Taught in ``notebooks/08_beyond_one_box.ipynb`` (the strategy itself is
-:mod:`course_utils.impl.hsdp`); :mod:`course_utils.theory.planner` uses the same
-link model for its multi-node rows.
-
-The cluster
------------
-``n`` nodes of ``g`` GPUs (``N = g·n`` ranks). Inside a node each GPU sends at
-``intra_bw`` bytes/s over NVLink; each node has ``nics_per_node`` = R network cards of
-``nic_bw`` bytes/s each (a DGX H100: R = g = 8 NICs of 400 Gb/s = 50 GB/s).
-
-A ring collective across nodes (NCCL's rings)
----------------------------------------------
-Every rank of a ring sends ``S`` bytes on its outgoing hop (all-gather and
-reduce-scatter of an M-byte message: ``S = (N-1)/N·M``; all-reduce ``2(N-1)/N·M``).
-NCCL splits the message over one ring (channel) per NIC, R rings of M/R bytes each.
-Each ring is ordered node by node: it visits the g GPUs of a node over NVLink and leaves
-the node **once**, through one NIC, to the next node. So
-
-* a node sends, per collective, R rings × one crossing hop × S/R bytes = ``S`` bytes
-  through its NICs, **S/R bytes per NIC** (the ring of a NIC crosses once per node);
-* over NVLink, the busiest GPU (the one that drives the fewest crossings,
-  ``floor(R/g)`` of the R rings) sends ``S·(1 - floor(R/g)/R)``: ``S·(g-1)/g`` with one
-  NIC per GPU, all of ``S`` when there are fewer NICs than GPUs;
-* the hops run at the same time (the ring is pipelined), so the bandwidth part takes
-  ``max(S/(R·nic_bw), NVLink bytes / intra_bw)``. The ring's bus bandwidth across nodes
-  is ``R·nic_bw``: it grows with the NICs of a node, not with the GPUs of the ring;
-* latency: the ring takes ``ring_steps`` steps (N-1 per all-gather/reduce-scatter,
-  2(N-1) per all-reduce), each as slow as its slowest hop: ``alpha_inter`` per step
-  when the ring spans nodes, ``alpha_intra`` on one node.
-
-(:func:`flat_ring_wire`.) Only one hop in g of a ring crosses nodes; charging all of a
-GPU's ring traffic to the network, as if each GPU's ring had one slow link of its own,
-overstates full sharding's time by about g×.
-
-Full sharding vs HSDP (per step, one message per pass, bf16 by default)
------------------------------------------------------------------------
-* **full sharding** (ZeRO-3 over N): 2 all-gathers + 1 reduce-scatter of M over the
-  N ranks: ``3(N-1)·alpha_inter + max(3(N-1)/N·M / (R·nic_bw), NVLink part)``.
-  Bytes through each NIC: ``3(N-1)/N·M / R``.
-* **HSDP** (ZeRO-3 over the g GPUs of a node, replicated over the n nodes): the same 3
-  passes over g GPUs on NVLink, ``3(g-1)·alpha_intra + 3(g-1)/g·M / intra_bw``, then
-  one all-reduce of each rank's M/g gradient shard across nodes. Those are g rings (one
-  per local rank) of n ranks, every hop crossing nodes: a node sends
-  ``g·2(n-1)/n·M/g = 2(n-1)/n·M`` through its R NICs (:func:`cross_node_wire`):
-  ``2(n-1)·alpha_inter + 2(n-1)/n·M / (R·nic_bw)``.
-
-With 4 × 8 GPUs, 8 NICs per node, 7B parameters in bf16 (M = 14 GB), 450 GB/s NVLink,
-alpha 5 us inside / 10 us across nodes: per NIC per step full sharding sends 5.09 GB,
-HSDP 2.625 GB; at 25 GB/s per NIC full sharding takes 0.204 s, HSDP 0.187 s; at 50 GB/s
-0.103 s against 0.134 s. HSDP's real advantages are fewer bytes through the network
-(about half), a shorter ring (latency 3(g-1)·alpha_intra + 2(n-1)·alpha_inter instead of
-3(N-1)·alpha_inter, which multiplies with every per-layer collective) and smaller
-groups; it pays with g-way instead of N-way sharded model states, and with an NVLink part
-that cannot overlap its network part.
+``n`` nodes of ``g`` GPUs, R = ``nics_per_node`` NICs of ``nic_bw`` each, NVLink ``intra_bw``
+per GPU. A ring over all N = g·n ranks (one ring per NIC, each leaving a node once) in which
+every rank sends S bytes puts S/R bytes through each NIC and S·(1 - floor(R/g)/R) over the
+busiest GPU's NVLink, taking the larger of the two times (:func:`flat_ring_wire`). HSDP:
+ZeRO-3 over g on NVLink, then g rings of n ranks all-reduce each M/g shard (:func:`cross_node_wire`).
 """
 from __future__ import annotations
 
@@ -82,9 +33,7 @@ def _nics(nics_per_node, gpus_per_node: int) -> int:
 
 def flat_ring_wire(sent_bytes: float, gpus_per_node: int, nodes: int, intra_bw: float, nic_bw: float,
                    nics_per_node: int | None = None) -> tuple[float, float, float]:
-    """The bandwidth part of ring collectives over all ``gpus_per_node × nodes`` GPUs in
-    which every rank sends ``sent_bytes``: ``(seconds, bytes per NIC, NVLink bytes of the
-    busiest GPU)``, as derived in the module docstring (all on NVLink on one node)."""
+    """Bandwidth part of a ring over all GPUs: ``(seconds, bytes per NIC, busiest NVLink bytes)``."""
     r = _nics(nics_per_node, gpus_per_node)
     if nodes == 1:
         return sent_bytes / intra_bw, 0.0, float(sent_bytes)
@@ -95,9 +44,7 @@ def flat_ring_wire(sent_bytes: float, gpus_per_node: int, nodes: int, intra_bw: 
 
 def cross_node_wire(sent_bytes: float, gpus_per_node: int, nodes: int, nic_bw: float,
                     nics_per_node: int | None = None) -> tuple[float, float]:
-    """The bandwidth part of HSDP's replicate collectives, ``(seconds, bytes per NIC)``:
-    ``gpus_per_node`` rings of ``nodes`` ranks share a node's R NICs, each rank sending
-    ``sent_bytes`` (so ``g·sent_bytes / R`` per NIC). Nothing on one node."""
+    """Bandwidth part of HSDP's cross-node rings, ``(seconds, bytes per NIC)``: g·sent/R per NIC."""
     r = _nics(nics_per_node, gpus_per_node)
     if nodes == 1:
         return 0.0, 0.0
@@ -107,15 +54,8 @@ def cross_node_wire(sent_bytes: float, gpus_per_node: int, nodes: int, nic_bw: f
 
 @dataclasses.dataclass(frozen=True)
 class HybridCost:
-    """Predicted communication per step: full sharding over all N GPUs vs HSDP.
-
-    Seconds by the model of this module (see its docstring); ``*_latency_s`` is the
-    alpha part of each; ``*_nic_bytes`` what one NIC sends across nodes per step;
-    ``*_nvlink_bytes`` what the busiest GPU sends over NVLink; ``states_*`` model-state
-    bytes per GPU (mixed precision, :func:`course_utils.theory.memory.model_states`,
-    ZeRO-3 over N vs over g GPUs).
-    """
-
+    """Communication per step, full sharding over all N GPUs vs HSDP: seconds, their alpha part,
+    bytes per NIC and on the busiest NVLink, model-state bytes per GPU (ZeRO-3 over N vs g)."""
     num_params: float
     gpus_per_node: int
     nodes: int
@@ -135,17 +75,15 @@ class HybridCost:
 
     @property
     def fsdp_node_bytes(self) -> float:
-        """Bytes one node sends across nodes per step with full sharding (all its NICs)."""
         return self.fsdp_nic_bytes * self.nics_per_node
 
     @property
     def hsdp_node_bytes(self) -> float:
-        """Bytes one node sends across nodes per step with HSDP (all its NICs)."""
         return self.hsdp_nic_bytes * self.nics_per_node
 
     @property
     def speedup(self) -> float:
-        """How many times faster HSDP's communication is (> 1: HSDP wins)."""
+        """> 1: HSDP's communication is faster."""
         return self.fsdp_s / self.hsdp_s if self.hsdp_s else math.inf
 
     @property
@@ -153,36 +91,25 @@ class HybridCost:
         return "HSDP" if self.hsdp_s < self.fsdp_s else "full sharding" if self.fsdp_s < self.hsdp_s else "tie"
 
 
-def _checked(num_params, gpus_per_node, nodes, intra_bw, nic_bw, nics_per_node, alpha_intra_s,
-             alpha_inter_s, bytes_per_elem):
+def hsdp_vs_fsdp_time(num_params, gpus_per_node: int, nodes: int, intra_bw: float, nic_bw: float, *,
+                      nics_per_node: int | None = None, alpha_intra_s: float = 5e-6,
+                      alpha_inter_s: float = 10e-6, bytes_per_elem: int = 2) -> HybridCost:
+    """Communication per step of full sharding (over all g·n GPUs) and of HSDP (shard in a node,
+    replicate across nodes); bandwidths in bytes/s, ``nics_per_node`` None: one per GPU.
+
+    >>> c = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)        # 8 NICs of 200 Gb/s per node
+    >>> round(c.fsdp_s, 3), round(c.hsdp_s, 3), round(c.fsdp_nic_bytes / 1e9, 2), c.hsdp_nic_bytes / 1e9
+    (0.204, 0.187, 5.09, 2.625)
+    """
     check_positive("num_params", num_params)
     check_int("gpus_per_node", gpus_per_node, 1)
     check_int("nodes", nodes, 1)
     check_positive("intra_bw", intra_bw)
     check_positive("nic_bw", nic_bw)
     r = _nics(nics_per_node, gpus_per_node)
-    check_positive("alpha_intra_s", alpha_intra_s)
-    check_positive("alpha_inter_s", alpha_inter_s)
+    for name, value in (("alpha_intra_s", alpha_intra_s), ("alpha_inter_s", alpha_inter_s)):
+        check_positive(name, value)
     check_int("bytes_per_elem", bytes_per_elem, 1)
-    return r
-
-
-def hsdp_vs_fsdp_time(num_params, gpus_per_node: int, nodes: int, intra_bw: float, nic_bw: float, *,
-                      nics_per_node: int | None = None, alpha_intra_s: float = 5e-6,
-                      alpha_inter_s: float = 10e-6, bytes_per_elem: int = 2) -> HybridCost:
-    """Communication seconds per step of full sharding (FSDP/ZeRO-3 over all N = g·n GPUs)
-    and of HSDP (shard inside each node of g GPUs, replicate across the n nodes).
-
-    ``intra_bw``: NVLink bytes/s per GPU; ``nic_bw``: bytes/s of one NIC;
-    ``nics_per_node``: NICs per node (None: one per GPU, as on a DGX H100). The model,
-    with its derivation, is in this module's docstring.
-
-    >>> c = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)        # 8 NICs of 200 Gb/s per node
-    >>> round(c.fsdp_s, 3), round(c.hsdp_s, 3), round(c.fsdp_nic_bytes / 1e9, 2), c.hsdp_nic_bytes / 1e9
-    (0.204, 0.187, 5.09, 2.625)
-    """
-    r = _checked(num_params, gpus_per_node, nodes, intra_bw, nic_bw, nics_per_node, alpha_intra_s,
-                 alpha_inter_s, bytes_per_elem)
     m, g, n = num_params * bytes_per_elem, gpus_per_node, nodes
     world = g * n
     sent = 2 * collective_bytes("all_gather", m, world) + collective_bytes("reduce_scatter", m, world)
@@ -203,18 +130,9 @@ def hsdp_vs_fsdp_time(num_params, gpus_per_node: int, nodes: int, intra_bw: floa
 
 def crossovers(num_params, gpus_per_node: int, nodes: int, intra_bw: float, *,
                nics_per_node: int | None = None, **model) -> tuple[float, ...]:
-    """The per-NIC bandwidths at which full sharding and HSDP take the same time, ascending.
-
-    HSDP is faster below the first; full sharding between the first and the second (or
-    above the first when there is no second); ``()`` when HSDP is faster at every
-    bandwidth. Why at most two: HSDP takes ``c + X_h/B`` (B the per-NIC bandwidth, c its
-    NVLink part and latencies) and full sharding ``a + max(X_f/B, v)`` (v its NVLink
-    part, a its latency), with ``X_f > X_h``. While the network bounds full sharding
-    (``B <= X_f/v``) the difference ``(X_f - X_h)/B + a - c`` falls with B: they meet at
-    ``(X_f - X_h)/(c - a)``. Once NVLink bounds it, the difference ``v + a - c - X_h/B``
-    grows with B: when ``v + a > c`` (fewer NICs than GPUs, or a short message whose
-    latency dominates) HSDP wins again above ``X_h/(v + a - c)``.
-    """
+    """The per-NIC bandwidths at which full sharding and HSDP take the same time, ascending: HSDP
+    is faster below the first, full sharding up to the second (where NVLink bounds its ring);
+    ``()``: HSDP is faster at every bandwidth. HSDP takes c + X_h/B, full sharding a + max(X_f/B, v)."""
     if nodes == 1:
         raise ValueError("with nodes=1 both strategies stay inside the node: there is no "
                          "network to compare; use nodes >= 2")
@@ -233,16 +151,12 @@ def crossovers(num_params, gpus_per_node: int, nodes: int, intra_bw: float, *,
 
 def crossover_inter_bw(num_params, gpus_per_node: int, nodes: int, intra_bw: float, *,
                        nics_per_node: int | None = None, **model) -> float:
-    """The per-NIC bandwidth above which full sharding's communication is faster than
-    HSDP's (below it HSDP is faster); ``math.inf`` when HSDP is faster at every
-    bandwidth. Full sharding may lose again at a second, higher bandwidth:
-    :func:`crossovers` gives both."""
+    """The first of :func:`crossovers` (``math.inf``: HSDP is faster at every bandwidth)."""
     found = crossovers(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
     return found[0] if found else math.inf
 
 
-#: Per-NIC bandwidths (bytes/s) of :func:`crossover_table`: 25 Gb/s Ethernet up to
-#: 1.6 Tb/s; 100/200/400/800 Gb/s (12.5/25/50/100 GB/s) are today's InfiniBand and RoCE cards.
+#: Per-NIC bandwidths (bytes/s) of :func:`crossover_table`: 25 Gb/s Ethernet up to 1.6 Tb/s.
 DEFAULT_NIC_BWS = (3.125e9, 6.25e9, 12.5e9, 25e9, 50e9, 100e9, 200e9)
 
 
@@ -261,8 +175,7 @@ def _where_full_wins(found: tuple) -> str:
 
 def crossover_summary(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9,
                       nic_bw: float = 25e9, *, nics_per_node: int | None = None, **model) -> str:
-    """A few lines: where the two strategies cross, both times at ``nic_bw``, the bytes
-    through each NIC and each node, the latency and the model states per GPU."""
+    """Where the strategies cross, then both at ``nic_bw``: times, bytes, latency, states."""
     c = hsdp_vs_fsdp_time(num_params, gpus_per_node, nodes, intra_bw, nic_bw, nics_per_node=nics_per_node,
                           **model)
     found = crossovers(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
@@ -285,12 +198,7 @@ def crossover_summary(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, in
 
 def crossover_table(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9,
                     nic_bws=DEFAULT_NIC_BWS, *, nics_per_node: int | None = None, **model) -> str:
-    """A text table of :func:`hsdp_vs_fsdp_time` over per-NIC bandwidths, then
-    :func:`crossover_summary` (at 25 GB/s per NIC).
-
-    Defaults: a 7B model in bf16 on 4 nodes of 8 GPUs with 450 GB/s NVLink per GPU
-    (an H100's, one direction) and one NIC per GPU.
-    """
+    """:func:`hsdp_vs_fsdp_time` over per-NIC bandwidths, then :func:`crossover_summary`."""
     if not nic_bws:
         raise ValueError("nic_bws must list at least one bandwidth (bytes/s per NIC)")
     rows = [("GB/s per NIC", "full shard s", "HSDP s", "HSDP speedup", "faster")]
@@ -305,9 +213,7 @@ def crossover_table(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intr
 
 def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9, *,
                    nics_per_node=(8, 1), nic_bw_range=(3e9, 400e9), **model):
-    """One log-log panel per entry of ``nics_per_node``: communication seconds per step of
-    full sharding and HSDP against the bandwidth of one NIC, with the crossover(s) marked,
-    the range where full sharding is faster shaded."""
+    """Log-log panels (one per ``nics_per_node``): both strategies' time against one NIC's bandwidth."""
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -345,8 +251,7 @@ def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra
         ax.set_ylabel("communication per step (s)")
         ax.set_title(f"{r} NIC(s) per node of {gpus_per_node} GPUs", fontsize=9)
         ax.legend(fontsize=7, frameon=False, loc="lower left")
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["top", "right"]].set_visible(False)
     fig.suptitle(f"{num_params / 1e9:g}B params, {nodes} nodes x {gpus_per_node} GPUs, NVLink "
                  f"{intra_bw / 1e9:g} GB/s: 2 all-gathers + 1 reduce-scatter per step", fontsize=9)
     fig.tight_layout()
