@@ -1,14 +1,11 @@
 """How to wrap a model for FSDP, FSDP1's names in FSDP2, and a tutorial's "common issues", measured.
 
-Taught in ``notebooks/07_fsdp.ipynb``; everything runs on launched ranks next to what code predicts:
-1. wrapping granularity (:func:`measure_granularity`, :class:`UnshardedProbe`, :func:`predict_unsharded_peak`);
-2. FSDP1 auto-wrap == FSDP2 per block (:func:`compare_autowrap`): the block class is an argument
-   of the *policy*, not of ``FullyShardedDataParallel`` as a widely read tutorial has it;
-3. FSDP1 ShardingStrategy -> FSDP2 (:data:`STRATEGY_MAP`, :func:`strategy_table`): FSDP1 pads each
-   unit's flat parameter once, FSDP2 every parameter's dim 0; HYBRID_SHARD without a mesh silently
-   trains unsynchronised ranks on CPU;
-4. a tutorial's "Common issues", reproduced and fixed (:func:`issue_oom`, :func:`issue_slow`,
-   :func:`issue_inconsistent_init`).
+Notebook 07's experiments, each on launched ranks next to what code predicts: 1. wrapping
+granularity; 2. FSDP1 auto-wrap == FSDP2 per block (the block class is an argument of the
+*policy*, not of ``FullyShardedDataParallel`` as a widely read tutorial has it); 3. FSDP1's
+ShardingStrategy -> FSDP2 (FSDP1 pads each unit's flat parameter once, FSDP2 every parameter's
+dim 0; HYBRID_SHARD without a mesh silently trains unsynchronised ranks on CPU); 4. the
+tutorial's "Common issues", reproduced and fixed.
 """
 from __future__ import annotations
 
@@ -74,6 +71,13 @@ def _check_config(config) -> None:
                         f"{type(config).__name__}")
 
 
+def _check_run(world_size, steps, seed, *, min_world: int = 2, min_steps: int = 1) -> None:
+    check_int("world_size", world_size, min_world)
+    check_int("steps", steps, min_steps)
+    check_int("seed", seed, 0)
+    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
+
+
 def _check_names(name: str, given, known) -> tuple:
     given = (given,) if isinstance(given, str) else tuple(given)
     if not given or any(g not in known for g in given):
@@ -89,16 +93,12 @@ def _exact(x):
 # ================================================================ 1. unsharded bytes, measured
 
 class UnshardedProbe:
-    """The bytes of unsharded parameters FSDP2 holds on this rank, around one forward +
-    backward of a ``fully_shard`` model: ``with UnshardedProbe(model) as probe: ...``, then
-    ``probe.peak_params``, ``probe.peak_total`` (with the all-gather buffers), ``probe.timeline``
-    (``(event, unit, parameter bytes, buffer bytes)`` per sample), ``probe.forward_order``.
-
-    It samples the live storage bytes of FSDP2's per-parameter unsharded tensors
-    (``FSDPParam.all_gather_outputs``, allocated at copy-out, resized to 0 at reshard) and of
-    each unit's flat all-gather buffer (alive until the next unit's copy-out) around every
-    FSDP2 call that allocates or frees them, so the maximum is the exact peak. It sees only
-    FSDP's own tensors (not activations, gradients or optimizer states)."""
+    """``with UnshardedProbe(model) as probe:`` around a forward + backward of a ``fully_shard``
+    model: ``probe.peak_params``, ``.peak_total`` (with the all-gather buffers), ``.timeline``
+    (``(event, unit, param bytes, buffer bytes)``), ``.forward_order``. It samples the live bytes
+    of FSDP2's unsharded tensors (``FSDPParam.all_gather_outputs``) and flat all-gather buffers
+    around every FSDP2 call that allocates or frees them, so the maximum is the exact peak; it
+    sees only FSDP's own tensors."""
 
     #: FSDPParamGroup method -> (label of the sample before it, label after it); None: no sample
     _WRAPPED = {
@@ -118,10 +118,8 @@ class UnshardedProbe:
         if not self.groups:
             raise ValueError("the model has no fully_shard units with parameters: call "
                              "fully_shard(...) on it (e.g. course_utils.impl.fsdp.wrap_torch_fsdp) first")
-        self.timeline: list[tuple] = []
-        self.forward_order: list[str] = []
+        self.timeline, self.forward_order, self._watch = [], [], None
         self.peak_params = self.peak_total = 0
-        self._watch = None
 
     def sample(self, event: str, unit: str = "") -> tuple[int, int]:
         """Read the live bytes now: (unsharded parameter bytes, buffer bytes)."""
@@ -153,30 +151,12 @@ class UnshardedProbe:
         watch, self._watch = self._watch, None
         return bool(watch.__exit__(*exc))
 
-    def first_over(self, budget: int):
-        """The first sample whose parameter + buffer bytes exceed ``budget``, or None."""
-        return _first_over(self.timeline, budget)
-
-
-def _first_over(timeline, budget: int):
-    return next((s for s in timeline if s[2] + s[3] > budget), None)
-
 
 # ============================================================= 1. unsharded bytes, predicted
 
-def _unit_bytes(model: nn.Module, world_size: int, unit_types):
-    """``(root bytes, [(name, bytes)] in forward (= registration) order)`` of FSDP2's padded
-    fp32 unit messages."""
-    root, *sizes = sharding.message_numels(model, world_size, unit_types)
-    size = {id(u): s for u, s in zip(sharding.fsdp_units(model, unit_types), sizes)}
-    return 4 * root, [(n, 4 * size[id(m)]) for n, m in model.named_modules() if id(m) in size]
-
-
 def _replay(root: int, units: list[tuple[str, int]], reshard_after_forward: bool) -> list[tuple]:
     """FSDP2's default schedule for one forward + backward, as (event, unit, params, buffers)."""
-    params: dict[str, int] = {}
-    buffers: dict[str, int] = {}
-    trace: list[tuple] = []
+    params, buffers, trace = {}, {}, []          # unit -> bytes; (event, unit, params, buffers)
     kept = None                                  # the buffer kept until the next copy-out
 
     def snap(event, unit):
@@ -219,8 +199,7 @@ def _replay(root: int, units: list[tuple[str, int]], reshard_after_forward: bool
         snap("buffer freed", kept)
     if units:                                    # backward: the root prefetches the last unit
         issue(*units[-1])
-    for i in range(len(units) - 1, -1, -1):
-        u, size = units[i]
+    for i, (u, size) in reversed(list(enumerate(units))):
         issue(u, size)
         copy_out(u, size, False)
         if i > 0:
@@ -239,8 +218,11 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
     check_int("world_size", world_size, 1)
     _check_config(config)
     unit_types, reshard, _ = GRANULARITIES[granularity]
-    root, units = _unit_bytes(build_model(config, device="meta"), world_size, unit_types)
-    trace = _replay(root, units, reshard)
+    model = build_model(config, device="meta")
+    root, *sizes = sharding.message_numels(model, world_size, unit_types)   # padded, per unit
+    size = {id(u): 4 * s for u, s in zip(sharding.fsdp_units(model, unit_types), sizes)}
+    units = [(n, size[id(m)]) for n, m in model.named_modules() if id(m) in size]  # forward order
+    trace = _replay(4 * root, units, reshard)
     return {"params": max(p for *_, p, _b in trace), "total": max(p + b for *_, p, b in trace),
             "units": len(units) + 1, "forward_order": ["root"] + [u for u, _ in units],
             "timeline": trace}
@@ -250,9 +232,8 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
 
 def _measured_run(model, optimizer, data, steps: int, device, probe: UnshardedProbe | None = None,
                   **extra) -> dict:
-    """``steps`` steps: the losses, each step's time, the last step's calls and bytes (and
-    whether every step sent the same), functions and group sizes, the state bytes after the
-    last ``optimizer.step()``; ``probe`` watches the last step."""
+    """``steps`` steps: losses, times, the last step's collectives (calls, bytes, functions,
+    group sizes) and state bytes after ``optimizer.step()``; ``probe`` watches the last step."""
     run = {"losses": [], "times": [], "counts": [], "totals": []}
     with CommLedger() as ledger, contextlib.ExitStack() as last_step:
         if probe is not None and steps == 1:
@@ -302,8 +283,7 @@ def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -
 
 @dataclasses.dataclass
 class _Rows:
-    """Rows measured on ``world_size`` ranks (``where``) over ``steps`` steps, and the losses
-    of ``"single"`` they are compared with; :meth:`row` finds one by its ``_key`` field."""
+    """Rows measured on ``world_size`` ranks over ``steps`` steps, compared with ``"single"``."""
 
     rows: list
     world_size: int
@@ -321,9 +301,8 @@ class _Rows:
 
 @dataclasses.dataclass
 class GranularityReport(_Rows):
-    """What :func:`measure_granularity` measured, rank 0's view, one row per granularity:
-    peaks measured and ``predicted_*``, ``calls``/``bytes`` per step and op (and
-    ``predicted_*``), ``losses`` and ``max_rel_loss_diff`` against ``"single"``,
+    """What :func:`measure_granularity` measured (rank 0), one row per granularity: peaks,
+    ``calls``/``bytes`` per step (each with ``predicted_*``), ``losses``, ``max_rel_loss_diff``,
     ``step_time_s`` (median, varies), ``cuda_peak_allocated`` (None on CPU), ``timeline``."""
 
     _key = "granularity"
@@ -345,16 +324,12 @@ class GranularityReport(_Rows):
 def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIES),
                         steps: int = 4, seed: int = 0, config: TransformerConfig = COURSE_CONFIG,
                         timeout_s: float = 180.0) -> GranularityReport:
-    """Train the course GPT with each wrapping of :data:`GRANULARITIES` (one launch) and
-    measure, next to its prediction: the peak unsharded bytes (:class:`UnshardedProbe`, last
-    step), one step's collectives, the median step time (steps 1..steps-2) and, on GPUs,
-    ``torch.cuda.max_memory_allocated``. ``steps`` >= 3."""
-    check_int("world_size", world_size, 2)
-    check_int("steps", steps, 3)
-    check_int("seed", seed, 0)
+    """Train with each wrapping of :data:`GRANULARITIES` (one launch): the peak unsharded bytes
+    (last step), one step's collectives, the median step time (steps 1..steps-2) and, on GPUs,
+    ``torch.cuda.max_memory_allocated``, each next to its prediction. ``steps`` >= 3."""
+    _check_run(world_size, steps, seed, min_steps=3)
     _check_config(config)
     names = _check_names("granularities", granularities, GRANULARITIES)
-    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
     single = experiments.run("single", 1, steps=steps, seed=seed, config=config, quiet=True)[0].losses
     results = launch(_granularity_rank, world_size, names, steps, seed, config, quiet=True,
                      timeout_s=timeout_s)
@@ -389,10 +364,9 @@ def _fsdp1(model, device, *, policy="module", strategy="FULL_SHARD", mesh=None, 
         auto_wrap = ModuleWrapPolicy({Block})
     else:   # the right form of the tutorial's call: the class is the policy's argument
         auto_wrap = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
-    if mesh is not None:
-        kwargs["device_mesh"] = mesh
     return FullyShardedDataParallel(model, auto_wrap_policy=auto_wrap, device_id=device,
-                                    sharding_strategy=getattr(ShardingStrategy, strategy), **kwargs)
+                                    sharding_strategy=getattr(ShardingStrategy, strategy),
+                                    **kwargs, **({} if mesh is None else {"device_mesh": mesh}))
 
 
 def _fsdp1_units(model) -> int:
@@ -462,14 +436,10 @@ class AutowrapReport:
 
 def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
                      timeout_s: float = 120.0) -> AutowrapReport:
-    """FSDP1 with an auto-wrap policy (``ModuleWrapPolicy({Block})`` and
-    ``functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})``) against
-    FSDP2 per block (one launch): units, losses, calls and bytes per step against
+    """FSDP1 auto-wrap (``ModuleWrapPolicy({Block})`` and ``transformer_auto_wrap_policy``)
+    against FSDP2 per block (one launch): units, losses, calls and bytes per step against
     :func:`predict_strategy`, and the errors the tutorial's two spellings raise."""
-    check_int("world_size", world_size, 2)
-    check_int("steps", steps, 1)
-    check_int("seed", seed, 0)
-    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
+    _check_run(world_size, steps, seed)
     single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
     results = launch(_autowrap_rank, world_size, ("module", "transformer"), steps, seed,
                      quiet=True, timeout_s=timeout_s)
@@ -555,12 +525,10 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
 
 def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp2",
                      config: TransformerConfig = COURSE_CONFIG) -> dict:
-    """What one rank sends per step and holds for an FSDP1 ``strategy`` (a key of
-    :data:`STRATEGY_MAP`) or its FSDP2 form, the course GPT per block, fp32, AdamW:
-    ``{"calls", "bytes", "state_bytes" (rank 0's), "mesh": (R, S), "zero_stage"}``.
-    ``"fsdp1"`` pads each unit's flat parameter once to a multiple of the shard group size S
-    (AdamW's states match, plus one step counter per unit); ``"fsdp2"`` pads every
-    parameter's dim 0. With R > 1 replicas each reduce-scattered shard is also all-reduced."""
+    """``{"calls", "bytes", "state_bytes" (rank 0's), "mesh": (R, S), "zero_stage"}`` per step
+    of an FSDP1 ``strategy`` or its FSDP2 form (fp32, AdamW). ``"fsdp1"`` pads each unit's flat
+    parameter once to a multiple of the shard group size S (plus one AdamW step counter per
+    unit), ``"fsdp2"`` every parameter's dim 0; R > 1 replicas all-reduce each shard."""
     if strategy not in STRATEGY_MAP:
         raise ValueError(f"strategy must be one of {list(STRATEGY_MAP)}, got {strategy!r}")
     if flavour not in ("fsdp1", "fsdp2"):
@@ -626,13 +594,10 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
     """Run every FSDP1 ``ShardingStrategy`` (per-block auto-wrap) and its FSDP2 form
     (:data:`STRATEGY_MAP`) in one launch (HYBRID rows on a (2, N/2) mesh; ``"HYBRID_SHARD (no
     mesh)"``: what FSDP1 does without one): calls, bytes, state bytes, losses. world_size: even, >= 4."""
-    check_int("world_size", world_size, 4)
-    check_int("steps", steps, 1)
-    check_int("seed", seed, 0)
+    _check_run(world_size, steps, seed, min_world=4)
     names = _check_names("strategies", strategies, _TABLE_ROWS)
     if world_size % 2:
         raise ValueError(f"world_size must be even (a 2 x N/2 mesh): use 4, 6 or 12, got {world_size}")
-    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
     single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
     results = launch(_strategy_rank, world_size, names, steps, seed, quiet=True, timeout_s=timeout_s)
     rows = []
@@ -673,8 +638,7 @@ class IssueReport:
         return "\n".join(self.summary)
 
     def table(self, *, include_time: bool = False) -> str:
-        """Before and after side by side; entries marked "(varies)" (step times) only with
-        ``include_time=True``, so the default output is the same every run."""
+        """Before and after side by side; entries marked "(varies)" only with ``include_time``."""
         keys = [k for k in dict.fromkeys(list(self.before) + list(self.after))
                 if include_time or "(varies)" not in k]
         rows = [[k, self.before.get(k), self.after.get(k)] for k in keys]
@@ -706,7 +670,7 @@ def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
     check_int("budget_bytes", budget_bytes, 1)
 
     def side(r):
-        over = _first_over(r["timeline"], budget_bytes)
+        over = next((s for s in r["timeline"] if s[2] + s[3] > budget_bytes), None)
         return {"wrapping": r["granularity"], "peak unsharded params + buffers (B)": r["peak_total"],
                 "budget (B)": budget_bytes, "fits": r["peak_total"] <= budget_bytes,
                 "first event over budget": None if over is None else f"{over[0]} ({over[1]})"}
@@ -727,13 +691,11 @@ def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
 
 def issue_slow(report: GranularityReport | None = None, strategies: StrategyReport | None = None,
                *, world_size: int = 2) -> IssueReport:
-    """"Slow training from too much communication": (1) too-fine wrapping (every Linear and
-    LayerNorm) multiplies the collective calls per step, each paying a latency, against
-    per-block; (2) FSDP1's SHARD_GRAD_OP (FSDP2: ``reshard_after_forward=False``) all-gathers
-    each block once per step instead of twice, for keeping every block gathered from its
-    forward to its backward. ``report``: a :func:`measure_granularity` result with
-    "per-block", "per-leaf" and "per-block-zero2"; ``strategies``: a :func:`strategy_table`
-    result adds FSDP1's measured all-gathers."""
+    """"Slow training from too much communication": per-leaf wrapping multiplies the
+    collective calls per step (each pays a latency) against per-block; SHARD_GRAD_OP
+    (``reshard_after_forward=False``) all-gathers each block once per step instead of twice,
+    for keeping it gathered from forward to backward. ``report``: a :func:`measure_granularity`
+    result to reuse; ``strategies``: a :func:`strategy_table` result adds FSDP1's all-gathers."""
     needed = ("per-block", "per-leaf", "per-block-zero2")
     if report is None:
         report = measure_granularity(world_size, granularities=needed)
@@ -776,7 +738,6 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
 
 
 def _losses(model, steps: int, seed: int) -> list:
-    """The global batch's losses of ``steps`` AdamW steps of ``model``."""
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
     optimizer = experiments.make_adamw(model.parameters())
     return [loss for _, loss, _ in experiments.train(model, optimizer, data, steps)]
@@ -817,10 +778,8 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     out["sync_module_states error"] = _error_of(
         lambda: _fsdp1(seeded(seed + rank), device, sync_module_states=True))
     out["guard lifted"] = device.type == "cpu" and lift_guard
-    guard = contextlib.nullcontext()
-    if out["guard lifted"]:                      # FSDP1 refuses CPU tensors here (NCCL's limit)
-        guard = compat.fsdp1_allow_cpu_sync_module_states()
-    with guard, CommLedger() as ledger:
+    with (compat.fsdp1_allow_cpu_sync_module_states() if out["guard lifted"]   # FSDP1 refuses CPU
+          else contextlib.nullcontext()), CommLedger() as ledger:               # tensors (NCCL's limit)
         model = _fsdp1(seeded(seed + rank), device, sync_module_states=True)
     out["sync broadcasts"] = ledger.counts().get("broadcast", 0)
     out["seed+rank, FSDP1 sync_module_states=True"] = _losses(model, steps, seed)
@@ -830,17 +789,11 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
 
 def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 0,
                             lift_fsdp1_cpu_guard: bool = True, timeout_s: float = 120.0) -> IssueReport:
-    """"Inconsistent results": the tutorial calls ``torch.manual_seed(seed + rank)`` *before*
-    building the model. FSDP2's ``fully_shard`` does not broadcast (FSDP1 only does with
-    ``sync_module_states=True``), so each rank keeps its rows of its *own* initialisation and
-    the losses are not those of one process started from ``torch.manual_seed(seed)``. Fixes,
-    measured: one seed for the model; ``broadcast_from_rank0`` before ``fully_shard``; FSDP1's
-    ``sync_module_states=True``, which raises ``ValueError`` for CPU modules (NCCL's
-    constraint): ``lift_fsdp1_cpu_guard=True`` patches that check out on CPU (never on GPUs)."""
-    check_int("world_size", world_size, 2)
-    check_int("steps", steps, 1)
-    check_int("seed", seed, 0)
-    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
+    """"Inconsistent results": ``torch.manual_seed(seed + rank)`` *before* building the model.
+    ``fully_shard`` does not broadcast, so each rank keeps its rows of its *own* init. Fixes,
+    measured: one seed for the model; ``broadcast_from_rank0``; FSDP1's ``sync_module_states=True``,
+    which refuses CPU modules (NCCL's limit): ``lift_fsdp1_cpu_guard`` patches that check out on CPU."""
+    _check_run(world_size, steps, seed)
     with torch.random.fork_rng(devices=[]):         # this process's global RNG is left as it was
         torch.manual_seed(seed)
         model = GPT(COURSE_CONFIG)
