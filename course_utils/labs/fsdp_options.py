@@ -1,9 +1,7 @@
 """FSDP2's options, each run on N ranks and measured against a prediction computed by code.
 
-The checked versions of notebook 07's option cells (:mod:`course_utils.labs.fsdp_api`): each
-``measure_*`` launches the course GPT sharded as ``"torch-fsdp"`` (:func:`shard_model`) and
-returns an :class:`OptionResult`. FSDP2's private ``FSDPParamGroup`` is read through
-:mod:`course_utils.runtime.compat`.
+The checked versions of notebook 07's option cells: each ``measure_*`` launches the course GPT
+sharded as ``"torch-fsdp"`` (:func:`shard_model`) and returns an :class:`OptionResult`.
 """
 from __future__ import annotations
 
@@ -134,6 +132,11 @@ def _check_world_size(world_size) -> None:
     rows_per_rank(GLOBAL_BATCH, world_size)
 
 
+def _launch(fn, world_size, *args) -> list:
+    _check_world_size(world_size)
+    return launch(fn, world_size, *args, quiet=True, timeout_s=TIMEOUT_S)
+
+
 # ------------------------------------------------------------------ sharding
 
 def shard_model(model: nn.Module, *, reshard_after_forward: bool | int = True, unit_types=None,
@@ -228,9 +231,8 @@ def _rank_mixed_precision(steps: int) -> dict:
 def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     """``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on every unit vs fp32:
     collective bytes per step, the dtypes stored and computed with, the losses."""
-    _check_world_size(world_size)
     check_int("steps", steps, minimum=1)
-    res = launch(_rank_mixed_precision, world_size, steps, quiet=True, timeout_s=TIMEOUT_S)
+    res = _launch(_rank_mixed_precision, world_size, steps)
     meta = build_model(COURSE_CONFIG, device="meta")
     bf16_bytes = comm_bytes_per_step(meta, world_size, bytes_per_elem=2)
     fp32_bytes = comm_bytes_per_step(meta, world_size, bytes_per_elem=4)
@@ -310,9 +312,8 @@ def _rank_cpu_offload(steps: int) -> dict:
 def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     """``CPUOffloadPolicy(pin_memory=False)`` on every unit vs no offload: the losses, where
     the sharded states live and their bytes; on GPUs also the device memory it saves."""
-    _check_world_size(world_size)
     check_int("steps", steps, minimum=1)
-    res = launch(_rank_cpu_offload, world_size, steps, quiet=True, timeout_s=TIMEOUT_S)
+    res = _launch(_rank_cpu_offload, world_size, steps)
     r = res[0]
     base, off = r["no offload"], r["CPUOffloadPolicy"]
     meta = build_model(COURSE_CONFIG, device="meta")
@@ -338,14 +339,12 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
                 "on the CPU.")
     else:
         checks.append(Check("device B saved (measured on GPUs only)", None, None))
-        note = ("Measured on CPU, where every tensor already lives in host memory: the offload "
-                "policy runs the same code path (shards copied 'to the device' before each "
-                "all-gather, optimizer step on the CPU) and gives the same losses bit for bit, "
-                "but it cannot save device memory here; that saving (params + grads + optimizer "
-                "states, the 'state bytes' above) is measured with torch.cuda.memory_allocated "
-                "when this runs on GPUs. The default pin_memory=True needs an accelerator "
-                "(pinned host memory exists to speed up copies to a GPU): here it raises "
-                f"{r['pin_memory=True'].split(':')[0]}.")
+        note = ("Measured on CPU, where every tensor already lives in host memory: the policy runs "
+                "the same code path (shards copied 'to the device' before each all-gather, the "
+                "optimizer step on the CPU), the same losses bit for bit, but saves no device memory "
+                "(on GPUs: the state bytes above, by torch.cuda.memory_allocated). The default "
+                "pin_memory=True needs an accelerator (pinned memory speeds up copies to a GPU): "
+                f"here it raises {r['pin_memory=True'].split(':')[0]}.")
     return OptionResult("CPUOffloadPolicy(pin_memory=False)", where(res), checks, details, note)
 
 
@@ -424,7 +423,7 @@ def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False,
     for s in settings:
         _check_reshard(s, world_size)
     settings = tuple(settings)
-    res = launch(_rank_reshard, world_size, settings, steps, quiet=True, timeout_s=TIMEOUT_S)
+    res = _launch(_rank_reshard, world_size, settings, steps)
     checks = []
     first = res[0][repr(settings[0])]["losses"]
     for i, s in enumerate(settings):
@@ -510,13 +509,12 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
     """FSDP2's default prefetching vs ``set_modules_to_forward_prefetch`` /
     ``set_modules_to_backward_prefetch`` of the next ``depth`` blocks: the order of the
     all-gathers and the blocks' forward and backward, the most units gathered at once, the losses."""
-    _check_world_size(world_size)
     check_int("steps", steps, minimum=1)
     layers = COURSE_CONFIG.layers
     check_int("depth", depth, minimum=1)                     # 0 is FSDP2's default
     if depth >= layers:
         raise ValueError(f"depth must be < {layers} (the number of blocks), got {depth}")
-    res = launch(_rank_prefetch, world_size, depth, steps, quiet=True, timeout_s=TIMEOUT_S)
+    res = _launch(_rank_prefetch, world_size, depth, steps)
     default, explicit = res[0]["default"], res[0]["explicit"]
 
     def gathered(d):             # the root + the current block + d prefetched blocks
@@ -537,15 +535,12 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
     timelines = "".join(f"\n{label}, {phase}: {', '.join(events)}"
                         for label, run in (("default", default), (f"{depth} ahead", explicit))
                         for phase, events in zip(("forward", "backward"), run.pop("timeline")))
-    note = ("A unit counts as gathered from the moment its all-gather is issued until it is "
-            "resharded; the root stays gathered throughout. By default the CPU issues a block's "
-            "all-gather in forward only when the block starts (on a GPU the CPU runs ahead of the "
-            "kernels, so that all-gather still overlaps the previous block's compute) and "
-            f"prefetches one block in backward. Prefetching {depth} ahead issues the all-gathers "
-            f"earlier and holds root + 1 + {depth} units; the same collectives, the same losses. "
-            "Measured order "
-            "(fwd i: block i's forward starts; bwd: pre-backward; AG/RS: all-gather/reduce-scatter "
-            "issued):" + timelines)
+    note = ("A unit counts as gathered from its all-gather's issue to its reshard; the root stays "
+            "gathered. By default the CPU issues a block's forward all-gather when the block starts "
+            "(on a GPU the CPU runs ahead of the kernels, so it still overlaps the previous block's "
+            f"compute) and prefetches one block in backward. {depth} ahead issues them earlier and "
+            f"holds root + 1 + {depth} units: the same collectives, the same losses. Measured order "
+            "(fwd i: block i's forward starts; bwd: pre-backward; AG/RS issued):" + timelines)
     return OptionResult(f"explicit prefetching, {depth} blocks ahead", where(res), checks,
                         {"default": default, "explicit": explicit}, note)
 
@@ -553,18 +548,13 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
 # ================================================================== 5. activation checkpointing
 
 def predicted_saved_activation_bytes(micro_batch: int, *, checkpointed: bool) -> dict:
-    """Bytes autograd saves for backward (parameters excluded) in one forward of the course
-    GPT (fp32, CPU kernels) on ``micro_batch`` sequences, from
-    :func:`course_utils.theory.memory.activation_bytes` (16-bit activations, 1-byte dropout masks):
-
-    * per block, no checkpointing: ``attention="flash"``'s 34·s·b·h bytes less the two dropout
-      masks (2·s·b·h), doubled for fp32; plus each LayerNorm's mean and 1/std (2·b·s floats,
-      two norms) and the attention's logsumexp (a·b·s floats), which the formula leaves out;
-    * per block, checkpointed: ``recompute="full"`` keeps the block input, 2·s·b·h, doubled;
-    * outside the blocks (either way): the final norm's and output layer's inputs (2·2·s·b·h,
-      doubled), the fp32 logits' log-softmax (4·s·b·V), the final norm's statistics
-      (2·b·s floats), the int64 token ids, positions and targets, the loss's 4-byte weight.
-    """
+    """Bytes autograd saves for backward (parameters apart) in one forward on ``micro_batch``
+    sequences (fp32, CPU kernels), from :func:`course_utils.theory.memory.activation_bytes`'s
+    16-bit formula, doubled: per block, ``attention="flash"`` less its two dropout masks plus the
+    LayerNorms' statistics and the attention's logsumexp (floats the formula leaves out), or,
+    checkpointed, the block input; outside the blocks, the final norm's and output layer's
+    inputs, the fp32 log-softmax (4·s·b·V), the final norm's statistics, the int64 token ids,
+    positions and targets, and the loss's 4-byte weight."""
     check_int("micro_batch", micro_batch, minimum=1)
     cfg = COURSE_CONFIG
     s, b, h, a = cfg.seq, micro_batch, cfg.hidden, cfg.heads
@@ -637,9 +627,8 @@ def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> 
     (torch 2.13): ``torch.distributed._composable.checkpoint`` per block (names unchanged) and
     ``apply_activation_checkpointing`` (``checkpoint_wrapper``), against none: bytes saved for
     backward, block forwards, matmul FLOPs, collectives per step (the last), the losses."""
-    _check_world_size(world_size)
     check_int("steps", steps, minimum=1)
-    res = launch(_rank_checkpointing, world_size, steps, quiet=True, timeout_s=TIMEOUT_S)
+    res = _launch(_rank_checkpointing, world_size, steps)
     r = res[0]
     b = r["none"]["local_batch"]
     no_ac = predicted_saved_activation_bytes(b, checkpointed=False)
@@ -709,11 +698,10 @@ def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> 
     """``torch.nn.utils.clip_grad_norm_`` on FSDP2's DTensor gradients after one backward of
     the global batch, against one process clipping the whole gradient: the total norm, the
     clipped full gradients, its collectives; and the wrong way, each rank's local shard norm."""
-    _check_world_size(world_size)
     if isinstance(max_norm, bool) or not isinstance(max_norm, Real) or not max_norm > 0:
         raise ValueError(f"max_norm must be a positive number such as 0.5, got {max_norm!r}")
     max_norm = float(max_norm)
-    res = launch(_rank_clipping, world_size, max_norm, quiet=True, timeout_s=TIMEOUT_S)
+    res = _launch(_rank_clipping, world_size, max_norm)
     _, ref_norm, ref_grads = reference_grads(max_norm=max_norm)
     r = res[0]
     grad_diff = _grad_rel_diff(r["grads"], ref_grads)
@@ -736,12 +724,10 @@ def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> 
                "total_norm_type": r["total_norm_type"], "local_shard_norms": locals_,
                "clip_coefficient": min(1.0, max_norm / (ref_norm + 1e-6)),
                "grad_max_rel_diff": grad_diff, "comm": r["totals"]}
-    note = ("clip_grad_norm_ sees DTensor gradients: each parameter's norm is a partial result "
-            "that one all-reduce of the squared norms (one float per tensor) completes, so every "
-            "rank gets the global norm and scales its shards by the same factor. A norm of the "
-            "local shards alone differs per rank and is too small (each rank would clip with its "
-            "own, wrong factor). A tutorial's advice to call model.clip_grad_norm_ is for FSDP1's "
-            "FullyShardedDataParallel; FSDP2 has no such method and needs none.")
+    note = ("clip_grad_norm_ sees DTensor gradients: one all-reduce of the squared norms (one "
+            "float per tensor) completes each partial norm, so every rank scales its shards by the "
+            "same global factor. Local shard norms differ per rank and are too small (wrong factors). "
+            "A tutorial's model.clip_grad_norm_ is FSDP1's; FSDP2 has no such method and needs none.")
     return OptionResult(f"clip_grad_norm_(max_norm={max_norm:g}) on sharded gradients", where(res),
                         checks, details, note)
 
@@ -776,7 +762,7 @@ def measure_gradient_accumulation(world_size: int = 2, *, micro_batches: int = 3
     if rows % micro_batches:
         raise ValueError(f"each of the {world_size} ranks has {rows} sequences; micro_batches must "
                          f"divide {rows}, got {micro_batches}")
-    res = launch(_rank_accumulation, world_size, micro_batches, quiet=True, timeout_s=TIMEOUT_S)
+    res = _launch(_rank_accumulation, world_size, micro_batches)
     _, _, ref = reference_grads()
     meta = build_model(COURSE_CONFIG, device="meta")
     units = 1 + COURSE_CONFIG.layers
