@@ -372,20 +372,24 @@ def _rank_reshard(settings: tuple, steps: int) -> dict:
 
 
 def _reshard_prediction(setting, world_size: int) -> dict:
-    """All-gathers per step (calls, bytes one rank sends, group sizes) and unsharded parameter
-    bytes held from forward to backward."""
+    """All-gathers per step (calls, bytes one rank sends, group sizes), each rank's backward
+    all-gather group (for an int k its k consecutive ranks: FSDP2 views the mesh as (N/k, k))
+    and the unsharded parameter bytes held from forward to backward."""
     meta = build_model(COURSE_CONFIG, device="meta")
     m_root, *m_blocks = message_numels(meta, world_size)
     layers = len(m_blocks)
-    if setting is True or setting is False:
+    k = world_size if setting is True else setting
+    groups = [None if setting is False else list(range(r // k * k, r // k * k + k)) for r in range(world_size)]
+    if isinstance(setting, bool):
         calls = calls_per_step(layers, reshard_after_forward=setting)["all_gather"]
         sent = comm_bytes_per_step(meta, world_size, reshard_after_forward=setting)["all_gather"]
         held = 4 * (m_root + (0 if setting else sum(m_blocks)))
-        return {"calls": calls, "bytes": sent, "held": held, "group_sizes": [world_size] * calls}
-    k = setting      # forward: every unit over N ranks; backward: every block over k ranks
+        return {"calls": calls, "bytes": sent, "held": held, "group_sizes": [world_size] * calls,
+                "groups": groups}
+    # forward: every unit over N ranks; backward: every block over k ranks
     forward = Fraction(world_size - 1, world_size) * 4 * (m_root + sum(m_blocks))
     return {"calls": 1 + 2 * layers, "bytes": forward + Fraction(k - 1, k) * 4 * sum(m_blocks),
-            "held": 4 * m_root + 4 * sum(m_blocks) // k,
+            "held": 4 * m_root + 4 * sum(m_blocks) // k, "groups": groups,
             "group_sizes": [world_size] * (1 + layers) + [k] * layers}
 
 
@@ -400,15 +404,6 @@ def _groups(groups: list) -> str:
     if all(g is None for g in groups):
         return "none"
     return " | ".join(",".join(map(str, g)) if g is not None else "none" for g in groups)
-
-
-def _backward_group(rank: int, world_size: int, setting) -> list | None:
-    """The ranks of a block's backward all-gather: an int k gives the k consecutive ranks
-    containing ``rank`` (FSDP2 views the mesh as (N/k, k))."""
-    if setting is False:
-        return None
-    k = world_size if setting is True else setting
-    return list(range(rank // k * k, rank // k * k + k))
 
 
 def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False, 2),
@@ -436,7 +431,7 @@ def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False,
             Check(f"{s!r}: all-gather B/step", m["totals"]["all_gather"], p["bytes"]),
             Check(f"{s!r}: backward all-gather ranks, by rank",
                   _groups([v[repr(s)]["backward_group"] for v in res]),
-                  _groups([_backward_group(r, world_size, s) for r in range(world_size)])),
+                  _groups(p["groups"])),
             Check(f"{s!r}: unsharded param B held fwd->bwd", max(m["held"]), p["held"]),
         ] + ([Check(f"{s!r}: max |loss diff| vs {settings[0]!r}", max_abs_diff(m["losses"], first), 0.0)]
              if i else [])

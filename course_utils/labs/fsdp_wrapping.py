@@ -426,11 +426,10 @@ class AutowrapReport:
                  m["calls"] == m["predicted"]["calls"] and m["bytes"] == m["predicted"]["bytes"],
                  m["max_rel_loss_diff"] <= 1e-6]
                 for name, m in self.runs.items()]
-        notes = [f"fp32, per rank and step, {self.where}."]
-        notes += [f"{name}: CommLedger saw {', '.join(m['functions'])}"
-                  for name, m in self.runs.items()]
-        notes += [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()]
-        notes.append(f"the right form: {self.right_form}")
+        notes = ([f"fp32, per rank and step, {self.where}."]
+                 + [f"{name}: CommLedger saw {', '.join(m['functions'])}" for name, m in self.runs.items()]
+                 + [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()]
+                 + [f"the right form: {self.right_form}"])
         return table(header, rows, notes=notes)
 
 
