@@ -195,8 +195,12 @@ def _calls(counts: dict) -> str:
 
 # ================================================================== 1. mixed precision
 
-def _tensor_states(opt) -> list:
-    return [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+def _stored(model, opt, attr: str) -> dict:
+    """The ``attr`` (dtype or device) of the sharded parameters, gradients and optimizer states."""
+    params = list(model.parameters())
+    states = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {key: sorted({str(getattr(local_tensor(t), attr)).replace("torch.", "") for t in ts})
+            for key, ts in (("param", params), ("grad", [p.grad for p in params]), ("optimizer", states))}
 
 
 def _rank_mixed_precision(steps: int) -> dict:
@@ -218,10 +222,7 @@ def _rank_mixed_precision(steps: int) -> dict:
                 losses.append(loss)
                 comms.append(_per_step(ledger))
                 if step == 0:
-                    params = list(model.parameters())
-                    for key, ts in (("param", params), ("grad", [p.grad for p in params]),
-                                    ("optimizer", _tensor_states(opt))):
-                        stored[key] = sorted({dtype(t) for t in ts})
+                    stored.update(_stored(model, opt, "dtype"))
         out[name] = {"losses": losses, "comm": comms[0]["totals"], "counts": comms[0]["counts"],
                      "same_every_step": all(c["totals"] == comms[0]["totals"] for c in comms),
                      "inside_forward": inside, "stored": stored}
@@ -262,11 +263,9 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
                "inside_forward_fp32": fp["inside_forward"], "inside_forward_bf16": bf["inside_forward"],
                "stored_bf16": bf["stored"]}
     note = ("FSDP2 casts each unit's fp32 shard to bf16 before the all-gather (half the bytes) and "
-            "computes in bf16; the gradients are cast back to fp32 for the reduce-scatter, so the "
-            "fp32 shards, their gradients and AdamW's states are what the optimizer updates. The "
-            "losses differ from fp32 (not bit-equal: the matmuls round weights and activations to "
-            "8 significant bits) by far less than bf16's unit roundoff 2^-8 (half its machine "
-            "epsilon 2^-7, the gap between 1 and the next bf16 number).")
+            "computes in bf16; gradients go back to fp32 for the reduce-scatter, so the optimizer "
+            "updates fp32 shards with fp32 states. The losses differ (the matmuls round to 8 "
+            "significant bits) by far less than bf16's unit roundoff 2^-8 (half its epsilon 2^-7).")
     return OptionResult("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)", where(res),
                         checks, details, note)
 
@@ -284,9 +283,7 @@ def _offload_run(steps: int, **fully_shard_kwargs) -> dict:
     for step, loss, _ in train(model, opt, data, steps, device=device):
         losses.append(loss)
         if step == steps - 1:               # after the last step(), before its zero_grad()
-            params = list(model.parameters())
-            stored = {key: sorted({str(local_tensor(t).device) for t in ts}) for key, ts in (
-                ("param", params), ("grad", [p.grad for p in params]), ("optimizer", _tensor_states(opt)))}
+            stored = _stored(model, opt, "device")
             stored["bytes"] = state_bytes(model, opt)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -437,15 +434,14 @@ def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False,
              if i else [])
     ints = [s for s in settings if not isinstance(s, bool)]
     note = ("True frees every block after its forward and gathers it again in backward (ZeRO-3); "
-            "False keeps it gathered (ZeRO-2-like: fewer all-gathers, the whole model's parameters "
-            "held until backward). ")
+            "False keeps it gathered (ZeRO-2-like: fewer all-gathers, the whole model held until "
+            "backward). ")
     if ints:
         k = ints[0]
-        note += (f"An int k={k}: after forward each rank keeps a copy of its 1/{k} slice of the "
-                 f"gathered parameters (no communication) and backward re-gathers them within its "
-                 f"group of {k} consecutive ranks (FSDP2 views the mesh as a ({world_size // k}, {k}) "
-                 f"mesh, like HSDP), moving the same message with a ({k}-1)/{k} ring factor instead "
-                 f"of ({world_size}-1)/{world_size}, for 1/{k} of the parameters held in between.")
+        note += (f"An int k={k}: after forward each rank keeps its 1/{k} slice of the gathered "
+                 f"parameters (no communication); backward re-gathers within its group of {k} "
+                 f"consecutive ranks (a ({world_size // k}, {k}) mesh view, like HSDP): a ({k}-1)/{k} "
+                 f"ring factor instead of ({world_size}-1)/{world_size}, 1/{k} of the parameters held.")
     return OptionResult("reshard_after_forward", where(res), checks,
                         {repr(s): res[0][repr(s)] for s in settings}, note)
 
@@ -784,11 +780,10 @@ def measure_gradient_accumulation(world_size: int = 2, *, micro_batches: int = 3
     ]
     details = {"no_sync": mb, "sync": smb, "grad_max_rel_diff_no_sync": diff_nosync,
                "grad_max_rel_diff_sync": diff_sync, "num_params": psi}
-    note = (f"Tolerance: the largest gradient difference from one process on the whole batch, "
-            f"relative to the largest gradient, at most 1e-6 (fp32, another summation order). "
-            f"Without sync each rank keeps full-size gradients, 4 B x {psi:,} parameters, between "
-            f"micro-batches instead of its padded shard ({sharded:,} B on {world_size} ranks), and "
-            f"saves {k - 1} of the {k} rounds of reduce-scatters; the parameters are still gathered "
-            "again for every micro-batch (reshard_after_backward stays True).")
+    note = (f"Tolerance: max gradient difference from one process / max gradient <= 1e-6 (fp32, "
+            f"another summation order). Without sync each rank holds full-size gradients (4 B x "
+            f"{psi:,}) between micro-batches instead of its shard ({sharded:,} B on {world_size} ranks) "
+            f"and saves {k - 1} of {k} rounds of reduce-scatters; parameters are still gathered for "
+            "every micro-batch (reshard_after_backward stays True).")
     return OptionResult(f"set_requires_gradient_sync(False), {k} micro-batches", where(res),
                         checks, details, note)

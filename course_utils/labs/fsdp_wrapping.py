@@ -754,14 +754,13 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
         fsdp.shard_per_unit(model)               # fully_shard per block, then the root
         return _losses(model, steps, seed)
 
-    out = {}
+    out = {"device": device.type, "guard lifted": device.type == "cpu" and lift_guard}
     # the bug: every rank seeds differently, then shards its own initialisation (no broadcast)
     model = seeded(seed + rank)
     mine = model.tok_emb.weight.detach().clone()
     fsdp.shard_per_unit(model)
     full = model.tok_emb.weight.full_tensor()
-    out["rows_from_this_rank"] = int((full == mine).all(dim=1).sum())
-    out["rows"] = int(full.shape[0])
+    out.update(rows_from_this_rank=int((full == mine).all(dim=1).sum()), rows=int(full.shape[0]))
     out["seed+rank, FSDP2"] = _losses(model, steps, seed)
     # fix 1: one seed for the model; per-rank seeds only afterwards (data order, dropout)
     model = seeded(seed)
@@ -776,13 +775,11 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     # fix 3: FSDP1's sync_module_states=True broadcasts rank 0's weights
     out["sync_module_states error"] = _error_of(
         lambda: _fsdp1(seeded(seed + rank), device, sync_module_states=True))
-    out["guard lifted"] = device.type == "cpu" and lift_guard
     with (compat.fsdp1_allow_cpu_sync_module_states() if out["guard lifted"]   # FSDP1 refuses CPU
           else contextlib.nullcontext()), CommLedger() as ledger:               # tensors (NCCL's limit)
         model = _fsdp1(seeded(seed + rank), device, sync_module_states=True)
     out["sync broadcasts"] = ledger.counts().get("broadcast", 0)
     out["seed+rank, FSDP1 sync_module_states=True"] = _losses(model, steps, seed)
-    out["device"] = device.type
     return out
 
 
