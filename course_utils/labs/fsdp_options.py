@@ -663,14 +663,14 @@ def _rank_clipping(max_norm: float) -> dict:
     with CommLedger() as ledger:
         total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     after = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
-    out = {"total_norm": float(total.full_tensor() if hasattr(total, "full_tensor") else total),
-           "total_norm_type": f"{type(total).__name__} {getattr(total, 'placements', '')}".strip(),
-           "norm_after": float(after.full_tensor() if hasattr(after, "full_tensor") else after),
-           "local_norm": local.item(), "counts": ledger.counts(), "totals": ledger.totals(),
-           "messages": ledger.message_bytes(),
-           "has_clip_method": hasattr(model, "clip_grad_norm_"),
-           "num_param_tensors": sum(1 for p in model.parameters() if p.grad is not None)}
-    return {**out, **_full_grads_on_rank0(model)}
+    return {"total_norm": float(total.full_tensor() if hasattr(total, "full_tensor") else total),
+            "total_norm_type": f"{type(total).__name__} {getattr(total, 'placements', '')}".strip(),
+            "norm_after": float(after.full_tensor() if hasattr(after, "full_tensor") else after),
+            "local_norm": local.item(), "counts": ledger.counts(), "totals": ledger.totals(),
+            "messages": ledger.message_bytes(),
+            "has_clip_method": hasattr(model, "clip_grad_norm_"),
+            "num_param_tensors": sum(1 for p in model.parameters() if p.grad is not None),
+            **_full_grads_on_rank0(model)}
 
 
 def _full_grads_on_rank0(model) -> dict:

@@ -369,10 +369,13 @@ def _fsdp1(model, device, *, policy="module", strategy="FULL_SHARD", mesh=None, 
                                     **kwargs, **({} if mesh is None else {"device_mesh": mesh}))
 
 
-def _fsdp1_units(model) -> int:
+def _run_api(model, opt, data, steps: int, device, api: str) -> dict:
+    """:func:`_measured_run` of an FSDP1 (``api="fsdp1"``) or FSDP2 model, with its unit count."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    return sum(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+    units = (sum(isinstance(m, FullyShardedDataParallel) for m in model.modules()) if api == "fsdp1"
+             else len(compat.fsdp2_param_groups(model)))
+    return _measured_run(model, opt, data, steps, device, units=units)
 
 
 def _error_of(fn) -> str:
@@ -397,11 +400,10 @@ def _autowrap_rank(policies, steps: int, seed: int) -> dict:
             _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy, device_id=device))}}
     for policy_name in policies:
         model = _fsdp1(build_model(seed=seed, device=device), device, policy=policy_name)
-        out[f"fsdp1-{policy_name}"] = _measured_run(model, experiments.make_adamw(model.parameters()),
-                                                    data, steps, device, units=_fsdp1_units(model))
+        out[f"fsdp1-{policy_name}"] = _run_api(model, experiments.make_adamw(model.parameters()),
+                                               data, steps, device, "fsdp1")
     model, opt = fsdp.wrap_torch_fsdp(build_model(seed=seed, device=device), experiments.make_adamw)
-    out["fsdp2"] = _measured_run(model, opt, data, steps, device,
-                                 units=len(compat.fsdp2_param_groups(model)))
+    out["fsdp2"] = _run_api(model, opt, data, steps, device, "fsdp2")
     return out
 
 
@@ -480,8 +482,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
 
     def measure(model, opt, api):
-        units = _fsdp1_units(model) if api == "fsdp1" else len(compat.fsdp2_param_groups(model))
-        return _measured_run(model, opt, data, steps, device, units=units)
+        return _run_api(model, opt, data, steps, device, api)
 
     def digest(model, api):             # of the full parameters this rank would train
         if api == "fsdp1":
