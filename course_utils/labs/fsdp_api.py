@@ -1,11 +1,4 @@
-"""Small measuring tools for the FSDP2 cells of ``notebooks/07_fsdp.ipynb``, used inside a
-launched rank: :func:`batch` (this rank's share of a step), :class:`HeldParams` (unsharded
-parameter bytes now), :class:`SavedActivations` (activation bytes autograd saves),
-:class:`EventOrder` (order of all-gathers, reduce-scatters and block forwards),
-:func:`unsharded_grad_bytes`, :func:`state_digest` / :func:`digest` (compare two runs bit
-for bit). :mod:`course_utils.labs.fsdp_options` runs the same measurements as checked
-experiments.
-"""
+"""Measuring tools for notebook 07's FSDP2 cells, used inside a launched rank (``fsdp_options`` checks them)."""
 from __future__ import annotations
 
 import torch
@@ -24,105 +17,80 @@ __all__ = ["batch", "HeldParams", "SavedActivations", "EventOrder", "unsharded_g
            "state_digest", "digest"]
 
 
-def _check_model(model) -> None:
+def _check_model(model) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return model
 
 
 def batch(step: int = 0, *, seed: int = 0):
-    """``(x, y)``: this rank's rows of step ``step`` of the course data (global batch
-    :data:`~course_utils.harness.experiments.GLOBAL_BATCH`), on this rank's device."""
+    """``(x, y)``: this rank's rows of step ``step`` of the course data, on this rank's device."""
     check_int("step", step, 0)
     require_process_group("batch")
     data = SyntheticData(global_batch=GLOBAL_BATCH, seed=seed)
-    x, y = data.shard(step, dist.get_rank(), dist.get_world_size())
-    device = rank_device()
-    return x.to(device), y.to(device)
+    return tuple(t.to(rank_device()) for t in data.shard(step, dist.get_rank(), dist.get_world_size()))
 
 
 class HeldParams:
-    """``held = HeldParams(model)`` right after sharding remembers the shards' storages;
-    ``held()`` later returns the bytes of the parameter storages registered on the model
-    now that are not those shards (each storage once): what FSDP2 keeps gathered (or, with
-    an int ``reshard_after_forward``, re-sharded to a smaller group) at that moment."""
+    """``held = HeldParams(model)`` after sharding; ``held()``: bytes of non-shard parameter storages (gathered now)."""
 
     def __init__(self, model: nn.Module):
-        _check_model(model)
-        self.model = model
+        self.model = _check_model(model)
         self._shards = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
 
     def __call__(self) -> int:
-        seen = set(self._shards)
-        total = 0
-        for p in self.model.parameters():
-            st = local_tensor(p).untyped_storage()
-            if st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
-                total += st.nbytes()
-        return total
+        storages = {st.data_ptr(): st.nbytes() for st in
+                    (local_tensor(p).untyped_storage() for p in self.model.parameters())}
+        return sum(n for ptr, n in storages.items() if ptr not in self._shards)
 
 
 class SavedActivations:
-    """``with SavedActivations(model) as saved:`` around a forward: ``saved.bytes`` is then
-    the bytes of the activations autograd saved for backward, each storage once
-    (``saved.parameters``: the storages of parameters registered on the model then, left
-    out of ``bytes``). Keeps them alive until the block ends or :meth:`reset`."""
+    """``with SavedActivations(model) as saved:`` around a forward: ``saved.bytes``, the
+    activation bytes autograd saved for backward, each storage once (``saved.parameters``:
+    the model's parameters, apart); keeps them alive until the block ends or :meth:`reset`."""
 
     def __init__(self, model: nn.Module):
-        _check_model(model)
-        self.model = model
+        self.model = _check_model(model)
         self.reset()
 
     def reset(self) -> None:
-        """Count from zero (e.g. at the start of the next step)."""
         self.bytes, self.parameters, self._keep = 0, 0, {}
 
     def _pack(self, t):
         key = compat.storage_key(t)
         if key not in self._keep:           # the storage itself: data pointers get reused
             self._keep[key] = t             # keep it alive while counting
-            if key in {compat.storage_key(p) for p in self.model.parameters()}:
-                self.parameters += t.untyped_storage().nbytes()
-            else:
-                self.bytes += t.untyped_storage().nbytes()
+            kind = "parameters" if key in {compat.storage_key(p) for p in self.model.parameters()} else "bytes"
+            setattr(self, kind, getattr(self, kind) + t.untyped_storage().nbytes())
         return t
 
     def __enter__(self) -> "SavedActivations":
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
+        return self._hooks.__enter__() or self
 
     def __exit__(self, *exc) -> bool:
-        self._hooks.__exit__(*exc)
-        self._keep.clear()
+        self._hooks.__exit__(*exc), self._keep.clear()
         return False
 
 
 class EventOrder:
-    """``with EventOrder(model) as order:`` around a forward and backward of a model sharded
-    per block then at the root: ``order.forward`` and ``order.backward`` are the events in
-    the order the CPU issued them, e.g. ``["AG root", "fwd 0", "AG 0", ...]`` (AG/RS: an
-    all-gather/reduce-scatter issued; ``fwd i``: block i's forward starts; ``bwd i``: its
-    backward starts); ``order.gathered`` the most units gathered at once (unsharded, or their
-    all-gather result waiting), per phase; ``order.ledger`` the collectives (a CommLedger).
-    :meth:`reset` starts a new step."""
+    """``with EventOrder(model) as order:`` around a step of a model sharded per block:
+    ``order.forward`` / ``.backward``: the events as the CPU issued them (``"AG root"``,
+    ``"fwd 0"``, ``"RS 0"``, ``"bwd 0"``...); ``order.gathered``: the most units gathered at
+    once per phase; ``order.ledger``: a CommLedger. :meth:`reset` starts a new step."""
 
     _LABELS = {"unshard": "AG", "pre_backward": "", "post_backward": "RS"}
 
     def __init__(self, model: nn.Module):
-        _check_model(model)
-        self.ledger = CommLedger()
-        self.events: list = []
-        self.gathered = {"forward": 0, "backward": 0}
-        self._phase = "forward"
-        blocks = fsdp_units(model)
+        self.ledger, self.events = CommLedger(), []
+        blocks = fsdp_units(_check_model(model))
         self._groups = {"root": compat.fsdp2_param_group(model),
                         **{f"block{i}": compat.fsdp2_param_group(u) for i, u in enumerate(blocks)}}
         for i, block in enumerate(blocks):
-            block.register_forward_pre_hook(lambda m, a, i=i: self.events.append(f"fwd block{i}"),
-                                            prepend=True)
+            block.register_forward_pre_hook(lambda m, a, i=i: self.events.append(f"fwd block{i}"), prepend=True)
             block.register_forward_pre_hook(lambda m, a: self._note_gathered())  # after the unshard
         self._watch = compat.watch_fsdp2(self._groups, self._LABELS, self._on_call)
+        self.reset()
 
     def _note_gathered(self) -> None:
         now = sum(map(compat.fsdp2_is_gathered, self._groups.values()))
@@ -131,7 +99,7 @@ class EventOrder:
     def _on_call(self, name, group, method, call):
         if method == "pre_backward":
             self._phase = "backward"
-            if compat.fsdp2_training_state(group) != "PRE_BACKWARD":
+            if compat.fsdp2_training_state(group) != "PRE_BACKWARD":   # its first call only
                 self.events.append(f"bwd {name}")
         before = len(self.ledger.records)
         out = call()
@@ -141,40 +109,29 @@ class EventOrder:
         return out
 
     def reset(self) -> None:
-        self.events.clear()
-        self.gathered.update(forward=0, backward=0)
-        self._phase = "forward"
-        self.ledger.reset()
+        self.events.clear(), self.ledger.reset()
+        self.gathered, self._phase = {"forward": 0, "backward": 0}, "forward"
 
     def __enter__(self) -> "EventOrder":
-        self.ledger.__enter__()
-        self._watch.__enter__()
+        self.ledger.__enter__(), self._watch.__enter__()
         return self
 
     def __exit__(self, *exc) -> bool:
-        self._watch.__exit__(*exc)
-        self.ledger.__exit__(*exc)
+        self._watch.__exit__(*exc), self.ledger.__exit__(*exc)
         return False
 
-    def _split(self):
+    def _split(self, half: int) -> list[str]:
         text = [e.replace("block", "") for e in self.events]
         cut = text.index("bwd root") if "bwd root" in text else len(text)
-        return text[:cut], text[cut:]
+        return (text[:cut], text[cut:])[half]
 
-    @property
-    def forward(self) -> list[str]:
-        return self._split()[0]
-
-    @property
-    def backward(self) -> list[str]:
-        return self._split()[1]
+    forward = property(lambda self: self._split(0))
+    backward = property(lambda self: self._split(1))
 
 
 def unsharded_grad_bytes(model: nn.Module) -> int:
-    """Bytes of the unsharded gradients FSDP2 holds now (between micro-batches with gradient
-    sync off); 0 once they have been reduce-scattered."""
-    _check_model(model)
-    return compat.fsdp2_unsharded_grad_bytes(model)
+    """Bytes of the unsharded gradients FSDP2 holds now (0 once reduce-scattered)."""
+    return compat.fsdp2_unsharded_grad_bytes(_check_model(model))
 
 
 def digest(tensors: dict) -> str:
@@ -185,16 +142,9 @@ def digest(tensors: dict) -> str:
 
 
 def state_digest(model: nn.Module, optimizer=None) -> str | None:
-    """A collective: every rank calls it. On rank 0, the :func:`digest` of the full
-    parameters (names as in the unwrapped model) and, with ``optimizer``, of every optimizer
-    state tensor (``<param>.exp_avg``...); None on the other ranks."""
+    """A collective: on rank 0 the :func:`digest` of the full parameters and optimizer states; else None."""
     from ..harness.checkpoint import full_state_dict, optimizer_tensors
 
-    _check_model(model)
-    state = full_state_dict(model, optimizer)
-    if not state:
-        return None
-    tensors = dict(state["model"])
-    if optimizer is not None:
-        tensors.update(optimizer_tensors(state["optimizer"]))
-    return digest(tensors)
+    state = full_state_dict(_check_model(model), optimizer)
+    extra = optimizer_tensors(state["optimizer"]) if state and optimizer is not None else {}
+    return digest({**state["model"], **extra}) if state else None

@@ -1,21 +1,11 @@
 """How to wrap a model for FSDP, FSDP1's names in FSDP2, and a tutorial's "common issues", measured.
 
-Taught in ``notebooks/07_fsdp.ipynb``; everything runs on several launched ranks and is
-compared with what code predicts.
-
-1. Wrapping granularity (:data:`GRANULARITIES`, :func:`measure_granularity`): ``fully_shard``
-   makes one *unit* of every module it is applied to, all-gathered together before its
-   forward and backward. :class:`UnshardedProbe` measures the unsharded bytes FSDP2 holds,
-   :func:`predict_unsharded_peak` replays FSDP2's schedule to predict them.
-2. FSDP1 auto-wrap == FSDP2 per block (:func:`compare_autowrap`): the block class is an
-   argument of the *policy*; a widely read tutorial passes ``transformer_layer_cls`` to
-   ``FullyShardedDataParallel`` itself, a ``TypeError``. FSDP1 issues its collectives
-   through ``torch.distributed``, so CommLedger records all of them.
-3. FSDP1 ShardingStrategy -> FSDP2 (:data:`STRATEGY_MAP`, :func:`strategy_table`): FSDP1
-   pads each unit's flat parameter once, FSDP2 every parameter's dim 0; FSDP1's
-   HYBRID_SHARD without a mesh silently trains unsynchronised ranks on CPU.
-4. A tutorial's "Common issues", reproduced and fixed: :func:`issue_oom`,
-   :func:`issue_slow`, :func:`issue_inconsistent_init`.
+Notebook 07's experiments, each on launched ranks next to what code predicts: 1. wrapping
+granularity; 2. FSDP1 auto-wrap == FSDP2 per block (the block class is an argument of the
+*policy*, not of ``FullyShardedDataParallel`` as a widely read tutorial has it); 3. FSDP1's
+ShardingStrategy -> FSDP2 (FSDP1 pads each unit's flat parameter once, FSDP2 every parameter's
+dim 0; HYBRID_SHARD without a mesh silently trains unsynchronised ranks on CPU); 4. the
+tutorial's "Common issues", reproduced and fixed.
 """
 from __future__ import annotations
 
@@ -24,6 +14,7 @@ import dataclasses
 import functools
 import statistics
 import warnings
+from fractions import Fraction
 
 import torch
 import torch.distributed as dist
@@ -38,7 +29,7 @@ from ..theory import sharding
 from ..impl.common import broadcast_from_rank0
 from ..runtime import compat
 from ..runtime.fmt import LOSS_RTOL, bound, nums, table
-from ..runtime.launch import where
+from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.comm import OPS
 from ..theory.config import COURSE_CONFIG, TransformerConfig
@@ -74,47 +65,40 @@ LIMIT_ALL_GATHERS_NOTE = (
 _VIEW_WARNING = r"FSDP2-wrapped module .* returned a view tensor"
 
 
-# ===================================================================== small shared helpers
-
 def _check_config(config) -> None:
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"config must be a TransformerConfig (e.g. COURSE_CONFIG), got "
                         f"{type(config).__name__}")
 
 
+def _check_run(world_size, steps, seed, *, min_world: int = 2, min_steps: int = 1) -> None:
+    check_int("world_size", world_size, min_world)
+    check_int("steps", steps, min_steps)
+    check_int("seed", seed, 0)
+    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
+
+
 def _check_names(name: str, given, known) -> tuple:
-    if isinstance(given, str):
-        given = (given,)
-    given = tuple(given)
-    bad = [g for g in given if g not in known]
-    if not given or bad:
+    given = (given,) if isinstance(given, str) else tuple(given)
+    if not given or any(g not in known for g in given):
         raise ValueError(f"{name} must be a non-empty selection of {list(known)}, got {list(given)}")
     return given
+
+
+def _exact(x):
+    x = Fraction(x)
+    return int(x) if x.denominator == 1 else float(x)
 
 
 # ================================================================ 1. unsharded bytes, measured
 
 class UnshardedProbe:
-    """Records the bytes of unsharded parameters FSDP2 holds on this rank. Attach to a
-    model wrapped with ``fully_shard``::
-
-        probe = UnshardedProbe(model)
-        with probe:                     # one forward + backward
-            model(x, y).backward()
-        probe.peak_params, probe.peak_total, probe.timeline
-
-    ``timeline``: ``(event, unit, unsharded parameter bytes, all-gather buffer bytes)`` per
-    sample; ``peak_params``: max of the parameter bytes; ``peak_total``: max of their sum;
-    ``forward_order``: the units in the order their forward started.
-
-    What it reads: FSDP2 keeps a unit's unsharded parameters in per-parameter tensors
-    (``FSDPParam.all_gather_outputs``), allocated at the copy-out of the all-gather and
-    resized to 0 bytes at reshard; before that the all-gather writes one flat buffer per
-    unit (``AllGatherResult.all_gather_output``), alive until the next unit's copy-out. The
-    probe samples the live storage bytes of both around every FSDP2 call that allocates
-    or frees them, so the maximum over the samples is the exact peak. It sees only FSDP's
-    own tensors (not activations, gradients or optimizer states).
-    """
+    """``with UnshardedProbe(model) as probe:`` around a forward + backward of a ``fully_shard``
+    model: ``probe.peak_params``, ``.peak_total`` (with the all-gather buffers), ``.timeline``
+    (``(event, unit, param bytes, buffer bytes)``), ``.forward_order``. It samples the live bytes
+    of FSDP2's unsharded tensors (``FSDPParam.all_gather_outputs``) and flat all-gather buffers
+    around every FSDP2 call that allocates or frees them, so the maximum is the exact peak; it
+    sees only FSDP's own tensors."""
 
     #: FSDPParamGroup method -> (label of the sample before it, label after it); None: no sample
     _WRAPPED = {
@@ -134,14 +118,11 @@ class UnshardedProbe:
         if not self.groups:
             raise ValueError("the model has no fully_shard units with parameters: call "
                              "fully_shard(...) on it (e.g. course_utils.impl.fsdp.wrap_torch_fsdp) first")
-        self.timeline: list[tuple] = []
-        self.forward_order: list[str] = []
-        self.peak_params = 0
-        self.peak_total = 0
-        self._watch = None
+        self.timeline, self.forward_order, self._watch = [], [], None
+        self.peak_params = self.peak_total = 0
 
     def sample(self, event: str, unit: str = "") -> tuple[int, int]:
-        """Read the live bytes now; returns (unsharded parameter bytes, buffer bytes)."""
+        """Read the live bytes now: (unsharded parameter bytes, buffer bytes)."""
         params, buffers = compat.fsdp2_unsharded_bytes(g for _, g in self.groups)
         self.timeline.append((event, unit, params, buffers))
         self.peak_params = max(self.peak_params, params)
@@ -170,39 +151,12 @@ class UnshardedProbe:
         watch, self._watch = self._watch, None
         return bool(watch.__exit__(*exc))
 
-    def first_over(self, budget: int):
-        """The first sample ``(event, unit, params, buffers)`` whose parameter + buffer bytes
-        exceed ``budget``, or None."""
-        return _first_over(self.timeline, budget)
-
-
-def _first_over(timeline, budget: int):
-    return next((s for s in timeline if s[2] + s[3] > budget), None)
-
 
 # ============================================================= 1. unsharded bytes, predicted
 
-def _units_in_forward_order(model: nn.Module, unit_types):
-    """``[(name, unit module)]`` of the units in forward (= registration, for the course GPT) order."""
-    units = sharding.fsdp_units(model, unit_types)
-    index = {id(m): i for i, m in enumerate(model.modules())}
-    names = {id(m): n for n, m in model.named_modules()}
-    return sorted(((names[id(u)], u) for u in units), key=lambda nu: index[id(nu[1])])
-
-
-def _unit_bytes(model: nn.Module, world_size: int, unit_types, bytes_per_elem: int = 4):
-    """``(root bytes, [(name, bytes)] in forward order)`` of FSDP2's padded unit messages."""
-    root, *sizes = sharding.message_numels(model, world_size, unit_types)
-    by_id = {id(u): s for u, s in zip(sharding.fsdp_units(model, unit_types), sizes)}
-    ordered = _units_in_forward_order(model, unit_types)
-    return root * bytes_per_elem, [(n, by_id[id(u)] * bytes_per_elem) for n, u in ordered]
-
-
 def _replay(root: int, units: list[tuple[str, int]], reshard_after_forward: bool) -> list[tuple]:
     """FSDP2's default schedule for one forward + backward, as (event, unit, params, buffers)."""
-    params: dict[str, int] = {}
-    buffers: dict[str, int] = {}
-    trace: list[tuple] = []
+    params, buffers, trace = {}, {}, []          # unit -> bytes; (event, unit, params, buffers)
     kept = None                                  # the buffer kept until the next copy-out
 
     def snap(event, unit):
@@ -245,8 +199,7 @@ def _replay(root: int, units: list[tuple[str, int]], reshard_after_forward: bool
         snap("buffer freed", kept)
     if units:                                    # backward: the root prefetches the last unit
         issue(*units[-1])
-    for i in range(len(units) - 1, -1, -1):
-        u, size = units[i]
+    for i, (u, size) in reversed(list(enumerate(units))):
         issue(u, size)
         copy_out(u, size, False)
         if i > 0:
@@ -258,16 +211,18 @@ def _replay(root: int, units: list[tuple[str, int]], reshard_after_forward: bool
 
 def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, *,
                            config: TransformerConfig = COURSE_CONFIG) -> dict:
-    """What :class:`UnshardedProbe` should measure, from FSDP2's schedule and the padded unit
-    sizes: ``{"params", "total", "units", "forward_order", "timeline"}`` (bytes, fp32;
+    """What :class:`UnshardedProbe` should measure, replaying FSDP2's schedule on the padded
+    unit sizes: ``{"params", "total", "units", "forward_order", "timeline"}`` (fp32 bytes;
     ``total`` adds the all-gather buffers; ``units`` counts the root)."""
     granularity = _check_names("granularity", granularity, GRANULARITIES)[0]
     check_int("world_size", world_size, 1)
     _check_config(config)
     unit_types, reshard, _ = GRANULARITIES[granularity]
     model = build_model(config, device="meta")
-    root, units = _unit_bytes(model, world_size, unit_types)
-    trace = _replay(root, units, reshard)
+    root, *sizes = sharding.message_numels(model, world_size, unit_types)   # padded, per unit
+    size = {id(u): 4 * s for u, s in zip(sharding.fsdp_units(model, unit_types), sizes)}
+    units = [(n, size[id(m)]) for n, m in model.named_modules() if id(m) in size]  # forward order
+    trace = _replay(4 * root, units, reshard)
     return {"params": max(p for *_, p, _b in trace), "total": max(p + b for *_, p, b in trace),
             "units": len(units) + 1, "forward_order": ["root"] + [u for u, _ in units],
             "timeline": trace}
@@ -277,9 +232,8 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
 
 def _measured_run(model, optimizer, data, steps: int, device, probe: UnshardedProbe | None = None,
                   **extra) -> dict:
-    """Train ``steps`` steps: the global batch's losses, each step's calls, bytes and time,
-    the collectives of the last step (their functions and group sizes), the state bytes
-    right after the last ``optimizer.step()``; ``probe`` watches the last step."""
+    """``steps`` steps: losses, times, the last step's collectives (calls, bytes, functions,
+    group sizes) and state bytes after ``optimizer.step()``; ``probe`` watches the last step."""
     run = {"losses": [], "times": [], "counts": [], "totals": []}
     with CommLedger() as ledger, contextlib.ExitStack() as last_step:
         if probe is not None and steps == 1:
@@ -294,30 +248,15 @@ def _measured_run(model, optimizer, data, steps: int, device, probe: UnshardedPr
                 run["state_bytes"] = experiments.state_bytes(model, optimizer)
             if probe is not None and step == steps - 2:
                 last_step.enter_context(probe)
-    calls, sent, same = _per_step(run)
-    return dict(run, calls=calls, bytes=sent, every_step_same=same,
+    counts, totals = run["counts"], run["totals"]
+    return dict(run, calls={op: counts[-1].get(op, 0) for op in OPS},
+                bytes={op: _exact(totals[-1].get(op, 0)) for op in OPS},
+                every_step_same=all(c == counts[-1] for c in counts) and all(t == totals[-1] for t in totals),
                 functions=sorted({rec.function for rec in ledger.records}),
                 group_sizes=sorted({(rec.op, rec.world_size) for rec in ledger.records}), **extra)
 
 
-def _per_step(run: dict) -> tuple[dict, dict, bool]:
-    """Calls and bytes of one step (the last), and whether every step sent the same."""
-    counts, totals = run["counts"], run["totals"]
-    same = all(c == counts[-1] for c in counts) and all(t == totals[-1] for t in totals)
-    return ({op: counts[-1].get(op, 0) for op in OPS},
-            {op: _exact(totals[-1].get(op, 0)) for op in OPS}, same)
-
-
-def _exact(x):
-    from fractions import Fraction
-
-    x = Fraction(x)
-    return int(x) if x.denominator == 1 else float(x)
-
-
 def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -> dict:
-    from ..runtime.launch import rank_device
-
     device = rank_device()
     data = SyntheticData(config, global_batch=experiments.GLOBAL_BATCH, seed=seed)
     out = {}
@@ -333,22 +272,18 @@ def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -
             warnings.filterwarnings("ignore", message=_VIEW_WARNING)   # per-leaf: harmless here
             run = _measured_run(model, optimizer, data, steps, device, probe)
         timed = run["times"][1:-1] or run["times"]     # not the warm-up, not the probed step
-        out[name] = {
-            "units": len(probe.groups), "losses": run["losses"], "calls": run["calls"],
-            "bytes": run["bytes"], "every_step_same": run["every_step_same"],
-            "peak_params": probe.peak_params,
-            "peak_total": probe.peak_total, "forward_order": probe.forward_order,
-            "timeline": probe.timeline, "step_time_s": statistics.median(timed),
-            "cuda_peak_allocated": (torch.cuda.max_memory_allocated(device)
-                                    if device.type == "cuda" else None),
-        }
+        out[name] = {**{k: run[k] for k in ("losses", "calls", "bytes", "every_step_same")},
+                     **{k: getattr(probe, k) for k in ("peak_params", "peak_total", "forward_order",
+                                                       "timeline")},
+                     "units": len(probe.groups), "step_time_s": statistics.median(timed),
+                     "cuda_peak_allocated": (torch.cuda.max_memory_allocated(device)
+                                             if device.type == "cuda" else None)}
     return out
 
 
 @dataclasses.dataclass
 class _Rows:
-    """Rows measured on ``world_size`` ranks (``where``) over ``steps`` steps, and the losses
-    of ``"single"`` they are compared with; :meth:`row` finds one by its ``_key`` field."""
+    """Rows measured on ``world_size`` ranks over ``steps`` steps, compared with ``"single"``."""
 
     rows: list
     world_size: int
@@ -366,54 +301,35 @@ class _Rows:
 
 @dataclasses.dataclass
 class GranularityReport(_Rows):
-    """What :func:`measure_granularity` measured (rank 0's view; every rank's peaks are equal).
-
-    rows: one dict per granularity: ``units``; ``peak_params``/``peak_total`` measured and
-    ``predicted_params``/``predicted_total``; ``calls``/``bytes``: per step and op, measured
-    (CommLedger) and ``predicted_calls``/``predicted_bytes`` (:mod:`course_utils.impl.fsdp`);
-    ``losses`` and ``max_rel_loss_diff`` against ``"single"``; ``step_time_s`` (median,
-    varies); ``cuda_peak_allocated`` (None on CPU); ``timeline`` of the probed step.
-    """
+    """What :func:`measure_granularity` measured (rank 0), one row per granularity: peaks,
+    ``calls``/``bytes`` per step (each with ``predicted_*``), ``losses``, ``max_rel_loss_diff``,
+    ``step_time_s`` (median, varies), ``cuda_peak_allocated`` (None on CPU), ``timeline``."""
 
     _key = "granularity"
 
     def table(self, *, include_time: bool = False) -> str:
-        """Peaks (measured / predicted), collectives per step, losses; step time (which varies
-        from run to run) only with ``include_time=True``."""
+        """Step time (which varies from run to run) only with ``include_time=True``."""
         header = ["granularity", "units", "params peak B", "predicted", "+buffers peak B",
                   "predicted", "AG/step", "RS/step", "sent B/step", "= single"]
-        if include_time:
-            header.append("step ms (varies)")
-        rows = []
-        for r in self.rows:
-            row = [r["granularity"], r["units"], r["peak_params"], r["predicted_params"],
-                   r["peak_total"], r["predicted_total"], r["calls"]["all_gather"],
-                   r["calls"]["reduce_scatter"], sum(r["bytes"].values()),
-                   r["max_rel_loss_diff"] <= 1e-6]
-            if include_time:
-                row.append(round(1e3 * r["step_time_s"], 1))
-            rows.append(row)
+        rows = [[r["granularity"], r["units"], r["peak_params"], r["predicted_params"],
+                 r["peak_total"], r["predicted_total"], r["calls"]["all_gather"],
+                 r["calls"]["reduce_scatter"], sum(r["bytes"].values()),
+                 r["max_rel_loss_diff"] <= 1e-6] + ([round(1e3 * r["step_time_s"], 1)] if include_time else [])
+                for r in self.rows]
         notes = [f"fp32 bytes on one rank of {self.where}; params = unsharded parameters, "
                  f"+buffers = with the flat all-gather buffers; {self.steps} steps."]
-        return table(header, rows, notes=notes)
+        return table(header + ["step ms (varies)"] * include_time, rows, notes=notes)
 
 
 def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIES),
                         steps: int = 4, seed: int = 0, config: TransformerConfig = COURSE_CONFIG,
                         timeout_s: float = 180.0) -> GranularityReport:
-    """Train the course GPT with each wrapping of :data:`GRANULARITIES` on ``world_size``
-    ranks (one launch) and measure, per granularity, the peak unsharded bytes
-    (:class:`UnshardedProbe`, last step), the collectives of one step (CommLedger), the
-    median step time (steps 1..steps-2) and, on GPUs, ``torch.cuda.max_memory_allocated``;
-    each next to its prediction. ``steps`` >= 3."""
-    check_int("world_size", world_size, 2)
-    check_int("steps", steps, 3)
-    check_int("seed", seed, 0)
+    """Train with each wrapping of :data:`GRANULARITIES` (one launch): the peak unsharded bytes
+    (last step), one step's collectives, the median step time (steps 1..steps-2) and, on GPUs,
+    ``torch.cuda.max_memory_allocated``, each next to its prediction. ``steps`` >= 3."""
+    _check_run(world_size, steps, seed, min_steps=3)
     _check_config(config)
     names = _check_names("granularities", granularities, GRANULARITIES)
-    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
-    from ..runtime.launch import launch
-
     single = experiments.run("single", 1, steps=steps, seed=seed, config=config, quiet=True)[0].losses
     results = launch(_granularity_rank, world_size, names, steps, seed, config, quiet=True,
                      timeout_s=timeout_s)
@@ -425,13 +341,13 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
         if any(results[k][name]["peak_total"] != r["peak_total"] for k in range(world_size)):
             raise RuntimeError(f"{name}: the ranks measured different peaks: this should not happen")
         pred = predict_unsharded_peak(name, world_size, config=config)
-        n_units = len(sharding.fsdp_units(model, unit_types))
         pred_bytes = sharding.comm_bytes_per_step(model, world_size, reshard_after_forward=reshard,
-                                              unit_types=unit_types)
+                                                  unit_types=unit_types)
         r.update(granularity=name, description=description,
                  predicted_params=pred["params"], predicted_total=pred["total"],
                  predicted_forward_order=pred["forward_order"],
-                 predicted_calls=sharding.calls_per_step(n_units, reshard_after_forward=reshard),
+                 predicted_calls=sharding.calls_per_step(len(sharding.fsdp_units(model, unit_types)),
+                                                         reshard_after_forward=reshard),
                  predicted_bytes={op: _exact(v) for op, v in pred_bytes.items()},
                  max_rel_loss_diff=max_rel_diff(r["losses"], single))
         rows.append(r)
@@ -448,16 +364,18 @@ def _fsdp1(model, device, *, policy="module", strategy="FULL_SHARD", mesh=None, 
         auto_wrap = ModuleWrapPolicy({Block})
     else:   # the right form of the tutorial's call: the class is the policy's argument
         auto_wrap = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
-    if mesh is not None:
-        kwargs["device_mesh"] = mesh
     return FullyShardedDataParallel(model, auto_wrap_policy=auto_wrap, device_id=device,
-                                    sharding_strategy=getattr(ShardingStrategy, strategy), **kwargs)
+                                    sharding_strategy=getattr(ShardingStrategy, strategy),
+                                    **kwargs, **({} if mesh is None else {"device_mesh": mesh}))
 
 
-def _fsdp1_units(model) -> int:
+def _run_api(model, opt, data, steps: int, device, api: str) -> dict:
+    """:func:`_measured_run` of an FSDP1 (``api="fsdp1"``) or FSDP2 model, with its unit count."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    return sum(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+    units = (sum(isinstance(m, FullyShardedDataParallel) for m in model.modules()) if api == "fsdp1"
+             else len(compat.fsdp2_param_groups(model)))
+    return _measured_run(model, opt, data, steps, device, units=units)
 
 
 def _error_of(fn) -> str:
@@ -468,57 +386,39 @@ def _error_of(fn) -> str:
     return "no error"
 
 
-def _tutorial_errors(device) -> dict:
-    """What the tutorial's two spellings of the auto-wrap policy do."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-    return {
-        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy, transformer_layer_cls={Block})":
-            _error_of(lambda: FullyShardedDataParallel(
-                build_model(device=device), auto_wrap_policy=transformer_auto_wrap_policy,
-                transformer_layer_cls={Block}, device_id=device)),
-        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy)":
-            _error_of(lambda: FullyShardedDataParallel(
-                build_model(device=device), auto_wrap_policy=transformer_auto_wrap_policy,
-                device_id=device)),
-    }
-
-
 def _autowrap_rank(policies, steps: int, seed: int) -> dict:
-    from ..runtime.launch import rank_device
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy as policy
 
     device = rank_device()
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
-    out = {"errors": _tutorial_errors(device)}
-    for policy in policies:
-        model = _fsdp1(build_model(seed=seed, device=device), device, policy=policy)
-        out[f"fsdp1-{policy}"] = _measured_run(model, experiments.make_adamw(model.parameters()),
-                                               data, steps, device,
-                                               units=_fsdp1_units(model))
+    out = {"errors": {     # what the tutorial's two spellings of the auto-wrap policy do
+        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy, transformer_layer_cls={Block})":
+            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy,
+                                   transformer_layer_cls={Block}, device_id=device)),
+        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy)":
+            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy, device_id=device))}}
+    for policy_name in policies:
+        model = _fsdp1(build_model(seed=seed, device=device), device, policy=policy_name)
+        out[f"fsdp1-{policy_name}"] = _run_api(model, experiments.make_adamw(model.parameters()),
+                                               data, steps, device, "fsdp1")
     model, opt = fsdp.wrap_torch_fsdp(build_model(seed=seed, device=device), experiments.make_adamw)
-    out["fsdp2"] = _measured_run(model, opt, data, steps, device,
-                                 units=len(compat.fsdp2_param_groups(model)))
+    out["fsdp2"] = _run_api(model, opt, data, steps, device, "fsdp2")
     return out
-
-
-_RIGHT_FORM = ("FullyShardedDataParallel(model, auto_wrap_policy=functools.partial("
-               "transformer_auto_wrap_policy, transformer_layer_cls={Block}), ...)")
 
 
 @dataclasses.dataclass
 class AutowrapReport:
-    """What :func:`compare_autowrap` measured. runs: ``"fsdp1-module"``,
-    ``"fsdp1-transformer"``, ``"fsdp2"`` -> units, losses, ``max_rel_loss_diff`` from
-    ``"single"``, calls and bytes per step, ``predicted`` (:func:`predict_strategy`), the
-    ``torch.distributed`` functions CommLedger saw; errors: the tutorial's spellings -> what
-    torch raised; right_form: the call that works."""
+    """What :func:`compare_autowrap` measured. runs: ``"fsdp1-module"``, ``"fsdp1-transformer"``,
+    ``"fsdp2"`` -> units, losses, calls and bytes per step, ``predicted``, the functions
+    CommLedger saw...; errors: the tutorial's spellings -> what torch raised."""
 
     runs: dict
     errors: dict
     single_losses: list
     where: str
-    right_form: str = _RIGHT_FORM
+    right_form: str = ("FullyShardedDataParallel(model, auto_wrap_policy=functools.partial("
+                       "transformer_auto_wrap_policy, transformer_layer_cls={Block}), ...)")
 
     def table(self) -> str:
         header = ["wrapping", "units", "AG/step", "RS/step", "sent B/step", "= predicted",
@@ -528,37 +428,25 @@ class AutowrapReport:
                  m["calls"] == m["predicted"]["calls"] and m["bytes"] == m["predicted"]["bytes"],
                  m["max_rel_loss_diff"] <= 1e-6]
                 for name, m in self.runs.items()]
-        notes = [f"fp32, per rank and step, {self.where}."]
-        notes += [f"{name}: CommLedger saw {', '.join(m['functions'])}"
-                  for name, m in self.runs.items()]
-        notes += [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()]
-        notes.append(f"the right form: {self.right_form}")
+        notes = ([f"fp32, per rank and step, {self.where}."]
+                 + [f"{name}: CommLedger saw {', '.join(m['functions'])}" for name, m in self.runs.items()]
+                 + [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()]
+                 + [f"the right form: {self.right_form}"])
         return table(header, rows, notes=notes)
 
 
 def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
                      timeout_s: float = 120.0) -> AutowrapReport:
-    """FSDP1 ``FullyShardedDataParallel`` with an auto-wrap policy (``ModuleWrapPolicy({Block})``
-    and ``functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})``)
-    against FSDP2 ``fully_shard`` per block, on ``world_size`` ranks (one launch): units,
-    losses against ``"single"``, calls and bytes per step (CommLedger) against
-    :func:`predict_strategy`, the ``torch.distributed`` functions each called, and the
-    errors the tutorial's two spellings raise."""
-    check_int("world_size", world_size, 2)
-    check_int("steps", steps, 1)
-    check_int("seed", seed, 0)
-    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
-    from ..runtime.launch import launch
-
+    """FSDP1 auto-wrap (``ModuleWrapPolicy({Block})`` and ``transformer_auto_wrap_policy``)
+    against FSDP2 per block (one launch): units, losses, calls and bytes per step against
+    :func:`predict_strategy`, and the errors the tutorial's two spellings raise."""
+    _check_run(world_size, steps, seed)
     single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
     results = launch(_autowrap_rank, world_size, ("module", "transformer"), steps, seed,
                      quiet=True, timeout_s=timeout_s)
-    runs = {}
-    for key in ("fsdp1-module", "fsdp1-transformer", "fsdp2"):
-        flavour = "fsdp2" if key == "fsdp2" else "fsdp1"
-        runs[key] = dict(results[0][key],
-                         max_rel_loss_diff=max_rel_diff(results[0][key]["losses"], single),
-                         predicted=predict_strategy("FULL_SHARD", world_size, flavour=flavour))
+    runs = {key: dict(results[0][key], max_rel_loss_diff=max_rel_diff(results[0][key]["losses"], single),
+                      predicted=predict_strategy("FULL_SHARD", world_size, flavour=key[:5]))
+            for key in ("fsdp1-module", "fsdp1-transformer", "fsdp2")}
     return AutowrapReport(runs, results[0]["errors"], single, where(results))
 
 
@@ -587,79 +475,60 @@ def _mesh_shape(kind: str, world: int) -> tuple[int, int]:
     return {"1-D": (1, world), "2-D": (2, world // 2), "N x 1": (world, 1)}[kind]
 
 
-def _full_digest(model, flavour: str) -> str:
-    """Digest of the full parameters this rank would train (FSDP1: summon_full_params)."""
-    if flavour == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        with FullyShardedDataParallel.summon_full_params(model, writeback=False):
-            return experiments.param_digest({n: p.detach().cpu().clone()
-                                        for n, p in model.named_parameters()})
-    return experiments.param_digest(experiments.full_parameters(model))
-
-
 def _strategy_rank(names, steps: int, seed: int) -> dict:
-    from ..runtime.launch import rank_device
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
-    world = dist.get_world_size()
     device = rank_device()
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
+
+    def measure(model, opt, api):
+        return _run_api(model, opt, data, steps, device, api)
+
+    def digest(model, api):             # of the full parameters this rank would train
+        if api == "fsdp1":
+            with FullyShardedDataParallel.summon_full_params(model, writeback=False):
+                return experiments.param_digest({n: p.detach().cpu().clone()
+                                                 for n, p in model.named_parameters()})
+        return experiments.param_digest(experiments.full_parameters(model))
+
     out = {}
     for name in names:
-        row = {}
-        fsdp1_name = name.split(" ")[0]
-        kind = "1-D" if name.endswith("(no mesh)") else STRATEGY_MAP[fsdp1_name][2]
-        mesh = fsdp.make_mesh(device.type, shards=_mesh_shape(kind, world)[1]) if kind == "2-D" and "no mesh" not in name \
-            else None
+        row = out[name] = {}
+        base, mesh_less = name.split(" ")[0], name.endswith("(no mesh)")
+        _, stage, kind = STRATEGY_MAP[base]
+        shards = _mesh_shape(kind, dist.get_world_size())[1]
+        mesh = fsdp.make_mesh(device.type, shards=shards) if kind == "2-D" and not mesh_less else None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model = _fsdp1(build_model(seed=seed, device=device), device, strategy=fsdp1_name, mesh=mesh)
-            opt = experiments.make_adamw(model.parameters())
-            row["fsdp1"] = _measured_run(model, opt, data, steps, device,
-                                         units=_fsdp1_units(model))
+            model = _fsdp1(build_model(seed=seed, device=device), device, strategy=base, mesh=mesh)
+            row["fsdp1"] = measure(model, experiments.make_adamw(model.parameters()), "fsdp1")
         row["fsdp1"]["warnings"] = sorted({str(w.message) for w in caught
                                            if "FSDP" in str(w.message) or "NO_SHARD" in str(w.message)})
-        row["fsdp1"]["digest"] = _full_digest(model, "fsdp1")
-        if "no mesh" not in name:
-            reshard = STRATEGY_MAP[fsdp1_name][1] == 3
+        row["fsdp1"]["digest"] = digest(model, "fsdp1")
+        if not mesh_less:
             if kind == "1-D":
-                wrap = fsdp.wrap_torch_fsdp if reshard else fsdp.wrap_torch_fsdp_zero2
+                wrap = fsdp.wrap_torch_fsdp if stage == 3 else fsdp.wrap_torch_fsdp_zero2
                 model, opt = wrap(build_model(seed=seed, device=device), experiments.make_adamw)
             else:
-                model, opt = fsdp.wrap_fsdp2(build_model(seed=seed, device=device),
-                                        experiments.make_adamw, reshard_after_forward=reshard,
-                                        mesh=fsdp.make_mesh(device.type, shards=_mesh_shape(kind, world)[1]))
-            row["fsdp2"] = _measured_run(model, opt, data, steps, device,
-                                         units=len(compat.fsdp2_param_groups(model)))
-            row["fsdp2"]["digest"] = _full_digest(model, "fsdp2")
-        if fsdp1_name == "NO_SHARD":          # FSDP2's own replicate (private; the row is
-            model = build_model(seed=seed, device=device)      # left out where torch has none)
+                model, opt = fsdp.wrap_fsdp2(build_model(seed=seed, device=device), experiments.make_adamw,
+                                             reshard_after_forward=stage == 3,
+                                             mesh=fsdp.make_mesh(device.type, shards=shards) if mesh is None else mesh)
+            row["fsdp2"] = dict(measure(model, opt, "fsdp2"), digest=digest(model, "fsdp2"))
+        if base == "NO_SHARD":          # FSDP2's own replicate (private; the row is left out
+            model = build_model(seed=seed, device=device)      # where torch has none)
             broadcast_from_rank0(model)
-            has_replicate = compat.fsdp2_replicate([*sharding.fsdp_units(model), model])
-        else:
-            has_replicate = False
-        if has_replicate:
-            opt = experiments.make_adamw(model.parameters())
-            row["replicate"] = _measured_run(model, opt, data, steps, device,
-                                             units=len(compat.fsdp2_param_groups(model)))
-            row["replicate"]["digest"] = _full_digest(model, "fsdp2")
-        out[name] = row
+            if compat.fsdp2_replicate([*sharding.fsdp_units(model), model]):
+                run = measure(model, experiments.make_adamw(model.parameters()), "replicate")
+                row["replicate"] = dict(run, digest=digest(model, "replicate"))
     return out
 
 
 def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp2",
-                          config: TransformerConfig = COURSE_CONFIG) -> dict:
-    """What one rank sends per step and holds, for an FSDP1 ``strategy`` (a key of
-    :data:`STRATEGY_MAP`) or its FSDP2 form, the course GPT wrapped per block, fp32, AdamW:
-    ``{"calls": {op: n}, "bytes": {op: B}, "state_bytes": rank 0's {"params", "grads",
-    "optimizer"}, "mesh": (R, S), "zero_stage"}``.
-
-    ``flavour="fsdp1"``: each unit's flat parameter is padded once to a multiple of the shard
-    group size S and split evenly (every rank holds ceil(numel/S) elements per unit; AdamW's
-    states match, plus one step counter per unit); ``"fsdp2"``: every parameter's dim 0 is
-    padded (:func:`course_utils.theory.sharding.message_numels`, :func:`~course_utils.theory.sharding.expected_state_bytes`).
-    All-gathers and reduce-scatters run over the shard group (none when S = 1); with R > 1
-    replicas each unit's reduce-scattered shard is also all-reduced over the R replicas."""
+                     config: TransformerConfig = COURSE_CONFIG) -> dict:
+    """``{"calls", "bytes", "state_bytes" (rank 0's), "mesh": (R, S), "zero_stage"}`` per step
+    of an FSDP1 ``strategy`` or its FSDP2 form (fp32, AdamW). ``"fsdp1"`` pads each unit's flat
+    parameter once to a multiple of the shard group size S (plus one AdamW step counter per
+    unit), ``"fsdp2"`` every parameter's dim 0; R > 1 replicas all-reduce each shard."""
     if strategy not in STRATEGY_MAP:
         raise ValueError(f"strategy must be one of {list(STRATEGY_MAP)}, got {strategy!r}")
     if flavour not in ("fsdp1", "fsdp2"):
@@ -677,18 +546,14 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
         state = sharding.expected_state_bytes(model, S, 0)
     else:
         block_numels = [sum(p.numel() for p in u.parameters()) for u in units]
-        numels = [num_params(model) - sum(block_numels)] + block_numels
-        messages = [flat_padded_numel(n, S) for n in numels]
+        messages = [flat_padded_numel(n, S) for n in [num_params(model) - sum(block_numels)] + block_numels]
         shard = 4 * sum(m // S for m in messages)
         state = {"params": shard, "grads": shard, "optimizer": 2 * shard + 4 * len(messages)}
-    from fractions import Fraction
-
     g = 2 if stage == 3 else 1                    # gathers of each block per step
     calls = dict.fromkeys(OPS, 0)
     sent = dict.fromkeys(OPS, Fraction(0))
     if S > 1:
-        calls["all_gather"] = g * len(units) + 1
-        calls["reduce_scatter"] = len(units) + 1
+        calls.update(all_gather=g * len(units) + 1, reduce_scatter=len(units) + 1)
         sent["all_gather"] = Fraction(S - 1, S) * 4 * (messages[0] + g * sum(messages[1:]))
         sent["reduce_scatter"] = Fraction(S - 1, S) * 4 * sum(messages)
     if R > 1:
@@ -700,78 +565,56 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
 
 @dataclasses.dataclass
 class StrategyReport(_Rows):
-    """What :func:`strategy_table` measured: one dict per FSDP1 strategy with the FSDP2 form,
-    ZeRO stage, mesh, and for ``"fsdp1"`` and ``"fsdp2"``: units, calls and bytes per step
-    (measured and ``predicted``), rank 0's state bytes, losses and ``max_rel_loss_diff`` from
-    ``"single"``, ``replicas_agree`` (every rank trains the same full model) and FSDP1's
-    warnings; NO_SHARD also has ``"replicate"`` (FSDP2's ``replicate_with_fsdp.replicate``)."""
+    """What :func:`strategy_table` measured: one row per FSDP1 strategy (its FSDP2 form, ZeRO
+    stage, mesh) with, for ``"fsdp1"``, ``"fsdp2"`` (and on NO_SHARD ``"replicate"``): units,
+    calls and bytes per step (and ``predicted``), rank 0's state bytes, losses,
+    ``max_rel_loss_diff``, ``replicas_agree`` (every rank trains the same model), FSDP1's warnings."""
 
     _key = "strategy"
 
     def table(self) -> str:
-        """One line per strategy and API: calls (AG/RS/AR) and bytes per step, state bytes
-        (params + grads + optimizer), ``= single`` and whether the replicas agree."""
         header = ["FSDP1 strategy", "API", "stage", "mesh", "AG", "RS", "AR", "sent B/step",
                   "= predicted", "state B/rank", "= single", "replicas agree"]
-        rows = []
-        for r in self.rows:
-            for api in _APIS:
-                m = r.get(api)
-                if m is None:
-                    continue
-                c = m["calls"]
-                rows.append([r["strategy"] if api == "fsdp1" else "", api, r["zero_stage"],
-                             "x".join(map(str, r["mesh"])) if api == "fsdp2" or "no mesh" not in
-                             r["strategy"] else "none", c["all_gather"], c["reduce_scatter"],
-                             c["all_reduce"], sum(m["bytes"].values()),
-                             None if m["predicted"] is None else
-                             all(m[k] == m["predicted"][k] for k in ("calls", "bytes", "state_bytes")),
-                             sum(m["state_bytes"].values()), m["max_rel_loss_diff"] <= 1e-6,
-                             m["replicas_agree"]])
+        rows = [[r["strategy"] if api == "fsdp1" else "", api, r["zero_stage"],
+                 "x".join(map(str, r["mesh"])) if api == "fsdp2" or "no mesh" not in r["strategy"] else "none",
+                 m["calls"]["all_gather"], m["calls"]["reduce_scatter"], m["calls"]["all_reduce"],
+                 sum(m["bytes"].values()), None if m["predicted"] is None else
+                 all(m[k] == m["predicted"][k] for k in ("calls", "bytes", "state_bytes")),
+                 sum(m["state_bytes"].values()), m["max_rel_loss_diff"] <= 1e-6, m["replicas_agree"]]
+                for r in self.rows for api in _APIS if (m := r.get(api)) is not None]
         notes = [f"fp32, per rank and step, {self.where}, {self.steps} steps; mesh = "
                  "replicate x shard; AG/RS/AR = all-gather/reduce-scatter/all-reduce calls; "
                  "= predicted: calls, bytes and rank 0's state bytes (predict_strategy)."]
-        for r in self.rows:
-            notes.append(f"{r['strategy']}: FSDP2 = {r['fsdp2_form']}")
+        notes += [f"{r['strategy']}: FSDP2 = {r['fsdp2_form']}" for r in self.rows]
         return table(header, rows, notes=notes)
 
 
 def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
                    strategies=_TABLE_ROWS, timeout_s: float = 240.0) -> StrategyReport:
     """Run every FSDP1 ``ShardingStrategy`` (per-block auto-wrap) and its FSDP2 form
-    (:data:`STRATEGY_MAP`) on ``world_size`` ranks (one launch; HYBRID rows use a
-    (2, N/2) mesh, and ``"HYBRID_SHARD (no mesh)"`` shows what FSDP1 does without one) and
-    measure calls, bytes, state bytes and losses. world_size: even, >= 4."""
-    check_int("world_size", world_size, 4)
-    check_int("steps", steps, 1)
-    check_int("seed", seed, 0)
+    (:data:`STRATEGY_MAP`) in one launch (HYBRID rows on a (2, N/2) mesh; ``"HYBRID_SHARD (no
+    mesh)"``: what FSDP1 does without one): calls, bytes, state bytes, losses. world_size: even, >= 4."""
+    _check_run(world_size, steps, seed, min_world=4)
     names = _check_names("strategies", strategies, _TABLE_ROWS)
     if world_size % 2:
         raise ValueError(f"world_size must be even (a 2 x N/2 mesh): use 4, 6 or 12, got {world_size}")
-    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
-    from ..runtime.launch import launch
-
     single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
     results = launch(_strategy_rank, world_size, names, steps, seed, quiet=True, timeout_s=timeout_s)
     rows = []
     for name in names:
-        base = name.split(" ")[0]
+        base, mesh_less = name.split(" ")[0], "no mesh" in name
         form, stage, kind = STRATEGY_MAP[base]
-        row = {"strategy": name, "zero_stage": stage if "no mesh" not in name else None,
+        row = {"strategy": name, "zero_stage": None if mesh_less else stage,
                "mesh": _mesh_shape(kind, world_size),
-               "fsdp2_form": form if "no mesh" not in name else
-               "fully_shard without a mesh shards over all ranks: FULL_SHARD's row"}
+               "fsdp2_form": "fully_shard without a mesh shards over all ranks: FULL_SHARD's row"
+               if mesh_less else form}
         for api in _APIS:
             m = results[0][name].get(api)
-            if m is None:
-                row[api] = None
-                continue
-            m = dict(m)
-            m["replicas_agree"] = len({results[k][name][api]["digest"] for k in range(world_size)}) == 1
-            m["max_rel_loss_diff"] = max_rel_diff(m["losses"], single)
-            m["predicted"] = None if "no mesh" in name else \
-                predict_strategy(base, world_size, flavour="fsdp1" if api == "fsdp1" else "fsdp2")
-            row[api] = m
+            row[api] = None if m is None else dict(
+                m, replicas_agree=len({results[k][name][api]["digest"] for k in range(world_size)}) == 1,
+                max_rel_loss_diff=max_rel_diff(m["losses"], single),
+                predicted=None if mesh_less else predict_strategy(
+                    base, world_size, flavour="fsdp1" if api == "fsdp1" else "fsdp2"))
         rows.append(row)
     return StrategyReport(rows, world_size, steps, where(results), single)
 
@@ -780,9 +623,9 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
 
 @dataclasses.dataclass
 class IssueReport:
-    """One of the tutorial's "Common issues", reproduced (``before``) and fixed (``after``):
-    each a dict of measured numbers; ``where`` the run; ``notes`` what to take away;
-    ``summary`` the same story in at most 4 lines (:meth:`brief`, what the notebook prints)."""
+    """One of the tutorial's "Common issues", reproduced (``before``) and fixed (``after``),
+    each a dict of measured numbers; ``notes``: what to take away; ``summary``: the same in at
+    most 4 lines (:meth:`brief`, what the notebook prints)."""
 
     issue: str
     before: dict
@@ -792,24 +635,31 @@ class IssueReport:
     summary: list = dataclasses.field(default_factory=list)
 
     def brief(self) -> str:
-        """At most 4 lines: the problem measured, and the fix measured."""
         return "\n".join(self.summary)
 
     def table(self, *, include_time: bool = False) -> str:
-        """The before/after numbers side by side, as text; entries marked "(varies)" (step
-        times) only with ``include_time=True``, so the default output is the same every run."""
+        """Before and after side by side; entries marked "(varies)" only with ``include_time``."""
         keys = [k for k in dict.fromkeys(list(self.before) + list(self.after))
                 if include_time or "(varies)" not in k]
         rows = [[k, self.before.get(k), self.after.get(k)] for k in keys]
         return table([self.issue, "before", "after"], rows,
-                          notes=[f"measured on {self.where}"] + list(self.notes))
+                     notes=[f"measured on {self.where}"] + list(self.notes))
+
+
+def _require(report, names) -> None:
+    if not isinstance(report, GranularityReport):
+        raise TypeError("report must be the GranularityReport of measure_granularity(...)")
+    missing = [n for n in names if n not in [r["granularity"] for r in report.rows]]
+    if missing:
+        raise ValueError(f"report has no rows {missing}: measure it with "
+                         f"measure_granularity(granularities={tuple(names)!r})")
 
 
 def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
               budget_bytes: int | None = None) -> IssueReport:
     """"OOM with FSDP": root-only wrapping gathers the whole model at once. With a per-rank
     budget for unsharded parameters + all-gather buffers between the two measured peaks
-    (default: their midpoint), root-only exceeds it (and the probe says at which event) and
+    (default: their midpoint), root-only exceeds it (the probe says at which event) and
     per-block fits. ``report``: a :func:`measure_granularity` result to reuse."""
     if report is None:
         report = measure_granularity(world_size, granularities=("root-only", "per-block"))
@@ -820,17 +670,18 @@ def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
     check_int("budget_bytes", budget_bytes, 1)
 
     def side(r):
-        over = _first_over(r["timeline"], budget_bytes)
+        over = next((s for s in r["timeline"] if s[2] + s[3] > budget_bytes), None)
         return {"wrapping": r["granularity"], "peak unsharded params + buffers (B)": r["peak_total"],
                 "budget (B)": budget_bytes, "fits": r["peak_total"] <= budget_bytes,
                 "first event over budget": None if over is None else f"{over[0]} ({over[1]})"}
 
+    def verdict(s):
+        return "fits" if s["fits"] else f"out of memory at '{s['first event over budget']}'"
+
     before, after = side(coarse), side(fine)
     summary = [f"{coarse['granularity']}: peak {coarse['peak_total']:,} B of unsharded parameters + "
-               f"buffers, budget {budget_bytes:,} B: "
-               + ("fits" if before["fits"] else f"out of memory at '{before['first event over budget']}'"),
-               f"{fine['granularity']}: peak {fine['peak_total']:,} B: "
-               + ("fits" if after["fits"] else f"out of memory at '{after['first event over budget']}'")]
+               f"buffers, budget {budget_bytes:,} B: " + verdict(before),
+               f"{fine['granularity']}: peak {fine['peak_total']:,} B: " + verdict(after)]
     return IssueReport("OOM with FSDP", before, after, report.where,
                        ["fix: wrap each transformer block (fully_shard per block, or FSDP1's "
                         "auto_wrap_policy); the root then holds only the embeddings",
@@ -840,13 +691,11 @@ def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
 
 def issue_slow(report: GranularityReport | None = None, strategies: StrategyReport | None = None,
                *, world_size: int = 2) -> IssueReport:
-    """"Slow training from too much communication": (1) too-fine wrapping (every Linear and
-    LayerNorm) multiplies the collective calls per step (each pays a latency) against
-    per-block; (2) FSDP1's SHARD_GRAD_OP (FSDP2: ``reshard_after_forward=False``) all-gathers
-    each block once per step instead of twice, at the price of keeping every block gathered
-    from its forward to its backward (the measured unsharded peak). ``report``: a
-    :func:`measure_granularity` result with "per-block", "per-leaf" and "per-block-zero2";
-    ``strategies``: a :func:`strategy_table` result adds FSDP1's measured all-gathers."""
+    """"Slow training from too much communication": per-leaf wrapping multiplies the
+    collective calls per step (each pays a latency) against per-block; SHARD_GRAD_OP
+    (``reshard_after_forward=False``) all-gathers each block once per step instead of twice,
+    for keeping it gathered from forward to backward. ``report``: a :func:`measure_granularity`
+    result to reuse; ``strategies``: a :func:`strategy_table` result adds FSDP1's all-gathers."""
     needed = ("per-block", "per-leaf", "per-block-zero2")
     if report is None:
         report = measure_granularity(world_size, granularities=needed)
@@ -863,11 +712,16 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
                 "step ms (varies)": round(1e3 * r["step_time_s"], 1),
                 "unsharded peak (B)": r["peak_total"]}
 
+    def calls(r):
+        c = r["calls"]
+        return (f"{r['granularity']}: {r['units']} units, {c['all_gather']} all-gathers + "
+                f"{c['reduce_scatter']} reduce-scatters = {sum(c.values())} calls/step for "
+                f"{sum(r['bytes'].values()):,} B")
+
     before, after = side(leaf), side(block)
     before["vs SHARD_GRAD_OP"] = "FULL_SHARD (reshard_after_forward=True)"
-    after["vs SHARD_GRAD_OP"] = (f"SHARD_GRAD_OP: {zero2['calls']['all_gather']} all-gathers/step, "
-                                 f"{sum(zero2['bytes'].values()):,} B/step, unsharded peak "
-                                 f"{zero2['peak_total']:,} B")
+    zero2_sent = f"{zero2['calls']['all_gather']} all-gathers/step, {sum(zero2['bytes'].values()):,} B/step"
+    after["vs SHARD_GRAD_OP"] = f"SHARD_GRAD_OP: {zero2_sent}, unsharded peak {zero2['peak_total']:,} B"
     notes = [f"per-leaf issues {sum(leaf['calls'].values())} collective calls per step, per-block "
              f"{sum(block['calls'].values())}: each call pays a fixed latency, so small messages "
              f"are latency-bound; step times vary between runs"]
@@ -875,12 +729,6 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
         full, grad_op = strategies.row("FULL_SHARD"), strategies.row("SHARD_GRAD_OP")
         notes.append(f"FSDP1 on {strategies.where}: FULL_SHARD {full['fsdp1']['calls']['all_gather']} "
                      f"all-gathers/step, SHARD_GRAD_OP {grad_op['fsdp1']['calls']['all_gather']}")
-    def calls(r):
-        c = r["calls"]
-        return (f"{r['granularity']}: {r['units']} units, {c['all_gather']} all-gathers + "
-                f"{c['reduce_scatter']} reduce-scatters = {sum(c.values())} calls/step for "
-                f"{sum(r['bytes'].values()):,} B")
-
     summary = [calls(leaf), calls(block),
                f"{zero2['granularity']} (SHARD_GRAD_OP): {zero2['calls']['all_gather']} all-gathers, "
                f"{sum(zero2['bytes'].values()):,} B/step, but an unsharded peak of "
@@ -889,43 +737,32 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
                        summary)
 
 
-def _require(report, names) -> None:
-    if not isinstance(report, GranularityReport):
-        raise TypeError("report must be the GranularityReport of measure_granularity(...)")
-    have = [r["granularity"] for r in report.rows]
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise ValueError(f"report has no rows {missing}: measure it with "
-                         f"measure_granularity(granularities={tuple(names)!r})")
+def _losses(model, steps: int, seed: int) -> list:
+    data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
+    optimizer = experiments.make_adamw(model.parameters())
+    return [loss for _, loss, _ in experiments.train(model, optimizer, data, steps)]
 
 
 def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     """The tutorial's per-rank seeding before building the model, with FSDP2 and FSDP1, and the fixes."""
-    from ..runtime.launch import rank_device
-
-    rank = dist.get_rank()
-    device = rank_device()
+    rank, device = dist.get_rank(), rank_device()
 
     def seeded(s):
         torch.manual_seed(s)
         return GPT(COURSE_CONFIG).to(device)     # PyTorch's default init: the global RNG
 
-    def losses(model):
-        return _losses(model, steps, seed)
-
     def fsdp2_run(model):
         fsdp.shard_per_unit(model)               # fully_shard per block, then the root
-        return losses(model)
+        return _losses(model, steps, seed)
 
-    out = {}
-    # the bug: every rank seeds differently, then shards its own initialisation
+    out = {"device": device.type, "guard lifted": device.type == "cpu" and lift_guard}
+    # the bug: every rank seeds differently, then shards its own initialisation (no broadcast)
     model = seeded(seed + rank)
     mine = model.tok_emb.weight.detach().clone()
-    fsdp.shard_per_unit(model)                   # no broadcast: each rank shards its own init
+    fsdp.shard_per_unit(model)
     full = model.tok_emb.weight.full_tensor()
-    out["rows_from_this_rank"] = int((full == mine).all(dim=1).sum())
-    out["rows"] = int(full.shape[0])
-    out["seed+rank, FSDP2"] = losses(model)
+    out.update(rows_from_this_rank=int((full == mine).all(dim=1).sum()), rows=int(full.shape[0]))
+    out["seed+rank, FSDP2"] = _losses(model, steps, seed)
     # fix 1: one seed for the model; per-rank seeds only afterwards (data order, dropout)
     model = seeded(seed)
     torch.manual_seed(seed + rank)
@@ -935,58 +772,29 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     broadcast_from_rank0(model)
     out["seed+rank, broadcast_from_rank0, FSDP2"] = fsdp2_run(model)
     # FSDP1: sync_module_states=False (the default) shards each rank's own init too
-    model = _fsdp1(seeded(seed + rank), device)
-    out["seed+rank, FSDP1"] = losses(model)
+    out["seed+rank, FSDP1"] = _losses(_fsdp1(seeded(seed + rank), device), steps, seed)
     # fix 3: FSDP1's sync_module_states=True broadcasts rank 0's weights
     out["sync_module_states error"] = _error_of(
         lambda: _fsdp1(seeded(seed + rank), device, sync_module_states=True))
-    guard = contextlib.nullcontext()
-    if device.type == "cpu" and lift_guard:       # FSDP1 refuses CPU tensors here (NCCL's limit)
-        guard = compat.fsdp1_allow_cpu_sync_module_states()
-    with guard, CommLedger() as ledger:
+    with (compat.fsdp1_allow_cpu_sync_module_states() if out["guard lifted"]   # FSDP1 refuses CPU
+          else contextlib.nullcontext()), CommLedger() as ledger:               # tensors (NCCL's limit)
         model = _fsdp1(seeded(seed + rank), device, sync_module_states=True)
     out["sync broadcasts"] = ledger.counts().get("broadcast", 0)
-    out["seed+rank, FSDP1 sync_module_states=True"] = losses(model)
-    out["guard lifted"] = device.type == "cpu" and lift_guard
-    out["device"] = device.type
+    out["seed+rank, FSDP1 sync_module_states=True"] = _losses(model, steps, seed)
     return out
-
-
-def _default_init_single(steps: int, seed: int) -> list:
-    """"single" for a model built by ``torch.manual_seed(seed); GPT(COURSE_CONFIG)`` (this
-    process's global RNG is left as it was)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = GPT(COURSE_CONFIG)
-    return _losses(model, steps, seed)
-
-
-def _losses(model, steps: int, seed: int) -> list:
-    """The global batch's losses of ``steps`` AdamW steps of ``model``."""
-    data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
-    optimizer = experiments.make_adamw(model.parameters())
-    return [loss for _, loss, _ in experiments.train(model, optimizer, data, steps)]
 
 
 def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 0,
                             lift_fsdp1_cpu_guard: bool = True, timeout_s: float = 120.0) -> IssueReport:
-    """"Inconsistent results": the tutorial calls ``torch.manual_seed(seed + rank)`` *before*
-    building the model. FSDP2's ``fully_shard`` does not broadcast (FSDP1 only does with
-    ``sync_module_states=True``), so each rank keeps its rows of its *own* initialisation:
-    the model every rank gathers is a mix (rank r supplies chunk r of every parameter) and
-    the losses are not those of one process started from ``torch.manual_seed(seed)``.
-    Fixes, measured: one seed for the model (per-rank seeds only afterwards, for data order
-    or dropout); ``broadcast_from_rank0`` before ``fully_shard``; FSDP1's
-    ``sync_module_states=True``. That last one raises ``ValueError`` for CPU modules (FSDP1
-    insists on GPU tensors, NCCL's constraint); ``lift_fsdp1_cpu_guard=True`` patches that
-    one check out on CPU so that FSDP1's own broadcast runs over gloo (never on GPUs)."""
-    check_int("world_size", world_size, 2)
-    check_int("steps", steps, 1)
-    check_int("seed", seed, 0)
-    rows_per_rank(experiments.GLOBAL_BATCH, world_size)
-    from ..runtime.launch import launch
-
-    single = _default_init_single(steps, seed)
+    """"Inconsistent results": ``torch.manual_seed(seed + rank)`` *before* building the model.
+    ``fully_shard`` does not broadcast, so each rank keeps its rows of its *own* init. Fixes,
+    measured: one seed for the model; ``broadcast_from_rank0``; FSDP1's ``sync_module_states=True``,
+    which refuses CPU modules (NCCL's limit): ``lift_fsdp1_cpu_guard`` patches that check out on CPU."""
+    _check_run(world_size, steps, seed)
+    with torch.random.fork_rng(devices=[]):         # this process's global RNG is left as it was
+        torch.manual_seed(seed)
+        model = GPT(COURSE_CONFIG)
+    single = _losses(model, steps, seed)
     results = launch(_seed_rank, world_size, steps, seed, bool(lift_fsdp1_cpu_guard), quiet=True,
                      timeout_s=timeout_s)
     r0 = results[0]
@@ -995,36 +803,32 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
         rel = max_rel_diff(r0[key], single)
         # a real difference in per cent; float32 noise as the bound it meets
         shown = f"{100 * rel:.1f} %" if rel > LOSS_RTOL else bound(rel, LOSS_RTOL)
-        return {"losses": nums(r0[key]), "max rel. diff from single": shown,
-                "= single": rel <= LOSS_RTOL}
+        return {"losses": nums(r0[key]), "max rel. diff from single": shown, "= single": rel <= LOSS_RTOL}
 
-    mix = ", ".join(f"rank {k}: {results[k]['rows_from_this_rank']}" for k in range(world_size))
+    bugs = ("seed+rank, FSDP2", "seed+rank, FSDP1")
+    fixes = ("same seed for the model, FSDP2", "seed+rank, broadcast_from_rank0, FSDP2",
+             "seed+rank, FSDP1 sync_module_states=True")
+    v = {key: verdict(key) for key in bugs + fixes}
     before = {"single (torch.manual_seed(seed); GPT())": nums(single)}
-    for key in ("seed+rank, FSDP2", "seed+rank, FSDP1"):
-        before.update({f"{key}: {k}": v for k, v in verdict(key).items()})
+    before.update({f"{key}: {k}": x for key in bugs for k, x in v[key].items()})
+    mix = ", ".join(f"rank {k}: {results[k]['rows_from_this_rank']}" for k in range(world_size))
     before["tok_emb rows each rank's init supplies"] = f"{mix} (of {r0['rows']})"
-    after = {}
-    for key in ("same seed for the model, FSDP2", "seed+rank, broadcast_from_rank0, FSDP2",
-                "seed+rank, FSDP1 sync_module_states=True"):
-        after.update({f"{key}: {k}": v for k, v in verdict(key).items()})
+    after = {f"{key}: {k}": x for key in fixes for k, x in v[key].items()}
     after["sync_module_states broadcasts"] = r0["sync broadcasts"]
     notes = [f"FSDP1 sync_module_states=True on {r0['device'].upper()} modules: "
              f"{r0['sync_module_states error']}"]
     if r0["guard lifted"]:
         notes.append("on CPU that check was patched out for the demo so that FSDP1's own "
                      "broadcast (torch's _sync_module_params_and_buffers) ran over gloo")
-    v = {key: verdict(key) for key in ("seed+rank, FSDP2", "seed+rank, FSDP1",
-                                       "same seed for the model, FSDP2",
-                                       "seed+rank, broadcast_from_rank0, FSDP2",
-                                       "seed+rank, FSDP1 sync_module_states=True")}
+    diff = {key: v[key]["max rel. diff from single"] for key in v}
     summary = [
         f"manual_seed(seed + rank), then fully_shard: losses {v['seed+rank, FSDP2']['losses']}, one "
-        f"process {nums(single)}: {v['seed+rank, FSDP2']['max rel. diff from single']} off "
-        f"(FSDP1 without sync_module_states: {v['seed+rank, FSDP1']['max rel. diff from single']})",
+        f"process {nums(single)}: {diff['seed+rank, FSDP2']} off "
+        f"(FSDP1 without sync_module_states: {diff['seed+rank, FSDP1']})",
         f"fix 1, the same manual_seed(seed) for the model on every rank: rel. diff from one process "
-        f"{v['same seed for the model, FSDP2']['max rel. diff from single']}",
+        f"{diff['same seed for the model, FSDP2']}",
         f"fix 2, broadcast_from_rank0 before fully_shard: rel. diff "
-        f"{v['seed+rank, broadcast_from_rank0, FSDP2']['max rel. diff from single']}; fix 3, FSDP1's "
-        f"sync_module_states=True: {v['seed+rank, FSDP1 sync_module_states=True']['max rel. diff from single']}"]
+        f"{diff['seed+rank, broadcast_from_rank0, FSDP2']}; fix 3, FSDP1's "
+        f"sync_module_states=True: {diff['seed+rank, FSDP1 sync_module_states=True']}"]
     return IssueReport("Inconsistent results (per-rank seed before building)", before, after,
                        where(results), notes, summary)
