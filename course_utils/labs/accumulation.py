@@ -1,29 +1,8 @@
-"""Gradient accumulation under DDP, ZeRO-2, ZeRO-3 and FSDP2: what a step of k micro-batches
-sends, and the gradient bytes a rank holds between micro-batches, measured.
-
-Shown in ``notebooks/05_zero2.ipynb`` (ZeRO-2 against DDP's ``no_sync``),
-``notebooks/06_zero3.ipynb`` (ZeRO-3 gathers again for every micro-batch) and
-``notebooks/07_fsdp.ipynb`` §5.7 (FSDP2 with and without ``set_requires_gradient_sync``).
-One function, :func:`measure_accumulation`, trains one step of the course GPT, its rows of
-the global batch cut into ``micro_batches`` micro-batches (``loss / k`` each), for each
-*setup* of :data:`SETUPS`::
-
-    ddp-no_sync    DataParallel, no_sync() on the first k-1: one all-reduce, full grads kept
-    ddp            DataParallel, syncing every micro-batch: k all-reduces
-    zero2          Zero2: every micro-batch reduce-scatters into the shard
-    zero3          Zero3: every micro-batch gathers the units again and reduce-scatters
-    fsdp2          fully_shard, syncing every micro-batch (FSDP2's default)
-    fsdp2-no_sync  fully_shard, set_requires_gradient_sync(False) on the first k-1
-
-and returns plain dicts: per setup the collective calls of each micro-batch and of the step,
-the bytes of the step in the ring model (:class:`~course_utils.runtime.ledger.CommLedger`,
-a *model* applied to each call), the bytes gloo's algorithms send for those calls
-(:func:`~course_utils.theory.comm.gloo_bytes`, a model), the bytes this rank's sockets
-really sent (:class:`~course_utils.runtime.wire.WireMeter`, *measured* from the kernel;
-None off Linux and under NCCL), and the gradient bytes held after each micro-batch's
-backward (the storages of every gradient tensor, *measured*). :func:`predicted` gives
-the same quantities from the model's sizes alone (formulas), and
-:func:`accumulation_table` prints both.
+"""Gradient accumulation under DDP, ZeRO-2, ZeRO-3 and FSDP2 (notebooks 05, 06, 07 §5.7): what a
+step of k micro-batches sends and the gradient bytes a rank holds between micro-batches,
+measured (:func:`measure_accumulation`) and predicted from sizes alone (:func:`predicted`).
+Bytes: the ring model (CommLedger), gloo's algorithms (gloo_bytes), both models; the wire
+(WireMeter) and held gradients, measured (wire: None off Linux and under NCCL).
 """
 from __future__ import annotations
 
@@ -50,9 +29,7 @@ from .fsdp_wrapping import _check_names
 
 __all__ = ["SETUPS", "GLOBAL_BATCH", "accumulate", "measure_accumulation", "predicted", "accumulation_table"]
 
-#: setup -> (strategy of :mod:`course_utils.harness.strategies`, how the first k-1
-#: micro-batches turn gradient sync off: None (they do not), "no_sync" or
-#: "set_requires_gradient_sync"), and what it is, in words.
+#: setup -> (strategy, how the first k-1 micro-batches turn gradient sync off, in words).
 SETUPS = {
     "ddp-no_sync": ("ddp", "no_sync", "DDP, no_sync() on the first k-1"),
     "ddp": ("ddp", None, "DDP, all-reduce every micro-batch"),
@@ -62,7 +39,6 @@ SETUPS = {
     "fsdp2-no_sync": ("torch-fsdp", "set_requires_gradient_sync",
                       "FSDP2, set_requires_gradient_sync(False) on the first k-1"),
 }
-#: How the first k-1 micro-batches turn gradient sync off (:func:`accumulate`).
 SYNC_OFF = (None, "no_sync", "set_requires_gradient_sync")
 #: Rows of the global batch: 2 ranks x 4 micro-batches x 3 rows (divisible by 2, 3, 4 ranks).
 GLOBAL_BATCH = 24
@@ -108,15 +84,6 @@ def accumulate(model, micro_batches, sync_off: str | None = None, after_backward
             after_backward(i)
 
 
-def _grad_bytes(strategy: str, model, optimizer) -> int:
-    """Gradient bytes this rank holds now: every gradient storage once (full ``.grad``,
-    shard gradients, and FSDP2's unsharded gradients waiting while sync is off)."""
-    held = state_bytes(model, optimizer)["grads"]
-    if strategy == "torch-fsdp":
-        held += compat.fsdp2_unsharded_grad_bytes(model)
-    return int(held)
-
-
 def _counts(records) -> dict:
     c = collections.Counter(r.op for r in records)
     return {op: c.get(op, 0) for op in OPS}
@@ -136,7 +103,8 @@ def _rank(setups: tuple, k: int, global_batch: int) -> dict:
 
         def after_backward(i):
             per.append(_counts(ledger.records[starts[-1]:]))
-            held.append(_grad_bytes(strategy, model, opt))
+            fsdp = compat.fsdp2_unsharded_grad_bytes(model) if strategy == "torch-fsdp" else 0
+            held.append(int(state_bytes(model, opt)["grads"] + fsdp))  # every gradient storage once
             starts.append(len(ledger.records))
 
         with ledger, WireMeter() as wire:
@@ -148,8 +116,7 @@ def _rank(setups: tuple, k: int, global_batch: int) -> dict:
         gloo = sum(gloo_bytes(r.op, r.message_bytes, r.world_size, r.rank) for r in ledger.records)
         out[name] = {"what": SETUPS[name][2], "calls_per_micro_batch": per, "calls_in_step": in_step,
                      "calls": ledger.counts(), "ring_bytes": ledger.totals(), "gloo_bytes": int(gloo),
-                     "wire_bytes": group_wire_bytes(wire),
-                     "grad_bytes": held}
+                     "wire_bytes": group_wire_bytes(wire), "grad_bytes": held}
     return out
 
 
@@ -157,47 +124,28 @@ def _rank(setups: tuple, k: int, global_batch: int) -> dict:
 
 def measure_accumulation(setups=tuple(SETUPS), *, world_size: int = 2, micro_batches: int = 4,
                          global_batch: int = GLOBAL_BATCH, quiet: bool = True) -> dict:
-    """One training step of the course GPT on ``world_size`` ranks, each rank's rows cut into
-    ``micro_batches`` micro-batches, for each setup of :data:`SETUPS` (names). Returns
-    ``{"where": ..., "world_size": N, "micro_batches": k, "setups": {name: rank 0's dict}}``
-    with, per setup: ``calls_per_micro_batch`` (op -> calls during each micro-batch's
-    forward + backward), ``calls_in_step`` (in ``optimizer.step()``), ``calls`` (the step),
-    ``ring_bytes`` (op -> bytes in the ring model, the ledger), ``gloo_bytes`` (what gloo's
-    algorithms send for the same calls, a model), ``wire_bytes`` (measured on this rank's
-    sockets; None where unavailable), ``grad_bytes`` (gradient bytes held after each
-    micro-batch's backward, measured: the first k-1 are what waits between micro-batches),
-    and ``predicted`` (:func:`predicted`)."""
+    """One step of the course GPT per setup, each rank's rows cut into ``micro_batches``;
+    rank 0's calls, ring/gloo/wire bytes and ``grad_bytes`` (held after each backward: the
+    first k-1 are what waits between micro-batches), with :func:`predicted`."""
     setups = _check(setups, world_size, micro_batches, global_batch)
     res = launch(_rank, world_size, setups, micro_batches, global_batch, quiet=quiet,
                  timeout_s=TIMEOUT_S)
-    out = {}
-    for name in setups:
-        out[name] = dict(res[0][name])
-        out[name]["predicted"] = predicted(name, world_size=world_size, micro_batches=micro_batches)
+    out = {name: {**res[0][name], "predicted": predicted(name, world_size=world_size,
+                                                         micro_batches=micro_batches)} for name in setups}
     return {"where": where(res), "world_size": world_size, "micro_batches": micro_batches,
             "setups": out}
 
 
-def _units(world_size: int):
-    """Sizes for the predictions, from the course GPT on the meta device (nothing runs)."""
-    meta = build_model(COURSE_CONFIG, device="meta")
-    psi = sum(p.numel() for p in meta.parameters())
-    blocks = [sum(p.numel() for p in b.parameters()) for b in meta.blocks]
-    zero3_units = [padded_numel(n, world_size) for n in [psi - sum(blocks)] + blocks]
-    return meta, psi, zero3_units
-
-
 def predicted(setup: str, *, world_size: int = 2, micro_batches: int = 4) -> dict:
-    """What :func:`measure_accumulation` must find for ``setup``, from sizes alone: ``calls``
-    and ``ring_bytes`` of the step (ring formulas: (N-1)/N of the message per reduce-scatter
-    or all-gather, twice that per all-reduce), ``gloo_bytes`` (gloo runs a reduce-scatter
-    as a whole all-reduce: twice the ring's bytes) and ``grad_bytes_between`` (gradient
-    bytes held between micro-batches, fp32). The course GPT; DDP and ZeRO-2 with 25 MiB
-    buckets, i.e. one bucket of Ψ = 129,350 elements."""
+    """What :func:`measure_accumulation` must find for ``setup``, from sizes alone (gloo runs a
+    reduce-scatter as a whole all-reduce; DDP and ZeRO-2: one 25 MiB bucket of Ψ = 129,350)."""
     _check(setup, world_size, micro_batches, world_size * micro_batches)
     n, k = world_size, micro_batches
     strategy, how, _ = SETUPS[setup]
-    meta, psi, z3 = _units(n)
+    meta = build_model(COURSE_CONFIG, device="meta")
+    psi = sum(p.numel() for p in meta.parameters())
+    blocks = [sum(p.numel() for p in b.parameters()) for b in meta.blocks]
+    z3 = [padded_numel(m, n) for m in [psi - sum(blocks)] + blocks]
     f = Fraction(4 * (n - 1), n)                         # ring bytes per element of a message
     calls = dict.fromkeys(OPS, 0)
     ring = dict.fromkeys(OPS, Fraction(0))
@@ -223,28 +171,16 @@ def predicted(setup: str, *, world_size: int = 2, micro_batches: int = 4) -> dic
         ring.update(reduce_scatter=syncs * one["reduce_scatter"], all_gather=k * one["all_gather"])
         between = 4 * psi if how else sharding.expected_state_bytes(meta, n, 0)["grads"]
     gloo = sum(ring.values()) + ring["reduce_scatter"]
-    return {"calls": calls, "ring_bytes": {op: _plain(v) for op, v in ring.items()},
-            "gloo_bytes": int(gloo), "grad_bytes_between": int(between)}
-
-
-def _plain(x: Fraction):
-    """An int when whole, else a float: the convention of ``CommLedger.totals()``."""
-    return int(x) if x.denominator == 1 else float(x)
+    plain = {op: int(v) if v.denominator == 1 else float(v) for op, v in ring.items()}  # as CommLedger.totals()
+    return {"calls": calls, "ring_bytes": plain, "gloo_bytes": int(gloo), "grad_bytes_between": int(between)}
 
 
 def accumulation_table(result: dict) -> str:
-    """Rows of :func:`measure_accumulation`'s result: per setup the calls and bytes of one
-    step (the ring model from the ledger; gloo's algorithms for the same calls; the wire,
-    measured) and the gradient bytes held between micro-batches (measured). ✓ where the
-    ledger and the memory equal :func:`predicted`, and where the wire is within
-    :data:`WIRE_TOL` of the gloo model (gloo's own headers and control messages)."""
+    """:func:`measure_accumulation`'s result as rows, ✓ where it equals :func:`predicted`."""
     if not isinstance(result, dict) or "setups" not in result:
         raise TypeError("accumulation_table takes what measure_accumulation() returned")
     k = result["micro_batches"]
-
-    def ok(same: bool) -> str:
-        return " ✓" if same else " ✗"
-
+    ok = {True: " ✓", False: " ✗"}.get
     lines = [f"one step of {k} micro-batches, {result['where']}; bytes sent by one rank",
              f"{'setup':<15}{'calls AG/RS/AR':>16}{'ring model B':>14}{'gloo model B':>15}"
              f"{'wire MB':>10}{'grads held B':>15}"]

@@ -1,14 +1,7 @@
-"""The collectives of ``notebooks/01_collectives.ipynb`` on live ranks: one small demo each,
-the result each should give, and the time each takes.
-
-``launch(demo_all_reduce, 4)``: every rank prints one line, ``before: ... after: ...``, and
-returns ``{"before": tensor, "after": tensor}``; :func:`expected` gives the documented
-result of every demo on every rank. Rank ``r`` holds ``10*r + i`` at position ``i`` (the
-tens digit is the rank, the units digit the position), float32: sums of integers this
-small are exact in any order, so results compare with ``==``.
-
-:func:`time_collective` measures a collective on real ranks, for the alpha-beta model of
-:mod:`course_utils.theory.alpha_beta` to fit.
+"""The collectives of ``notebooks/01_collectives.ipynb`` on live ranks: one demo each (every
+rank prints ``before: ... after: ...``), :func:`expected` results, and :func:`time_collective`.
+Rank ``r`` holds ``10*r + i`` at position ``i``, float32: sums this small are exact in any
+order, so results compare with ``==``.
 """
 from __future__ import annotations
 
@@ -30,15 +23,11 @@ __all__ = ["ROOT", "DEMOS", "demo_broadcast", "demo_all_reduce", "demo_reduce", 
 ROOT = 0  # the source of broadcast/scatter and the destination of reduce/gather
 _RS_AG_NUMEL = 10  # not a multiple of 3 or 4: the padding matters
 
-
-# ------------------------------------------------------------------------- the demos
-
 def _values(rank: int, positions) -> torch.Tensor:
     return torch.tensor([10.0 * rank + i for i in positions], dtype=torch.float32, device=rank_device())
 
 
-def _sum_values(world_size: int, positions) -> torch.Tensor:
-    """The sum over all ranks of :func:`_values`: ``10*N(N-1)/2 + N*i``."""
+def _sum_values(world_size: int, positions) -> torch.Tensor:  # sum over ranks of _values
     base = 5.0 * world_size * (world_size - 1)
     return torch.tensor([base + world_size * i for i in positions], dtype=torch.float32)
 
@@ -72,12 +61,7 @@ def _expected_demo(name: str, rank: int, n: int) -> dict:
 
 
 def expected(name: str, rank: int, world_size: int) -> dict:
-    """What demo ``name`` returns on ``rank`` of ``world_size`` ranks (``None`` where a rank
-    holds nothing, e.g. ``"after"`` of reduce and gather on ranks other than :data:`ROOT`).
-
-    >>> expected("all_reduce", 1, 4)["after"]
-    tensor([60., 64., 68., 72.])
-    """
+    """What demo ``name`` returns on ``rank`` (``None`` where a rank holds nothing)."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a demo name (str), got {type(name).__name__}")
     check_int("world_size", world_size, 1)
@@ -90,7 +74,6 @@ def _fmt(t) -> str:
 
 
 def _report(name: str, before, after) -> dict:
-    """Print this rank's line (``before`` padded so the ranks' lines align); return it."""
     n = dist.get_world_size()
     width = max(len(_fmt(_expected_demo(name, r, n)["before"])) for r in range(n))
     print(f"before: {_fmt(before):<{width}}  after: {_fmt(after)}")
@@ -157,9 +140,7 @@ def demo_reduce_scatter() -> dict:
 
 
 def demo_allreduce_as_rs_ag() -> dict:
-    """all-reduce == reduce-scatter + all-gather, on 10 elements (padded, then stripped):
-    bitwise here (small integers); arbitrary floats may differ in the last bits (another
-    order of additions)."""
+    """all-reduce == reduce-scatter + all-gather on 10 elements (padded): bitwise for small integers."""
     rank, n = dist.get_rank(), dist.get_world_size()
     before = _values(rank, range(_RS_AG_NUMEL))
     direct = before.clone()
@@ -182,22 +163,8 @@ DEMOS = {
     "reduce_scatter": demo_reduce_scatter, "allreduce_as_rs_ag": demo_allreduce_as_rs_ag,
 }
 
-
-# --------------------------------------------------------------- measuring the cost
-
 TIMED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(8))  # 1 KiB, 4 KiB, ..., 16 MiB
-
-
-def _buffers(op: str, message_bytes: int, n: int):
-    """(input, output) of ``op`` on an M-byte message, M rounded down to whole elements per rank."""
-    per_rank = max(1, message_bytes // 4 // n)
-    full = torch.zeros(per_rank * n, device=rank_device())  # zeros: repeated sums never overflow
-    if op == "all_gather":
-        return torch.zeros(per_rank, device=full.device), full
-    if op == "reduce_scatter":
-        return full, torch.zeros(per_rank, device=full.device)
-    return full, full
 
 
 def _call(op: str, inp, out) -> None:
@@ -218,7 +185,10 @@ def _time_on_rank(op: str, sizes: list, repeats: int, warmup: int) -> list:
     n = dist.get_world_size()
     fastest = []
     for size in sizes:
-        inp, out = _buffers(op, size, n)
+        per_rank = max(1, size // 4 // n)  # M rounded down to whole elements per rank
+        full = torch.zeros(per_rank * n, device=rank_device())  # zeros: repeated sums never overflow
+        part = torch.zeros(per_rank, device=full.device)
+        inp, out = {"all_gather": (part, full), "reduce_scatter": (full, part)}.get(op, (full, full))
         for _ in range(warmup):
             _call(op, inp, out)
         samples = []
@@ -235,12 +205,8 @@ def _time_on_rank(op: str, sizes: list, repeats: int, warmup: int) -> list:
 
 def time_collective(op: str, sizes_bytes: Sequence[int] = DEFAULT_SIZES, world_size: int = 4, *,
                     repeats: int = 9, warmup: int = 2, timeout_s: float = 120) -> dict:
-    """``{M: seconds}``: ``op`` (one of :data:`TIMED_OPS`) on ``world_size`` real ranks per message
-    size M in bytes (float32; the full tensor: all-reduced, broadcast, gathered or reduce-scattered).
-
-    ``warmup`` untimed calls, then ``repeats`` timed ones after a barrier each; the slowest rank's
-    fastest call. Machine-dependent: fit it (:func:`~course_utils.theory.alpha_beta.fit_alpha_beta`).
-    """
+    """``{M: seconds}`` of ``op`` on ``world_size`` ranks per message size M (bytes of the full
+    float32 tensor): the slowest rank's fastest of ``repeats`` calls, each after a barrier."""
     if op not in TIMED_OPS:
         raise ValueError(f"op must be one of {TIMED_OPS}, got {op!r}")
     if isinstance(sizes_bytes, (str, bytes)) or not isinstance(sizes_bytes, Sequence) or not sizes_bytes:
