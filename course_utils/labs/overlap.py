@@ -1,23 +1,16 @@
-"""When DDP's bucket all-reduces are issued relative to backward: one step's timeline
-(``notebooks/02_data_parallelism.ipynb`` §6). :func:`ddp_step_timeline` trains the course
-GPT with :class:`RecordedDDP`, a subclass that observes the course's
-:class:`~course_utils.impl.ddp.DataParallel` from outside, and returns one
-:class:`StepTimeline` per rank of its last backward: when each gradient hook fired, each
-bucket's all-reduce was launched and completed, backward ended and ``.grad`` was averaged.
-What follows from the order of those events (buckets, how many gradients were still to
-come at each launch) is *exact*; the times (seconds after ``loss.backward()`` was called,
-drawn by :func:`plot_timelines`) are *measured* on this machine, never compared by tests.
+"""When DDP's bucket all-reduces are issued relative to backward (``notebooks/02_data_parallelism.ipynb``
+§6): :class:`RecordedDDP` observes the course's ``DataParallel`` from outside; what follows
+from the order of events is exact, the times are measured and never compared by tests.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import time
-from contextlib import contextmanager
 
 import torch.distributed as dist
 
-from ..checks import check_int
+from ..checks import check_bool, check_int
 from ..harness.experiments import make_adamw
 from ..harness.model import SyntheticData, build_model, rows_per_rank
 from ..impl.ddp import DataParallel
@@ -34,9 +27,7 @@ TIMEOUT_S = 120
 
 @dataclasses.dataclass
 class StepTimeline:
-    """One rank's record of one DDP backward. Times are seconds after ``loss.backward()``
-    was called (measured); the rest is exact."""
-
+    """One rank's record of one DDP backward; times in seconds after ``loss.backward()``."""
     rank: int
     world_size: int
     overlap: bool
@@ -61,7 +52,6 @@ class StepTimeline:
         return [self.num_grads - n for n in self.launched_after]
 
     def describe(self) -> str:
-        """The exact facts, one line per bucket (the same on every machine)."""
         lines = [f"overlap={self.overlap}: {self.num_buckets} buckets (each closed once it holds "
                  f"{self.bucket_bytes:,} B), {self.num_grads} gradient hooks per backward"]
         for i, (numel, left, hook) in enumerate(zip(self.bucket_numels, self.still_to_come(),
@@ -72,23 +62,19 @@ class StepTimeline:
         return "\n".join(lines)
 
     def hidden_s(self) -> float:
-        """Seconds of all-reduce that ran before backward ended (measured): the part of each
-        bucket's [launch, done] interval that lies before ``backward_end_s``, summed."""
+        """Seconds of all-reduce that ran before backward ended (measured)."""
         return sum(max(0.0, min(done, self.backward_end_s) - start)
                    for start, done in zip(self.launch_s, self.done_s) if done is not None)
 
 
 class RecordedDDP(DataParallel):
-    """:class:`DataParallel` that writes down when things happen in the backward run inside
+    """:class:`DataParallel` that writes down when things happen in a backward run inside
     :meth:`record`; it computes and sends exactly what :class:`DataParallel` does."""
-
     rec = None
 
-    @contextmanager
+    @contextlib.contextmanager
     def record(self):
-        """Yields the record (``time.perf_counter()`` times): ``grads`` per hook, ``launch`` per
-        bucket ``(time, gradients ready, from a hook)``, ``done`` (bucket -> completed),
-        ``end`` (backward ended), ``synced`` (``.grad`` averaged)."""
+        """Yields the record: ``launch`` per bucket is ``(time, gradients ready, from a hook)``."""
         self.rec = {"grads": [], "launch": [], "done": {}, "end": None, "synced": None, "futures": []}
         try:
             yield self.rec
@@ -124,7 +110,6 @@ class RecordedDDP(DataParallel):
 
 
 def _record_step(overlap: bool, bucket_bytes: int, warmup: int, seed: int) -> StepTimeline:
-    """One rank: ``warmup`` ordinary steps, then one recorded step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = rank_device()
     model = RecordedDDP(build_model(seed=seed, device=device), bucket_bytes, overlap=overlap)
@@ -152,27 +137,20 @@ def _record_step(overlap: bool, bucket_bytes: int, warmup: int, seed: int) -> St
 def ddp_step_timeline(world_size: int = 2, *, overlap: bool = True, bucket_bytes: int = BUCKET_BYTES,
                       warmup: int = 2, seed: int = 0, quiet: bool = True,
                       timeout_s: float = TIMEOUT_S) -> list[StepTimeline]:
-    """Train the course GPT with :class:`DataParallel` on ``world_size`` ranks (``warmup``
-    steps, then one recorded step) and return each rank's :class:`StepTimeline`, by rank.
-
-    ``overlap=False`` launches every bucket when backward ends (what overlapping is
-    compared with); ``bucket_bytes`` as in :class:`DataParallel` (0: one per parameter).
-    """
+    """Each rank's :class:`StepTimeline` of one recorded step after ``warmup`` steps;
+    ``overlap=False`` launches every bucket when backward ends."""
     check_int("world_size", world_size, 2, what="ranks; one rank sends nothing")
     check_int("bucket_bytes", bucket_bytes, 0)
     check_int("warmup", warmup, 0)
     check_int("seed", seed, 0)
-    if not isinstance(overlap, bool):
-        raise TypeError(f"overlap must be True or False, got {overlap!r}")
+    check_bool("overlap", overlap)
     rows_per_rank(GLOBAL_BATCH, world_size)
     return list(launch(_record_step, world_size, overlap, bucket_bytes, warmup, seed,
                        quiet=quiet, timeout_s=timeout_s))
 
 
 def plot_timelines(timelines: dict):
-    """One panel per labelled :class:`StepTimeline` (e.g. ``{"overlapped": t1, "after
-    backward": t2}``), on one time axis: a tick for each gradient hook, a bar for each
-    bucket's all-reduce from launch to completion, backward shaded. Returns the Figure."""
+    """One panel per labelled :class:`StepTimeline` on one time axis; returns the Figure."""
     from matplotlib.figure import Figure
 
     if not isinstance(timelines, dict) or not timelines or \

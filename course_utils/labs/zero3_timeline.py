@@ -1,8 +1,5 @@
-"""ZeRO-3's per-layer memory timeline, measured from outside :class:`~course_utils.impl.zero3.Zero3`.
-
-Taught in ``notebooks/06_zero3.ipynb``; :func:`course_utils.theory.timeline.predicted_timeline`
-predicts the same events from the unit sizes alone, and ``tests/test_figures.py`` checks
-that they agree.
+"""ZeRO-3's per-layer memory timeline, measured from outside ``Zero3`` (``notebooks/06_zero3.ipynb``;
+``tests/test_figures.py`` checks it against :func:`course_utils.theory.timeline.predicted_timeline`).
 """
 from __future__ import annotations
 
@@ -10,15 +7,9 @@ __all__ = ["record_timeline"]
 
 
 def record_timeline(model) -> list[dict]:
-    """Record every gather and free of ``model`` (a :class:`~course_utils.impl.zero3.Zero3`).
-
-    Returns the list that holds the events of the current (or last) step, emptied when the
-    next forward starts: dicts with ``phase`` ("forward", then "backward" once forward
-    returned), ``unit`` ("root", "blocks.0", ...), ``event`` ("gather": the unit's buffer
-    got its memory, an all-gather started; "free": the memory went back), ``alive_units``
-    and ``alive_bytes`` (units and bytes of full parameters gathered or in flight after it).
-    Each unit's ``gather`` and ``free`` are wrapped; nothing inside ``Zero3`` changes.
-    """
+    """Wrap each unit's ``gather`` and ``free`` of a ``Zero3`` ``model``; returns the list of the
+    current (or last) step's events (``phase``, ``unit``, ``event``, ``alive_units``,
+    ``alive_bytes`` after it), emptied when the next forward starts."""
     events: list[dict] = []
     phase = ["forward"]
     names = {id(m): n or "root" for n, m in model.module.named_modules()}

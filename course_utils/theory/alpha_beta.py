@@ -1,14 +1,6 @@
-"""The alpha-beta (latency-bandwidth) model of a collective's time.
-
-Taught in ``notebooks/01_collectives.ipynb``. A ring collective takes ``steps`` rounds,
-each costing a latency ``alpha``, and each rank sends
-``comm.collective_bytes(op, M, N)`` bytes at ``bandwidth`` bytes/s:
-
-    t(M) = alpha * steps + bytes_sent(M) / bandwidth
-
-with ``steps = 2(N-1)`` for all-reduce and ``N-1`` for reduce-scatter and all-gather.
-:func:`course_utils.labs.collectives_lab.time_collective` measures ``t(M)`` on real ranks,
-:func:`fit_alpha_beta` fits alpha and bandwidth, :func:`plot_alpha_beta` draws both.
+"""The alpha-beta (latency-bandwidth) model of a collective's time (``notebooks/01_collectives.ipynb``):
+``t(M) = alpha * steps + comm.collective_bytes(op, M, N) / bandwidth``, steps = 2(N-1) for
+all-reduce and N-1 for reduce-scatter and all-gather.
 """
 from __future__ import annotations
 
@@ -26,7 +18,6 @@ __all__ = ["ring_steps", "predict_time", "crossover_bytes", "AlphaBetaFit", "fit
 
 
 def ring_steps(op: str, world_size: int) -> int:
-    """Rounds of a ring collective: 2(N-1) for all-reduce, N-1 for reduce-scatter/all-gather."""
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS} (the ring collectives), got {op!r}")
     check_int("world_size", world_size, 1)
@@ -34,13 +25,7 @@ def ring_steps(op: str, world_size: int) -> int:
 
 
 def predict_time(op: str, message_bytes, world_size: int, alpha_s: float, bandwidth: float) -> float:
-    """The alpha-beta model: ``alpha * steps + bytes_sent / bandwidth`` seconds.
-
-    ``alpha_s``: seconds per step (latency); ``bandwidth``: bytes/s one rank can send.
-
-    >>> predict_time("all_reduce", 1e9, 4, alpha_s=5e-6, bandwidth=100e9)  # 1 GB, 4 GPUs
-    0.01503
-    """
+    """Seconds: ``alpha_s`` per step (latency), ``bandwidth`` bytes/s one rank can send."""
     check_positive("alpha_s", alpha_s)
     check_positive("bandwidth", bandwidth)
     steps = ring_steps(op, world_size)
@@ -48,12 +33,8 @@ def predict_time(op: str, message_bytes, world_size: int, alpha_s: float, bandwi
 
 
 def crossover_bytes(op: str, world_size: int, alpha_s: float, bandwidth: float) -> float:
-    """The message size at which latency and bandwidth cost the same time.
-
-    Smaller messages are latency-bound (batch them: that is why DDP and FSDP bucket
-    gradients); larger ones are bandwidth-bound. For every ring collective this is
-    ``N * alpha * bandwidth``.
-    """
+    """The message size where latency and bandwidth cost the same (``N * alpha * bandwidth``):
+    smaller ones are latency-bound, which is why DDP and FSDP bucket gradients."""
     check_positive("alpha_s", alpha_s)
     check_positive("bandwidth", bandwidth)
     steps = ring_steps(op, world_size)
@@ -65,7 +46,6 @@ def crossover_bytes(op: str, world_size: int, alpha_s: float, bandwidth: float) 
 @dataclasses.dataclass(frozen=True)
 class AlphaBetaFit:
     """A fitted alpha-beta model and the measurements it was fitted to."""
-
     op: str
     world_size: int
     alpha_s: float          # latency per ring step, seconds
@@ -79,11 +59,9 @@ class AlphaBetaFit:
         return ring_steps(self.op, self.world_size)
 
     def predict(self, message_bytes) -> float:
-        """Seconds the fitted model predicts for an M-byte message."""
         return self.alpha_s * self.steps + collective_bytes(self.op, message_bytes, self.world_size) / self.bandwidth
 
     def crossover_bytes(self) -> float:
-        """Where latency and bandwidth terms are equal (``N * alpha * bandwidth``)."""
         return crossover_bytes(self.op, self.world_size, self.alpha_s, self.bandwidth)
 
     def describe(self) -> str:
@@ -91,24 +69,13 @@ class AlphaBetaFit:
                 f"({self.steps} steps), bandwidth = {self.bandwidth / 1e9:.2f} GB/s per rank; "
                 f"latency and bandwidth cost the same at {self.crossover_bytes() / 1024:.0f} KiB")
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 def fit_alpha_beta(sizes: Sequence, times: Sequence, op: str = "all_reduce",
                    world_size: int = 4) -> AlphaBetaFit:
-    """Least-squares fit of ``t = alpha * steps + bytes_sent(M) / bandwidth``.
+    """Least-squares fit of alpha and bandwidth to measured ``times`` (s) per size M (bytes).
 
-    The fit minimises *relative* errors (each equation divided by its measured time),
-    so the small messages that pin down alpha weigh as much as the large ones that pin
-    down bandwidth. Both parameters are kept positive: if the unconstrained fit makes
-    one negative, it is refitted with the other alone.
-
-    Args:
-        sizes: message sizes M in bytes (as in :func:`time_collective`).
-        times: measured seconds, one per size (e.g. ``list(time_collective(...).values())``).
-        op: ``"all_reduce"``, ``"reduce_scatter"`` or ``"all_gather"``.
-        world_size: ranks the times were measured on (>= 2).
+    It minimises *relative* errors, so the small messages that pin down alpha weigh as much
+    as the large ones that pin down bandwidth; a negative parameter is refitted as zero.
     """
     import numpy as np
 

@@ -1,8 +1,5 @@
-"""How a sharded model is laid out: flat padded buffers (the course's ZeRO) and per-parameter
-dim-0 shards (PyTorch FSDP2), as arithmetic.
-
-Taught in ``notebooks/04_zero1.ipynb`` (flat buffers) and ``notebooks/07_fsdp.ipynb``
-(FSDP2's layout).
+"""How a sharded model is laid out, as arithmetic: flat padded buffers (the course's ZeRO,
+``notebooks/04_zero1.ipynb``) and per-parameter dim-0 shards (FSDP2, ``notebooks/07_fsdp.ipynb``).
 """
 from __future__ import annotations
 
@@ -14,24 +11,14 @@ __all__ = ["padded_numel", "shard_bounds", "dim0_padded_numel", "local_rows"]
 
 
 def padded_numel(numel: int, world_size: int) -> int:
-    """``numel`` rounded up to a multiple of ``world_size``: ceil(numel/N)·N, the length of
-    a flat buffer that splits into N equal shards.
-
-    >>> padded_numel(10, 4), padded_numel(12, 4)
-    (12, 12)
-    """
+    """``numel`` rounded up to a multiple of ``world_size``: a flat buffer of N equal shards."""
     check_int("numel", numel, 0)
     check_int("world_size", world_size, 1)
     return math.ceil(numel / world_size) * world_size
 
 
 def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
-    """``(start, stop)`` of rank's shard in a flat buffer of ``numel`` elements padded to
-    :func:`padded_numel`: every shard has the same size P/N, the last one ends in padding.
-
-    >>> [shard_bounds(10, 4, r) for r in range(4)]
-    [(0, 3), (3, 6), (6, 9), (9, 12)]
-    """
+    """``(start, stop)`` of rank's shard of the padded flat buffer (the last ends in padding)."""
     check_int("world_size", world_size, 1)
     check_int("rank", rank, 0)
     if rank >= world_size:
@@ -41,8 +28,7 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
 
 
 def dim0_padded_numel(shape, world_size: int) -> int:
-    """Elements FSDP2 communicates for one parameter of ``shape``: dim 0 padded to a
-    multiple of ``world_size`` (a 0-d parameter counts as one row)."""
+    """Elements FSDP2 communicates for one parameter: dim 0 padded to a multiple of ``world_size``."""
     shape = tuple(shape) or (1,)
     return math.ceil(shape[0] / world_size) * world_size * math.prod(shape[1:])
 

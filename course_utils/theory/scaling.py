@@ -1,15 +1,7 @@
-"""Step-time arithmetic for data parallelism: communication overhead and accumulation.
-
-Taught in ``notebooks/02_data_parallelism.ipynb``, where it explains a published
-benchmark's gpt2-xl runs (Megatron-LM, H100 80GB, bf16 weights with fp32 gradients):
-
-* R1 vs R2: one GPU at batch 1 vs DP=4 at batch 1 per GPU: +30 ms per step (+14 %);
-* R3 vs R5: one GPU at batch 15 (393 ms) vs DP=4 at batch 15 per GPU (421 ms): +28 ms;
-* R4: one GPU, 4-way accumulation of micro-batches of 15: 1470 ms, 3.7x R3.
-
-The overhead is (nearly) the same 28-30 ms at both batch sizes because the gradient
-all-reduce moves the same bytes whatever the batch; its share shrinks as compute grows.
-Accumulation costs k x (forward + backward) but only one optimizer step.
+"""Step-time arithmetic for data parallelism (``notebooks/02_data_parallelism.ipynb``), explaining
+a published benchmark's gpt2-xl runs (Megatron-LM, H100, bf16 weights, fp32 gradients):
+one GPU vs DP=4 costs +30 ms (+14 %) at batch 1 and +28 ms at batch 15 (393 vs 421 ms),
+the same all-reduce bytes whatever the batch; 4-way accumulation at batch 15 takes 1470 ms.
 """
 from __future__ import annotations
 
@@ -29,11 +21,7 @@ GPT2XL_RUNS = {
 
 
 def split_accumulation(step_s: float, accumulated_s: float, k: int) -> tuple[float, float]:
-    """Solve ``fb + opt = step_s`` and ``k·fb + opt = accumulated_s``.
-
-    Returns (forward+backward time of one micro-batch, time of the once-per-step rest:
-    optimizer step and fixed overheads).
-    """
+    """Solve ``fb + opt = step_s``, ``k·fb + opt = accumulated_s``: (fb of one micro-batch, the rest)."""
     check_positive("step_s", step_s)
     check_positive("accumulated_s", accumulated_s)
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
@@ -44,11 +32,8 @@ def split_accumulation(step_s: float, accumulated_s: float, k: int) -> tuple[flo
 
 def allreduce_seconds(num_params, world_size: int, *, bytes_per_elem: int = 4,
                       bandwidth: float, alpha: float = 0.0, messages: int = 1) -> float:
-    """Time of the gradient all-reduce under the alpha-beta ring model.
-
-    ``bandwidth``: bytes/s each rank can send; ``alpha``: latency per ring step (s);
-    ``messages``: number of all-reduce calls (buckets), each paying 2(N-1) latencies.
-    """
+    """Seconds of the gradient all-reduce (alpha-beta ring model): ``bandwidth`` bytes/s per
+    rank, ``alpha`` s per ring step, ``messages`` calls (buckets) each paying 2(N-1) latencies."""
     check_positive("bandwidth", bandwidth)
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0, got {alpha!r}")

@@ -1,6 +1,5 @@
-"""Byte units and plain-text tables: the one byte formatter and the one table renderer of
-the package (re-exported by :mod:`course_utils.runtime.fmt`). They live in ``theory``,
-the lowest layer that prints, so that every layer can use them."""
+"""Byte units and plain-text tables, the package's one formatter of each (re-exported by
+:mod:`course_utils.runtime.fmt`); in ``theory``, the lowest layer that prints."""
 from __future__ import annotations
 
 from numbers import Integral
@@ -22,13 +21,8 @@ def to_unit(num_bytes, unit: str = "GB") -> float:
 
 def fmt_bytes(num_bytes, unit: str | None = "GB", digits: int = 1, *, sep: bool = False,
               sig: bool = False, largest: str = "TiB") -> str:
-    """``fmt_bytes(28e9) == "28.0 GB"``: bytes in ``unit`` at ``digits`` decimals
-    (significant digits with ``sig``; thousands separators with ``sep``), labelled.
-
-    ``unit="auto"``: the largest binary unit up to ``largest`` that the value reaches,
-    whole bytes without decimals (``fmt_bytes(3 * 2**20, "auto", 2) == "3.00 MiB"``).
-    ``unit=None``: the bare number, an int exactly (``fmt_bytes(4000, None, sep=True) == "4,000"``).
-    """
+    """``fmt_bytes(28e9) == "28.0 GB"``; ``unit="auto"``: the largest binary unit up to
+    ``largest`` the value reaches; ``unit=None``: the bare number, an int exactly."""
     auto = unit == "auto"
     if auto:
         top = _BINARY.index(largest)
@@ -59,11 +53,8 @@ def _cell(v) -> str:
 
 
 def table(header, rows, *, notes=(), left=(0,), rules=(0,)) -> str:
-    """A plain-text table: ``header`` (column names) and ``rows`` (lists of cells: a str as
-    it is, an int with thousands separators, a float at 4 significant digits (one decimal
-    from 100 up), None '-', a bool yes/NO). Columns whose indices are in ``left`` are
-    left-aligned, the others right-aligned; a dashed rule follows each line whose index is
-    in ``rules`` (0: the header, k: the k-th row); ``notes``: lines printed under it."""
+    """A plain-text table; ``left``: left-aligned column indices; a dashed rule follows each
+    line whose index is in ``rules`` (0: the header, k: the k-th row); ``notes`` below."""
     if not isinstance(header, (list, tuple)) or not header:
         raise TypeError("header must be a non-empty list of column names")
     left = set(left)

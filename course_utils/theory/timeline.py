@@ -1,11 +1,7 @@
-"""ZeRO-3's memory over one training step, predicted from the unit sizes alone.
-
-Taught in ``notebooks/06_zero3.ipynb``, next to the timeline
-:func:`course_utils.labs.zero3_timeline.record_timeline` measures.
-"""
+"""ZeRO-3's memory over one training step, predicted from the unit sizes alone (``notebooks/06_zero3.ipynb``)."""
 from __future__ import annotations
 
-from ..checks import check_bool
+from ..checks import check_bool, check_int
 from .config import COURSE_CONFIG
 from .layout import padded_numel
 
@@ -18,31 +14,18 @@ def max_alive(timeline: list[dict], phase: str | None = None) -> int:
 
 
 def unit_numels(config=None) -> list[int]:
-    """Trainable parameters of ZeRO-3's units (:class:`~course_utils.impl.zero3.Zero3`)
-    for the course GPT (or the GPT of ``config``): the root (all that is not in a block:
-    embeddings, final norm; a tied output layer counts once), then each block."""
+    """Trainable parameters of ZeRO-3's units for the course GPT (or ``config``): root, then blocks."""
     config = COURSE_CONFIG if config is None else config
     blocks = [config.block_params()] * config.layers
     return [config.num_params() - sum(blocks)] + blocks
 
 
 def predicted_timeline(world_size: int, *, prefetch: bool, config=None) -> list[dict]:
-    """The gathers and frees :class:`~course_utils.impl.zero3.Zero3` makes in one training step of the course GPT
-    (or the GPT of ``config``), predicted from the unit sizes alone: what
-    :func:`~course_utils.labs.zero3_timeline.record_timeline` measures, before running anything.
-
-    One dict per event, with the keys of the measured ones:
-    ``phase``, ``unit`` ("root", "blocks.0", ...), ``event`` ("gather" or "free"),
-    ``alive_units`` and ``alive_bytes`` (units and fp32 bytes of full, padded parameters
-    gathered or in flight after the event). The schedule (``reshard_root=False``): the
-    root is gathered at the start of forward and freed at the end of backward; each
-    block is gathered just before its forward and freed after it, gathered again just
-    before its backward and freed after its reduce-scatter; with ``prefetch`` the next
-    block's gather (previous, in backward) is started one block early.
-    ``tests/test_figures.py`` checks it against the timeline measured on ranks.
-    """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    """The events :func:`~course_utils.labs.zero3_timeline.record_timeline` measures, predicted
+    from the unit sizes: the root is gathered at the start of forward and freed at the end of
+    backward; each block gathered before its forward and its backward, freed after each; with
+    ``prefetch`` the next block's gather starts one block early."""
+    check_int("world_size", world_size, 1)
     check_bool("prefetch", prefetch)
     numels = unit_numels(config)
     names = ["root"] + [f"blocks.{i}" for i in range(len(numels) - 1)]

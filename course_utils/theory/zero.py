@@ -1,12 +1,8 @@
-"""What ZeRO-1 and ZeRO-2 (:mod:`course_utils.impl.zero`) must hold and send, predicted
-from the buckets' sizes Ψ_b alone (P_b = :func:`~course_utils.theory.layout.padded_numel`).
+"""What ZeRO-1 and ZeRO-2 must hold and send, predicted from the buckets' sizes Ψ_b alone.
 
-Bytes held (fp32, B buckets, P = Σ P_b): params 4·P; grads 4·P in ZeRO-1 (the flat
-gradient buffers), 4·P/N in ZeRO-2 (the shard gradients); optimizer 8·P/N + 4·B (AdamW's
-m and v of the shard, and its step counter, a 4-byte float32 tensor per shard parameter).
-Mixed (bf16 model, fp32 master shard): 2·P params, 2·P (ZeRO-1) or 2·P/N grads, 12·P/N + 4·B.
-Bytes sent per step and rank: one reduce-scatter and one all-gather of 4·P_b per bucket,
-DDP's all-reduce exactly when every Ψ_b divides by N, more by the padding otherwise.
+Held (fp32, B buckets, P = Σ padded P_b): params 4·P; grads 4·P (ZeRO-1) or 4·P/N (ZeRO-2);
+optimizer 8·P/N + 4·B (AdamW's m, v and a float32 step counter per shard). Mixed: 2·P, 2·P
+or 2·P/N, 12·P/N + 4·B. Sent: DDP's all-reduce exactly when every Ψ_b divides by N.
 """
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ STEP_COUNTER_BYTES = 4
 
 def expected_state_bytes(bucket_numels, world_size: int, stage: int, *, mixed: bool = False,
                          frozen_bytes: int = 0) -> dict:
-    """``model_states(Σ P_b, world_size=N, stage=stage, recipe)`` plus one 4-byte AdamW step
-    counter per bucket, plus the frozen parameters' bytes."""
+    """``model_states(Σ P_b, ...)`` plus a step counter per bucket and the frozen parameters."""
     padded = sum(padded_numel(k, world_size) for k in bucket_numels)
     ms = model_states(padded, world_size=world_size, stage=stage, recipe="mixed" if mixed else "fp32")
     return {"params": int(ms.params) + frozen_bytes, "grads": int(ms.grads),
@@ -34,9 +29,7 @@ def expected_state_bytes(bucket_numels, world_size: int, stage: int, *, mixed: b
 def expected_comm_bytes(bucket_numels, world_size: int, steps: int = 1, *,
                         variant: str = "reduce_scatter", bytes_per_elem: int = 4,
                         micro_batches: int = 1) -> dict:
-    """Bytes one rank sends over ``steps`` steps: per bucket one reduce-scatter (or, for
-    ``variant="allreduce"``, an all-reduce) and one all-gather of P_b elements; ZeRO-2 with
-    ``micro_batches=k`` reduce-scatters every bucket k times per step."""
+    """Bytes one rank sends over ``steps`` steps; ZeRO-2 reduce-scatters ``micro_batches`` times a step."""
     check_int("micro_batches", micro_batches, 1)
     if variant == "allreduce" and micro_batches != 1:
         raise ValueError("variant='allreduce' is ZeRO-1's, which reduces once per step whatever "
