@@ -100,13 +100,11 @@ def _rank(setups: tuple, k: int, global_batch: int) -> dict:
         per, held = [], []
         ledger = CommLedger()
         starts = [0]
-
         def after_backward(i):
             per.append(_counts(ledger.records[starts[-1]:]))
             fsdp = compat.fsdp2_unsharded_grad_bytes(model) if strategy == "torch-fsdp" else 0
             held.append(int(state_bytes(model, opt)["grads"] + fsdp))  # every gradient storage once
             starts.append(len(ledger.records))
-
         with ledger, WireMeter() as wire:
             accumulate(model, list(zip(x.to(device).chunk(k), y.to(device).chunk(k))), how, after_backward)
             first = len(ledger.records)

@@ -157,11 +157,8 @@ def demo_allreduce_as_rs_ag() -> dict:
     return {"before": before, "chunk": mine, "all_reduce": direct, "rs_ag": two_step, "equal": equal}
 
 
-DEMOS = {
-    "broadcast": demo_broadcast, "all_reduce": demo_all_reduce, "reduce": demo_reduce,
-    "scatter": demo_scatter, "gather": demo_gather, "all_gather": demo_all_gather,
-    "reduce_scatter": demo_reduce_scatter, "allreduce_as_rs_ag": demo_allreduce_as_rs_ag,
-}
+DEMOS = {n: globals()[f"demo_{n}"] for n in ("broadcast", "all_reduce", "reduce", "scatter", "gather",
+                                              "all_gather", "reduce_scatter", "allreduce_as_rs_ag")}
 
 TIMED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(8))  # 1 KiB, 4 KiB, ..., 16 MiB

@@ -152,7 +152,6 @@ def ddp_step_timeline(world_size: int = 2, *, overlap: bool = True, bucket_bytes
 def plot_timelines(timelines: dict):
     """One panel per labelled :class:`StepTimeline` on one time axis; returns the Figure."""
     from matplotlib.figure import Figure
-
     if not isinstance(timelines, dict) or not timelines or \
             not all(isinstance(t, StepTimeline) for t in timelines.values()):
         raise TypeError("timelines must be a non-empty dict of label -> StepTimeline "

@@ -13,10 +13,8 @@ def record_timeline(model) -> list[dict]:
     events: list[dict] = []
     phase = ["forward"]
     names = {id(m): n or "root" for n, m in model.module.named_modules()}
-
     def held(unit) -> int:
         return unit.full.untyped_storage().nbytes()
-
     def watch(unit, method, event):
         def watched(*args, **kwargs):
             before = held(unit)
@@ -26,14 +24,11 @@ def record_timeline(model) -> list[dict]:
                 events.append({"phase": phase[0], "unit": names[id(unit.module)], "event": event,
                                "alive_units": len(alive), "alive_bytes": sum(alive)})
         return watched
-
     def step_starts(module, args):
         events.clear()
         phase[0] = "forward"
-
     def forward_done(module, args, output):
         phase[0] = "backward"
-
     for unit in model.units:
         unit.gather, unit.free = watch(unit, unit.gather, "gather"), watch(unit, unit.free, "free")
     model.register_forward_pre_hook(step_starts, prepend=True)

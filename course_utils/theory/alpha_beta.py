@@ -78,7 +78,6 @@ def fit_alpha_beta(sizes: Sequence, times: Sequence, op: str = "all_reduce",
     as the large ones that pin down bandwidth; a negative parameter is refitted as zero.
     """
     import numpy as np
-
     steps = ring_steps(op, world_size)
     if steps == 0:
         raise ValueError("world_size must be >= 2: one rank sends nothing, there is nothing to fit")
@@ -113,7 +112,6 @@ def plot_alpha_beta(sizes: Sequence, times: Sequence, fit: AlphaBetaFit):
     """Log-log plot: measured times, the fitted model, its latency floor and bandwidth line."""
     import numpy as np
     from matplotlib.figure import Figure
-
     if not isinstance(fit, AlphaBetaFit):
         raise TypeError(f"fit must be what fit_alpha_beta returns, got {type(fit).__name__}")
     if len(sizes) != len(times) or not len(sizes):

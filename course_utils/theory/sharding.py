@@ -1,14 +1,8 @@
-"""What PyTorch FSDP2 and HSDP send and hold per step, predicted from the unwrapped model alone.
-
-Taught in ``notebooks/07_fsdp.ipynb`` (FSDP2) and ``notebooks/08_beyond_one_box.ipynb``
-(HSDP); ``tests/test_fsdp.py`` and ``tests/test_hsdp.py`` check every prediction against a
-real run. FSDP2 shards every parameter on dim 0, padding it to a multiple of N rows
-(:func:`~course_utils.theory.layout.dim0_padded_numel`), where the course's ``Zero3`` pads a
-whole flat unit once. Bytes follow the ring convention of
-:class:`~course_utils.runtime.ledger.CommLedger`, as exact :class:`fractions.Fraction` values.
-
-HSDP lays ranks out row-major, as ``init_device_mesh`` does: with 4 ranks and 2 shards the
-shard groups are {0, 1} and {2, 3}, the replicate groups {0, 2} and {1, 3}.
+"""What PyTorch FSDP2 and HSDP send and hold per step, predicted from the unwrapped model alone
+(``notebooks/07_fsdp.ipynb``, ``08_beyond_one_box.ipynb``; checked against real runs by
+``tests/test_fsdp.py`` and ``tests/test_hsdp.py``). FSDP2 pads every parameter's dim 0 to a
+multiple of N rows, where ``Zero3`` pads a whole flat unit once. Bytes: the ring convention
+of ``CommLedger``, as exact Fractions. HSDP lays ranks out row-major, as ``init_device_mesh``.
 """
 from __future__ import annotations
 
@@ -31,15 +25,10 @@ DEFAULT_SHARDS = 2
 #: The names of the two HSDP mesh dimensions, outer (across nodes) first.
 MESH_DIM_NAMES = ("replicate", "shard")
 
-
-# ------------------------------------------------------------------ units
-
 def find_units(model: nn.Module, unit_types=None, ignored_params=()) -> list[tuple[nn.Module, list]]:
-    """``[(module, its trainable Parameters)]``, the root (``model``) first, then the units
-    in module order: every child of the first ``nn.ModuleList``, or every submodule (not
-    ``model``) that is a ``unit_types``. Each trainable Parameter not in ``ignored_params``
-    belongs to the innermost unit holding every use of it (a weight tied across units: their
-    common ancestor, else the root), in ``model.parameters()`` order."""
+    """``[(module, its trainable Parameters)]``, the root first, then the units (children of the
+    first ``nn.ModuleList``, or submodules of ``unit_types``); a Parameter belongs to the
+    innermost unit holding every use of it (tied across units: their ancestor, else the root)."""
     if unit_types is None:
         first = next((m for m in model.modules() if isinstance(m, nn.ModuleList)), None)
         units = list(first.children()) if first is not None else []
@@ -61,21 +50,15 @@ def find_units(model: nn.Module, unit_types=None, ignored_params=()) -> list[tup
 
 
 def fsdp_units(model: nn.Module, unit_types=None) -> list[nn.Module]:
-    """The submodules ``fully_shard`` is applied to before the root: the units of
-    :func:`find_units` (the course's ``Zero3`` cuts the same way), innermost first when
-    ``unit_types`` may nest."""
+    """The submodules ``fully_shard`` is applied to before the root, innermost first."""
     units = [m for m, _ in find_units(model, unit_types)[1:]]
     return units if unit_types is None else units[::-1]
 
 
 def unit_params(model: nn.Module, unit_types=None) -> list[list[nn.Parameter]]:
-    """Trainable parameters per FSDP unit: ``[root, *in fsdp_units order]``, each Parameter
-    once, owned as :func:`find_units` says."""
+    """Trainable parameters per FSDP unit: ``[root, *in fsdp_units order]``."""
     root, *units = [ps for _, ps in find_units(model, unit_types)]
     return [root] + (units if unit_types is None else units[::-1])
-
-
-# ------------------------------------------------------------------ FSDP2
 
 def message_numels(model: nn.Module, world_size: int, unit_types=None) -> list[int]:
     """``[M_root, M_unit_1, ...]``: elements of each unit's all-gather output / reduce-scatter input."""
@@ -84,7 +67,6 @@ def message_numels(model: nn.Module, world_size: int, unit_types=None) -> list[i
 
 def calls_per_step(num_units: int, *, reshard_after_forward: bool = True,
                    reshard_root: bool = False) -> dict:
-    """Collective calls per step for ``num_units`` units plus the root."""
     g = 2 if reshard_after_forward else 1
     gathers = g * num_units + (g if reshard_root else 1)
     return {"all_reduce": 0, "reduce_scatter": num_units + 1, "all_gather": gathers}
@@ -92,7 +74,6 @@ def calls_per_step(num_units: int, *, reshard_after_forward: bool = True,
 
 def comm_bytes_per_step(model: nn.Module, world_size: int, *, reshard_after_forward: bool = True,
                         reshard_root: bool = False, bytes_per_elem: int = 4, unit_types=None) -> dict:
-    """Bytes one rank sends per step."""
     root, *units = message_numels(model, world_size, unit_types)
     f = Fraction(world_size - 1, world_size) * bytes_per_elem
     g = 2 if reshard_after_forward else 1
@@ -101,22 +82,14 @@ def comm_bytes_per_step(model: nn.Module, world_size: int, *, reshard_after_forw
 
 
 def expected_state_bytes(model: nn.Module, world_size: int, rank: int) -> dict:
-    """``fsdp_state_bytes`` on ``rank`` after an AdamW step, fp32: params and grads are padded
-    shards; AdamW's states cover the rows the rank really owns, plus a step counter each."""
+    """``fsdp_state_bytes`` on ``rank`` after an AdamW step, fp32: AdamW's states cover the rows
+    the rank really owns."""
     params = [p for ps in unit_params(model) for p in ps]
-    shard = real = 0
-    for p in params:
-        shape = tuple(p.shape) or (1,)
-        rest = math.prod(shape[1:])
-        shard += math.ceil(shape[0] / world_size) * rest
-        real += local_rows(shape[0], world_size, rank) * rest
+    shard = sum(dim0_padded_numel(p.shape, world_size) for p in params) // world_size
+    real = sum(local_rows((tuple(p.shape) or (1,))[0], world_size, rank) * math.prod(p.shape[1:]) for p in params)
     return {"params": 4 * shard, "grads": 4 * shard, "optimizer": 4 * (2 * real + len(params))}
 
-
-# ------------------------------------------------------------------ HSDP
-
 def mesh_shape(world_size: int, shards: int = DEFAULT_SHARDS) -> tuple[int, int]:
-    """``(replicas, shards)`` of the HSDP mesh for ``world_size`` ranks."""
     check_int("world_size", world_size, 1)
     check_int("shards", shards, 1)
     if world_size % shards:
@@ -134,9 +107,8 @@ def mesh_groups(world_size: int, shards: int = DEFAULT_SHARDS) -> dict:
 
 
 def hsdp_calls_per_step(num_units: int, *, shards: int, reshard_after_forward: bool = True) -> dict:
-    """Collective calls per step for ``num_units`` units plus the root (torch 2.13, measured):
-    FSDP2's, none when ``shards == 1``, and one all-reduce per unit always, even with one
-    replica (FSDP2 then all-reduces over a 1-rank group: a call that sends nothing)."""
+    """FSDP2's calls (none when ``shards == 1``) plus one all-reduce per unit, even with one
+    replica (a 1-rank group: sends nothing; torch 2.13, measured)."""
     check_int("num_units", num_units, 0)
     check_int("shards", shards, 1)
     out = calls_per_step(num_units, reshard_after_forward=reshard_after_forward)
@@ -149,8 +121,7 @@ def hsdp_calls_per_step(num_units: int, *, shards: int, reshard_after_forward: b
 def hsdp_comm_bytes_per_step(model, world_size: int, shards: int = DEFAULT_SHARDS, *,
                              reshard_after_forward: bool = True, bytes_per_elem: int = 4,
                              unit_types=None) -> dict:
-    """Bytes one rank sends per step: FSDP2's inside the shard group, plus the all-reduce of
-    each unit's ``1/shards`` gradient shard across the replicate group."""
+    """FSDP2's bytes in the shard group plus the all-reduce of the gradient shards across replicas."""
     replicas, shards = mesh_shape(world_size, shards)
     out = comm_bytes_per_step(model, shards, reshard_after_forward=reshard_after_forward,
                               bytes_per_elem=bytes_per_elem, unit_types=unit_types)

@@ -33,7 +33,6 @@ def predicted_timeline(world_size: int, *, prefetch: bool, config=None) -> list[
     blocks = names[1:]
     alive: list[str] = []
     events: list[dict] = []
-
     def log(phase, unit, event):
         if event == "gather":
             alive.append(unit)
@@ -41,7 +40,6 @@ def predicted_timeline(world_size: int, *, prefetch: bool, config=None) -> list[
             alive.remove(unit)
         events.append({"phase": phase, "unit": unit, "event": event, "alive_units": len(alive),
                        "alive_bytes": sum(size[u] for u in alive)})
-
     for phase, order in (("forward", blocks), ("backward", blocks[::-1])):
         if phase == "forward":
             log(phase, "root", "gather")
