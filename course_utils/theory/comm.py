@@ -120,19 +120,12 @@ def sent_bytes(op: str, message: int, world: int, rank: int, root: int, own: int
         return 0
     if op in OPS:
         return _exact(collective_bytes(op, message, world))
-    if op == "broadcast":   # pipelined ring root -> root+1 -> ...: the last one forwards nothing
-        return 0 if (rank - root) % world == world - 1 else message
-    if op == "reduce":      # pipelined ring ending at the root: everyone but the root sends M
-        return 0 if rank == root else message
-    if op == "scatter":     # the root sends every other rank its chunk of M bytes
-        return (world - 1) * message if rank == root else 0
-    if op == "gather":      # every rank but the root sends its chunk
-        return 0 if rank == root else message
-    if op == "all_to_all":  # everything except the chunk this rank keeps
-        return message - own
-    if op == "send":
-        return message
-    return 0                # recv, barrier
+    return {"broadcast": 0 if (rank - root) % world == world - 1 else message,  # pipelined ring from the root
+            "reduce": 0 if rank == root else message,                          # pipelined ring to the root
+            "scatter": (world - 1) * message if rank == root else 0,
+            "gather": 0 if rank == root else message,
+            "all_to_all": message - own,                                       # all but the chunk it keeps
+            "send": message}.get(op, 0)                                        # recv, barrier: 0
 
 
 #: The collectives whose algorithm on gloo :func:`gloo_bytes` models.
