@@ -22,7 +22,7 @@ from ..runtime.fmt import num
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..runtime.wire import WireMeter, group_wire_bytes
-from ..theory.comm import gloo_bytes
+from ..theory.comm import OPS, gloo_bytes
 from ..theory.config import COURSE_CONFIG
 from ..theory.layout import padded_numel
 from .fsdp_wrapping import _check_names
@@ -46,7 +46,6 @@ SEED = 0
 TIMEOUT_S = 180
 #: How far the wire may be from the gloo model (gloo's headers and control messages).
 WIRE_TOL = 0.02
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def _check(setups, world_size, micro_batches, global_batch) -> tuple:
@@ -59,9 +58,6 @@ def _check(setups, world_size, micro_batches, global_batch) -> tuple:
                          f"= {world_size} x {micro_batches} equal micro-batches: pick a global_batch "
                          f"divisible by {world_size * micro_batches}")
     return setups
-
-
-# ------------------------------------------------------------------ the rank side
 
 def accumulate(model, micro_batches, sync_off: str | None = None, after_backward=None) -> None:
     """Forward and backward of one step's ``micro_batches`` (``[(x, y), ...]``), each loss
@@ -116,9 +112,6 @@ def _rank(setups: tuple, k: int, global_batch: int) -> dict:
                      "calls": ledger.counts(), "ring_bytes": ledger.totals(), "gloo_bytes": int(gloo),
                      "wire_bytes": group_wire_bytes(wire), "grad_bytes": held}
     return out
-
-
-# ------------------------------------------------------------------ the driver
 
 def measure_accumulation(setups=tuple(SETUPS), *, world_size: int = 2, micro_batches: int = 4,
                          global_batch: int = GLOBAL_BATCH, quiet: bool = True) -> dict:
