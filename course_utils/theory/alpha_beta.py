@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from numbers import Real
 from typing import Sequence
 
 from ..checks import check_int, check_positive
@@ -84,10 +83,8 @@ def fit_alpha_beta(sizes: Sequence, times: Sequence, op: str = "all_reduce",
     sizes, times = list(sizes), list(times)
     if len(sizes) != len(times):
         raise ValueError(f"sizes and times must have the same length, got {len(sizes)} and {len(times)}")
-    for label, values in (("sizes", sizes), ("times", times)):
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{label} must be positive numbers, got {v!r}")
+    for label, v in [("sizes", v) for v in sizes] + [("times", v) for v in times]:
+        check_positive(label, v)
     if len(set(sizes)) < 2:
         raise ValueError("need at least two different message sizes to separate alpha from bandwidth")
     sent = np.array([collective_bytes(op, m, world_size) for m in sizes], dtype=float)
