@@ -59,6 +59,7 @@ def _check(setups, world_size, micro_batches, global_batch) -> tuple:
                          f"divisible by {world_size * micro_batches}")
     return setups
 
+
 def accumulate(model, micro_batches, sync_off: str | None = None, after_backward=None) -> None:
     """Forward and backward of one step's ``micro_batches`` (``[(x, y), ...]``), each loss
     divided by k so the gradients sum to the mean over the whole batch. ``sync_off``: None
@@ -96,6 +97,7 @@ def _rank(setups: tuple, k: int, global_batch: int) -> dict:
         per, held = [], []
         ledger = CommLedger()
         starts = [0]
+
         def after_backward(i):
             per.append(_counts(ledger.records[starts[-1]:]))
             fsdp = compat.fsdp2_unsharded_grad_bytes(model) if strategy == "torch-fsdp" else 0
@@ -112,6 +114,7 @@ def _rank(setups: tuple, k: int, global_batch: int) -> dict:
                      "calls": ledger.counts(), "ring_bytes": ledger.totals(), "gloo_bytes": int(gloo),
                      "wire_bytes": group_wire_bytes(wire), "grad_bytes": held}
     return out
+
 
 def measure_accumulation(setups=tuple(SETUPS), *, world_size: int = 2, micro_batches: int = 4,
                          global_batch: int = GLOBAL_BATCH, quiet: bool = True) -> dict:

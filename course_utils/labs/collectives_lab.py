@@ -23,6 +23,7 @@ __all__ = ["ROOT", "DEMOS", "demo_broadcast", "demo_all_reduce", "demo_reduce", 
 ROOT = 0  # the source of broadcast/scatter and the destination of reduce/gather
 _RS_AG_NUMEL = 10  # not a multiple of 3 or 4: the padding matters
 
+
 def _values(rank: int, positions) -> torch.Tensor:
     return torch.tensor([10.0 * rank + i for i in positions], dtype=torch.float32, device=rank_device())
 

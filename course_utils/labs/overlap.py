@@ -177,8 +177,7 @@ def plot_timelines(timelines: dict):
         hooked = sum(tl.during_backward)
         ax.set_title(f"{label}: {hooked} of {tl.num_buckets} all-reduces launched during backward "
                      f"(rank {tl.rank} of {tl.world_size})", fontsize=9)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+        ax.spines[["top", "right"]].set_visible(False)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=7,
                frameon=False)
     axes[-1].set_xlim(0, 1e3 * end * 1.03)

@@ -13,8 +13,10 @@ def record_timeline(model) -> list[dict]:
     events: list[dict] = []
     phase = ["forward"]
     names = {id(m): n or "root" for n, m in model.module.named_modules()}
+
     def held(unit) -> int:
         return unit.full.untyped_storage().nbytes()
+
     def watch(unit, method, event):
         def watched(*args, **kwargs):
             before = held(unit)
@@ -24,9 +26,11 @@ def record_timeline(model) -> list[dict]:
                 events.append({"phase": phase[0], "unit": names[id(unit.module)], "event": event,
                                "alive_units": len(alive), "alive_bytes": sum(alive)})
         return watched
+
     def step_starts(module, args):
         events.clear()
         phase[0] = "forward"
+
     def forward_done(module, args, output):
         phase[0] = "backward"
     for unit in model.units:

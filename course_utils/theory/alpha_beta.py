@@ -133,11 +133,9 @@ def plot_alpha_beta(sizes: Sequence, times: Sequence, fit: AlphaBetaFit):
     ticks = [m for m in (2 ** k for k in range(0, 41, 2)) if grid[0] <= m <= grid[-1]]
     ax.set_xticks(ticks, [_bytes_label(m) for m in ticks], fontsize=8)
     ax.minorticks_off()
-    ax.set_xlabel("message size M")
-    ax.set_ylabel("time (ms)")
+    ax.set(xlabel="message size M", ylabel="time (ms)")
     ax.set_title(f"{fit.op} on {fit.world_size} ranks: t = alpha·steps + bytes sent / bandwidth", fontsize=9)
     ax.legend(fontsize=8, frameon=False, loc="upper left")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig

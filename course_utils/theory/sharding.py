@@ -25,6 +25,7 @@ DEFAULT_SHARDS = 2
 #: The names of the two HSDP mesh dimensions, outer (across nodes) first.
 MESH_DIM_NAMES = ("replicate", "shard")
 
+
 def find_units(model: nn.Module, unit_types=None, ignored_params=()) -> list[tuple[nn.Module, list]]:
     """``[(module, its trainable Parameters)]``, the root first, then the units (children of the
     first ``nn.ModuleList``, or submodules of ``unit_types``); a Parameter belongs to the
@@ -60,6 +61,7 @@ def unit_params(model: nn.Module, unit_types=None) -> list[list[nn.Parameter]]:
     root, *units = [ps for _, ps in find_units(model, unit_types)]
     return [root] + (units if unit_types is None else units[::-1])
 
+
 def message_numels(model: nn.Module, world_size: int, unit_types=None) -> list[int]:
     """``[M_root, M_unit_1, ...]``: elements of each unit's all-gather output / reduce-scatter input."""
     return [sum(dim0_padded_numel(p.shape, world_size) for p in ps) for ps in unit_params(model, unit_types)]
@@ -88,6 +90,7 @@ def expected_state_bytes(model: nn.Module, world_size: int, rank: int) -> dict:
     shard = sum(dim0_padded_numel(p.shape, world_size) for p in params) // world_size
     real = sum(local_rows((tuple(p.shape) or (1,))[0], world_size, rank) * math.prod(p.shape[1:]) for p in params)
     return {"params": 4 * shard, "grads": 4 * shard, "optimizer": 4 * (2 * real + len(params))}
+
 
 def mesh_shape(world_size: int, shards: int = DEFAULT_SHARDS) -> tuple[int, int]:
     check_int("world_size", world_size, 1)

@@ -33,6 +33,7 @@ def predicted_timeline(world_size: int, *, prefetch: bool, config=None) -> list[
     blocks = names[1:]
     alive: list[str] = []
     events: list[dict] = []
+
     def log(phase, unit, event):
         if event == "gather":
             alive.append(unit)
