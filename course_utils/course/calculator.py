@@ -1,19 +1,10 @@
-"""The interactive memory calculator: which ZeRO stage fits on your GPUs?
-
-Taught in ``notebooks/03_memory_anatomy.ipynb``. Pick a model (preset or a custom size),
-the number of GPUs, the recipe, offload, micro-batch, sequence length and recomputation;
-see one stacked bar per stage (params / grads / optimizer / activations) against the
-GPU's memory, and which stages fit.
-
-In JupyterLab or Colab the calculator is a live widget. Where widgets cannot render
-(nbval, GitHub), the same display shows a figure and a text table of the default
-setting, so the notebook's saved output is deterministic.
-"""
+"""The memory calculator (notebook 03: which ZeRO stage fits?) and the planner's widget.
+Where widgets cannot render (nbval, GitHub) they show a figure and a text table."""
 from __future__ import annotations
 
 import dataclasses
-import io
 
+from ..checks import check_int
 from ..runtime import widgets
 from ..theory import planner
 from ..theory.config import PRESETS
@@ -66,22 +57,14 @@ class Setting:
         return f"{name}, {self.gpus} GPU{'s' if self.gpus > 1 else ''}, {self.recipe}"
 
 
-def _stage_options(s: Setting, stage: int) -> dict:
-    """Offload options that make sense at this stage (see memory.placement)."""
-    return {"offload_optimizer": (s.offload_optimizer or s.offload_params) and stage >= 1,
-            "offload_params": s.offload_params and stage == 3}
-
-
-def rows(setting: Setting) -> list[tuple[int, GpuMemory]]:
-    """Per-GPU memory for stages 0-3 under ``setting``."""
-    out = []
-    for stage in (0, 1, 2, 3):
-        mem = per_gpu(setting.model_arg(), world_size=setting.gpus, stage=stage, recipe=setting.recipe,
-                      micro_batch=setting.micro_batch if setting.has_architecture else None,
-                      seq=setting.seq, attention=setting.attention, recompute=setting.recompute,
-                      **_stage_options(setting, stage))
-        out.append((stage, mem))
-    return out
+def rows(s: Setting) -> list[tuple[int, GpuMemory]]:
+    """Per-GPU memory for stages 0-3; offload only where the stage allows it (memory.placement)."""
+    return [(stage, per_gpu(s.model_arg(), world_size=s.gpus, stage=stage, recipe=s.recipe,
+                            micro_batch=s.micro_batch if s.has_architecture else None, seq=s.seq,
+                            attention=s.attention, recompute=s.recompute,
+                            offload_optimizer=(s.offload_optimizer or s.offload_params) and stage >= 1,
+                            offload_params=s.offload_params and stage == 3))
+            for stage in (0, 1, 2, 3)]
 
 
 def table(setting: Setting) -> str:
@@ -92,9 +75,7 @@ def table(setting: Setting) -> str:
             f"{setting.attention} attention, recompute {setting.recompute}")
     off = [n for n, on in (("optimizer", setting.offload_optimizer or setting.offload_params),
                            ("params", setting.offload_params)) if on]
-    # the host's column only when something is offloaded: the table stays narrow enough
-    # for a notebook beside an open side panel
-    host = bool(off)
+    host = bool(off)   # the host's column only when needed: narrow beside a side panel
     lines = [head, f"offload: {', '.join(off) if off else 'none'}; GPU: {setting.gpu_memory}; "
                    f"GB per GPU (1 GB = 1e9 bytes); {acts}",
              f"{'stage':<8}{'params':>9}{'grads':>9}{'optim':>9}{'activ':>9}{'total':>9}"
@@ -145,27 +126,17 @@ def _stream(text: str) -> dict:
     return {"output_type": "stream", "name": "stdout", "text": text}
 
 
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    return buf.getvalue()
-
-
 class _Form:
-    """A form of ipywidgets ``controls`` (two columns) over a frozen setting dataclass, with a
-    figure and a text table out; where no widget frontend renders (nbval, GitHub) the
-    display is that figure and table, deterministically."""
+    """ipywidgets ``controls`` (two columns that wrap) over a frozen setting dataclass: a figure and a table out."""
 
     _label = "<figure>"
 
     def _start(self):
         import ipywidgets as w
-
         self.out = w.Output()
         for c in self.controls.values():
             c.observe(self._changed, names="value")
         items = list(self.controls.values())
-        # The two columns wrap under each other in a narrow notebook (a side panel open).
         self.box = w.VBox([w.HBox([w.VBox(items[:6]), w.VBox(items[6:])],
                                   layout=w.Layout(flex_flow="row wrap")), self.out])
         self._render()
@@ -183,26 +154,24 @@ class _Form:
         self._render()
 
     def _render(self):
-        # The Output widget's content is set directly (never `with out: print`), so
-        # nothing leaks into the cell's saved output.
+        # Set directly (never `with out: print`), so nothing leaks into the cell's saved output.
         self.out.outputs = (
             {"output_type": "display_data", "metadata": {},
-             "data": {"image/png": _png_b64(self._figure()), "text/plain": self._label}},
+             "data": {"image/png": widgets.png_b64(self._figure()), "text/plain": self._label}},
             _stream(self._text() + "\n"),
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return widgets.bundle(self.box, self._text(), {"image/png": _png_b64(self._figure())})
+        return widgets.bundle(self.box, self._text(), {"image/png": widgets.png_b64(self._figure())})
 
 
 class Calculator(_Form):
-    """The widget. ``Calculator(setting)``; display it in a notebook (or call :func:`show`)."""
+    """The calculator widget; display it in a notebook (or call :func:`show`)."""
 
     _label = "<calculator figure>"
 
     def __init__(self, setting: Setting | None = None):
         import ipywidgets as w
-
         self.setting = setting or Setting()
         s = self.setting
         style = {"description_width": "120px"}
@@ -246,11 +215,8 @@ class Calculator(_Form):
 def show(setting: Setting | None = None):
     """Display the calculator."""
     from IPython.display import display
-
     display(Calculator(setting))
 
-
-# ============================================================ the planner's widget
 
 _GPU_MEM = {"24 GB": 24.0, "40 GB": 40.0, "80 GB": 80.0, "141 GB": 141.0}
 
@@ -296,13 +262,10 @@ class PlannerSetting:
 
 
 def fitting_table(rows: planner.Plan, top: int = 5) -> str:
-    """:func:`planner.table` of the ``top`` fastest options that fit (all of them when
-    fewer fit; the smallest when none does), with a line saying how many fit: the
-    plot (:func:`planner.plot`) shows every option."""
+    """:func:`planner.table` of the ``top`` fastest options that fit (the smallest if none does)."""
     if not isinstance(rows, planner.Plan):
         raise TypeError("fitting_table() takes the Plan returned by planner.plan(...)")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise ValueError(f"top must be a whole number of rows >= 1, got {top!r}")
+    check_int("top", top, 1)
     fitting = sorted((r for r in rows if r.fits), key=lambda r: r.step_s)
     shown = fitting[:top] or sorted(rows, key=lambda r: r.total)[:1]
     if not fitting:
@@ -314,12 +277,6 @@ def fitting_table(rows: planner.Plan, top: int = 5) -> str:
     return "\n".join(text[:1] + [note] + text[1:])
 
 
-def _png_b64(fig) -> str:
-    import base64
-
-    return base64.b64encode(_png(fig)).decode()
-
-
 class PlannerWidget(_Form):
     """The planner as a form: sliders and dropdowns in, a table and a bar plot out."""
 
@@ -327,7 +284,6 @@ class PlannerWidget(_Form):
 
     def __init__(self, setting: PlannerSetting | None = None):
         import ipywidgets as w
-
         if setting is not None and not isinstance(setting, PlannerSetting):
             raise TypeError("setting must be a PlannerSetting")
         self.setting = setting or PlannerSetting()

@@ -1,12 +1,8 @@
-"""The question types of the quizzes (one answer, several answers, a number) and the quiz
-form that shows them: an ipywidgets form where widgets render, a text form elsewhere.
-
-:mod:`course_utils.course.quiz` shows and grades them; :mod:`course_utils.course.quizbank`
-holds every notebook's questions.
-"""
+"""Quiz question types and the quiz form (ipywidgets where widgets render, text elsewhere)."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import math
 import re
 import string
@@ -55,10 +51,6 @@ class Question:
     def text(self) -> str:
         return self.prompt
 
-    def answer_text(self) -> str:  # pragma: no cover - abstract
-        """The right answer in words, for a reader who cannot run the check."""
-        raise NotImplementedError
-
     def _right(self, lead: str = "") -> Feedback:
         return Feedback(True, " ".join(x for x in (lead, self.explanation) if x))
 
@@ -85,7 +77,6 @@ class _Choice(Question):
         return ", ".join(self.letters)
 
     def _parse(self, raw) -> tuple[set[str], str]:
-        """Letters picked, or a friendly problem description."""
         if raw is None:
             return set(), "no answer given"
         if isinstance(raw, int) and not isinstance(raw, bool):
@@ -197,17 +188,14 @@ class Numeric(Question):
         return max(self.tol or 0.0, (self.rel_tol or 0.0) * abs(self.answer))
 
     def text(self) -> str:
-        unit = f" (answer in {self.unit})" if self.unit else ""
-        return f"{self.prompt}{unit}"
+        return f"{self.prompt} (answer in {self.unit})" if self.unit else self.prompt
 
     def answer_text(self) -> str:
-        unit = f" {self.unit}" if self.unit else ""
         allowed = self._allowed()
         within = f" (within ±{allowed:g})" if allowed > 1e-9 * max(1.0, abs(self.answer)) else ""
-        return f"{self.answer:g}{unit}{within}"
+        return f"{self.answer:g}{' ' + self.unit if self.unit else ''}{within}"
 
     def parse(self, raw) -> tuple[float | None, str]:
-        """The number in ``raw``, or a friendly problem description."""
         if raw is None:
             return None, "no answer given"
         if isinstance(raw, bool):
@@ -241,8 +229,7 @@ class Numeric(Question):
         value, problem = self.parse(answer)
         unit = f" {self.unit}" if self.unit else ""
         if problem:
-            where = f" in{unit}" if unit else ""
-            return Feedback(None, f"{problem}; enter a number{where}, e.g. 42 or 3.5e9.")
+            return Feedback(None, f"{problem}; enter a number{' in' + unit if unit else ''}, e.g. 42 or 3.5e9.")
         if abs(value - self.answer) <= self._allowed():
             return self._right(f"{self.answer:g}{unit}.")
         direction = "high" if value > self.answer else "low"
@@ -255,8 +242,7 @@ class Quiz:
     def __init__(self, title: str, questions: Sequence[Question]):
         if not questions or not all(isinstance(q, Question) for q in questions):
             raise ValueError("a Quiz needs a non-empty list of Question objects")
-        self.title = title
-        self.questions = list(questions)
+        self.title, self.questions = title, list(questions)
 
     def __len__(self) -> int:
         return len(self.questions)
@@ -274,11 +260,9 @@ class Quiz:
         for i, q in enumerate(self.questions, 1):
             lines.append("")
             first, *rest = q.text().split("\n")
-            lines.append(f"{i}. {first}")
-            lines.extend(rest)
-        lines.append("")
-        lines.append("Run this cell to answer in a form with instant feedback (JupyterLab or "
-                     "Colab), or from code: quiz.check(<quiz>, <question number>, <answer>).")
+            lines += [f"{i}. {first}", *rest]
+        lines += ["", "Run this cell to answer in a form with instant feedback (JupyterLab or "
+                     "Colab), or from code: quiz.check(<quiz>, <question number>, <answer>)."]
         return "\n".join(lines)
 
     def widget(self):
@@ -288,19 +272,14 @@ class Quiz:
         return self.widget()._repr_mimebundle_(include=include, exclude=exclude)
 
     def answers_html(self) -> str:
-        """The quiz for a reader without a kernel (the offline book): each question,
-        numbered, with its options one per line as (a), (b), ..., and its answer and
-        explanation behind a click (``<details><summary>Answer</summary>``). Text is
-        HTML-escaped; `backticks` become ``<code>``."""
+        """The quiz for the offline book: each answer and explanation behind a ``<details>`` click."""
         parts = [f"<div class='course-quiz'><p><b>Quiz: {_esc(self.title)}</b> "
                  f"({len(self)} questions): answer each, then open its answer.</p>"]
         for i, q in enumerate(self.questions, 1):
             first, *rest = q.text().split("\n")
             opts = "".join(f"<div>{_esc(line.strip())}</div>" for line in rest if line.strip())
-            if isinstance(q, _Choice):     # each right option on its own line
-                right = [f"({c}) {o}" for c, o in zip(q.letters, q.options) if c in q.answer]
-            else:
-                right = [q.answer_text()]
+            right = ([f"({c}) {o}" for c, o in zip(q.letters, q.options) if c in q.answer]
+                     if isinstance(q, _Choice) else [q.answer_text()])   # each right option on its own line
             parts.append(
                 f"<div class='course-quiz-question'><p><b>{i}.</b> {_esc(first)}</p>"
                 + (f"<div class='course-quiz-options' style='margin-left:1.5em'>{opts}</div>" if opts else "")
@@ -315,8 +294,6 @@ class Quiz:
         return self.text()
 
 
-# --------------------------------------------------------------------- the widget form
-
 class _QuizForm:
     """ipywidgets form; its text/plain form is the quiz's deterministic text."""
 
@@ -329,11 +306,9 @@ class _QuizForm:
         except ImportError:  # pragma: no cover - ipywidgets is a dependency
             return
         self.score = w.HTML()
-        rows = [w.HTML(f"<b>Quiz: {_esc(quiz.title)}</b>"), self.score]
-        for i, q in enumerate(quiz.questions, 1):
-            rows.append(self._row(w, i, q))
         self._update_score()
-        self.box = w.VBox(rows)
+        self.box = w.VBox([w.HTML(f"<b>Quiz: {_esc(quiz.title)}</b>"), self.score]
+                          + [self._row(w, i, q) for i, q in enumerate(quiz.questions, 1)])
 
     def _row(self, w, number: int, q: Question):
         label = w.HTML(f"<b>{number}.</b> {_esc(q.text().split(chr(10))[0])}")
@@ -378,6 +353,4 @@ class _QuizForm:
 
 def _esc(s: str) -> str:
     """``s`` as HTML text: escaped, `code` in backticks as ``<code>``, stray backticks dropped."""
-    import html
-
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(s)).replace("`", "")

@@ -2,8 +2,6 @@
 ``ring_all_reduce`` figure of notebook 01), and a slider that steps through it."""
 from __future__ import annotations
 
-import base64
-import io
 import math
 
 from ..checks import check_int
@@ -88,14 +86,6 @@ def draw_ring_sequence(steps: list[dict]):
     return fig
 
 
-# --------------------------------------------------------------------------- widget
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 class RingStepper:
     """A slider that steps through the ring all-reduce, one drawing per step. Without a widget
     frontend (nbval, GitHub) it shows as the text of every step and a figure of all of them."""
@@ -119,13 +109,13 @@ class RingStepper:
         step = self.steps[index]
         self.out.outputs = (
             {"output_type": "display_data", "metadata": {},
-             "data": {"image/png": _png(draw_ring_step(self.steps, index)),
+             "data": {"image/png": widgets.png_b64(draw_ring_step(self.steps, index)),
                       "text/plain": f"<ring step {index + 1}>"}},
             {"output_type": "stream", "name": "stdout", "text": describe_step(step) + "\n"},
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return widgets.bundle(self.box, describe_ring(self.steps), {"image/png": _png(draw_ring_sequence(self.steps))})
+        return widgets.bundle(self.box, describe_ring(self.steps), {"image/png": widgets.png_b64(draw_ring_sequence(self.steps))})
 
 
 def ring_step_widget(world_size: int = 4) -> RingStepper:
