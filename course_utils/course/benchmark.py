@@ -71,16 +71,13 @@ def runs(names=None) -> list[Run]:
     """The :class:`Run` of each name (default: all), in the order given."""
     if names is None:
         return list(RUNS)
-    if isinstance(names, str):
-        names = names.split()
-    out = []
+    names = names.split() if isinstance(names, str) else list(names)
     for n in names:
         if n not in _BY_NAME:
             raise ValueError(f"no run {n!r}; the runs are {', '.join(_BY_NAME)}")
-        out.append(_BY_NAME[n])
-    if not out:
+    if not names:
         raise ValueError("name at least one run, e.g. runs('R1 R2')")
-    return out
+    return [_BY_NAME[n] for n in names]
 
 
 def runs_table(names=None) -> str:
@@ -89,11 +86,10 @@ def runs_table(names=None) -> str:
     dist = any(r.distributed_optimizer for r in rows)
     head = (f"{'run':<6}{'GPUs':>4}  {'micro x accum':>13}{'global':>8}  " + (f"{'dist. opt.':<11}" if dist else "")
             + f"{'step time':<19}{'memory per GPU':<19}what changes")
-    out = [head, "-" * (len(head) + 22)]
-    for r in rows:
-        out.append(f"{r.name:<6}{r.gpus:>4}  {f'{r.micro_batch} x {r.accumulation}':>13}{r.global_batch:>8}  "
-                   + (f"{'yes' if r.distributed_optimizer else 'no':<11}" if dist else "")
-                   + f"{r.step_time:<19}{r.memory:<19}{r.what}")
+    out = [head, "-" * (len(head) + 22)] + [
+        f"{r.name:<6}{r.gpus:>4}  {f'{r.micro_batch} x {r.accumulation}':>13}{r.global_batch:>8}  "
+        + (f"{'yes' if r.distributed_optimizer else 'no':<11}" if dist else "")
+        + f"{r.step_time:<19}{r.memory:<19}{r.what}" for r in rows]
     out.append("gpt2-xl, sequences of 1024 tokens, Megatron-LM, H100 80 GB, bf16 weights + fp32 gradients "
                "and Adam (18 B/param).")
     return "\n".join(out)

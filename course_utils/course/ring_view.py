@@ -25,8 +25,7 @@ def draw_ring_step(steps: list[dict], index: int, ax=None):
 
     if not isinstance(steps, list) or not steps:
         raise ValueError("steps must be the non-empty list ring_all_reduce_steps(world_size) returns")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(steps):
-        raise ValueError(f"index must be an int in 0..{len(steps) - 1}, got {index!r}")
+    check_int("index", index, 0, len(steps) - 1)
     step = steps[index]
     n = len(step["state"])
     if n > MAX_DRAW_RANKS:
@@ -102,9 +101,7 @@ class RingStepper:
         self.box = w.VBox([self.slider, self.out])
         self._render()
 
-    def _render(self):
-        # Set the Output widget's content directly (not `with out:` + display), so nothing
-        # leaks into the cell's own outputs.
+    def _render(self):   # set directly (not `with out:`): nothing leaks into the cell's outputs
         index = self.slider.value - 1
         step = self.steps[index]
         self.out.outputs = (

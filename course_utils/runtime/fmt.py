@@ -31,14 +31,12 @@ GRAD_ATOL = 1e-6
 
 
 def _check_real(name: str, value) -> float:
-    if isinstance(value, (bool, str, bytes)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not isinstance(value, (int, float)):
-        try:
-            return float(value)            # a 0-d tensor, a numpy scalar
-        except (TypeError, ValueError):
-            raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
-    return float(value)
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        return float(value)            # also a 0-d tensor, a numpy scalar
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
 
 
 def num(x, sig: int = SIG) -> str:
@@ -70,26 +68,20 @@ def sci(x) -> str:
 def bound(value, limit) -> str:
     """``"≤ 1e-6 ✓"`` when ``value <= limit`` (the same text on every machine), else the value and a cross."""
     value, limit = _check_real("value", value), _check_real("limit", limit)
-    if value <= limit:
-        return f"≤ {sci(limit)} ✓"
-    return f"= {value:.2g} > {sci(limit)} ✗"
+    return f"≤ {sci(limit)} ✓" if value <= limit else f"= {value:.2g} > {sci(limit)} ✗"
 
 
 def above(value, limit=0.0) -> str:
     """``"> 0 ✓"`` when ``value > limit`` (e.g. bf16 does change the losses), else a cross."""
     value, limit = _check_real("value", value), _check_real("limit", limit)
-    if value > limit:
-        return f"> {sci(limit)} ✓"
-    return f"= {value:.2g} ≤ {sci(limit)} ✗"
+    return f"> {sci(limit)} ✓" if value > limit else f"= {value:.2g} ≤ {sci(limit)} ✗"
 
 
 def near(value, target, tol) -> str:
     """``"0.5 ± 1e-5 ✓"`` when ``|value - target| <= tol``, else the value and a cross."""
-    value, target, tol = (_check_real(n, v) for n, v in
-                          (("value", value), ("target", target), ("tol", tol)))
-    if abs(value - target) <= tol:
-        return f"{sci(target)} ± {sci(tol)} ✓"
-    return f"= {num(value, 7)}, not {sci(target)} ± {sci(tol)} ✗"
+    value, target, tol = _check_real("value", value), _check_real("target", target), _check_real("tol", tol)
+    ok = abs(value - target) <= tol
+    return f"{sci(target)} ± {sci(tol)} ✓" if ok else f"= {num(value, 7)}, not {sci(target)} ± {sci(tol)} ✗"
 
 
 def max_abs_diff(losses, reference) -> float:
@@ -109,9 +101,7 @@ NOT_MEASURED = "n/a (not measured here)"
 
 def ratio(numerator, denominator, digits: int = 2) -> str:
     """``"1.50"``, or :data:`NOT_MEASURED` when either is None or the denominator is 0 (never fails)."""
-    if numerator is None or denominator is None or denominator == 0:
-        return NOT_MEASURED
-    return f"{numerator / denominator:.{digits}f}"
+    return NOT_MEASURED if numerator is None or not denominator else f"{numerator / denominator:.{digits}f}"
 
 
 def losses_match(losses, reference, rtol: float = LOSS_RTOL) -> str:
@@ -140,17 +130,12 @@ def plural(n, noun: str, nouns: str | None = None) -> str:
 
 def show(value) -> str:
     """A value a rank returned, for a grader: ``tensor([0.0485, 0.398], shape=(2,))``, floats at :data:`SIG` digits."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        torch = None
+    import torch
 
     def one(x, whole) -> str:
-        if isinstance(x, float) and not x.is_integer():
-            return num(x)
-        return whole(x)
+        return num(x) if isinstance(x, float) and not x.is_integer() else whole(x)
 
-    if torch is not None and isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):
         if value.numel() == 1 and value.dim() <= 1:
             return f"tensor({one(value.reshape(-1)[0].item(), lambda x: f'{x:g}')})"
         items = ", ".join(one(x, repr) for x in value.reshape(-1).tolist())
