@@ -142,7 +142,6 @@ def plot_check(rows=None):
     ax.set_xlim(0, 1.6)
     ax.set_xlabel("predicted / reported (grey: the range the row's tolerance accepts)", fontsize=8)
     ax.set_title("gpt2-xl on H100: the planner against every reported figure", fontsize=9)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig

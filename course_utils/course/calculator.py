@@ -115,8 +115,7 @@ def plot(setting: Setting):
     ax.set_ylabel("GB per GPU")
     ax.set_title(setting.label() + f", micro-batch {setting.micro_batch}, seq {setting.seq}", fontsize=9)
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     del plt
     return fig
@@ -143,6 +142,10 @@ class _Form:
 
     def _sync(self):
         pass
+
+    def _dropdown(self, w, style):
+        return lambda key, options, label: w.Dropdown(options=options, value=getattr(self.setting, key),
+                                                      description=label, style=style)
 
     def _changed(self, _):
         self._sync()
@@ -172,31 +175,25 @@ class Calculator(_Form):
 
     def __init__(self, setting: Setting | None = None):
         import ipywidgets as w
-        self.setting = setting or Setting()
-        s = self.setting
+        self.setting = s = setting or Setting()
         style = {"description_width": "120px"}
+        dd = self._dropdown(w, style)
         self.controls = {
-            "model": w.Dropdown(options=list(PRESETS) + [CUSTOM], value=s.model, description="model", style=style),
+            "model": dd("model", list(PRESETS) + [CUSTOM], "model"),
             # A plain FloatText: a bounded one would turn 0 or -3 into its minimum silently.
             "custom_billions": w.FloatText(value=s.custom_billions, step=0.5, disabled=s.model != CUSTOM,
                                            description="custom (billions)", style=style),
-            "gpus": w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=s.gpus,
-                               description="GPUs", style=style),
+            "gpus": dd("gpus", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "GPUs"),
             "stage": w.ToggleButtons(options=[(STAGE_NAMES[i], i) for i in range(4)], value=s.stage,
                                      description="stage", style={**style, "button_width": "80px"}),
-            "recipe": w.Dropdown(options=["mixed", "mixed-fp32-grads", "fp32"], value=s.recipe,
-                                 description="recipe", style=style),
-            "offload_optimizer": w.Checkbox(value=s.offload_optimizer, description="offload optimizer to CPU",
-                                            indent=False, layout=w.Layout(width="auto")),
-            "offload_params": w.Checkbox(value=s.offload_params, description="offload params to CPU (ZeRO-3)",
-                                         indent=False, layout=w.Layout(width="auto")),
+            "recipe": dd("recipe", ["mixed", "mixed-fp32-grads", "fp32"], "recipe"),
+            **{k: w.Checkbox(value=getattr(s, k), description=d, indent=False, layout=w.Layout(width="auto"))
+               for k, d in (("offload_optimizer", "offload optimizer to CPU"),
+                            ("offload_params", "offload params to CPU (ZeRO-3)"))},
             "micro_batch": w.IntSlider(value=s.micro_batch, min=1, max=64, description="micro-batch", style=style),
-            "seq": w.Dropdown(options=[512, 1024, 2048, 4096, 8192, 16384], value=s.seq,
-                              description="sequence length", style=style),
-            "attention": w.Dropdown(options=["standard", "flash"], value=s.attention,
-                                    description="attention", style=style),
-            "recompute": w.Dropdown(options=["none", "selective", "full"], value=s.recompute,
-                                    description="recomputation", style=style),
+            "seq": dd("seq", [512, 1024, 2048, 4096, 8192, 16384], "sequence length"),
+            "attention": dd("attention", ["standard", "flash"], "attention"),
+            "recompute": dd("recompute", ["none", "selective", "full"], "recomputation"),
             "gpu_memory": w.ToggleButtons(options=list(GPU_MEMORY), value=s.gpu_memory,
                                           description="GPU memory", style={**style, "button_width": "80px"}),
         }
@@ -286,27 +283,24 @@ class PlannerWidget(_Form):
         import ipywidgets as w
         if setting is not None and not isinstance(setting, PlannerSetting):
             raise TypeError("setting must be a PlannerSetting")
-        self.setting = setting or PlannerSetting()
-        s = self.setting
+        self.setting = s = setting or PlannerSetting()
         style = {"description_width": "130px"}
-        models = [k for k, p in PRESETS.items() if p.config is not None]
+        dd = self._dropdown(w, style)
         self.controls = {
-            "model": w.Dropdown(options=models, value=s.model, description="model", style=style),
+            "model": dd("model", [k for k, p in PRESETS.items() if p.config is not None], "model"),
             "gpu_memory": w.ToggleButtons(options=list(_GPU_MEM), value=s.gpu_memory,
                                           description="GPU memory", style={**style, "button_width": "70px"}),
-            "gpus_per_node": w.Dropdown(options=[1, 2, 4, 8], value=s.gpus_per_node,
-                                        description="GPUs per node", style=style),
+            "gpus_per_node": dd("gpus_per_node", [1, 2, 4, 8], "GPUs per node"),
             "nodes": w.IntSlider(value=s.nodes, min=1, max=64, description="nodes", style=style),
             "intra_bw_gbps": w.FloatSlider(value=s.intra_bw_gbps, min=10, max=900, step=10,
                                            description="intra-node GB/s", style=style),
             "inter_bw_gbps": w.FloatSlider(value=s.inter_bw_gbps, min=1, max=100, step=1,
                                            description="GB/s per NIC", style=style),
-            "nics_per_node": w.Dropdown(options=[("one per GPU", 0)] + [(str(k), k) for k in (1, 2, 4, 8, 16)],
-                                        value=s.nics_per_node, description="NICs per node", style=style),
-            "seq_len": w.Dropdown(options=[512, 1024, 2048, 4096, 8192], value=s.seq_len,
-                                  description="sequence length", style=style),
+            "nics_per_node": dd("nics_per_node", [("one per GPU", 0)] + [(str(k), k) for k in (1, 2, 4, 8, 16)],
+                                "NICs per node"),
+            "seq_len": dd("seq_len", [512, 1024, 2048, 4096, 8192], "sequence length"),
             "global_batch": w.IntText(value=s.global_batch, description="global batch", style=style),
-            "recipe": w.Dropdown(options=list(RECIPES), value=s.recipe, description="recipe", style=style),
+            "recipe": dd("recipe", list(RECIPES), "recipe"),
             "mfu": w.FloatSlider(value=s.mfu, min=0.1, max=0.8, step=0.05, description="MFU", style=style),
             "overlap": w.FloatSlider(value=s.overlap, min=0.0, max=1.0, step=0.1,
                                      description="comm overlap", style=style),

@@ -77,14 +77,10 @@ class _Choice(Question):
         return ", ".join(self.letters)
 
     def _parse(self, raw) -> tuple[set[str], str]:
-        if raw is None:
-            return set(), "no answer given"
         if isinstance(raw, int) and not isinstance(raw, bool):
             raw = [raw]
         if isinstance(raw, str):
             s = raw.strip()
-            if not s:
-                return set(), "no answer given"
             for i, opt in enumerate(self.options):  # the full text of an option
                 if s.lower() == opt.lower():
                     return {self.letters[i]}, ""
@@ -107,9 +103,9 @@ class _Choice(Question):
                 if token not in self.letters:
                     return set(), f"'{item}' is not an option"
                 picks.add(token)
-            if not picks:
-                return set(), "no answer given"
-            return picks, ""
+            return picks, "" if picks else "no answer given"
+        if raw is None:
+            return set(), "no answer given"
         return set(), f"an answer of type {type(raw).__name__} is not understood"
 
     def text(self) -> str:
@@ -196,7 +192,7 @@ class Numeric(Question):
         return f"{self.answer:g}{' ' + self.unit if self.unit else ''}{within}"
 
     def parse(self, raw) -> tuple[float | None, str]:
-        if raw is None:
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
             return None, "no answer given"
         if isinstance(raw, bool):
             return None, f"{raw!r} is not a number"
@@ -204,8 +200,6 @@ class Numeric(Question):
             value = float(raw)
         else:
             s = str(raw).strip()
-            if not s:
-                return None, "no answer given"
             if self.unit and s.lower().endswith(self.unit.lower()):
                 s = s[: -len(self.unit)].strip()
             s = s.replace(" ", "")
