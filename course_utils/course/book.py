@@ -176,9 +176,7 @@ def _offline_notebook(nb, vis_dir: Path, out_dir: Path, copied: set):
 
 def _nav(pages: list[Page], i: int) -> str:
     def link(page: Page | None, label: str) -> str:
-        if page is None or page.path is None:
-            return "<span></span>"
-        return f'<a href="{page.path.name}">{html.escape(label)}</a>'
+        return f'<a href="{page.path.name}">{html.escape(label)}</a>' if page and page.path else "<span></span>"
 
     prev = next((p for p in reversed(pages[:i]) if p.path is not None), None)
     nxt = next((p for p in pages[i + 1:] if p.path is not None), None)
@@ -263,9 +261,7 @@ def main(argv=None) -> Book:
                                      description="Build the static HTML book of the notebooks (make book).")
     parser.add_argument("--out", default=str(BOOK_DIR.relative_to(ROOT)),
                         help="output folder, relative to the course folder (default: _build/book)")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    book = build(out if out.is_absolute() else ROOT / out)
+    book = build(ROOT / parser.parse_args(argv).out)   # an absolute --out stays as it is
     print(book.describe())
     return book
 

@@ -307,19 +307,17 @@ class _QuizForm:
     def _row(self, w, number: int, q: Question):
         label = w.HTML(f"<b>{number}.</b> {_esc(q.text().split(chr(10))[0])}")
         feedback = w.HTML()
+        get = lambda: field.value  # noqa: E731
         if isinstance(q, SingleChoice):
             field = w.RadioButtons(options=[(f"({c}) {o}", c) for c, o in zip(q.letters, q.options)],
                                    value=None, layout=w.Layout(width="auto"))
-            get = lambda: field.value  # noqa: E731
         elif isinstance(q, MultiChoice):
             boxes = [w.Checkbox(description=f"({c}) {o}", value=False, indent=False,
                                 layout=w.Layout(width="auto")) for c, o in zip(q.letters, q.options)]
             field = w.VBox(boxes)
             get = lambda: [c for c, b in zip(q.letters, boxes) if b.value]  # noqa: E731
         else:
-            field = w.Text(placeholder=f"a number{' in ' + q.unit if q.unit else ''}",
-                           continuous_update=False)
-            get = lambda: field.value  # noqa: E731
+            field = w.Text(placeholder=f"a number{' in ' + q.unit if q.unit else ''}", continuous_update=False)
         button = w.Button(description="Check", button_style="primary")
 
         def on_click(_):
