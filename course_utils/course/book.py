@@ -39,9 +39,7 @@ nav.book-nav { max-width: 1100px; margin: 0.6em auto; font-family: var(--jp-ui-f
 .course-quiz summary { cursor: pointer; color: var(--jp-content-link-color, #1976d2); }
 </style>{%- endblock extra_css -%}
 {%- block html_head_css -%}{{ super() }}<style type="text/css">
-/* after the lab template's CSS, which breaks text outputs anywhere ("state|s"): keep
-   every line whole, so tables stay aligned and scroll sideways when wider than the
-   page; a line of prose (book_lines) wraps between words */
+/* after the lab CSS, which breaks text anywhere: lines stay whole (tables scroll), prose wraps */
 .jp-OutputArea-output pre { white-space: pre; word-break: normal; overflow-wrap: normal;
                             word-wrap: normal; overflow-x: auto; }
 .jp-OutputArea-output pre .book-prose { white-space: pre-wrap; overflow-wrap: break-word; }
@@ -91,11 +89,8 @@ class Book:
         return [p.notebook for p in self.pages if p.path is None]
 
     def describe(self) -> str:
-        written = [p for p in self.pages if p.path is not None]
-        text = f"wrote {self.index} and {len(written)} pages"
-        if self.missing:
-            text += f" ({', '.join(self.missing)} not written yet)"
-        return text
+        text = f"wrote {self.index} and {len(self.pages) - len(self.missing)} pages"
+        return text + (f" ({', '.join(self.missing)} not written yet)" if self.missing else "")
 
 
 def _sequence(root: Path) -> list[tuple[str, str, str, Path | None]]:
@@ -143,9 +138,8 @@ def _offline_outputs(cell) -> list:
         if html_form is not None:
             data.clear()
             data["text/html"] = html_form
-        parts = [m for m in ("text/html", "image/png", "text/plain") if m in data]
-        if "text/html" in parts and "text/plain" in parts:   # HTML is the richer text form
-            parts.remove("text/plain")
+        parts = [m for m in ("text/html", "image/png", "text/plain")   # HTML is the richer text form
+                 if m in data and not (m == "text/plain" and "text/html" in data)]
         for mime in parts:
             part = copy.copy(out)
             part.data = {mime: data[mime]}

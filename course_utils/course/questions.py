@@ -151,11 +151,8 @@ class MultiChoice(_Choice):
         if picks == self.answer:
             return self._right()
         missing, extra = len(self.answer - picks), len(picks - self.answer)
-        bits = []
-        if extra:
-            bits.append(f"{extra} of your picks {'is' if extra == 1 else 'are'} wrong")
-        if missing:
-            bits.append(f"{missing} right option{'s are' if missing > 1 else ' is'} missing")
+        bits = [f"{extra} of your picks {'is' if extra == 1 else 'are'} wrong"] * bool(extra) + [
+            f"{missing} right option{'s are' if missing > 1 else ' is'} missing"] * bool(missing)
         return self._wrong("; ".join(bits).capitalize() + ".")
 
 

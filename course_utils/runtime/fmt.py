@@ -115,9 +115,9 @@ def losses_match(losses, reference, rtol: float = LOSS_RTOL) -> str:
 
 def plural(n, noun: str, nouns: str | None = None) -> str:
     """``"1 rank"``, ``"4 ranks"``, ``"2 processes"``; ``nouns``: an irregular plural. Every count the course prints."""
-    if isinstance(n, bool):
-        raise TypeError("n must be a count (an int), got bool")
     try:
+        if isinstance(n, bool):
+            raise TypeError
         n = operator.index(n)              # an int, a numpy or 0-d tensor int; not a float
     except TypeError:
         raise TypeError(f"n must be a count (an int), got {type(n).__name__}") from None
