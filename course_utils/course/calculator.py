@@ -265,10 +265,8 @@ def fitting_table(rows: planner.Plan, top: int = 5) -> str:
     check_int("top", top, 1)
     fitting = sorted((r for r in rows if r.fits), key=lambda r: r.step_s)
     shown = fitting[:top] or sorted(rows, key=lambda r: r.total)[:1]
-    if not fitting:
-        what = "the smallest option"
-    else:
-        what = (f"the {len(shown)} fastest" if len(fitting) > len(shown) else "all") + ", fastest first"
+    what = ((f"the {len(shown)} fastest" if len(fitting) > len(shown) else "all") + ", fastest first"
+            if fitting else "the smallest option")
     text = planner.table(planner.Plan(shown, rows.assumptions)).split("\n")
     note = f"{len(fitting)} of {len(rows)} options fit; shown: {what} (the plot shows every option)"
     return "\n".join(text[:1] + [note] + text[1:])

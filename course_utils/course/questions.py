@@ -42,8 +42,7 @@ class Question:
     def __init__(self, prompt: str, explanation: str = ""):
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("a question needs a non-empty prompt")
-        self.prompt = prompt.strip()
-        self.explanation = explanation.strip()
+        self.prompt, self.explanation = prompt.strip(), explanation.strip()
 
     def grade(self, answer) -> Feedback:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -72,9 +71,6 @@ class _Choice(Question):
         if problem or not picks:
             raise ValueError(f"the answer key {answer!r} is not valid for these options: {problem}")
         self.answer = frozenset(picks)
-
-    def _choices_hint(self) -> str:
-        return ", ".join(self.letters)
 
     def _parse(self, raw) -> tuple[set[str], str]:
         if isinstance(raw, int) and not isinstance(raw, bool):
@@ -129,9 +125,9 @@ class SingleChoice(_Choice):
     def grade(self, answer) -> Feedback:
         picks, problem = self._parse(answer)
         if problem:
-            return Feedback(None, f"{problem}; pick one of {self._choices_hint()}.")
+            return Feedback(None, f"{problem}; pick one of {', '.join(self.letters)}.")
         if len(picks) > 1:
-            return Feedback(None, f"this question has one answer; pick one of {self._choices_hint()}.")
+            return Feedback(None, f"this question has one answer; pick one of {', '.join(self.letters)}.")
         return self._right() if picks == self.answer else self._wrong()
 
 
@@ -147,7 +143,7 @@ class MultiChoice(_Choice):
     def grade(self, answer) -> Feedback:
         picks, problem = self._parse(answer)
         if problem:
-            return Feedback(None, f"{problem}; pick one or more of {self._choices_hint()}, e.g. 'a, c'.")
+            return Feedback(None, f"{problem}; pick one or more of {', '.join(self.letters)}, e.g. 'a, c'.")
         if picks == self.answer:
             return self._right()
         missing, extra = len(self.answer - picks), len(picks - self.answer)
@@ -170,8 +166,7 @@ class Numeric(Question):
         super().__init__(prompt, explanation)
         if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
             raise ValueError("a Numeric question's answer must be a finite number")
-        if tol is None and rel_tol is None:
-            rel_tol = 1e-6
+        rel_tol = 1e-6 if tol is None and rel_tol is None else rel_tol
         if (tol is not None and tol < 0) or (rel_tol is not None and rel_tol < 0):
             raise ValueError("tolerances must be >= 0")
         self.answer, self.unit, self.tol, self.rel_tol = float(answer), unit, tol, rel_tol
