@@ -1,14 +1,5 @@
-"""Rewrite every Open-in-Colab badge, the Colab install cells and the README table.
-
-``make badges`` (``python -m course_utils.course.badges``) rewrites, from
-``course_utils/course/paths.py`` (the one place ``owner/repo`` is written):
-
-* the badge in each notebook's first markdown cell (pointing at that notebook),
-* the ``REPO, BRANCH = ...`` line of each notebook's Colab install cell,
-* the notebook table in README.md (between the ``notebooks:start/end`` markers).
-
-``check()`` reports what is out of date without writing; the tests call it.
-"""
+"""``make badges``: rewrite every notebook's Open-in-Colab badge and ``REPO, BRANCH = ...``
+install line, and README.md's notebook table, from ``paths.py``; :func:`check` only reports."""
 from __future__ import annotations
 
 import json
@@ -32,12 +23,8 @@ def notebook_paths(root: Path = ROOT) -> list[Path]:
 def readme_table(root: Path = ROOT) -> str:
     present = {p.name for p in notebook_paths(root)}
     rows = ["| # | notebook | what you do | open |", "| --- | --- | --- | --- |"]
-    for name, title, line in paths.NOTEBOOKS:
-        nb = name[:2]
-        if name in present:
-            rows.append(f"| {nb} | [{title}](notebooks/{name}) | {line} | {paths.colab_badge(name)} |")
-        else:
-            rows.append(f"| {nb} | {title} (planned) | {line} | not yet written |")
+    rows += [f"| {name[:2]} | [{title}](notebooks/{name}) | {line} | {paths.colab_badge(name)} |" if name in present
+             else f"| {name[:2]} | {title} (planned) | {line} | not yet written |" for name, title, line in paths.NOTEBOOKS]
     listed = {n for n, _, _ in paths.NOTEBOOKS}
     for name in sorted(present - listed):  # a notebook the sequence does not list yet
         rows.append(f"| {name[:2]} | [{name}](notebooks/{name}) | | {paths.colab_badge(name)} |")
@@ -50,12 +37,8 @@ def _rewrite_notebook(text: str, name: str) -> str:
     repo_line = f'REPO, BRANCH = "{paths.GITHUB_REPO}", "{paths.BRANCH}"'
     for cell in nb["cells"]:
         src = "".join(cell["source"])
-        if cell["cell_type"] == "markdown":
-            new = BADGE_RE.sub(lambda _: badge, src)
-        elif cell["cell_type"] == "code":
-            new = REPO_LINE_RE.sub(lambda m: m.group(1) + repo_line, src)
-        else:
-            new = src
+        new = (BADGE_RE.sub(lambda _: badge, src) if cell["cell_type"] == "markdown" else
+               REPO_LINE_RE.sub(lambda m: m.group(1) + repo_line, src) if cell["cell_type"] == "code" else src)
         if new != src:
             cell["source"] = new.splitlines(keepends=True)
     return json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
@@ -76,8 +59,7 @@ def _targets(root: Path):
 
 
 def check(root: Path | str = ROOT, *, write: bool = False) -> list[str]:
-    """Files whose badges / install cell / table differ from ``paths``; [] if none
-    (``write=True``: rewritten)."""
+    """Files whose badges / install cell / table differ from ``paths`` (``write=True``: rewritten)."""
     root, stale = Path(root), []
     for path, fn in _targets(root):
         text = path.read_text(encoding="utf-8")

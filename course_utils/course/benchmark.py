@@ -1,18 +1,6 @@
-"""A published gpt2-xl benchmark: its runs with their setup, and the planner checked against it.
-
-A benchmark trained gpt2-xl (1.56B parameters, sequences of 1024 tokens) with Megatron-LM
-on H100 80 GB GPUs (bf16 weights, fp32 gradients, fp32 Adam) and reported step times,
-batch sizes and memory for a series of runs, R1 ... R12. The figures live in
-:data:`course_utils.theory.planner.GPT2XL_BENCHMARK` and
-:data:`course_utils.theory.scaling.GPT2XL_RUNS`; this module only lays them out.
-
-* :func:`runs_table`: the runs and their setup (GPUs, micro-batch x accumulation, global
-  batch, Megatron's distributed optimizer, step time, memory), shown in notebooks 02
-  (step times) and 05 (batch sizes and memory), and in full in the appendix, 09;
-* :func:`plot_check`: :func:`~course_utils.theory.planner.benchmark_comparison` as a
-  picture, predicted / reported for every figure with its tolerance band (notebook 09);
-* :func:`mib_to_gb`: Megatron's and nvidia-smi's "MB" (2**20 bytes) in GB (1e9 bytes).
-"""
+"""A published gpt2-xl benchmark (Megatron-LM, H100 80 GB, runs R1 ... R12) laid out: its runs
+(notebooks 02, 05, 09) and the planner checked against it (09). The figures live in
+``theory.planner.GPT2XL_BENCHMARK`` and ``theory.scaling.GPT2XL_RUNS``."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +16,7 @@ _B, _S = GPT2XL_BENCHMARK, GPT2XL_RUNS
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One run of the benchmark: its setup and what it reported (text as reported, '-' if not)."""
+    """One run: its setup and what it reported (text as reported, '-' if not)."""
 
     name: str
     gpus: int
@@ -80,35 +68,28 @@ _BY_NAME = {r.name: r for r in RUNS}
 
 
 def runs(names=None) -> list[Run]:
-    """The :class:`Run` of each name (all of them by default), in the order given."""
+    """The :class:`Run` of each name (default: all), in the order given."""
     if names is None:
         return list(RUNS)
-    if isinstance(names, str):
-        names = names.split()
-    out = []
+    names = names.split() if isinstance(names, str) else list(names)
     for n in names:
         if n not in _BY_NAME:
             raise ValueError(f"no run {n!r}; the runs are {', '.join(_BY_NAME)}")
-        out.append(_BY_NAME[n])
-    if not out:
+    if not names:
         raise ValueError("name at least one run, e.g. runs('R1 R2')")
-    return out
+    return [_BY_NAME[n] for n in names]
 
 
 def runs_table(names=None) -> str:
-    """The runs as a text table with their setup: GPUs, micro-batch x accumulation steps,
-    global batch, Megatron's distributed optimizer (``--use-distributed-optimizer``; the
-    column is left out when none of the runs uses it), and the step time and memory per
-    GPU as reported ('-' where the run reported none)."""
+    """The runs and their setup as a text table (the distributed-optimizer column only if one uses it)."""
     rows = runs(names)
     dist = any(r.distributed_optimizer for r in rows)
     head = (f"{'run':<6}{'GPUs':>4}  {'micro x accum':>13}{'global':>8}  " + (f"{'dist. opt.':<11}" if dist else "")
             + f"{'step time':<19}{'memory per GPU':<19}what changes")
-    out = [head, "-" * (len(head) + 22)]
-    for r in rows:
-        out.append(f"{r.name:<6}{r.gpus:>4}  {f'{r.micro_batch} x {r.accumulation}':>13}{r.global_batch:>8}  "
-                   + (f"{'yes' if r.distributed_optimizer else 'no':<11}" if dist else "")
-                   + f"{r.step_time:<19}{r.memory:<19}{r.what}")
+    out = [head, "-" * (len(head) + 22)] + [
+        f"{r.name:<6}{r.gpus:>4}  {f'{r.micro_batch} x {r.accumulation}':>13}{r.global_batch:>8}  "
+        + (f"{'yes' if r.distributed_optimizer else 'no':<11}" if dist else "")
+        + f"{r.step_time:<19}{r.memory:<19}{r.what}" for r in rows]
     out.append("gpt2-xl, sequences of 1024 tokens, Megatron-LM, H100 80 GB, bf16 weights + fp32 gradients "
                "and Adam (18 B/param).")
     return "\n".join(out)
@@ -123,8 +104,7 @@ _TOLERANCES = [
 
 
 def tolerance_band(row: BenchmarkRow) -> tuple[float, float]:
-    """The range of predicted values a row accepts, from its tolerance ("same 2 decimals",
-    "within 10%", "+-8", "must be < 10"), in the row's unit."""
+    """The range of predicted values a row's tolerance accepts, in the row's unit."""
     if not isinstance(row, BenchmarkRow):
         raise TypeError(f"tolerance_band() takes a planner.BenchmarkRow, got {type(row).__name__}")
     for pattern, band in _TOLERANCES:
@@ -140,8 +120,7 @@ def _short(v: float) -> str:
 
 
 def plot_check(rows=None):
-    """Every figure of the benchmark as predicted / reported (1 = exact), with the band its
-    tolerance accepts shaded; green if the planner is inside it. Returns the Figure."""
+    """Every figure as predicted / reported (1 = exact), its tolerance band shaded; green if inside."""
     from matplotlib.figure import Figure
 
     rows = benchmark_comparison() if rows is None else list(rows)
@@ -163,7 +142,6 @@ def plot_check(rows=None):
     ax.set_xlim(0, 1.6)
     ax.set_xlabel("predicted / reported (grey: the range the row's tolerance accepts)", fontsize=8)
     ax.set_title("gpt2-xl on H100: the planner against every reported figure", fontsize=9)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig

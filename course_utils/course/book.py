@@ -1,17 +1,9 @@
-"""The course as a static HTML book, for reading offline: ``make book``.
+"""The notebooks as a static HTML book with their saved outputs, for reading offline (``make book``).
 
-``python -m course_utils.course.book [--out _build/book]`` turns every notebook of
-:data:`course_utils.course.paths.NOTEBOOKS` in ``notebooks/`` into one HTML page with its
-committed outputs (nothing re-executed), an ``index.html`` in order, and copies the
-``vis/`` figures markdown cells reference. The same notebooks give the same bytes.
-
-Offline-safe by construction (nbconvert's ``lab`` template, trimmed): no ``<script>``
-(the CDN loaders of require.js, MathJax, Mermaid and widgets are dropped: ``$...$`` math
-would show as raw TeX); a quiz output is shown with each answer behind a ``<details>``
-click; other widgets show their static form (figure and text table); a line of a table
-(columns two or more spaces apart) stays whole and scrolls sideways, prose wraps between
-words (:func:`_book_lines`), overriding the template's ``word-break: break-all``; images
-and CSS are inline.
+Offline-safe: nbconvert's ``lab`` template without ``<script>`` (no CDN; ``$...$`` math
+shows as raw TeX), images and CSS inline; quizzes with answers behind ``<details>``, other
+widgets in their static form; table lines stay whole and scroll, prose wraps. Same
+notebooks, same bytes.
 """
 from __future__ import annotations
 
@@ -47,9 +39,7 @@ nav.book-nav { max-width: 1100px; margin: 0.6em auto; font-family: var(--jp-ui-f
 .course-quiz summary { cursor: pointer; color: var(--jp-content-link-color, #1976d2); }
 </style>{%- endblock extra_css -%}
 {%- block html_head_css -%}{{ super() }}<style type="text/css">
-/* after the lab template's CSS, which breaks text outputs anywhere ("state|s"): keep
-   every line whole, so tables stay aligned and scroll sideways when wider than the
-   page; a line of prose (book_lines) wraps between words */
+/* after the lab CSS, which breaks text anywhere: lines stay whole (tables scroll), prose wraps */
 .jp-OutputArea-output pre { white-space: pre; word-break: normal; overflow-wrap: normal;
                             word-wrap: normal; overflow-x: auto; }
 .jp-OutputArea-output pre .book-prose { white-space: pre-wrap; overflow-wrap: break-word; }
@@ -99,16 +89,12 @@ class Book:
         return [p.notebook for p in self.pages if p.path is None]
 
     def describe(self) -> str:
-        written = [p for p in self.pages if p.path is not None]
-        text = f"wrote {self.index} and {len(written)} pages"
-        if self.missing:
-            text += f" ({', '.join(self.missing)} not written yet)"
-        return text
+        text = f"wrote {self.index} and {len(self.pages) - len(self.missing)} pages"
+        return text + (f" ({', '.join(self.missing)} not written yet)" if self.missing else "")
 
 
 def _sequence(root: Path) -> list[tuple[str, str, str, Path | None]]:
-    """(notebook, title, line, source path or None) in course order; notebooks present
-    but not in the sequence come last, titled by their file name."""
+    """(notebook, title, line, source or None) in course order, then unlisted notebooks."""
     present = {p.name: p for p in notebook_paths(root)}
     out = [(name, title, line, present.get(name)) for name, title, line in paths.NOTEBOOKS]
     listed = {name for name, _, _ in paths.NOTEBOOKS}
@@ -117,10 +103,7 @@ def _sequence(root: Path) -> list[tuple[str, str, str, Path | None]]:
 
 
 def _book_lines(text_html: str) -> str:
-    """A text output (HTML from ``ansi2html``) with each line of prose (words with single
-    spaces between them) marked ``book-prose``, which wraps between words. A line aligned
-    in columns (two or more spaces inside it), a rule (``-----``) or a coloured (ANSI)
-    line is left as it is: whole, scrolling sideways if wider than the page."""
+    """Each prose line of an ansi2html text marked ``book-prose`` (wraps); columns, rules, ANSI stay whole."""
     return "\n".join(f'<span class="book-prose">{line}</span>'
                      if _WORDS.search(line) and not _COLUMNS.search(line) and "<" not in line
                      else line for line in text_html.split("\n"))
@@ -142,10 +125,8 @@ def _quiz_html(source: str, data: dict) -> str | None:
 
 
 def _offline_outputs(cell) -> list:
-    """The outputs of ``cell`` as a page without a kernel shows them: a quiz as its
-    questions with answers behind a click, another widget as its static form, every
-    part of it (HTML or text, and a figure: one output each, since a page draws only one
-    mime type of an output), anything else as saved."""
+    """``cell``'s outputs without widgets: a quiz with its answers, a widget's static parts one output
+    each (a page draws one mime type of an output)."""
     outputs = []
     for out in cell.get("outputs", []):
         data = out.get("data")
@@ -157,9 +138,8 @@ def _offline_outputs(cell) -> list:
         if html_form is not None:
             data.clear()
             data["text/html"] = html_form
-        parts = [m for m in ("text/html", "image/png", "text/plain") if m in data]
-        if "text/html" in parts and "text/plain" in parts:   # HTML is the richer text form
-            parts.remove("text/plain")
+        parts = [m for m in ("text/html", "image/png", "text/plain")   # HTML is the richer text form
+                 if m in data and not (m == "text/plain" and "text/html" in data)]
         for mime in parts:
             part = copy.copy(out)
             part.data = {mime: data[mime]}
@@ -169,9 +149,7 @@ def _offline_outputs(cell) -> list:
 
 
 def _offline_notebook(nb, vis_dir: Path, out_dir: Path, copied: set):
-    """A copy of ``nb`` ready for offline HTML: quizzes and widgets in their static forms
-    (:func:`_offline_outputs`), figures referenced from ``vis/`` copied next to the pages
-    and re-pointed."""
+    """A copy of ``nb`` with static outputs and its ``vis/`` figures copied next to the pages."""
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
@@ -192,9 +170,7 @@ def _offline_notebook(nb, vis_dir: Path, out_dir: Path, copied: set):
 
 def _nav(pages: list[Page], i: int) -> str:
     def link(page: Page | None, label: str) -> str:
-        if page is None or page.path is None:
-            return "<span></span>"
-        return f'<a href="{page.path.name}">{html.escape(label)}</a>'
+        return f'<a href="{page.path.name}">{html.escape(label)}</a>' if page and page.path else "<span></span>"
 
     prev = next((p for p in reversed(pages[:i]) if p.path is not None), None)
     nxt = next((p for p in pages[i + 1:] if p.path is not None), None)
@@ -206,16 +182,10 @@ def _nav(pages: list[Page], i: int) -> str:
 
 
 def _index_html(pages: list[Page]) -> str:
-    rows = []
-    for p in pages:
-        head = html.escape(_heading(p.notebook, p.title))
-        line = html.escape(p.line)
-        if p.path is None:
-            rows.append(f"<li><span class=\"missing\">{head}</span> <em>(not written yet)</em>"
-                        f"<br><small>{line}</small></li>")
-        else:
-            rows.append(f"<li><a href=\"{p.path.name}\">{head}</a><br><small>{line}</small></li>")
-    body = "\n".join(rows)
+    body = "\n".join(
+        (f'<li><span class="missing">{head}</span> <em>(not written yet)</em>' if p.path is None
+         else f'<li><a href="{p.path.name}">{head}</a>') + f"<br><small>{html.escape(p.line)}</small></li>"
+        for p in pages for head in [html.escape(_heading(p.notebook, p.title))])
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -246,13 +216,7 @@ its text; their interactive forms need a running notebook.</small></p>
 
 
 def build(out_dir: Path | str = BOOK_DIR, *, root: Path | str = ROOT) -> Book:
-    """Write the HTML book of the notebooks in ``<root>/notebooks`` into ``out_dir``.
-
-    Returns a :class:`Book`: ``index`` (``out_dir/index.html``), ``pages`` (one
-    :class:`Page` per notebook of the sequence, ``path=None`` for those not written yet)
-    and ``figures`` (the ``vis/`` files copied because a notebook references them).
-    Nothing is executed: the pages show the outputs saved in the notebooks.
-    """
+    """Write the HTML book of ``<root>/notebooks`` into ``out_dir`` (nothing is executed)."""
     import nbformat
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
@@ -291,9 +255,7 @@ def main(argv=None) -> Book:
                                      description="Build the static HTML book of the notebooks (make book).")
     parser.add_argument("--out", default=str(BOOK_DIR.relative_to(ROOT)),
                         help="output folder, relative to the course folder (default: _build/book)")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    book = build(out if out.is_absolute() else ROOT / out)
+    book = build(ROOT / parser.parse_args(argv).out)   # an absolute --out stays as it is
     print(book.describe())
     return book
 

@@ -1,19 +1,10 @@
-"""The interactive memory calculator: which ZeRO stage fits on your GPUs?
-
-Taught in ``notebooks/03_memory_anatomy.ipynb``. Pick a model (preset or a custom size),
-the number of GPUs, the recipe, offload, micro-batch, sequence length and recomputation;
-see one stacked bar per stage (params / grads / optimizer / activations) against the
-GPU's memory, and which stages fit.
-
-In JupyterLab or Colab the calculator is a live widget. Where widgets cannot render
-(nbval, GitHub), the same display shows a figure and a text table of the default
-setting, so the notebook's saved output is deterministic.
-"""
+"""The memory calculator (notebook 03: which ZeRO stage fits?) and the planner's widget.
+Where widgets cannot render (nbval, GitHub) they show a figure and a text table."""
 from __future__ import annotations
 
 import dataclasses
-import io
 
+from ..checks import check_int
 from ..runtime import widgets
 from ..theory import planner
 from ..theory.config import PRESETS
@@ -66,22 +57,14 @@ class Setting:
         return f"{name}, {self.gpus} GPU{'s' if self.gpus > 1 else ''}, {self.recipe}"
 
 
-def _stage_options(s: Setting, stage: int) -> dict:
-    """Offload options that make sense at this stage (see memory.placement)."""
-    return {"offload_optimizer": (s.offload_optimizer or s.offload_params) and stage >= 1,
-            "offload_params": s.offload_params and stage == 3}
-
-
-def rows(setting: Setting) -> list[tuple[int, GpuMemory]]:
-    """Per-GPU memory for stages 0-3 under ``setting``."""
-    out = []
-    for stage in (0, 1, 2, 3):
-        mem = per_gpu(setting.model_arg(), world_size=setting.gpus, stage=stage, recipe=setting.recipe,
-                      micro_batch=setting.micro_batch if setting.has_architecture else None,
-                      seq=setting.seq, attention=setting.attention, recompute=setting.recompute,
-                      **_stage_options(setting, stage))
-        out.append((stage, mem))
-    return out
+def rows(s: Setting) -> list[tuple[int, GpuMemory]]:
+    """Per-GPU memory for stages 0-3; offload only where the stage allows it (memory.placement)."""
+    return [(stage, per_gpu(s.model_arg(), world_size=s.gpus, stage=stage, recipe=s.recipe,
+                            micro_batch=s.micro_batch if s.has_architecture else None, seq=s.seq,
+                            attention=s.attention, recompute=s.recompute,
+                            offload_optimizer=(s.offload_optimizer or s.offload_params) and stage >= 1,
+                            offload_params=s.offload_params and stage == 3))
+            for stage in (0, 1, 2, 3)]
 
 
 def table(setting: Setting) -> str:
@@ -92,9 +75,7 @@ def table(setting: Setting) -> str:
             f"{setting.attention} attention, recompute {setting.recompute}")
     off = [n for n, on in (("optimizer", setting.offload_optimizer or setting.offload_params),
                            ("params", setting.offload_params)) if on]
-    # the host's column only when something is offloaded: the table stays narrow enough
-    # for a notebook beside an open side panel
-    host = bool(off)
+    host = bool(off)   # the host's column only when needed: narrow beside a side panel
     lines = [head, f"offload: {', '.join(off) if off else 'none'}; GPU: {setting.gpu_memory}; "
                    f"GB per GPU (1 GB = 1e9 bytes); {acts}",
              f"{'stage':<8}{'params':>9}{'grads':>9}{'optim':>9}{'activ':>9}{'total':>9}"
@@ -134,8 +115,7 @@ def plot(setting: Setting):
     ax.set_ylabel("GB per GPU")
     ax.set_title(setting.label() + f", micro-batch {setting.micro_batch}, seq {setting.seq}", fontsize=9)
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     del plt
     return fig
@@ -145,33 +125,27 @@ def _stream(text: str) -> dict:
     return {"output_type": "stream", "name": "stdout", "text": text}
 
 
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    return buf.getvalue()
-
-
 class _Form:
-    """A form of ipywidgets ``controls`` (two columns) over a frozen setting dataclass, with a
-    figure and a text table out; where no widget frontend renders (nbval, GitHub) the
-    display is that figure and table, deterministically."""
+    """ipywidgets ``controls`` (two columns that wrap) over a frozen setting dataclass: a figure and a table out."""
 
     _label = "<figure>"
 
     def _start(self):
         import ipywidgets as w
-
         self.out = w.Output()
         for c in self.controls.values():
             c.observe(self._changed, names="value")
         items = list(self.controls.values())
-        # The two columns wrap under each other in a narrow notebook (a side panel open).
         self.box = w.VBox([w.HBox([w.VBox(items[:6]), w.VBox(items[6:])],
                                   layout=w.Layout(flex_flow="row wrap")), self.out])
         self._render()
 
     def _sync(self):
         pass
+
+    def _dropdown(self, w, style):
+        return lambda key, options, label: w.Dropdown(options=options, value=getattr(self.setting, key),
+                                                      description=label, style=style)
 
     def _changed(self, _):
         self._sync()
@@ -183,51 +157,43 @@ class _Form:
         self._render()
 
     def _render(self):
-        # The Output widget's content is set directly (never `with out: print`), so
-        # nothing leaks into the cell's saved output.
+        # Set directly (never `with out: print`), so nothing leaks into the cell's saved output.
         self.out.outputs = (
             {"output_type": "display_data", "metadata": {},
-             "data": {"image/png": _png_b64(self._figure()), "text/plain": self._label}},
+             "data": {"image/png": widgets.png_b64(self._figure()), "text/plain": self._label}},
             _stream(self._text() + "\n"),
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return widgets.bundle(self.box, self._text(), {"image/png": _png_b64(self._figure())})
+        return widgets.bundle(self.box, self._text(), {"image/png": widgets.png_b64(self._figure())})
 
 
 class Calculator(_Form):
-    """The widget. ``Calculator(setting)``; display it in a notebook (or call :func:`show`)."""
+    """The calculator widget; display it in a notebook (or call :func:`show`)."""
 
     _label = "<calculator figure>"
 
     def __init__(self, setting: Setting | None = None):
         import ipywidgets as w
-
-        self.setting = setting or Setting()
-        s = self.setting
+        self.setting = s = setting or Setting()
         style = {"description_width": "120px"}
+        dd = self._dropdown(w, style)
         self.controls = {
-            "model": w.Dropdown(options=list(PRESETS) + [CUSTOM], value=s.model, description="model", style=style),
+            "model": dd("model", list(PRESETS) + [CUSTOM], "model"),
             # A plain FloatText: a bounded one would turn 0 or -3 into its minimum silently.
             "custom_billions": w.FloatText(value=s.custom_billions, step=0.5, disabled=s.model != CUSTOM,
                                            description="custom (billions)", style=style),
-            "gpus": w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=s.gpus,
-                               description="GPUs", style=style),
+            "gpus": dd("gpus", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "GPUs"),
             "stage": w.ToggleButtons(options=[(STAGE_NAMES[i], i) for i in range(4)], value=s.stage,
                                      description="stage", style={**style, "button_width": "80px"}),
-            "recipe": w.Dropdown(options=["mixed", "mixed-fp32-grads", "fp32"], value=s.recipe,
-                                 description="recipe", style=style),
-            "offload_optimizer": w.Checkbox(value=s.offload_optimizer, description="offload optimizer to CPU",
-                                            indent=False, layout=w.Layout(width="auto")),
-            "offload_params": w.Checkbox(value=s.offload_params, description="offload params to CPU (ZeRO-3)",
-                                         indent=False, layout=w.Layout(width="auto")),
+            "recipe": dd("recipe", ["mixed", "mixed-fp32-grads", "fp32"], "recipe"),
+            **{k: w.Checkbox(value=getattr(s, k), description=d, indent=False, layout=w.Layout(width="auto"))
+               for k, d in (("offload_optimizer", "offload optimizer to CPU"),
+                            ("offload_params", "offload params to CPU (ZeRO-3)"))},
             "micro_batch": w.IntSlider(value=s.micro_batch, min=1, max=64, description="micro-batch", style=style),
-            "seq": w.Dropdown(options=[512, 1024, 2048, 4096, 8192, 16384], value=s.seq,
-                              description="sequence length", style=style),
-            "attention": w.Dropdown(options=["standard", "flash"], value=s.attention,
-                                    description="attention", style=style),
-            "recompute": w.Dropdown(options=["none", "selective", "full"], value=s.recompute,
-                                    description="recomputation", style=style),
+            "seq": dd("seq", [512, 1024, 2048, 4096, 8192, 16384], "sequence length"),
+            "attention": dd("attention", ["standard", "flash"], "attention"),
+            "recompute": dd("recompute", ["none", "selective", "full"], "recomputation"),
             "gpu_memory": w.ToggleButtons(options=list(GPU_MEMORY), value=s.gpu_memory,
                                           description="GPU memory", style={**style, "button_width": "80px"}),
         }
@@ -246,11 +212,8 @@ class Calculator(_Form):
 def show(setting: Setting | None = None):
     """Display the calculator."""
     from IPython.display import display
-
     display(Calculator(setting))
 
-
-# ============================================================ the planner's widget
 
 _GPU_MEM = {"24 GB": 24.0, "40 GB": 40.0, "80 GB": 80.0, "141 GB": 141.0}
 
@@ -296,28 +259,17 @@ class PlannerSetting:
 
 
 def fitting_table(rows: planner.Plan, top: int = 5) -> str:
-    """:func:`planner.table` of the ``top`` fastest options that fit (all of them when
-    fewer fit; the smallest when none does), with a line saying how many fit: the
-    plot (:func:`planner.plot`) shows every option."""
+    """:func:`planner.table` of the ``top`` fastest options that fit (the smallest if none does)."""
     if not isinstance(rows, planner.Plan):
         raise TypeError("fitting_table() takes the Plan returned by planner.plan(...)")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise ValueError(f"top must be a whole number of rows >= 1, got {top!r}")
+    check_int("top", top, 1)
     fitting = sorted((r for r in rows if r.fits), key=lambda r: r.step_s)
     shown = fitting[:top] or sorted(rows, key=lambda r: r.total)[:1]
-    if not fitting:
-        what = "the smallest option"
-    else:
-        what = (f"the {len(shown)} fastest" if len(fitting) > len(shown) else "all") + ", fastest first"
+    what = ((f"the {len(shown)} fastest" if len(fitting) > len(shown) else "all") + ", fastest first"
+            if fitting else "the smallest option")
     text = planner.table(planner.Plan(shown, rows.assumptions)).split("\n")
     note = f"{len(fitting)} of {len(rows)} options fit; shown: {what} (the plot shows every option)"
     return "\n".join(text[:1] + [note] + text[1:])
-
-
-def _png_b64(fig) -> str:
-    import base64
-
-    return base64.b64encode(_png(fig)).decode()
 
 
 class PlannerWidget(_Form):
@@ -327,30 +279,26 @@ class PlannerWidget(_Form):
 
     def __init__(self, setting: PlannerSetting | None = None):
         import ipywidgets as w
-
         if setting is not None and not isinstance(setting, PlannerSetting):
             raise TypeError("setting must be a PlannerSetting")
-        self.setting = setting or PlannerSetting()
-        s = self.setting
+        self.setting = s = setting or PlannerSetting()
         style = {"description_width": "130px"}
-        models = [k for k, p in PRESETS.items() if p.config is not None]
+        dd = self._dropdown(w, style)
         self.controls = {
-            "model": w.Dropdown(options=models, value=s.model, description="model", style=style),
+            "model": dd("model", [k for k, p in PRESETS.items() if p.config is not None], "model"),
             "gpu_memory": w.ToggleButtons(options=list(_GPU_MEM), value=s.gpu_memory,
                                           description="GPU memory", style={**style, "button_width": "70px"}),
-            "gpus_per_node": w.Dropdown(options=[1, 2, 4, 8], value=s.gpus_per_node,
-                                        description="GPUs per node", style=style),
+            "gpus_per_node": dd("gpus_per_node", [1, 2, 4, 8], "GPUs per node"),
             "nodes": w.IntSlider(value=s.nodes, min=1, max=64, description="nodes", style=style),
             "intra_bw_gbps": w.FloatSlider(value=s.intra_bw_gbps, min=10, max=900, step=10,
                                            description="intra-node GB/s", style=style),
             "inter_bw_gbps": w.FloatSlider(value=s.inter_bw_gbps, min=1, max=100, step=1,
                                            description="GB/s per NIC", style=style),
-            "nics_per_node": w.Dropdown(options=[("one per GPU", 0)] + [(str(k), k) for k in (1, 2, 4, 8, 16)],
-                                        value=s.nics_per_node, description="NICs per node", style=style),
-            "seq_len": w.Dropdown(options=[512, 1024, 2048, 4096, 8192], value=s.seq_len,
-                                  description="sequence length", style=style),
+            "nics_per_node": dd("nics_per_node", [("one per GPU", 0)] + [(str(k), k) for k in (1, 2, 4, 8, 16)],
+                                "NICs per node"),
+            "seq_len": dd("seq_len", [512, 1024, 2048, 4096, 8192], "sequence length"),
             "global_batch": w.IntText(value=s.global_batch, description="global batch", style=style),
-            "recipe": w.Dropdown(options=list(RECIPES), value=s.recipe, description="recipe", style=style),
+            "recipe": dd("recipe", list(RECIPES), "recipe"),
             "mfu": w.FloatSlider(value=s.mfu, min=0.1, max=0.8, step=0.05, description="MFU", style=style),
             "overlap": w.FloatSlider(value=s.overlap, min=0.0, max=1.0, step=0.1,
                                      description="comm overlap", style=style),

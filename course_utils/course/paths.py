@@ -1,9 +1,4 @@
-"""Course-wide settings: the one place the GitHub ``owner/repo`` is written.
-
-Change ``GITHUB_REPO`` (or ``BRANCH``) here, then run ``make badges``: every
-Open-in-Colab badge and every notebook's Colab install cell is rewritten from it,
-and ``tests/test_badges.py`` checks they all agree.
-"""
+"""The one place the GitHub ``owner/repo`` is written: change it, then ``make badges``."""
 GITHUB_REPO = "zero-to-fsdp/zero-to-fsdp"
 BRANCH = "main"
 
@@ -42,11 +37,9 @@ APPENDICES = ("09_appendix_forensics.ipynb",)
 
 
 def colab_url(notebook: str) -> str:
-    """The Open-in-Colab address of ``notebooks/<notebook>``."""
     return f"https://colab.research.google.com/github/{GITHUB_REPO}/blob/{BRANCH}/notebooks/{notebook}"
 
 
 def colab_badge(notebook: str) -> str:
-    """Markdown for the Open-in-Colab badge of ``notebooks/<notebook>``."""
     return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
             f"({colab_url(notebook)})")

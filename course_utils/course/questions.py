@@ -1,12 +1,8 @@
-"""The question types of the quizzes (one answer, several answers, a number) and the quiz
-form that shows them: an ipywidgets form where widgets render, a text form elsewhere.
-
-:mod:`course_utils.course.quiz` shows and grades them; :mod:`course_utils.course.quizbank`
-holds every notebook's questions.
-"""
+"""Quiz question types and the quiz form (ipywidgets where widgets render, text elsewhere)."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import math
 import re
 import string
@@ -46,18 +42,13 @@ class Question:
     def __init__(self, prompt: str, explanation: str = ""):
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("a question needs a non-empty prompt")
-        self.prompt = prompt.strip()
-        self.explanation = explanation.strip()
+        self.prompt, self.explanation = prompt.strip(), explanation.strip()
 
     def grade(self, answer) -> Feedback:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def text(self) -> str:
         return self.prompt
-
-    def answer_text(self) -> str:  # pragma: no cover - abstract
-        """The right answer in words, for a reader who cannot run the check."""
-        raise NotImplementedError
 
     def _right(self, lead: str = "") -> Feedback:
         return Feedback(True, " ".join(x for x in (lead, self.explanation) if x))
@@ -81,19 +72,11 @@ class _Choice(Question):
             raise ValueError(f"the answer key {answer!r} is not valid for these options: {problem}")
         self.answer = frozenset(picks)
 
-    def _choices_hint(self) -> str:
-        return ", ".join(self.letters)
-
     def _parse(self, raw) -> tuple[set[str], str]:
-        """Letters picked, or a friendly problem description."""
-        if raw is None:
-            return set(), "no answer given"
         if isinstance(raw, int) and not isinstance(raw, bool):
             raw = [raw]
         if isinstance(raw, str):
             s = raw.strip()
-            if not s:
-                return set(), "no answer given"
             for i, opt in enumerate(self.options):  # the full text of an option
                 if s.lower() == opt.lower():
                     return {self.letters[i]}, ""
@@ -116,9 +99,9 @@ class _Choice(Question):
                 if token not in self.letters:
                     return set(), f"'{item}' is not an option"
                 picks.add(token)
-            if not picks:
-                return set(), "no answer given"
-            return picks, ""
+            return picks, "" if picks else "no answer given"
+        if raw is None:
+            return set(), "no answer given"
         return set(), f"an answer of type {type(raw).__name__} is not understood"
 
     def text(self) -> str:
@@ -142,9 +125,9 @@ class SingleChoice(_Choice):
     def grade(self, answer) -> Feedback:
         picks, problem = self._parse(answer)
         if problem:
-            return Feedback(None, f"{problem}; pick one of {self._choices_hint()}.")
+            return Feedback(None, f"{problem}; pick one of {', '.join(self.letters)}.")
         if len(picks) > 1:
-            return Feedback(None, f"this question has one answer; pick one of {self._choices_hint()}.")
+            return Feedback(None, f"this question has one answer; pick one of {', '.join(self.letters)}.")
         return self._right() if picks == self.answer else self._wrong()
 
 
@@ -160,15 +143,12 @@ class MultiChoice(_Choice):
     def grade(self, answer) -> Feedback:
         picks, problem = self._parse(answer)
         if problem:
-            return Feedback(None, f"{problem}; pick one or more of {self._choices_hint()}, e.g. 'a, c'.")
+            return Feedback(None, f"{problem}; pick one or more of {', '.join(self.letters)}, e.g. 'a, c'.")
         if picks == self.answer:
             return self._right()
         missing, extra = len(self.answer - picks), len(picks - self.answer)
-        bits = []
-        if extra:
-            bits.append(f"{extra} of your picks {'is' if extra == 1 else 'are'} wrong")
-        if missing:
-            bits.append(f"{missing} right option{'s are' if missing > 1 else ' is'} missing")
+        bits = [f"{extra} of your picks {'is' if extra == 1 else 'are'} wrong"] * bool(extra) + [
+            f"{missing} right option{'s are' if missing > 1 else ' is'} missing"] * bool(missing)
         return self._wrong("; ".join(bits).capitalize() + ".")
 
 
@@ -186,8 +166,7 @@ class Numeric(Question):
         super().__init__(prompt, explanation)
         if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
             raise ValueError("a Numeric question's answer must be a finite number")
-        if tol is None and rel_tol is None:
-            rel_tol = 1e-6
+        rel_tol = 1e-6 if tol is None and rel_tol is None else rel_tol
         if (tol is not None and tol < 0) or (rel_tol is not None and rel_tol < 0):
             raise ValueError("tolerances must be >= 0")
         self.answer, self.unit, self.tol, self.rel_tol = float(answer), unit, tol, rel_tol
@@ -197,18 +176,15 @@ class Numeric(Question):
         return max(self.tol or 0.0, (self.rel_tol or 0.0) * abs(self.answer))
 
     def text(self) -> str:
-        unit = f" (answer in {self.unit})" if self.unit else ""
-        return f"{self.prompt}{unit}"
+        return f"{self.prompt} (answer in {self.unit})" if self.unit else self.prompt
 
     def answer_text(self) -> str:
-        unit = f" {self.unit}" if self.unit else ""
         allowed = self._allowed()
         within = f" (within ±{allowed:g})" if allowed > 1e-9 * max(1.0, abs(self.answer)) else ""
-        return f"{self.answer:g}{unit}{within}"
+        return f"{self.answer:g}{' ' + self.unit if self.unit else ''}{within}"
 
     def parse(self, raw) -> tuple[float | None, str]:
-        """The number in ``raw``, or a friendly problem description."""
-        if raw is None:
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
             return None, "no answer given"
         if isinstance(raw, bool):
             return None, f"{raw!r} is not a number"
@@ -216,8 +192,6 @@ class Numeric(Question):
             value = float(raw)
         else:
             s = str(raw).strip()
-            if not s:
-                return None, "no answer given"
             if self.unit and s.lower().endswith(self.unit.lower()):
                 s = s[: -len(self.unit)].strip()
             s = s.replace(" ", "")
@@ -241,8 +215,7 @@ class Numeric(Question):
         value, problem = self.parse(answer)
         unit = f" {self.unit}" if self.unit else ""
         if problem:
-            where = f" in{unit}" if unit else ""
-            return Feedback(None, f"{problem}; enter a number{where}, e.g. 42 or 3.5e9.")
+            return Feedback(None, f"{problem}; enter a number{' in' + unit if unit else ''}, e.g. 42 or 3.5e9.")
         if abs(value - self.answer) <= self._allowed():
             return self._right(f"{self.answer:g}{unit}.")
         direction = "high" if value > self.answer else "low"
@@ -255,8 +228,7 @@ class Quiz:
     def __init__(self, title: str, questions: Sequence[Question]):
         if not questions or not all(isinstance(q, Question) for q in questions):
             raise ValueError("a Quiz needs a non-empty list of Question objects")
-        self.title = title
-        self.questions = list(questions)
+        self.title, self.questions = title, list(questions)
 
     def __len__(self) -> int:
         return len(self.questions)
@@ -274,11 +246,9 @@ class Quiz:
         for i, q in enumerate(self.questions, 1):
             lines.append("")
             first, *rest = q.text().split("\n")
-            lines.append(f"{i}. {first}")
-            lines.extend(rest)
-        lines.append("")
-        lines.append("Run this cell to answer in a form with instant feedback (JupyterLab or "
-                     "Colab), or from code: quiz.check(<quiz>, <question number>, <answer>).")
+            lines += [f"{i}. {first}", *rest]
+        lines += ["", "Run this cell to answer in a form with instant feedback (JupyterLab or "
+                     "Colab), or from code: quiz.check(<quiz>, <question number>, <answer>)."]
         return "\n".join(lines)
 
     def widget(self):
@@ -288,19 +258,14 @@ class Quiz:
         return self.widget()._repr_mimebundle_(include=include, exclude=exclude)
 
     def answers_html(self) -> str:
-        """The quiz for a reader without a kernel (the offline book): each question,
-        numbered, with its options one per line as (a), (b), ..., and its answer and
-        explanation behind a click (``<details><summary>Answer</summary>``). Text is
-        HTML-escaped; `backticks` become ``<code>``."""
+        """The quiz for the offline book: each answer and explanation behind a ``<details>`` click."""
         parts = [f"<div class='course-quiz'><p><b>Quiz: {_esc(self.title)}</b> "
                  f"({len(self)} questions): answer each, then open its answer.</p>"]
         for i, q in enumerate(self.questions, 1):
             first, *rest = q.text().split("\n")
             opts = "".join(f"<div>{_esc(line.strip())}</div>" for line in rest if line.strip())
-            if isinstance(q, _Choice):     # each right option on its own line
-                right = [f"({c}) {o}" for c, o in zip(q.letters, q.options) if c in q.answer]
-            else:
-                right = [q.answer_text()]
+            right = ([f"({c}) {o}" for c, o in zip(q.letters, q.options) if c in q.answer]
+                     if isinstance(q, _Choice) else [q.answer_text()])   # each right option on its own line
             parts.append(
                 f"<div class='course-quiz-question'><p><b>{i}.</b> {_esc(first)}</p>"
                 + (f"<div class='course-quiz-options' style='margin-left:1.5em'>{opts}</div>" if opts else "")
@@ -315,8 +280,6 @@ class Quiz:
         return self.text()
 
 
-# --------------------------------------------------------------------- the widget form
-
 class _QuizForm:
     """ipywidgets form; its text/plain form is the quiz's deterministic text."""
 
@@ -329,28 +292,24 @@ class _QuizForm:
         except ImportError:  # pragma: no cover - ipywidgets is a dependency
             return
         self.score = w.HTML()
-        rows = [w.HTML(f"<b>Quiz: {_esc(quiz.title)}</b>"), self.score]
-        for i, q in enumerate(quiz.questions, 1):
-            rows.append(self._row(w, i, q))
         self._update_score()
-        self.box = w.VBox(rows)
+        self.box = w.VBox([w.HTML(f"<b>Quiz: {_esc(quiz.title)}</b>"), self.score]
+                          + [self._row(w, i, q) for i, q in enumerate(quiz.questions, 1)])
 
     def _row(self, w, number: int, q: Question):
         label = w.HTML(f"<b>{number}.</b> {_esc(q.text().split(chr(10))[0])}")
         feedback = w.HTML()
+        get = lambda: field.value  # noqa: E731
         if isinstance(q, SingleChoice):
             field = w.RadioButtons(options=[(f"({c}) {o}", c) for c, o in zip(q.letters, q.options)],
                                    value=None, layout=w.Layout(width="auto"))
-            get = lambda: field.value  # noqa: E731
         elif isinstance(q, MultiChoice):
             boxes = [w.Checkbox(description=f"({c}) {o}", value=False, indent=False,
                                 layout=w.Layout(width="auto")) for c, o in zip(q.letters, q.options)]
             field = w.VBox(boxes)
             get = lambda: [c for c, b in zip(q.letters, boxes) if b.value]  # noqa: E731
         else:
-            field = w.Text(placeholder=f"a number{' in ' + q.unit if q.unit else ''}",
-                           continuous_update=False)
-            get = lambda: field.value  # noqa: E731
+            field = w.Text(placeholder=f"a number{' in ' + q.unit if q.unit else ''}", continuous_update=False)
         button = w.Button(description="Check", button_style="primary")
 
         def on_click(_):
@@ -378,6 +337,4 @@ class _QuizForm:
 
 def _esc(s: str) -> str:
     """``s`` as HTML text: escaped, `code` in backticks as ``<code>``, stray backticks dropped."""
-    import html
-
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(s)).replace("`", "")

@@ -2,8 +2,6 @@
 ``ring_all_reduce`` figure of notebook 01), and a slider that steps through it."""
 from __future__ import annotations
 
-import base64
-import io
 import math
 
 from ..checks import check_int
@@ -27,8 +25,7 @@ def draw_ring_step(steps: list[dict], index: int, ax=None):
 
     if not isinstance(steps, list) or not steps:
         raise ValueError("steps must be the non-empty list ring_all_reduce_steps(world_size) returns")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(steps):
-        raise ValueError(f"index must be an int in 0..{len(steps) - 1}, got {index!r}")
+    check_int("index", index, 0, len(steps) - 1)
     step = steps[index]
     n = len(step["state"])
     if n > MAX_DRAW_RANKS:
@@ -88,14 +85,6 @@ def draw_ring_sequence(steps: list[dict]):
     return fig
 
 
-# --------------------------------------------------------------------------- widget
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 class RingStepper:
     """A slider that steps through the ring all-reduce, one drawing per step. Without a widget
     frontend (nbval, GitHub) it shows as the text of every step and a figure of all of them."""
@@ -112,20 +101,18 @@ class RingStepper:
         self.box = w.VBox([self.slider, self.out])
         self._render()
 
-    def _render(self):
-        # Set the Output widget's content directly (not `with out:` + display), so nothing
-        # leaks into the cell's own outputs.
+    def _render(self):   # set directly (not `with out:`): nothing leaks into the cell's outputs
         index = self.slider.value - 1
         step = self.steps[index]
         self.out.outputs = (
             {"output_type": "display_data", "metadata": {},
-             "data": {"image/png": _png(draw_ring_step(self.steps, index)),
+             "data": {"image/png": widgets.png_b64(draw_ring_step(self.steps, index)),
                       "text/plain": f"<ring step {index + 1}>"}},
             {"output_type": "stream", "name": "stdout", "text": describe_step(step) + "\n"},
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return widgets.bundle(self.box, describe_ring(self.steps), {"image/png": _png(draw_ring_sequence(self.steps))})
+        return widgets.bundle(self.box, describe_ring(self.steps), {"image/png": widgets.png_b64(draw_ring_sequence(self.steps))})
 
 
 def ring_step_widget(world_size: int = 4) -> RingStepper:

@@ -1,9 +1,5 @@
-"""Where am I running, and where will the course's demos run?
-
-Taught in ``notebooks/00_orientation.ipynb``. Nothing here initialises CUDA in the
-calling process (GPUs are counted by :func:`course_utils.runtime.launch.gpu_count`, their names
-come from ``nvidia-smi``), so the launcher can still fork.
-"""
+"""Where am I running, and where will the demos run (notebook 00)? Nothing here initialises
+CUDA (names come from ``nvidia-smi``), so the launcher can still fork."""
 from __future__ import annotations
 
 import contextlib
@@ -21,12 +17,11 @@ __all__ = ["Environment", "detect", "in_colab", "gpu_names", "plan", "table"]
 
 
 def in_colab() -> bool:
-    """True inside a Google Colab runtime."""
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
 def gpu_names() -> list[str]:
-    """Names of the visible NVIDIA GPUs, read with nvidia-smi (no CUDA init here)."""
+    """Names of the visible NVIDIA GPUs, from nvidia-smi."""
     count = gpu_count()
     if not count:
         return []
@@ -55,32 +50,18 @@ class Environment:
     start_method: str
 
     def rows(self) -> list[tuple[str, str]]:
-        gpus = ", ".join(self.gpus) if self.gpus else "none"
-        return [
-            ("running in", self.where),
-            ("python", self.python),
-            ("torch", self.torch),
-            ("os", self.os),
-            ("CPU cores", str(self.cpu_count)),
-            ("GPUs", f"{self.gpu_count} ({gpus})" if self.gpu_count else "0"),
-            ("ranks start by", self.start_method),
-        ]
+        gpus = f"{self.gpu_count} ({', '.join(self.gpus) or 'none'})" if self.gpu_count else "0"
+        return [("running in", self.where), ("python", self.python), ("torch", self.torch), ("os", self.os),
+                ("CPU cores", str(self.cpu_count)), ("GPUs", gpus), ("ranks start by", self.start_method)]
 
 
 def detect() -> Environment:
-    """Read the environment: Colab or not, versions, CPU cores, GPUs."""
     import torch
     names = gpu_names()
-    return Environment(
-        where="Google Colab" if in_colab() else "a local Python (not Colab)",
-        python=platform.python_version(),
-        torch=torch.__version__,
-        os=f"{platform.system()} {platform.machine()}",
-        cpu_count=os.cpu_count() or 1,
-        gpu_count=len(names),
-        gpus=tuple(names),
-        start_method=choose_start_method(),
-    )
+    return Environment(where="Google Colab" if in_colab() else "a local Python (not Colab)",
+                       python=platform.python_version(), torch=torch.__version__,
+                       os=f"{platform.system()} {platform.machine()}", cpu_count=os.cpu_count() or 1,
+                       gpu_count=len(names), gpus=tuple(names), start_method=choose_start_method())
 
 
 def plan(world_sizes=(1, 2, 4, 8)) -> list[tuple[int, str]]:

@@ -1,25 +1,12 @@
 """Printing measured numbers so that a notebook shows the same text on every machine.
 
-float32 results differ in their last digits between machines: the CPU's vector unit
-(AVX2, AVX-512, ARM NEON), the number of threads and the BLAS library's settings all
-change the order in which sums are added. A loss printed as ``4.476453`` on one laptop
-is ``4.476452`` on another, and a difference to a reference, ``1.6e-07`` here, is
-``1.1e-07`` there. So every notebook prints
-
-* exact things exactly: bytes, counts, shapes, parameter counts (ints);
-* a measured float at :data:`SIG` significant digits (a loss: ``4.48``): enough to read
-  and compare by eye, and thousands of times coarser than the noise between machines
-  (~2e-7 relative), so that a value only rarely sits close enough to a rounding boundary
-  to print differently elsewhere (at 4 digits, three of the course's values did: the
-  seed+rank loss 33.454994, and 0.048544962 and 0.24255012 in the hang lab);
-* a difference that should be (nearly) zero as the bound it meets, ``≤ 1e-6 ✓``, not as
-  its raw value;
-* equality of tensors across ranks as a boolean, not as a digest of their bits.
-
-The exact checks (bitwise where they hold, a tolerance elsewhere) live in the tests.
-Bytes and text tables: :func:`fmt_bytes` and :func:`table`, the package's one byte
-formatter and one table renderer (defined in ``theory/text.py`` so that ``theory`` can use
-them too).
+fp32 results differ in their last digits between machines (vector unit, threads, BLAS
+change the order of sums: ``4.476453`` here, ``4.476452`` there). So notebooks print ints
+exactly; a measured float at :data:`SIG` digits, thousands of times coarser than that noise
+(~2e-7 relative; at 4 digits three course values printed differently across machines); a
+near-zero difference as the bound it meets (``≤ 1e-6 ✓``); tensor equality as a boolean.
+The exact checks live in the tests. :func:`fmt_bytes` and :func:`table` live in
+``theory/text.py`` so that ``theory`` can use them too.
 """
 from __future__ import annotations
 
@@ -44,20 +31,16 @@ GRAD_ATOL = 1e-6
 
 
 def _check_real(name: str, value) -> float:
-    if isinstance(value, (bool, str, bytes)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not isinstance(value, (int, float)):
-        try:
-            return float(value)            # a 0-d tensor, a numpy scalar
-        except (TypeError, ValueError):
-            raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
-    return float(value)
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        return float(value)            # also a 0-d tensor, a numpy scalar
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
 
 
 def num(x, sig: int = SIG) -> str:
-    """``x`` at ``sig`` significant digits: ``num(4.4764528) == "4.48"``. A rounded value
-    keeps its trailing zeros (``num(29.965569) == "30.0"``), a value that is exact at
-    ``sig`` digits has none (``num(1.5) == "1.5"``, ``num(0.0) == "0"``)."""
+    """``num(4.4764528) == "4.48"``; a rounded value keeps trailing zeros (``"30.0"``), an exact one none (``"1.5"``)."""
     x = _check_real("x", x)
     if isinstance(sig, bool) or not isinstance(sig, int) or sig < 1:
         raise ValueError(f"sig must be an int >= 1, got {sig!r}")
@@ -83,64 +66,46 @@ def sci(x) -> str:
 
 
 def bound(value, limit) -> str:
-    """``"≤ 1e-6 ✓"`` when ``value <= limit``, else the value and a cross.
-
-    For a difference that should be (nearly) zero: the printed text is the same on every
-    machine as long as the check holds, and shows the number when it does not."""
+    """``"≤ 1e-6 ✓"`` when ``value <= limit`` (the same text on every machine), else the value and a cross."""
     value, limit = _check_real("value", value), _check_real("limit", limit)
-    if value <= limit:
-        return f"≤ {sci(limit)} ✓"
-    return f"= {value:.2g} > {sci(limit)} ✗"
+    return f"≤ {sci(limit)} ✓" if value <= limit else f"= {value:.2g} > {sci(limit)} ✗"
 
 
 def above(value, limit=0.0) -> str:
     """``"> 0 ✓"`` when ``value > limit`` (e.g. bf16 does change the losses), else a cross."""
     value, limit = _check_real("value", value), _check_real("limit", limit)
-    if value > limit:
-        return f"> {sci(limit)} ✓"
-    return f"= {value:.2g} ≤ {sci(limit)} ✗"
+    return f"> {sci(limit)} ✓" if value > limit else f"= {value:.2g} ≤ {sci(limit)} ✗"
 
 
 def near(value, target, tol) -> str:
     """``"0.5 ± 1e-5 ✓"`` when ``|value - target| <= tol``, else the value and a cross."""
-    value, target, tol = (_check_real(n, v) for n, v in
-                          (("value", value), ("target", target), ("tol", tol)))
-    if abs(value - target) <= tol:
-        return f"{sci(target)} ± {sci(tol)} ✓"
-    return f"= {num(value, 7)}, not {sci(target)} ± {sci(tol)} ✗"
+    value, target, tol = _check_real("value", value), _check_real("target", target), _check_real("tol", tol)
+    ok = abs(value - target) <= tol
+    return f"{sci(target)} ± {sci(tol)} ✓" if ok else f"= {num(value, 7)}, not {sci(target)} ± {sci(tol)} ✗"
 
 
 def max_abs_diff(losses, reference) -> float:
-    """``max |a - b|`` over the pairs of ``losses`` and ``reference`` (e.g. a strategy's
-    losses and ``"single"``'s), step by step."""
+    """``max |a - b|`` over the pairs of ``losses`` and ``reference``, step by step."""
     return max(abs(a - b) for a, b in zip(losses, reference))
 
 
 def max_rel_diff(losses, reference) -> float:
-    """``max |a - b| / |b|`` over the pairs of ``losses`` and ``reference`` (the
-    reference in the denominator; 0 where both are 0), step by step."""
+    """``max |a - b| / |b|`` over the pairs, step by step (0 where both are 0)."""
     return max(abs(a - b) / abs(b) if b else (0.0 if a == b else math.inf)
                for a, b in zip(losses, reference))
 
 
-#: What :func:`ratio` prints when a value was not measured (no socket counters on this OS,
-#: or ranks on NCCL, whose traffic no TCP socket carries: ``RunResult.wire_bytes`` is None).
+#: What :func:`ratio` prints without a measurement (no socket counters on this OS, or NCCL).
 NOT_MEASURED = "n/a (not measured here)"
 
 
 def ratio(numerator, denominator, digits: int = 2) -> str:
-    """``numerator / denominator`` at ``digits`` decimals (``"1.50"``), or
-    :data:`NOT_MEASURED` when either is None or the denominator is 0: a notebook line that
-    divides measured bytes reads the same way on every machine that can measure them and
-    does not fail on one that cannot."""
-    if numerator is None or denominator is None or denominator == 0:
-        return NOT_MEASURED
-    return f"{numerator / denominator:.{digits}f}"
+    """``"1.50"``, or :data:`NOT_MEASURED` when either is None or the denominator is 0 (never fails)."""
+    return NOT_MEASURED if numerator is None or not denominator else f"{numerator / denominator:.{digits}f}"
 
 
 def losses_match(losses, reference, rtol: float = LOSS_RTOL) -> str:
-    """``"≤ 1e-6 ✓"``: the largest relative difference of ``losses`` to ``reference``,
-    step by step (:func:`max_rel_diff`), as the bound it meets."""
+    """``"≤ 1e-6 ✓"``: :func:`max_rel_diff` of ``losses`` to ``reference`` as the bound it meets."""
     losses, reference = list(losses), list(reference)
     if len(losses) != len(reference) or not losses:
         raise ValueError(f"need two equally long, non-empty loss lists, got "
@@ -149,13 +114,10 @@ def losses_match(losses, reference, rtol: float = LOSS_RTOL) -> str:
 
 
 def plural(n, noun: str, nouns: str | None = None) -> str:
-    """A count and its noun, in the plural unless the count is 1: ``plural(1, "rank") ==
-    "1 rank"``, ``plural(4, "rank") == "4 ranks"``, ``plural(0, "GPU") == "0 GPUs"``,
-    ``plural(2, "process") == "2 processes"``; ``nouns`` is an irregular plural. Every
-    label and message of the course that counts something says it through this."""
-    if isinstance(n, bool):
-        raise TypeError("n must be a count (an int), got bool")
+    """``"1 rank"``, ``"4 ranks"``, ``"2 processes"``; ``nouns``: an irregular plural. Every count the course prints."""
     try:
+        if isinstance(n, bool):
+            raise TypeError
         n = operator.index(n)              # an int, a numpy or 0-d tensor int; not a float
     except TypeError:
         raise TypeError(f"n must be a count (an int), got {type(n).__name__}") from None
@@ -167,21 +129,13 @@ def plural(n, noun: str, nouns: str | None = None) -> str:
 
 
 def show(value) -> str:
-    """A value a rank returned, for a grader's message: a tensor as
-    ``tensor([0.0485, 0.398], shape=(2,))``, a float as ``0.123`` (at :data:`SIG` digits;
-    whole numbers as they are: ``300.0`` in a list, ``3`` alone), anything else as its
-    ``repr``."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        torch = None
+    """A value a rank returned, for a grader: ``tensor([0.0485, 0.398], shape=(2,))``, floats at :data:`SIG` digits."""
+    import torch
 
     def one(x, whole) -> str:
-        if isinstance(x, float) and not x.is_integer():
-            return num(x)
-        return whole(x)
+        return num(x) if isinstance(x, float) and not x.is_integer() else whole(x)
 
-    if torch is not None and isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):
         if value.numel() == 1 and value.dim() <= 1:
             return f"tensor({one(value.reshape(-1)[0].item(), lambda x: f'{x:g}')})"
         items = ", ".join(one(x, repr) for x in value.reshape(-1).tolist())

@@ -42,7 +42,6 @@ def run_cell(source: str, namespace: dict | None = None):
 
 
 def _travels(value) -> bool:
-    """Whether ``value`` can be copied into a spawned rank."""
     import cloudpickle
     try:
         cloudpickle.dumps(value)
@@ -72,7 +71,6 @@ def ranks(line: str, cell: str, user_ns: dict | None = None):
 
 
 def register(ipython) -> None:
-    """Register ``%%ranks`` in an IPython shell."""
     def _ranks(line, cell):
         ipython.user_ns["result"] = ranks(line, cell, ipython.user_ns)
 

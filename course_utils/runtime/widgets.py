@@ -1,18 +1,16 @@
-"""Displaying an ipywidgets form on both widget stacks learners open: Colab's
-(ipywidgets 7.7, IPython 7.34, ipykernel 6.17) and JupyterLab 4's (ipywidgets 8).
+"""Displaying an ipywidgets form on Colab's ipywidgets 7.7 and JupyterLab 4's ipywidgets 8.
 
-A course widget (a quiz, the calculator, the ring stepper) is an object that owns an
-ipywidgets box and shows, next to the live form, a static form that any frontend can
-draw without a kernel: text, and where useful a PNG or sanitisable HTML. That static form
-is what an untrusted notebook, GitHub, nbval and the offline book show.
-
-ipywidgets 8 gives a widget ``_repr_mimebundle_``; ipywidgets 7 has none and displays
-through ``_ipython_display_``, which would drop the static form. :func:`bundle` builds
-the same mime bundle on both: the widget's view reference plus the static form.
+A course widget owns an ipywidgets box and shows, next to the live form, a static form
+(text, maybe a PNG) for untrusted notebooks, GitHub, nbval and the offline book.
+ipywidgets 7 has no ``_repr_mimebundle_`` (its ``_ipython_display_`` would drop the static
+form): :func:`bundle` builds the same mime bundle on both.
 """
 from __future__ import annotations
 
-__all__ = ["VIEW_MIME", "SUPPORTED_IPYWIDGETS", "bundle", "ipywidgets_major"]
+import base64
+import io
+
+__all__ = ["VIEW_MIME", "SUPPORTED_IPYWIDGETS", "bundle", "ipywidgets_major", "png_b64"]
 
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 #: The ipywidgets versions the course's widgets are written for (pyproject.toml says the same).
@@ -20,19 +18,12 @@ SUPPORTED_IPYWIDGETS = ">=7.7,<9"
 
 
 def ipywidgets_major() -> int:
-    """The installed ipywidgets' major version (7 or 8)."""
     import ipywidgets
-
     return int(ipywidgets.__version__.split(".")[0])
 
 
 def bundle(box, text: str, static: dict | None = None) -> dict:
-    """The mime bundle that shows ``box`` live and ``text`` (plus ``static``: mime type →
-    data, e.g. ``{"image/png": b64}``) wherever widgets cannot render.
-
-    ``box`` is an ipywidgets widget, or None where ipywidgets is missing (then only the
-    static form is returned).
-    """
+    """``box`` live (None: no ipywidgets) and ``text`` plus ``static`` (mime -> data) where widgets cannot render."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     out: dict = {}
@@ -47,3 +38,10 @@ def bundle(box, text: str, static: dict | None = None) -> dict:
     out.update(static or {})
     out["text/plain"] = text
     return out
+
+
+def png_b64(fig) -> str:
+    """A matplotlib figure as base64 PNG at 80 dpi, for a widget's static form."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    return base64.b64encode(buf.getvalue()).decode()
