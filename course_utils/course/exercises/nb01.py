@@ -33,12 +33,10 @@ def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: st
     the input, modified in place, when None) while the ``forbidden`` collectives raise."""
     import torch.distributed as dist
     from ...runtime.launch import rank_device
-
     def refuse(name):
         def blocked(*args, **kwargs):
             raise NotAllowed(f"dist.{name} is not allowed in this exercise: {rule}")
         return blocked
-
     saved = {name: getattr(dist, name) for name in forbidden if hasattr(dist, name)}
     results = []
     for numel in numels:
@@ -71,13 +69,11 @@ def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: 
     tensors = "a tensor" if len(numels) == 1 else "tensors"
     print(f"rank r gets {tensors} of {_sizes(numels)}, 100*(r+1) + i at position i; "
           "the sums are compared exactly:")
-
     def judge(values, rank, n):
         for numel, got in zip(numels, values):
             if why := compare_brief(got, sum(_exercise_input(r, numel) for r in range(n)), atol=0):
                 return f"{numel} elements: {why}", ""
         return "", f"returned the sum ({_sizes(numels)})"
-
     return judge_on_ranks(_run_without, judge, world_sizes=(2, 3, 4), name=name,
                           args=(fn, tuple(numels), forbidden, rule), timeout_s=20)
 

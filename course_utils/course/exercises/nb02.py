@@ -18,7 +18,6 @@ def _grads_with_hook(hook) -> dict:
     """Rank side of :func:`check_grad_average_hook`: this rank's gradients with ``hook`` on
     every parameter, against one process's gradients on the whole batch (course GPT)."""
     from ...harness.model import SyntheticData, build_model
-
     rank, world = dist.get_rank(), dist.get_world_size()
     data = SyntheticData(global_batch=12, seed=0)
     reference = build_model(seed=0)
@@ -43,15 +42,12 @@ def check_grad_average_hook(hook: Callable) -> Verdict:
     if (refused := refuse_non_function(hook, name, "of one parameter")) is not None:
         return refused
     from ...harness.model import warm_up
-
     warm_up()
-
     def judge(v, rank, n):
         diff = f"max |grad - full-batch grad| {bound(v['max_abs_diff'], GRAD_ATOL)}"
         if v["missing"]:
             return f"no gradient for {v['missing'][:2]}", ""
         return ("" if v["max_abs_diff"] <= GRAD_ATOL else diff), f"has {diff}"
-
     return judge_on_ranks(_grads_with_hook, judge, world_sizes=(2, 3, 4), name=name, args=(hook,))
 
 
@@ -65,7 +61,6 @@ def _frozen_model(seed: int):
     """The course GPT (tied embedding and output layer, Ψ = 129,350: not divisible by 3 or
     4) with the first block's first norm frozen."""
     from ...harness.model import build_model
-
     model = build_model(seed=seed)
     model.blocks[0].norm1.requires_grad_(False)
     return model
@@ -74,12 +69,9 @@ def _frozen_model(seed: int):
 def _ddp_on_rank(cls, steps: int = 2) -> list:
     """Rank side of :func:`check_ddp`: per bucket size, the first problem found ('' when
     none) and what was seen (all-reduces per backward, losses)."""
-
-
     from ...harness.experiments import global_loss
     from ...harness.model import SyntheticData
     from ...runtime.ledger import CommLedger
-
     rank, world = dist.get_rank(), dist.get_world_size()
     data = SyntheticData(global_batch=12, seed=0)
     out = []

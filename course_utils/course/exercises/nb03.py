@@ -19,7 +19,6 @@ def check_bytes_per_gpu(fn: Callable) -> Verdict:
     """Exercise 03.1: ``fn(num_params, world_size, stage)`` -> model-state bytes per GPU
     for mixed-precision Adam (2 + 2 + 12 bytes per parameter)."""
     from ...theory.memory import model_states
-
     return grade_cases(fn, _BYTES_CASES,
                        lambda num_params, world_size, stage: model_states(
                            num_params, world_size=world_size, stage=stage).total,
@@ -40,7 +39,6 @@ def smallest_fitting_stage(model: str, gpus: int, gpu_gb: float, micro_batch: in
     """Reference for exercise 03.2: the lowest stage whose per-GPU total (mixed recipe,
     flash attention, no recomputation, no offload) fits in ``gpu_gb`` GB; None if none."""
     from ...theory.memory import GB, per_gpu
-
     for stage in (0, 1, 2, 3):
         m = per_gpu(model, world_size=gpus, stage=stage, micro_batch=micro_batch, seq=seq,
                     attention="flash")

@@ -34,8 +34,6 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
     multiple of the world size), using a reduce-scatter; it must also free every full
     gradient (``p.grad = None``), as ZeRO-2 does. Checked on 2, 3 and 4 ranks with
     buckets of 3 + 4 elements (7: odd) and 5 elements."""
-
-
     name = "reduce_scatter_bucket"
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused

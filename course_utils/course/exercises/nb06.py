@@ -32,13 +32,10 @@ def _alive_after(refs, gc, patience_s: float = 2.0) -> int:
     loaded 2-core machine once took over 1 s). Once a buffer outlived it, later checks in
     this rank wait 0.2 s, so a wrong answer is not graded 2 s per case."""
     import time
-
     global _kept_once
-
     def count():
         gc.collect()
         return sum(1 for ref in refs if ref() is not None and ref().untyped_storage().nbytes() > 0)
-
     deadline = time.monotonic() + (min(patience_s, 0.2) if _kept_once else patience_s)
     alive = count()
     while alive and time.monotonic() < deadline:
@@ -52,16 +49,13 @@ def _alive_after(refs, gc, patience_s: float = 2.0) -> int:
 def _spying_all_gathers(gathered: list):
     """While entered, every all-gather's output tensor(s) go into ``gathered``, weakly."""
     import weakref
-
     import torch.distributed as dist
-
     def spy(original):
         def wrapper(output, *args, **kwargs):
             outs = output if isinstance(output, (list, tuple)) else [output]
             gathered.extend(weakref.ref(t) for t in outs)
             return original(output, *args, **kwargs)
         return wrapper
-
     names = [n for n in ("all_gather_single", "all_gather_into_tensor", "all_gather") if hasattr(dist, n)]
     saved = {n: getattr(dist, n) for n in names}
     try:
@@ -78,9 +72,7 @@ def _zero3_forward_on_rank(fn: Callable) -> str:
     this rank's shard of three odd-sized Linear weights (every rank runs them all, so that
     none waits alone in a collective)."""
     import gc
-
     import torch.distributed as dist
-
     rank, world = dist.get_rank(), dist.get_world_size()
     gathered: list = []
     problems = []
@@ -314,12 +306,9 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
     """Rank side of :func:`check_zero3`: ``[(first problem or '', what was seen)]``. Every
     rank runs every step whatever it found (else the others would wait in a collective)."""
     import gc
-
     import torch.distributed as dist
-
     from ...harness.experiments import global_loss
     from ...runtime.ledger import CommLedger
-
     rank, world = dist.get_rank(), dist.get_world_size()
     ref_units, units = build_units(), build_units()
     ref = nn.Sequential(*ref_units)

@@ -15,7 +15,6 @@ __all__ = ["check_fsdp_wrap", "check_sharded_clip", "check_accumulation"]
 def _grad_problem(got: dict, want: dict, rtol: float = 1e-5, atol: float = 1e-7) -> str:
     """'' when every gradient matches, else the first parameter that differs and by how much."""
     import torch
-
     for name, w in want.items():
         g = got.get(name)
         if g is None:
@@ -30,11 +29,9 @@ def _fsdp_wrap_on_rank(fn: Callable) -> dict:
     """Rank side of :func:`check_fsdp_wrap`."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
-
     from ...harness.experiments import GLOBAL_BATCH, global_loss
     from ...harness.model import SyntheticData, build_model
     from ...runtime.ledger import CommLedger
-
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(seed=0)
     out = fn(model)
@@ -87,10 +84,8 @@ def check_fsdp_wrap(fn: Callable) -> Verdict:
 def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
     """Rank side of :func:`check_sharded_clip`: one FSDP2 backward, then the learner's clipping."""
     import torch.distributed as dist
-
     from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
     from ...harness.model import SyntheticData, build_model
-
     rank, world = dist.get_rank(), dist.get_world_size()
     model, _ = wrap("torch-fsdp", build_model(seed=0), make_adamw)
     x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, rank, world)
@@ -107,7 +102,6 @@ def check_sharded_clip(fn: Callable) -> Verdict:
     to a *global* norm of ``max_norm`` and returns the norm before clipping. Checked on
     2 and 3 ranks against one process clipping the whole gradient (1e-5 relative)."""
     import torch
-
     name = "sharded_clip"
     if (refused := refuse_non_function(fn, name, '(model, max_norm) -> norm')) is not None:
         return refused
@@ -124,7 +118,6 @@ def check_sharded_clip(fn: Callable) -> Verdict:
         if why:
             return f"norm right, clipped gradients differ: {why}", ""
         return "", f"norm {num(v['norm'])} = one process's, gradients scaled by {num(max_norm / norm)}"
-
     return judge_on_ranks(_clip_on_rank, judge, world_sizes=(2, 3), name=name, args=(fn, max_norm),
                           timeout_s=60)
 
@@ -132,11 +125,9 @@ def check_sharded_clip(fn: Callable) -> Verdict:
 def _accumulate_on_rank(fn: Callable, k: int) -> dict:
     """Rank side of :func:`check_accumulation`."""
     import torch.distributed as dist
-
     from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
     from ...harness.model import SyntheticData, build_model
     from ...runtime.ledger import CommLedger
-
     rank, world = dist.get_rank(), dist.get_world_size()
     model, _ = wrap("torch-fsdp", build_model(seed=0), make_adamw)
     x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, rank, world)
@@ -151,7 +142,6 @@ def check_accumulation(fn: Callable) -> Verdict:
     an FSDP2 model with one reduce-scatter per unit, after the last one, and the full-batch
     gradient. Checked on 2 ranks with k = 2 and 3: 5 reduce-scatters, gradients within 1e-5."""
     import torch
-
     name = "accumulation"
     if (refused := refuse_non_function(fn, name, '(model, micro_batches)')) is not None:
         return refused

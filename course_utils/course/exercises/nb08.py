@@ -34,7 +34,6 @@ class Scenario:
     network card (NIC), ``nics_per_node`` None: one NIC per GPU; ``host_mem_gb`` per node.
     :meth:`other_gb` gives the activations + buffers per GPU at micro-batch 1.
     """
-
     name: str
     story: str
     model: str
