@@ -16,8 +16,7 @@ _BYTES_CASES = [
 
 
 def check_bytes_per_gpu(fn: Callable) -> Verdict:
-    """Exercise 03.1: ``fn(num_params, world_size, stage)`` -> model-state bytes per GPU
-    for mixed-precision Adam (2 + 2 + 12 bytes per parameter)."""
+    """Exercise 03.1: ``fn(num_params, world_size, stage)`` -> model-state bytes per GPU (2 + 2 + 12)."""
     from ...theory.memory import model_states
     return grade_cases(fn, _BYTES_CASES,
                        lambda num_params, world_size, stage: model_states(

@@ -1,5 +1,4 @@
-"""Exercises of ``notebooks/05_zero2.ipynb``: a reduce-scatter bucket, then ZeRO-2 built
-from scratch (:func:`check_zero2`, graded by the rank side of notebook 04's ZeRO-1)."""
+"""Exercises of ``notebooks/05_zero2.ipynb``: a reduce-scatter bucket, then ZeRO-2 (nb04's rank side)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -17,7 +16,6 @@ __all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZERO2_BUCKETS"]
 
 
 def _bucket_rank(fn, sizes):
-    """Rank side of :func:`check_reduce_scatter_bucket`."""
     rank = dist.get_rank()
     params = []
     for i, k in enumerate(sizes):
@@ -29,11 +27,8 @@ def _bucket_rank(fn, sizes):
 
 
 def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
-    """Exercise 05.1: ``fn(params)`` -> this rank's shard of the *averaged* gradient of
-    the bucket (the ``.grad`` of ``params`` flattened in order, padded with zeros to a
-    multiple of the world size), using a reduce-scatter; it must also free every full
-    gradient (``p.grad = None``), as ZeRO-2 does. Checked on 2, 3 and 4 ranks with
-    buckets of 3 + 4 elements (7: odd) and 5 elements."""
+    """Exercise 05.1: ``fn(params)`` -> this rank's shard of the bucket's padded, averaged flat
+    gradient (a reduce-scatter), freeing every ``p.grad``; 2, 3 and 4 ranks, buckets [3, 4], [5]."""
     name = "reduce_scatter_bucket"
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
@@ -67,7 +62,6 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
 
 
 # ------------------------------------------------------------ exercise 05.2: build ZeRO-2
-
 #: The bucket sizes the ZeRO-2 grader tries: one bucket per parameter, and 25 MiB.
 ZERO2_BUCKETS = (0, DEFAULT_BUCKET_BYTES)
 
@@ -82,11 +76,7 @@ def _zero2_right(values) -> str:
 
 
 def check_zero2(cls) -> Verdict:
-    """Exercise 05.2: ``cls(params, optimizer_class, bucket_bytes=..., **defaults)`` is
-    ZeRO-2 built from scratch. Checked as :func:`~course_utils.course.exercises.nb04.check_zero1`
-    (2, 3 and 4 ranks, the course GPT with a frozen norm and a tied embedding, two
-    parameter groups, AdamW, two steps), with one bucket per parameter and with 25 MiB
-    buckets, and besides: backward issues one reduce-scatter per bucket (from the hooks)
-    and leaves no full ``.grad``; the shard gradients take 4·P/N bytes. Prints the first
-    thing that differs, per world size."""
+    """Exercise 05.2: ``cls(params, optimizer_class, bucket_bytes=..., **defaults)`` is ZeRO-2,
+    checked as ``check_zero1`` plus: one reduce-scatter per bucket in backward, no full
+    ``.grad`` left, shard gradients of 4·P/N bytes."""
     return grade_build("zero2", "MyZero2", cls, zero_on_rank, ZERO2_BUCKETS, 2, right=_zero2_right)

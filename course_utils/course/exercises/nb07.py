@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+import torch.distributed as dist
+
 from ...harness.experiments import full_grads, reference_grads
 from ...harness.grading import (GRADER_BACKEND, Verdict, judge_on_ranks, launch_or_report, on_world_sizes,
                                 refuse_non_function, report_problems)
@@ -14,7 +17,6 @@ __all__ = ["check_fsdp_wrap", "check_sharded_clip", "check_accumulation"]
 
 def _grad_problem(got: dict, want: dict, rtol: float = 1e-5, atol: float = 1e-7) -> str:
     """'' when every gradient matches, else the first parameter that differs and by how much."""
-    import torch
     for name, w in want.items():
         g = got.get(name)
         if g is None:
@@ -26,8 +28,6 @@ def _grad_problem(got: dict, want: dict, rtol: float = 1e-5, atol: float = 1e-7)
 
 
 def _fsdp_wrap_on_rank(fn: Callable) -> dict:
-    """Rank side of :func:`check_fsdp_wrap`."""
-    import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
     from ...harness.experiments import GLOBAL_BATCH, global_loss
     from ...harness.model import SyntheticData, build_model
@@ -47,9 +47,8 @@ def _fsdp_wrap_on_rank(fn: Callable) -> dict:
 
 
 def check_fsdp_wrap(fn: Callable) -> Verdict:
-    """Exercise 07.1: ``fn(model)`` shards the course GPT with one ``fully_shard`` per block,
-    then one on the root (as FSDP1's ``transformer_auto_wrap_policy``). Checked on 2 and 3
-    ranks: the units, 9 all-gathers in one forward + backward, and one process's loss."""
+    """Exercise 07.1: ``fn(model)``: one ``fully_shard`` per block, then the root; 2 and 3 ranks:
+    the units, 9 all-gathers in one forward + backward, and one process's loss."""
     name = "fsdp_wrap"
     if (refused := refuse_non_function(fn, name, '(model) -> model')) is not None:
         return refused
@@ -82,8 +81,7 @@ def check_fsdp_wrap(fn: Callable) -> Verdict:
 
 
 def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
-    """Rank side of :func:`check_sharded_clip`: one FSDP2 backward, then the learner's clipping."""
-    import torch.distributed as dist
+    """One FSDP2 backward, then the learner's clipping."""
     from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
     from ...harness.model import SyntheticData, build_model
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -98,10 +96,8 @@ def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
 
 
 def check_sharded_clip(fn: Callable) -> Verdict:
-    """Exercise 07.2: ``fn(model, max_norm)`` clips the sharded gradients of an FSDP2 model
-    to a *global* norm of ``max_norm`` and returns the norm before clipping. Checked on
-    2 and 3 ranks against one process clipping the whole gradient (1e-5 relative)."""
-    import torch
+    """Exercise 07.2: ``fn(model, max_norm)`` clips FSDP2 gradients to a *global* norm and returns
+    the norm before clipping; 2 and 3 ranks against one process (1e-5 relative)."""
     name = "sharded_clip"
     if (refused := refuse_non_function(fn, name, '(model, max_norm) -> norm')) is not None:
         return refused
@@ -123,8 +119,6 @@ def check_sharded_clip(fn: Callable) -> Verdict:
 
 
 def _accumulate_on_rank(fn: Callable, k: int) -> dict:
-    """Rank side of :func:`check_accumulation`."""
-    import torch.distributed as dist
     from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
     from ...harness.model import SyntheticData, build_model
     from ...runtime.ledger import CommLedger
@@ -138,10 +132,8 @@ def _accumulate_on_rank(fn: Callable, k: int) -> dict:
 
 
 def check_accumulation(fn: Callable) -> Verdict:
-    """Exercise 07.3: ``fn(model, micro_batches)`` accumulates this rank's micro-batches on
-    an FSDP2 model with one reduce-scatter per unit, after the last one, and the full-batch
-    gradient. Checked on 2 ranks with k = 2 and 3: 5 reduce-scatters, gradients within 1e-5."""
-    import torch
+    """Exercise 07.3: ``fn(model, micro_batches)`` accumulates with one reduce-scatter per unit after
+    the last micro-batch; 2 ranks, k = 2 and 3: 5 reduce-scatters, full-batch gradients (1e-5)."""
     name = "accumulation"
     if (refused := refuse_non_function(fn, name, '(model, micro_batches)')) is not None:
         return refused

@@ -19,10 +19,8 @@ _CASES = [
 
 
 def megatron_states_gb(num_params: float, dp: int, distributed_optimizer: bool) -> float:
-    """Reference: GB (1e9 bytes) per GPU of Megatron-LM's "weight and optimizer" figure for
-    bf16 weights with fp32 gradients: 18 bytes per parameter, or 6 + 12/dp with
-    ``--use-distributed-optimizer`` (bf16 weights and the fp32 gradient buffer stay whole;
-    the fp32 master copy and Adam's two moments are sharded over the dp ranks)."""
+    """Megatron-LM's "weight and optimizer" GB per GPU (bf16 weights, fp32 grads): 18 B per
+    parameter, or 6 + 12/dp with ``--use-distributed-optimizer`` (master copy and moments sharded)."""
     return num_params * ((6 + 12 / dp) if distributed_optimizer else 18) / 1e9
 
 
