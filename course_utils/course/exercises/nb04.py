@@ -19,10 +19,8 @@ __all__ = ["check_zero1", "check_shard_bounds", "check_zero1_step", "SpyAdamW", 
            "params_right"]
 
 
-_SHARD_CASES = [dict(numel=12, world_size=4, rank=0), dict(numel=10, world_size=4, rank=3),
-                dict(numel=10, world_size=4, rank=1), dict(numel=7, world_size=3, rank=2),
-                dict(numel=129350, world_size=3, rank=1), dict(numel=5, world_size=8, rank=7),
-                dict(numel=1, world_size=1, rank=0)]
+_SHARD_CASES = [dict(numel=k, world_size=n, rank=r) for k, n, r in (
+    (12, 4, 0), (10, 4, 3), (10, 4, 1), (7, 3, 2), (129350, 3, 1), (5, 8, 7), (1, 1, 0))]
 
 
 def check_shard_bounds(fn: Callable) -> Verdict:

@@ -8,14 +8,9 @@ from ...harness.grading import Verdict, grade_cases
 __all__ = ["check_megatron_states_gb", "megatron_states_gb"]
 
 #: gpt2-xl as Megatron counts it (its "most loaded shard"), and a 7B model.
-_CASES = [
-    dict(num_params=1_555_356_800, dp=1, distributed_optimizer=False),
-    dict(num_params=1_555_356_800, dp=4, distributed_optimizer=False),
-    dict(num_params=1_555_356_800, dp=4, distributed_optimizer=True),
-    dict(num_params=1_555_356_800, dp=8, distributed_optimizer=True),
-    dict(num_params=7_000_000_000, dp=1, distributed_optimizer=True),
-    dict(num_params=7_000_000_000, dp=64, distributed_optimizer=True),
-]
+_CASES = [dict(num_params=p, dp=dp, distributed_optimizer=d) for p, dp, d in (
+    (1_555_356_800, 1, False), (1_555_356_800, 4, False), (1_555_356_800, 4, True),
+    (1_555_356_800, 8, True), (7_000_000_000, 1, True), (7_000_000_000, 64, True))]
 
 
 def megatron_states_gb(num_params: float, dp: int, distributed_optimizer: bool) -> float:
