@@ -6,7 +6,9 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ...harness.experiments import full_grads, reference_grads
+from ...harness.experiments import GLOBAL_BATCH, full_grads, global_loss, make_adamw, reference_grads, wrap
+from ...harness.model import SyntheticData, build_model
+from ...runtime.ledger import CommLedger
 from ...harness.grading import (GRADER_BACKEND, Verdict, judge_on_ranks, launch_or_report, on_world_sizes,
                                 refuse_non_function, report_problems)
 from ...runtime.launch import where
@@ -29,9 +31,6 @@ def _grad_problem(got: dict, want: dict, rtol: float = 1e-5, atol: float = 1e-7)
 
 def _fsdp_wrap_on_rank(fn: Callable) -> dict:
     from torch.distributed.fsdp import FSDPModule
-    from ...harness.experiments import GLOBAL_BATCH, global_loss
-    from ...harness.model import SyntheticData, build_model
-    from ...runtime.ledger import CommLedger
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(seed=0)
     out = fn(model)
@@ -80,13 +79,15 @@ def check_fsdp_wrap(fn: Callable) -> Verdict:
     return Verdict(name, all_right and runs.completed)
 
 
+def _sharded_gpt_and_batch():
+    model, _ = wrap("torch-fsdp", build_model(seed=0), make_adamw)
+    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, dist.get_rank(), dist.get_world_size())
+    return model, x, y
+
+
 def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
     """One FSDP2 backward, then the learner's clipping."""
-    from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
-    from ...harness.model import SyntheticData, build_model
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model, _ = wrap("torch-fsdp", build_model(seed=0), make_adamw)
-    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, rank, world)
+    model, x, y = _sharded_gpt_and_batch()
     model(x, y).backward()
     norm = fn(model, max_norm)
     if hasattr(norm, "full_tensor"):
@@ -119,12 +120,7 @@ def check_sharded_clip(fn: Callable) -> Verdict:
 
 
 def _accumulate_on_rank(fn: Callable, k: int) -> dict:
-    from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
-    from ...harness.model import SyntheticData, build_model
-    from ...runtime.ledger import CommLedger
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model, _ = wrap("torch-fsdp", build_model(seed=0), make_adamw)
-    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, rank, world)
+    model, x, y = _sharded_gpt_and_batch()
     micro = list(zip(x.chunk(k), y.chunk(k)))
     with CommLedger() as ledger:
         fn(model, micro)
