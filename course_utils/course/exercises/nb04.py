@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ...runtime.launch import where
-from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, grade_cases, launch_or_report,
+from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, grade_cases, on_world_sizes,
                                 refuse_non_function, report_ranks)
 from ...impl.common import make_buckets, storage_bytes
 from ...theory.layout import padded_numel, shard_bounds
@@ -62,18 +62,15 @@ def check_zero1_step(fn: Callable) -> Verdict:
         return refused
     numel, lr = 10, 0.25
     all_right = True
-    for n in (2, 3, 4):
+    for n, values in (runs := on_world_sizes(_zero1_sgd_rank, (2, 3, 4), fn, numel, lr, timeout_s=20,
+                                             quiet=True)):
         padded = padded_numel(numel, n)
         want = _exercise_flat(0, numel, padded, 0.5) - lr * sum(
             _exercise_flat(r, numel, padded, 1.0) for r in range(n)) / n
-        values = launch_or_report(_zero1_sgd_rank, n, fn, numel, lr, timeout_s=20, quiet=True)
-        if values is None:
-            all_right = False
-            continue
         all_right &= report_ranks(f"{where(n, GRADER_BACKEND, backend_first=True)} ({numel} elements "
                                   f"padded to {padded})",
                                   [(_first_difference(got, want, padded // n), "") for got in values])
-    return Verdict(name, all_right)
+    return Verdict(name, all_right and runs.completed)
 
 
 # ------------------------------------------------------------ exercise 04.3: build ZeRO-1

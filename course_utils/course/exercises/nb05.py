@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 
 from ...runtime.launch import where
-from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_build, launch_or_report, refuse_non_function, report_ranks
+from ...harness.grading import (GRADER_BACKEND, Verdict, compare, grade_build, on_world_sizes,
+                                refuse_non_function, report_ranks)
 from ...impl.common import DEFAULT_BUCKET_BYTES
 from ...theory.layout import padded_numel, shard_bounds
 from .nb04 import params_right, zero_on_rank
@@ -15,15 +16,21 @@ from .nb04 import params_right, zero_on_rank
 __all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZERO2_BUCKETS"]
 
 
-def _bucket_rank(fn, sizes):
-    rank = dist.get_rank()
-    params = []
-    for i, k in enumerate(sizes):
-        p = torch.nn.Parameter(torch.zeros(k))
-        p.grad = torch.arange(k, dtype=torch.float32) + 10.0 * (rank + 1) + i
-        params.append(p)
-    shard = fn(params)
-    return shard, [p.grad is None for p in params]
+_BUCKETS = ((3, 4), (5,))
+
+
+def _bucket_grad(rank: int, sizes: tuple):
+    return torch.cat([torch.arange(k, dtype=torch.float32) + 10.0 * (rank + 1) + i for i, k in enumerate(sizes)])
+
+
+def _bucket_rank(fn):
+    out = []
+    for sizes in _BUCKETS:
+        params = [torch.nn.Parameter(torch.zeros(k)) for k in sizes]
+        for p, g in zip(params, _bucket_grad(dist.get_rank(), sizes).split(sizes)):
+            p.grad = g.clone()
+        out.append((fn(params), [p.grad is None for p in params]))
+    return out
 
 
 def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
@@ -33,32 +40,23 @@ def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
     all_right = True
-    for n in (2, 3, 4):
-        per_rank, launched = [""] * n, True
-        for sizes in ((3, 4), (5,)):
+    for n, values in (runs := on_world_sizes(_bucket_rank, (2, 3, 4), fn, timeout_s=20, quiet=True)):
+        per_rank = [""] * n
+        for b, sizes in enumerate(_BUCKETS):
             numel = sum(sizes)
             flat = torch.zeros(padded_numel(numel, n))
-            for r in range(n):
-                flat[:numel] += torch.cat([torch.arange(k, dtype=torch.float32) + 10.0 * (r + 1) + i
-                                           for i, k in enumerate(sizes)])
-            flat /= n
-            values = launch_or_report(_bucket_rank, n, fn, sizes, timeout_s=20, quiet=True)
-            if values is None:
-                launched = False
-                break
-            for rank, (shard, freed) in enumerate(values):
+            flat[:numel] = sum(_bucket_grad(r, sizes) for r in range(n)) / n
+            for rank, per in enumerate(values):
+                shard, freed = per[b]
                 lo, hi = shard_bounds(numel, n, rank)
                 why = compare(shard, flat[lo:hi])
                 if not why and not all(freed):
                     why = "the full gradients were not freed (set p.grad = None)"
                 if why and not per_rank[rank]:
                     per_rank[rank] = f"bucket {list(sizes)}: {why}"
-        if not launched:
-            all_right = False
-            continue
         all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True),
                                   [(why, "buckets [3, 4] and [5] sharded, averaged, freed") for why in per_rank])
-    return Verdict(name, all_right)
+    return Verdict(name, all_right and runs.completed)
 
 
 # ------------------------------------------------------------ exercise 05.2: build ZeRO-2
