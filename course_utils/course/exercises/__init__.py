@@ -1,5 +1,4 @@
-"""The exercises' graders (``check_*``), one module per notebook, on the engine of
-:mod:`course_utils.harness.grading`: each prints what is right and what differs."""
+"""The exercises' graders (``check_*``), one module per notebook, on :mod:`course_utils.harness.grading`."""
 from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_cases, grade_on_ranks
 from .nb00 import check_gather_squares, check_rank_sum
 from .nb01 import NotAllowed, check_all_reduce_from_rs_ag, check_ring_all_reduce

@@ -76,14 +76,12 @@ def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: 
 
 
 def check_all_reduce_from_rs_ag(fn: Callable) -> Verdict:
-    """Exercise 01.1: ``fn(tensor)`` all-reduces (sums) from a reduce-scatter and an all-gather;
-    2, 3 and 4 ranks, 10 elements (pad, then strip), exactly."""
+    """Exercise 01.1: an all-reduce from a reduce-scatter and an all-gather (10 elements: pad, strip)."""
     return _grade_sums(fn, numels=(10,), forbidden=_NOT_IN_RS_AG, name="all_reduce_from_rs_ag",
                        rule="use only reduce-scatter and all-gather")
 
 
 def check_ring_all_reduce(fn: Callable) -> Verdict:
-    """Exercise 01.2: ``fn(tensor)`` sums over ranks with a ring of send/recv; 2, 3 and 4 ranks,
-    5, 7 and 13 elements, exactly (5 on 4 ranks catches ``tensor.chunk(n)`` without padding)."""
+    """Exercise 01.2: a ring all-reduce (5 elements on 4 ranks catch ``chunk(n)`` without padding)."""
     return _grade_sums(fn, numels=(5, 7, 13), forbidden=_NOT_IN_RING, name="ring_all_reduce",
                        rule="use only send/recv (or isend/irecv) between neighbours")

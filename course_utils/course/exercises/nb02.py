@@ -32,8 +32,7 @@ def _grads_with_hook(hook) -> dict:
 
 
 def check_grad_average_hook(hook: Callable) -> Verdict:
-    """Exercise 02.1: ``hook(param)`` (a post-accumulate-grad hook) leaves the global batch's
-    gradient in ``param.grad``; 2, 3 and 4 ranks against one process, to 1e-6."""
+    """Exercise 02.1: a post-accumulate-grad hook leaves the global batch's gradient in ``.grad``."""
     name = "grad_average_hook"
     if (refused := refuse_non_function(hook, name, "of one parameter")) is not None:
         return refused

@@ -27,8 +27,7 @@ _FIT_CASES = [dict(zip(("model", "gpus", "gpu_gb", "micro_batch", "seq"), case))
 
 
 def smallest_fitting_stage(model: str, gpus: int, gpu_gb: float, micro_batch: int, seq: int):
-    """Reference for exercise 03.2: the lowest stage whose per-GPU total (mixed recipe,
-    flash attention, no recomputation, no offload) fits in ``gpu_gb`` GB; None if none."""
+    """Reference for 03.2: the lowest stage that fits (mixed, flash attention, no recompute or offload)."""
     from ...theory.memory import GB, per_gpu
     return next((stage for stage in range(4) if per_gpu(
         model, world_size=gpus, stage=stage, micro_batch=micro_batch, seq=seq, attention="flash"

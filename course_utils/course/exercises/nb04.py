@@ -55,8 +55,7 @@ def _zero1_sgd_rank(fn, numel: int, lr: float):
 
 
 def check_zero1_step(fn: Callable) -> Verdict:
-    """Exercise 04.2: ``fn(flat_param, flat_grad, lr)``: one ZeRO-1 SGD step on padded flat tensors,
-    checked on 2, 3 and 4 ranks against ``p - lr * mean over ranks of g``."""
+    """Exercise 04.2: ``fn(flat_param, flat_grad, lr)``, a ZeRO-1 SGD step: ``p - lr * mean g``."""
     name = "zero1_step"
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused

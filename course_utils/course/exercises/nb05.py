@@ -34,8 +34,7 @@ def _bucket_rank(fn):
 
 
 def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
-    """Exercise 05.1: ``fn(params)`` -> this rank's shard of the bucket's padded, averaged flat
-    gradient (a reduce-scatter), freeing every ``p.grad``; 2, 3 and 4 ranks, buckets [3, 4], [5]."""
+    """Exercise 05.1: ``fn(params)`` -> this rank's shard of the averaged bucket; frees ``p.grad``."""
     name = "reduce_scatter_bucket"
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused

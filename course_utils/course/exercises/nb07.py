@@ -46,8 +46,7 @@ def _fsdp_wrap_on_rank(fn: Callable) -> dict:
 
 
 def check_fsdp_wrap(fn: Callable) -> Verdict:
-    """Exercise 07.1: ``fn(model)``: one ``fully_shard`` per block, then the root; 2 and 3 ranks:
-    the units, 9 all-gathers in one forward + backward, and one process's loss."""
+    """Exercise 07.1: ``fn(model)``: one ``fully_shard`` per block, then the root."""
     name = "fsdp_wrap"
     if (refused := refuse_non_function(fn, name, '(model) -> model')) is not None:
         return refused
@@ -97,8 +96,7 @@ def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
 
 
 def check_sharded_clip(fn: Callable) -> Verdict:
-    """Exercise 07.2: ``fn(model, max_norm)`` clips FSDP2 gradients to a *global* norm and returns
-    the norm before clipping; 2 and 3 ranks against one process (1e-5 relative)."""
+    """Exercise 07.2: clip FSDP2 gradients to a *global* norm, return the norm before clipping."""
     name = "sharded_clip"
     if (refused := refuse_non_function(fn, name, '(model, max_norm) -> norm')) is not None:
         return refused
@@ -128,8 +126,7 @@ def _accumulate_on_rank(fn: Callable, k: int) -> dict:
 
 
 def check_accumulation(fn: Callable) -> Verdict:
-    """Exercise 07.3: ``fn(model, micro_batches)`` accumulates with one reduce-scatter per unit after
-    the last micro-batch; 2 ranks, k = 2 and 3: 5 reduce-scatters, full-batch gradients (1e-5)."""
+    """Exercise 07.3: accumulate micro-batches with one reduce-scatter per unit, after the last."""
     name = "accumulation"
     if (refused := refuse_non_function(fn, name, '(model, micro_batches)')) is not None:
         return refused

@@ -1,5 +1,4 @@
-"""The capstone of ``notebooks/08_beyond_one_box.ipynb``: ``choose(scenario) -> (choice,
-gb_per_gpu)`` for three clusters, graded against the planner."""
+"""The capstone of ``notebooks/08_beyond_one_box.ipynb``: ``choose(scenario) -> (choice, gb)``."""
 from __future__ import annotations
 
 import dataclasses
