@@ -104,10 +104,9 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                                                              "one bucket holds the whole model"))
             seen["losses"].append(global_loss(loss))
             seen["ref_losses"].append(ref_loss.item())
-            opt.step()
-            ref_opt.step()
-            opt.zero_grad()
-            ref_opt.zero_grad()
+            for o in (opt, ref_opt):
+                o.step()
+                o.zero_grad()
         if hasattr(ddp, "remove_hooks"):
             ddp.remove_hooks()
         out.append((problem, seen))

@@ -317,10 +317,9 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
                    for p in model.parameters()):                          # a null pointer
                 return [(problem or "optimizer.step() would update a freed parameter that still has a "
                          ".grad: set each parameter's .grad to None once reduce-scattered", seen)]
-            opt.step()
-            ref_opt.step()
-            opt.zero_grad()
-            ref_opt.zero_grad()
+            for o in (opt, ref_opt):
+                o.step()
+                o.zero_grad()
             problem = problem or _at_rest_problem(
                 model, wrapped, rank, shard_bytes + frozen, "at rest after a step",
                 "free the full buffer once the unit's gradient is reduce-scattered")
