@@ -6,9 +6,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ...runtime.launch import where
-from ...harness.grading import (GRADER_BACKEND, Verdict, compare, grade_build, on_world_sizes,
-                                refuse_non_function, report_ranks)
+from ...harness.grading import Verdict, compare, grade_build, judge_on_ranks, refuse_non_function
 from ...impl.common import DEFAULT_BUCKET_BYTES
 from ...theory.layout import padded_numel, shard_bounds
 from .nb04 import params_right, zero_on_rank
@@ -33,29 +31,24 @@ def _bucket_rank(fn):
     return out
 
 
+def _judge_bucket(per, rank, n):
+    for (shard, freed), sizes in zip(per, _BUCKETS):
+        numel = sum(sizes)
+        flat = torch.zeros(padded_numel(numel, n))
+        flat[:numel] = sum(_bucket_grad(r, sizes) for r in range(n)) / n
+        lo, hi = shard_bounds(numel, n, rank)
+        if why := compare(shard, flat[lo:hi]) or (
+                "" if all(freed) else "the full gradients were not freed (set p.grad = None)"):
+            return f"bucket {list(sizes)}: {why}", ""
+    return "", "buckets [3, 4] and [5] sharded, averaged, freed"
+
+
 def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
     """Exercise 05.1: ``fn(params)`` -> this rank's shard of the averaged bucket; frees ``p.grad``."""
     name = "reduce_scatter_bucket"
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
-    all_right = True
-    for n, values in (runs := on_world_sizes(_bucket_rank, (2, 3, 4), fn, timeout_s=20, quiet=True)):
-        per_rank = [""] * n
-        for b, sizes in enumerate(_BUCKETS):
-            numel = sum(sizes)
-            flat = torch.zeros(padded_numel(numel, n))
-            flat[:numel] = sum(_bucket_grad(r, sizes) for r in range(n)) / n
-            for rank, per in enumerate(values):
-                shard, freed = per[b]
-                lo, hi = shard_bounds(numel, n, rank)
-                why = compare(shard, flat[lo:hi])
-                if not why and not all(freed):
-                    why = "the full gradients were not freed (set p.grad = None)"
-                if why and not per_rank[rank]:
-                    per_rank[rank] = f"bucket {list(sizes)}: {why}"
-        all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True),
-                                  [(why, "buckets [3, 4] and [5] sharded, averaged, freed") for why in per_rank])
-    return Verdict(name, all_right and runs.completed)
+    return judge_on_ranks(_bucket_rank, _judge_bucket, world_sizes=(2, 3, 4), name=name, args=(fn,), timeout_s=20)
 
 
 # ------------------------------------------------------------ exercise 05.2: build ZeRO-2

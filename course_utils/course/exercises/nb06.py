@@ -13,10 +13,8 @@ from torch import nn
 
 from ...impl.common import flatten_and_pad, storage_bytes, trainable
 from ...theory.layout import padded_numel
-from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, on_world_sizes, refuse_non_function,
-                                report_ranks)
+from ...harness.grading import Verdict, grade_build, judge_on_ranks, refuse_non_function
 from ...runtime.fmt import bound
-from ...runtime.launch import where
 
 __all__ = ["check_zero3_forward", "check_zero3", "build_units", "zero3_on_rank"]
 
@@ -98,12 +96,8 @@ def check_zero3_forward(fn: Callable) -> Verdict:
     name = "zero3_forward"
     if (refused := refuse_non_function(fn, name, '(shard, numel, shape, x)')) is not None:
         return refused
-    all_right = True
-    for n, problems in (runs := on_world_sizes(_zero3_forward_on_rank, (2, 3, 4), fn, timeout_s=30,
-                                                   quiet=True)):
-        all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True),
-                                  [(p, "gathered, computed, freed for 3 weights") for p in problems])
-    return Verdict(name, all_right and runs.completed)
+    return judge_on_ranks(_zero3_forward_on_rank, lambda p, rank, n: (p, "gathered, computed, freed for 3 weights"),
+                          world_sizes=(2, 3, 4), name=name, args=(fn,), timeout_s=30)
 
 
 # ------------------------------------------------------------------ exercise 06.2: build ZeRO-3
