@@ -8,30 +8,22 @@ from course_utils.runtime.launch import launch
 
 
 class NoDivide(DataParallel):
-    """Sums the gradients and forgets to divide by N."""
-
     def __init__(self, module, bucket_bytes):
         super().__init__(module, bucket_bytes=bucket_bytes)
         self.world_size = 1
 
 
 class NoBroadcast(DataParallel):
-    """Every rank keeps its own initial weights."""
-
     def _broadcast_from_rank0(self):
         pass
 
 
 class AveragesInStep(DataParallel):
-    """The hooks do nothing; the averaging would only happen if someone called it later."""
-
     def _on_grad(self, p):
         pass
 
 
 class IgnoresBuckets(DataParallel):
-    """One all-reduce per parameter whatever bucket_bytes says."""
-
     def __init__(self, module, bucket_bytes):
         super().__init__(module, bucket_bytes=0)
 

@@ -39,8 +39,6 @@ def _floor_bounds(numel, world_size, rank):
 
 
 class _NoPadding(_Patched):
-    """Flat buffers of exactly Ψ elements, shards of floor(Ψ/N)."""
-
     PATCHES = {"flatten_and_pad": _unpadded, "shard_bounds": _floor_bounds}
 
 
@@ -64,8 +62,6 @@ class NoPadding1(_NoPadding, Zero1):
 
 
 class FullState(Zero1):
-    """The inner optimizer steps the whole flat buffer: its states are not sharded."""
-
     def _make_bucket(self, params):
         bucket = super()._make_bucket(params)
         bucket.shard = nn.Parameter(bucket.flat)
@@ -79,16 +75,12 @@ class _Done:
 
 
 class NoAllGather(Zero1):
-    """Steps its shard and never all-gathers the others'."""
-
     def step(self, closure=None):
         with mock.patch.object(zero, "all_gather_into_tensor", lambda *a, **k: _Done()):
             return super().step(closure)
 
 
 class IgnoresGroups(Zero1):
-    """The inner groups never get their group's hyperparameters (the defaults apply)."""
-
     @staticmethod
     def _hyper(group):
         return {}
@@ -116,8 +108,6 @@ class NoPadding2(_NoPadding, Zero2):
 
 
 class KeepsGrads(Zero2):
-    """Copies each bucket into its message and keeps the full gradients."""
-
     def _launch(self):
         bucket = self.buckets[self.next]
         kept = [p.grad for p in bucket.params]

@@ -84,8 +84,6 @@ class Solution(nn.Module):
 
 
 class NoPadding(Solution):
-    """Chunks of numel // N elements: the remainder is lost."""
-
     def __init__(self, module):
         super().__init__(module)
         size = sum(p.numel() for p in self.params) // self.world
@@ -93,8 +91,6 @@ class NoPadding(Solution):
 
 
 class KeepsChunk0(Solution):
-    """Every rank keeps the first chunk."""
-
     def __init__(self, module):
         super().__init__(module)
         self.gather()
@@ -104,24 +100,18 @@ class KeepsChunk0(Solution):
 
 
 class AllReduces(Solution):
-    """All-reduces the whole flat gradient, then keeps its own chunk."""
-
     def _reduce_scatter(self, mine, flat):
         dist.all_reduce(flat)
         mine.copy_(flat.view(self.world, -1)[self.rank])
 
 
 class NoDivide(Solution):
-    """Keeps the SUM of the ranks' gradients."""
-
     def reduce_scatter(self):
         super().reduce_scatter()
         self.shard.grad *= self.world
 
 
 class NeverFreesAfterForward(Solution):
-    """Keeps the gathered parameters from forward to backward."""
-
     def forward(self, *args):
         self.gather()
         out = self.module(*args)
@@ -130,8 +120,6 @@ class NeverFreesAfterForward(Solution):
 
 
 class NoRegather(Solution):
-    """Frees after forward and never gathers again: backward meets 0-byte weights."""
-
     def forward(self, *args):
         self.gather()
         out = self.module(*args)
@@ -140,16 +128,12 @@ class NoRegather(Solution):
 
 
 class GathersTwice(Solution):
-    """Two all-gathers each time the unit is needed."""
-
     def gather(self):
         super().gather()
         super().gather()
 
 
 class KeepsFullGrads(Solution):
-    """Reduce-scatters, then puts the full gradients back."""
-
     def reduce_scatter(self):
         grads = [q.grad for q in self.params]
         super().reduce_scatter()

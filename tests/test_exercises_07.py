@@ -33,10 +33,9 @@ def local_clip(model, max_norm):
 
 
 def accumulate(model, micro):
-    k = len(micro)
     for i, (x, y) in enumerate(micro):
-        model.set_requires_gradient_sync(i == k - 1)
-        (model(x, y) / k).backward()
+        model.set_requires_gradient_sync(i == len(micro) - 1)
+        (model(x, y) / len(micro)).backward()
 
 
 def accumulate_syncing_every_time(model, micro):

@@ -1,9 +1,4 @@
-"""The exercises' graders (``check_*``), one module per notebook (``nb00`` ... ``nb09``):
-each runs the learner's function on real ranks (or on cases, for plain arithmetic),
-compares with the expected answer and prints, in a few lines, what is right and what
-differs. The engine they share is :mod:`course_utils.harness.grading`; every grader is
-importable from here (``from course_utils.course.exercises import check_rank_sum``).
-"""
+"""The exercises' graders (``check_*``), one module per notebook, on :mod:`course_utils.harness.grading`."""
 from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_cases, grade_on_ranks
 from .nb00 import check_gather_squares, check_rank_sum
 from .nb01 import NotAllowed, check_all_reduce_from_rs_ag, check_ring_all_reduce

@@ -17,7 +17,6 @@ def check_rank_sum(fn: Callable) -> Verdict:
 def check_gather_squares(fn: Callable) -> Verdict:
     """Exercise 00.2: every rank returns the tensor [(r + 1)**2 for r in ranks]."""
     import torch
-
     return grade_on_ranks(
         fn, lambda r, n: torch.tensor([float((i + 1) ** 2) for i in range(n)]),
         world_sizes=(3, 4), name="gather_squares")

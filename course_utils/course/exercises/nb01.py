@@ -1,4 +1,4 @@
-"""Exercises of ``notebooks/01_collectives.ipynb``: all-reduce from reduce-scatter + all-gather, and a ring all-reduce."""
+"""Exercises of ``notebooks/01_collectives.ipynb``: all-reduce from RS + AG, and a ring all-reduce."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -29,16 +29,13 @@ def _exercise_input(rank: int, numel: int, device=None):
 
 
 def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: str) -> list:
-    """Rank side: per size in ``numels``, what ``fn`` returned for this rank's input (or
-    the input, modified in place, when None) while the ``forbidden`` collectives raise."""
+    """Per size, what ``fn`` returned (or its input, when None) while ``forbidden`` collectives raise."""
     import torch.distributed as dist
     from ...runtime.launch import rank_device
-
     def refuse(name):
         def blocked(*args, **kwargs):
             raise NotAllowed(f"dist.{name} is not allowed in this exercise: {rule}")
         return blocked
-
     saved = {name: getattr(dist, name) for name in forbidden if hasattr(dist, name)}
     results = []
     for numel in numels:
@@ -58,50 +55,33 @@ def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: st
     return results
 
 
-def _sizes(numels: Sequence[int]) -> str:
-    """``"5, 7 and 13 elements"``."""
+def _sizes(numels: Sequence[int]) -> str:        # "5, 7 and 13 elements"
     words = [str(k) for k in numels]
     return (", ".join(words[:-1]) + " and " if len(words) > 1 else "") + f"{words[-1]} elements"
 
 
 def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: str, name: str) -> Verdict:
-    """Grade ``fn(tensor) -> all-reduced tensor`` on 2, 3 and 4 ranks, all ``numels`` in one launch."""
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
     tensors = "a tensor" if len(numels) == 1 else "tensors"
     print(f"rank r gets {tensors} of {_sizes(numels)}, 100*(r+1) + i at position i; "
           "the sums are compared exactly:")
-
     def judge(values, rank, n):
         for numel, got in zip(numels, values):
             if why := compare_brief(got, sum(_exercise_input(r, numel) for r in range(n)), atol=0):
                 return f"{numel} elements: {why}", ""
         return "", f"returned the sum ({_sizes(numels)})"
-
     return judge_on_ranks(_run_without, judge, world_sizes=(2, 3, 4), name=name,
                           args=(fn, tuple(numels), forbidden, rule), timeout_s=20)
 
 
 def check_all_reduce_from_rs_ag(fn: Callable) -> Verdict:
-    """Exercise 01.1: ``fn(tensor)`` returns the all-reduce (sum over ranks) of ``tensor``,
-    built from a reduce-scatter and an all-gather only.
-
-    Checked on 2, 3 and 4 ranks with 10 elements (not a multiple of 3 or 4: pad, then
-    strip). The results are compared exactly: the inputs are small integers in float32.
-    ``dist.all_reduce`` and the other collectives raise :class:`NotAllowed` meanwhile.
-    """
+    """Exercise 01.1: an all-reduce from a reduce-scatter and an all-gather (10 elements: pad, strip)."""
     return _grade_sums(fn, numels=(10,), forbidden=_NOT_IN_RS_AG, name="all_reduce_from_rs_ag",
                        rule="use only reduce-scatter and all-gather")
 
 
 def check_ring_all_reduce(fn: Callable) -> Verdict:
-    """Exercise 01.2: ``fn(tensor)`` sums ``tensor`` over ranks with a ring of
-    ``dist.send``/``dist.recv`` (or ``isend``/``irecv``); return the tensor (in place is fine).
-
-    Checked on 2, 3 and 4 ranks with 5, 7 and 13 elements (not multiples of the world
-    size; 5 on 4 ranks also catches ``tensor.chunk(n)`` without padding, which then
-    returns fewer than n chunks), exactly. Every collective raises :class:`NotAllowed`
-    meanwhile.
-    """
+    """Exercise 01.2: a ring all-reduce (5 elements on 4 ranks catch ``chunk(n)`` without padding)."""
     return _grade_sums(fn, numels=(5, 7, 13), forbidden=_NOT_IN_RING, name="ring_all_reduce",
                        rule="use only send/recv (or isend/irecv) between neighbours")

@@ -1,5 +1,4 @@
-"""Exercises of ``notebooks/02_data_parallelism.ipynb``: a gradient-averaging hook, then
-DDP built from scratch (:func:`check_ddp`)."""
+"""Exercises of ``notebooks/02_data_parallelism.ipynb``: a gradient-averaging hook, then DDP."""
 from __future__ import annotations
 
 import copy
@@ -15,10 +14,8 @@ __all__ = ["check_grad_average_hook", "check_ddp", "first_problem", "DDP_BUCKETS
 
 
 def _grads_with_hook(hook) -> dict:
-    """Rank side of :func:`check_grad_average_hook`: this rank's gradients with ``hook`` on
-    every parameter, against one process's gradients on the whole batch (course GPT)."""
+    """This rank's gradients with ``hook`` on every parameter vs one process's on the whole batch."""
     from ...harness.model import SyntheticData, build_model
-
     rank, world = dist.get_rank(), dist.get_world_size()
     data = SyntheticData(global_batch=12, seed=0)
     reference = build_model(seed=0)
@@ -35,23 +32,17 @@ def _grads_with_hook(hook) -> dict:
 
 
 def check_grad_average_hook(hook: Callable) -> Verdict:
-    """Exercise 02.1: ``hook(param)``, registered with ``register_post_accumulate_grad_hook``
-    on every parameter, must leave ``param.grad`` equal to the gradient of the global batch
-    (the average over ranks). Checked on 2, 3 and 4 ranks against one process, to 1e-6;
-    one line per world size."""
+    """Exercise 02.1: a post-accumulate-grad hook leaves the global batch's gradient in ``.grad``."""
     name = "grad_average_hook"
     if (refused := refuse_non_function(hook, name, "of one parameter")) is not None:
         return refused
     from ...harness.model import warm_up
-
     warm_up()
-
     def judge(v, rank, n):
         diff = f"max |grad - full-batch grad| {bound(v['max_abs_diff'], GRAD_ATOL)}"
         if v["missing"]:
             return f"no gradient for {v['missing'][:2]}", ""
         return ("" if v["max_abs_diff"] <= GRAD_ATOL else diff), f"has {diff}"
-
     return judge_on_ranks(_grads_with_hook, judge, world_sizes=(2, 3, 4), name=name, args=(hook,))
 
 
@@ -62,32 +53,25 @@ DDP_BUCKETS = (0, 25 * 2**20)
 
 
 def _frozen_model(seed: int):
-    """The course GPT (tied embedding and output layer, Ψ = 129,350: not divisible by 3 or
-    4) with the first block's first norm frozen."""
+    """The course GPT (tied embedding, Ψ = 129,350) with the first block's first norm frozen."""
     from ...harness.model import build_model
-
     model = build_model(seed=seed)
     model.blocks[0].norm1.requires_grad_(False)
     return model
 
 
 def _ddp_on_rank(cls, steps: int = 2) -> list:
-    """Rank side of :func:`check_ddp`: per bucket size, the first problem found ('' when
-    none) and what was seen (all-reduces per backward, losses)."""
-
-
+    """Rank side of :func:`check_ddp`: per bucket size, (first problem or '', what was seen)."""
     from ...harness.experiments import global_loss
     from ...harness.model import SyntheticData
     from ...runtime.ledger import CommLedger
-
     rank, world = dist.get_rank(), dist.get_world_size()
     data = SyntheticData(global_batch=12, seed=0)
     out = []
     for bucket_bytes in DDP_BUCKETS:
         ref = _frozen_model(seed=100)                  # rank 0's start, which every rank must take
         model = _frozen_model(seed=100 + rank)          # every rank starts elsewhere
-        trained = [n for n, p in ref.named_parameters() if p.requires_grad]
-        expected_calls = len(trained) if bucket_bytes == 0 else 1
+        expected_calls = sum(p.requires_grad for p in ref.parameters()) if bucket_bytes == 0 else 1
         seen = {"bucket_bytes": bucket_bytes, "calls": None, "losses": [], "ref_losses": []}
         try:
             ddp = cls(model, bucket_bytes=bucket_bytes)
@@ -101,7 +85,6 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                        "parameter and buffer from rank 0 in __init__")
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
         ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.5)
-        # not experiments.train: the grader compares gradients between backward and step
         for step in range(steps):       # every rank runs every step (a rank that stopped early
             x, y = data.shard(step, rank, world)    # would leave the others in a collective)
             local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
@@ -121,10 +104,9 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                                                              "one bucket holds the whole model"))
             seen["losses"].append(global_loss(loss))
             seen["ref_losses"].append(ref_loss.item())
-            opt.step()
-            ref_opt.step()
-            opt.zero_grad()
-            ref_opt.zero_grad()
+            for o in (opt, ref_opt):
+                o.step()
+                o.zero_grad()
         if hasattr(ddp, "remove_hooks"):
             ddp.remove_hooks()
         out.append((problem, seen))
@@ -132,8 +114,7 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
 
 
 def _grad_problem(model, ref, local, world: int) -> str:
-    """'' when every trainable ``.grad`` of ``model`` is ``ref``'s (the global batch's), else
-    what is wrong with the first one that is not (``local``: this rank's own gradients)."""
+    """'' or what is wrong with the first ``.grad`` that is not ``ref``'s (``local``: this rank's own)."""
     grads, own = dict(model.named_parameters()), dict(local.named_parameters())
     for name, q in ref.named_parameters():
         p = grads[name]
@@ -158,13 +139,9 @@ def _grad_problem(model, ref, local, world: int) -> str:
 
 
 def check_ddp(cls) -> Verdict:
-    """Exercise 02.2: ``cls(module, bucket_bytes=...)`` is data parallelism built from
-    scratch. Checked on 2, 3 and 4 gloo ranks (Ψ = 129,350, not divisible by 3 or 4; a tied
-    embedding; a frozen norm), with one bucket per parameter and with 25 MiB buckets, two
-    SGD steps: the ranks start from rank 0's weights; when ``loss.backward()`` returns each
-    trainable ``.grad`` is the gradient of the global batch (one process, 1e-4 relative);
-    frozen parameters get none; one all-reduce per bucket; the losses follow one process.
-    Prints the first thing that differs, per world size."""
+    """Exercise 02.2: ``cls(module, bucket_bytes=...)`` is DDP, checked on 2, 3 and 4 ranks with
+    per-parameter and 25 MiB buckets, two SGD steps against one process: broadcast start,
+    averaged gradients when backward returns, none for frozen parameters, one all-reduce per bucket."""
     return grade_build("ddp", "MyDDP", cls, _ddp_on_rank, right=_ddp_right)
 
 

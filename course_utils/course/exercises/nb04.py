@@ -1,6 +1,4 @@
-"""Exercises of ``notebooks/04_zero1.ipynb``: shard bounds, a ZeRO-1 step, then ZeRO-1
-built from scratch (:func:`check_zero1`, whose rank side :func:`zero_on_rank` also grades
-notebook 05's ZeRO-2)."""
+"""Exercises of ``notebooks/04_zero1.ipynb``; :func:`zero_on_rank` also grades notebook 05's ZeRO-2."""
 from __future__ import annotations
 
 import copy
@@ -11,40 +9,34 @@ import torch
 import torch.distributed as dist
 
 from ...runtime.launch import where
-from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, grade_cases, launch_or_report,
+from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, grade_cases, on_world_sizes,
                                 refuse_non_function, report_ranks)
 from ...impl.common import make_buckets, storage_bytes
 from ...theory.layout import padded_numel, shard_bounds
-from ...runtime.fmt import bound
-from ...runtime.fmt import show as _show
+from ...runtime.fmt import bound, show as _show
 
 __all__ = ["check_zero1", "check_shard_bounds", "check_zero1_step", "SpyAdamW", "zero_on_rank",
            "params_right"]
 
 
-_SHARD_CASES = [dict(numel=12, world_size=4, rank=0), dict(numel=10, world_size=4, rank=3),
-                dict(numel=10, world_size=4, rank=1), dict(numel=7, world_size=3, rank=2),
-                dict(numel=129350, world_size=3, rank=1), dict(numel=5, world_size=8, rank=7),
-                dict(numel=1, world_size=1, rank=0)]
+_SHARD_CASES = [dict(numel=k, world_size=n, rank=r) for k, n, r in (
+    (12, 4, 0), (10, 4, 3), (10, 4, 1), (7, 3, 2), (129350, 3, 1), (5, 8, 7), (1, 1, 0))]
 
 
 def check_shard_bounds(fn: Callable) -> Verdict:
-    """Exercise 04.1: ``fn(numel, world_size, rank)`` -> ``(start, stop)`` of rank's shard
-    of a flat buffer of ``numel`` elements padded to a multiple of ``world_size``
-    (all shards equal, :func:`course_utils.theory.layout.shard_bounds`)."""
-    def as_tuple(numel, world_size, rank):
-        return tuple(fn(numel=numel, world_size=world_size, rank=rank))
-
-    return grade_cases(as_tuple, _SHARD_CASES, shard_bounds, name="shard_bounds")
+    """Exercise 04.1: ``fn(numel, world_size, rank)`` -> ``(start, stop)`` of rank's padded shard."""
+    return grade_cases(lambda numel, world_size, rank: tuple(fn(numel=numel, world_size=world_size, rank=rank)),
+                       _SHARD_CASES, shard_bounds, name="shard_bounds")
 
 
-def _exercise_flat(rank: int, numel: int, salt: float):
-    """Rank r's flat gradient: small integers + salt, exact in float32 sums."""
-    return (torch.arange(numel, dtype=torch.float32) % 7 + (rank + 1) * salt)
+def _exercise_flat(rank: int, numel: int, padded: int, salt: float):
+    """Small integers + salt (exact in float32 sums), zero past ``numel``."""
+    flat = torch.arange(padded, dtype=torch.float32) % 7 + (rank + 1) * salt
+    flat[numel:] = 0
+    return flat
 
 
 def _first_difference(got, want, shard: int) -> str:
-    """Where two flat tensors first differ, and whose shard that position is in."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return f"expected a tensor of shape {tuple(want.shape)}, got {_show(got)[:80]}"
     bad = (got - want).abs() > 1e-6
@@ -56,64 +48,41 @@ def _first_difference(got, want, shard: int) -> str:
 
 
 def _zero1_sgd_rank(fn, numel: int, lr: float):
-    """Rank side of :func:`check_zero1_step`."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    padded = padded_numel(numel, n)
-    flat_param = _exercise_flat(0, padded, 0.5)
-    flat_param[numel:] = 0
-    flat_grad = _exercise_flat(rank, padded, 1.0)
-    flat_grad[numel:] = 0
-    out = fn(flat_param, flat_grad, lr)
+    padded = padded_numel(numel, dist.get_world_size())
+    flat_param = _exercise_flat(0, numel, padded, 0.5)
+    out = fn(flat_param, _exercise_flat(dist.get_rank(), numel, padded, 1.0), lr)
     return flat_param if out is None else out
 
 
 def check_zero1_step(fn: Callable) -> Verdict:
-    """Exercise 04.2: ``fn(flat_param, flat_grad, lr)``: one ZeRO-1 step with plain SGD.
-    Both tensors are padded to a multiple of the world size; reduce-scatter the gradient,
-    average it, update only this rank's shard (``p -= lr * g``), all-gather the shards
-    into ``flat_param`` (return it, or update it in place). Checked on 2, 3 and 4 ranks
-    against ``p - lr * mean over ranks of g``; the first differing element is named."""
+    """Exercise 04.2: ``fn(flat_param, flat_grad, lr)``, a ZeRO-1 SGD step: ``p - lr * mean g``."""
     name = "zero1_step"
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
     numel, lr = 10, 0.25
     all_right = True
-    for n in (2, 3, 4):
+    for n, values in (runs := on_world_sizes(_zero1_sgd_rank, (2, 3, 4), fn, numel, lr, timeout_s=20,
+                                             quiet=True)):
         padded = padded_numel(numel, n)
-        want = _exercise_flat(0, padded, 0.5)
-        want[numel:] = 0
-        mean = sum(_exercise_flat(r, padded, 1.0) for r in range(n)) / n
-        mean[numel:] = 0
-        want = want - lr * mean
-        values = launch_or_report(_zero1_sgd_rank, n, fn, numel, lr, timeout_s=20, quiet=True)
-        if values is None:
-            all_right = False
-            continue
+        want = _exercise_flat(0, numel, padded, 0.5) - lr * sum(
+            _exercise_flat(r, numel, padded, 1.0) for r in range(n)) / n
         all_right &= report_ranks(f"{where(n, GRADER_BACKEND, backend_first=True)} ({numel} elements "
                                   f"padded to {padded})",
                                   [(_first_difference(got, want, padded // n), "") for got in values])
-    return Verdict(name, all_right)
-
+    return Verdict(name, all_right and runs.completed)
 
 
 # ------------------------------------------------------------ exercise 04.3: build ZeRO-1
-# The rank side below grades ZeRO-1 (check_zero1) and ZeRO-2 (nb05.check_zero2): the
-# learner's optimizer over the course GPT (a frozen norm, a tied embedding) with two
-# parameter groups, and AdamW inside, next to torch's AdamW on one process.
-
-#: AdamW of the build graders; weight decay on the matrices (group 0) only. Group 0 holds
-#: 126,650 trainable elements, group 1 2,600: padding matters on 3 and 4 ranks. A small
-#: lr and an eps of 1e-6 keep AdamW's first steps (about lr·sign(g) per element, however
-#: small g) from amplifying the rounding of near-zero gradients summed in another order:
-#: the parameters then agree with one process to 1e-6.
+#: AdamW of the build graders (ZeRO-1 and ZeRO-2); weight decay on the matrices (group 0:
+#: 126,650 elements; group 1: 2,600). A small lr and eps 1e-6 keep AdamW's first steps
+#: (about lr·sign(g), however small g) from amplifying the rounding of near-zero gradients
+#: summed in another order: the parameters then agree with one process to 1e-6.
 LR, BETAS, EPS, DECAY = 1e-4, (0.9, 0.95), 1e-6, (0.1, 0.0)
 
 
 class SpyAdamW(torch.optim.AdamW):
-    """torch's AdamW, passed as ``optimizer_class`` by the graders: at every ``step()`` it
-    records what it was given (its parameters' gradients, their bytes, each parameter's
-    ``lr`` and ``weight_decay``) and the bytes of its state afterwards."""
-
+    """torch's AdamW that records, at every ``step()``, its gradients, their bytes, each
+    parameter's ``lr`` and ``weight_decay``, and its state's bytes afterwards."""
     made: list = []                     # the instances built in this process, in order
 
     def __init__(self, *args, **kwargs):
@@ -135,14 +104,12 @@ class SpyAdamW(torch.optim.AdamW):
 
 
 def _state_of(opt: torch.optim.Optimizer) -> int:
-    """Bytes of ``opt``'s state tensors (one process's AdamW: m, v and a step counter each)."""
     return storage_bytes([v for s in opt.state.values() for v in s.values()
                           if isinstance(v, torch.Tensor)], set())
 
 
 def _groups(model) -> list[dict]:
-    """The two parameter groups of the graders (the frozen norm is in group 1, as
-    ``model.parameters()`` would put it: the optimizer must leave it alone)."""
+    """Matrices, then vectors (with the frozen norm: the optimizer must leave it alone)."""
     named = list(model.named_parameters())
     return [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": DECAY[0]},
             {"params": [p for _, p in named if p.dim() < 2], "weight_decay": DECAY[1]}]
@@ -150,16 +117,14 @@ def _groups(model) -> list[dict]:
 
 @dataclasses.dataclass
 class _Flat:
-    """A flat buffer the learner made, found from its shard (an inner parameter)."""
-
-    names: list          # the model's parameters in it, in buffer order
-    offsets: list        # where each starts in the buffer
-    numel: int           # Ψ_b
-    padded: int          # P_b
-    group: int           # the parameter group it belongs to
+    """A learner's flat buffer, found from its shard: names, offsets, Ψ_b, P_b, group."""
+    names: list
+    offsets: list
+    numel: int
+    padded: int
+    group: int
 
     def full(self, tensors: dict) -> torch.Tensor:
-        """The P_b-element buffer this layout makes of ``tensors`` (name -> tensor)."""
         flat = torch.zeros(self.padded)
         for name, off in zip(self.names, self.offsets):
             t = tensors[name]
@@ -168,14 +133,11 @@ class _Flat:
         return flat
 
 
-def _n_times_state(n: int) -> str:
-    return f"holds {n}× the state: the inner optimizer must see only this rank's shard"
+_N_TIMES = "holds {}× the state: the inner optimizer must see only this rank's shard"
 
 
 def _layout(model, groups: list, n: int, rank: int, expected_buckets: int, how: str) -> tuple[str, list]:
-    """('', the flat buffers, in the inner optimizer's parameter order) when the inner
-    optimizer was built once over this rank's shards of padded flat buffers that the
-    model's parameters are views of, else (what is wrong, [])."""
+    """('', flat buffers in inner-optimizer order) or (what is wrong, [])."""
     if not SpyAdamW.made:
         return ("__init__ did not build optimizer_class: build it once, over this rank's shards, "
                 "one inner group per parameter group"), []
@@ -186,7 +148,7 @@ def _layout(model, groups: list, n: int, rank: int, expected_buckets: int, how: 
     shards = [q for g in SpyAdamW.made[0].param_groups for q in g["params"]]
     if any(q is p for q in shards for p in named.values()) or \
             sum(q.numel() for q in shards) >= sum(p.numel() for p in trained.values()) > 0:
-        return f"{_n_times_state(n)} (it was given the full parameters)", []
+        return f"{_N_TIMES.format(n)} (it was given the full parameters)", []
     group_of = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
     by_storage: dict = {}
     for name, p in named.items():
@@ -214,7 +176,7 @@ def _layout(model, groups: list, n: int, rank: int, expected_buckets: int, how: 
                     f"({padded:,}): pad it with zeros, so that every rank's shard has P/N = "
                     f"{padded // n:,} elements"), []
         if q.numel() == padded and n > 1:
-            return f"{_n_times_state(n)} (it was given a whole flat buffer)", []
+            return f"{_N_TIMES.format(n)} (it was given a whole flat buffer)", []
         if q.numel() != padded // n:
             return (f"this rank's shard has {q.numel():,} elements, expected P/N = {padded // n:,} "
                     f"(Ψ = {numel:,} padded to P = {padded:,})"), []
@@ -234,8 +196,6 @@ def _layout(model, groups: list, n: int, rank: int, expected_buckets: int, how: 
 
 
 def _hyper_problem(flats: list, got: list, lrs: list, when: str) -> str:
-    """'' when the inner optimizer steps each shard with its group's ``lr`` and
-    ``weight_decay`` (``got``: (lr, weight_decay) per shard; ``lrs``: per group)."""
     for f, (lr, decay) in zip(flats, got):
         if decay != DECAY[f.group]:
             return (f"{when}the inner optimizer has weight_decay={decay:g} for group {f.group}'s shard, "
@@ -249,8 +209,6 @@ def _hyper_problem(flats: list, got: list, lrs: list, when: str) -> str:
 
 
 def _grad_problem(flats: list, grads: list, ref: dict, own: dict, n: int, rank: int) -> str:
-    """'' when each shard's gradient at the inner step is its slice of the padded flat
-    gradient of the global batch (``ref``), else what it is instead (``own``: this rank's)."""
     for f, g in zip(flats, grads):
         size = f.padded // n
         want_all = f.full(ref)
@@ -277,8 +235,6 @@ def _grad_problem(flats: list, grads: list, ref: dict, own: dict, n: int, rank: 
 
 
 def _param_problem(flats: list, model, ref, before: dict, n: int, rank: int, step: int) -> tuple[str, float]:
-    """('' or what differs, the largest |parameter - one process's|) after a step
-    (``before``: the model's parameters before it)."""
     got, want = dict(model.named_parameters()), dict(ref.named_parameters())
     worst = 0.0
     for name, q in want.items():
@@ -305,8 +261,6 @@ def _param_problem(flats: list, model, ref, before: dict, n: int, rank: int, ste
 
 
 def _comm_problem(counts: dict, buckets: int) -> str:
-    """'' when one step (backward and ``step()``) issued one reduce-scatter and one
-    all-gather per flat buffer and no all-reduce."""
     rs, ag, ar = (counts.get(op, 0) for op in ("reduce_scatter", "all_gather", "all_reduce"))
     if ar:
         return (f"{ar} all-reduces per step: the same numbers, but an all-reduce sends twice the "
@@ -320,7 +274,6 @@ def _comm_problem(counts: dict, buckets: int) -> str:
 
 
 def _backward_problem(bw_counts: dict, model, buckets: int) -> str:
-    """ZeRO-2: '' when backward reduce-scattered every bucket and freed every full ``.grad``."""
     rs = bw_counts.get("reduce_scatter", 0)
     if rs == 0:
         return ("no reduce-scatter while backward ran: reduce-scatter from the hooks, during "
@@ -335,31 +288,19 @@ def _backward_problem(bw_counts: dict, model, buckets: int) -> str:
     return ""
 
 
-def _anyone(flag: bool) -> bool:
-    """True on every rank when ``flag`` is True on some rank (a collective)."""
-    t = torch.tensor([float(flag)])
-    dist.all_reduce(t)
-    return t.item() > 0
-
-
-def _expected_buckets(groups: list, bucket_bytes) -> int:
-    return sum(len(make_buckets([p for p in g["params"] if p.requires_grad], bucket_bytes)) for g in groups)
-
-
 def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
-    """One configuration of :func:`zero_on_rank`."""
     from ...harness.model import SyntheticData
     from ...theory.zero import expected_state_bytes
     from ...runtime.ledger import CommLedger
     from .nb02 import _frozen_model
-
     rank, n = dist.get_rank(), dist.get_world_size()
     data = SyntheticData(global_batch=12, seed=0)
     ref, model = _frozen_model(seed=100), _frozen_model(seed=100)
     ref_opt = torch.optim.AdamW(_groups(ref), lr=LR, betas=BETAS, eps=EPS)
     groups = _groups(model)
     options = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
-    buckets = _expected_buckets(groups, bucket_bytes)
+    buckets = sum(len(make_buckets([p for p in g["params"] if p.requires_grad], bucket_bytes))
+                  for g in groups)
     how = ("one per trainable parameter with bucket_bytes=0" if bucket_bytes == 0 else
            "one per parameter group (each group fits in one bucket)")
     seen = {"bucket_bytes": bucket_bytes, "worst": 0.0, "rs_in_backward": None}
@@ -379,10 +320,11 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
     problem = problem or _hyper_problem(flats, [(g["lr"], g["weight_decay"])
                                                 for g in SpyAdamW.made[0].param_groups
                                                 for _ in g["params"]], [LR, LR], "after __init__, ")
-    if _anyone(bool(problem)):          # every rank stops here, none waits in a collective
+    anyone = torch.tensor([float(bool(problem))])
+    dist.all_reduce(anyone)
+    if anyone.item() > 0:               # every rank stops here, none waits in a collective
         return problem, seen
     inner = SpyAdamW.made[0]
-    # not experiments.train: the grader compares gradients between backward and step
     for step in range(steps):           # every rank runs every step
         x, y = data.shard(step, rank, n)
         local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
@@ -417,8 +359,10 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
                                                 {name: p.grad for name, p in ref.named_parameters()},
                                                 own, n, rank)
                        or _state_problem(record["state_bytes"], want_state["optimizer"], n)
-                       or (_grad_bytes_problem(record["grad_bytes"], want_state["grads"])
-                           if stage == 2 else "")
+                       or (f"the shard gradients take {record['grad_bytes']:,} B, expected 4·P/N = "
+                           f"{want_state['grads']:,} B: keep one P/N-element gradient buffer per "
+                           "bucket, not a full-size one"
+                           if stage == 2 and record["grad_bytes"] > want_state["grads"] else "")
                        or _hyper_problem(flats, record["hyper"],
                                          [g["lr"] for g in ref_opt.param_groups], f"step {step + 1}: "))
         found, worst = _param_problem(flats, model, ref, before, n, rank, step)
@@ -435,48 +379,30 @@ def _state_problem(got: int, want: int, n: int) -> str:
     if got == want:
         return ""
     if n > 1 and got >= 0.9 * n * want:
-        return f"{_n_times_state(n)} ({got:,} B, expected 8·P/N + 4 per shard = {want:,} B)"
+        return f"{_N_TIMES.format(n)} ({got:,} B, expected 8·P/N + 4 per shard = {want:,} B)"
     return (f"the inner optimizer holds {got:,} B of state after step(), expected 8·P/N + 4 per "
             f"shard = {want:,} B")
 
 
-def _grad_bytes_problem(got: int, want: int) -> str:
-    if got <= want:
-        return ""
-    return (f"the shard gradients take {got:,} B, expected 4·P/N = {want:,} B: keep one "
-            "P/N-element gradient buffer per bucket, not a full-size one")
-
-
 def zero_on_rank(cls, bucket_sizes: tuple, stage: int, steps: int = 2) -> list:
-    """Rank side of :func:`check_zero1` (``stage=1``, ``bucket_sizes=(None,)``: no
-    ``bucket_bytes`` argument) and of ``nb05.check_zero2`` (``stage=2``): per bucket size,
-    the first problem found ('' when none) and what was seen."""
+    """Rank side of ZeRO-1 (``bucket_sizes=(None,)``) and ZeRO-2: [(problem or '', seen)]."""
     return [_zero_run(cls, b, stage, steps) for b in bucket_sizes]
 
 
 def params_right(values) -> str:
-    """The end of every success line: the parameters after the steps."""
     worst = max(seen["worst"] for per in values for _, seen in per)
     return f"parameters = one process after 2 steps (|diff| {bound(worst, 1e-5)})"
 
 
 def _zero1_right(values) -> str:
     seen = values[0][0][1]
-    b = seen["buckets"]
-    return (f"AdamW state 1/N (rank 0: 8·P/N + {4 * b} = {seen['state']:,} B, one process "
+    return (f"AdamW state 1/N (rank 0: 8·P/N + {4 * seen['buckets']} = {seen['state']:,} B, one process "
             f"{seen['full_state']:,} B), per step {seen['counts']['reduce_scatter']} reduce-scatters + "
             f"{seen['counts']['all_gather']} all-gathers, {params_right(values)}")
 
 
 def check_zero1(cls) -> Verdict:
-    """Exercise 04.3: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1 built from
-    scratch, a ``torch.optim.Optimizer``. Checked on 2, 3 and 4 gloo ranks with the course
-    GPT (a frozen norm, a tied embedding), two parameter groups (weight decay 0.1 on the
-    matrices, 0.0 on the vectors: 126,650 and 2,600 elements, not all divisible by 3 or 4)
-    and AdamW, two steps, the learning rate halved between them: the inner optimizer is
-    built once over this rank's shards of padded flat buffers (its state 8·P/N + 4 bytes
-    per shard), each shard's gradient at the inner step is its slice of the global batch's
-    averaged gradient, each group keeps its hyperparameters, one reduce-scatter and one
-    all-gather per flat buffer and step, and the parameters follow one process's AdamW.
-    Prints the first thing that differs, per world size."""
+    """Exercise 04.3: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1, checked on 2, 3
+    and 4 ranks (course GPT, two groups, AdamW, two steps, lr halved between) against one
+    process: inner optimizer over shards, gradients, hyperparameters, collectives, parameters."""
     return grade_build("zero1", "MyZero1", cls, zero_on_rank, (None,), 1, right=_zero1_right)

@@ -1,5 +1,4 @@
-"""Exercises of ``notebooks/05_zero2.ipynb``: a reduce-scatter bucket, then ZeRO-2 built
-from scratch (:func:`check_zero2`, graded by the rank side of notebook 04's ZeRO-1)."""
+"""Exercises of ``notebooks/05_zero2.ipynb``: a reduce-scatter bucket, then ZeRO-2 (nb04's rank side)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -7,8 +6,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ...runtime.launch import where
-from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_build, launch_or_report, refuse_non_function, report_ranks
+from ...harness.grading import Verdict, compare, grade_build, judge_on_ranks, refuse_non_function
 from ...impl.common import DEFAULT_BUCKET_BYTES
 from ...theory.layout import padded_numel, shard_bounds
 from .nb04 import params_right, zero_on_rank
@@ -16,60 +14,44 @@ from .nb04 import params_right, zero_on_rank
 __all__ = ["check_zero2", "check_reduce_scatter_bucket", "ZERO2_BUCKETS"]
 
 
-def _bucket_rank(fn, sizes):
-    """Rank side of :func:`check_reduce_scatter_bucket`."""
-    rank = dist.get_rank()
-    params = []
-    for i, k in enumerate(sizes):
-        p = torch.nn.Parameter(torch.zeros(k))
-        p.grad = torch.arange(k, dtype=torch.float32) + 10.0 * (rank + 1) + i
-        params.append(p)
-    shard = fn(params)
-    return shard, [p.grad is None for p in params]
+_BUCKETS = ((3, 4), (5,))
+
+
+def _bucket_grad(rank: int, sizes: tuple):
+    return torch.cat([torch.arange(k, dtype=torch.float32) + 10.0 * (rank + 1) + i for i, k in enumerate(sizes)])
+
+
+def _bucket_rank(fn):
+    out = []
+    for sizes in _BUCKETS:
+        params = [torch.nn.Parameter(torch.zeros(k)) for k in sizes]
+        for p, g in zip(params, _bucket_grad(dist.get_rank(), sizes).split(sizes)):
+            p.grad = g.clone()
+        out.append((fn(params), [p.grad is None for p in params]))
+    return out
+
+
+def _judge_bucket(per, rank, n):
+    for (shard, freed), sizes in zip(per, _BUCKETS):
+        numel = sum(sizes)
+        flat = torch.zeros(padded_numel(numel, n))
+        flat[:numel] = sum(_bucket_grad(r, sizes) for r in range(n)) / n
+        lo, hi = shard_bounds(numel, n, rank)
+        if why := compare(shard, flat[lo:hi]) or (
+                "" if all(freed) else "the full gradients were not freed (set p.grad = None)"):
+            return f"bucket {list(sizes)}: {why}", ""
+    return "", "buckets [3, 4] and [5] sharded, averaged, freed"
 
 
 def check_reduce_scatter_bucket(fn: Callable) -> Verdict:
-    """Exercise 05.1: ``fn(params)`` -> this rank's shard of the *averaged* gradient of
-    the bucket (the ``.grad`` of ``params`` flattened in order, padded with zeros to a
-    multiple of the world size), using a reduce-scatter; it must also free every full
-    gradient (``p.grad = None``), as ZeRO-2 does. Checked on 2, 3 and 4 ranks with
-    buckets of 3 + 4 elements (7: odd) and 5 elements."""
-
-
+    """Exercise 05.1: ``fn(params)`` -> this rank's shard of the averaged bucket; frees ``p.grad``."""
     name = "reduce_scatter_bucket"
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
-    all_right = True
-    for n in (2, 3, 4):
-        per_rank, launched = [""] * n, True
-        for sizes in ((3, 4), (5,)):
-            numel = sum(sizes)
-            flat = torch.zeros(padded_numel(numel, n))
-            for r in range(n):
-                flat[:numel] += torch.cat([torch.arange(k, dtype=torch.float32) + 10.0 * (r + 1) + i
-                                           for i, k in enumerate(sizes)])
-            flat /= n
-            values = launch_or_report(_bucket_rank, n, fn, sizes, timeout_s=20, quiet=True)
-            if values is None:
-                launched = False
-                break
-            for rank, (shard, freed) in enumerate(values):
-                lo, hi = shard_bounds(numel, n, rank)
-                why = compare(shard, flat[lo:hi])
-                if not why and not all(freed):
-                    why = "the full gradients were not freed (set p.grad = None)"
-                if why and not per_rank[rank]:
-                    per_rank[rank] = f"bucket {list(sizes)}: {why}"
-        if not launched:
-            all_right = False
-            continue
-        all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True),
-                                  [(why, "buckets [3, 4] and [5] sharded, averaged, freed") for why in per_rank])
-    return Verdict(name, all_right)
+    return judge_on_ranks(_bucket_rank, _judge_bucket, world_sizes=(2, 3, 4), name=name, args=(fn,), timeout_s=20)
 
 
 # ------------------------------------------------------------ exercise 05.2: build ZeRO-2
-
 #: The bucket sizes the ZeRO-2 grader tries: one bucket per parameter, and 25 MiB.
 ZERO2_BUCKETS = (0, DEFAULT_BUCKET_BYTES)
 
@@ -84,11 +66,7 @@ def _zero2_right(values) -> str:
 
 
 def check_zero2(cls) -> Verdict:
-    """Exercise 05.2: ``cls(params, optimizer_class, bucket_bytes=..., **defaults)`` is
-    ZeRO-2 built from scratch. Checked as :func:`~course_utils.course.exercises.nb04.check_zero1`
-    (2, 3 and 4 ranks, the course GPT with a frozen norm and a tied embedding, two
-    parameter groups, AdamW, two steps), with one bucket per parameter and with 25 MiB
-    buckets, and besides: backward issues one reduce-scatter per bucket (from the hooks)
-    and leaves no full ``.grad``; the shard gradients take 4·P/N bytes. Prints the first
-    thing that differs, per world size."""
+    """Exercise 05.2: ``cls(params, optimizer_class, bucket_bytes=..., **defaults)`` is ZeRO-2,
+    checked as ``check_zero1`` plus: one reduce-scatter per bucket in backward, no full
+    ``.grad`` left, shard gradients of 4·P/N bytes."""
     return grade_build("zero2", "MyZero2", cls, zero_on_rank, ZERO2_BUCKETS, 2, right=_zero2_right)

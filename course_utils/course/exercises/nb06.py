@@ -1,44 +1,35 @@
-"""Exercises of ``notebooks/06_zero3.ipynb``: a ZeRO-3 linear forward, then a ZeRO-3 flat
-unit built from scratch (:func:`check_zero3`)."""
+"""Exercises of ``notebooks/06_zero3.ipynb``: a ZeRO-3 linear forward, then a ZeRO-3 flat unit."""
 from __future__ import annotations
 
 import contextlib
+import gc
+import time
+import weakref
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ...impl.common import flatten_and_pad, storage_bytes, trainable
 from ...theory.layout import padded_numel
-from ...harness.grading import (GRADER_BACKEND, Verdict, grade_build, on_world_sizes, refuse_non_function,
-                                report_ranks)
+from ...harness.grading import Verdict, grade_build, judge_on_ranks, refuse_non_function
 from ...runtime.fmt import bound
-from ...runtime.launch import where
 
 __all__ = ["check_zero3_forward", "check_zero3", "build_units", "zero3_on_rank"]
-
-
-def _zero3_weight(numel: int):
-    """The full weight of exercise 06.1 (flat, unpadded): the same on every rank."""
-    return (torch.arange(numel, dtype=torch.float32) % 7 - 3) / 4
 
 
 _kept_once = False      # in this rank: a buffer already outlived the full patience
 
 
-def _alive_after(refs, gc, patience_s: float = 2.0) -> int:
+def _alive_after(refs, patience_s: float = 2.0) -> int:
     """How many weakly referenced gathered buffers still hold memory after ``patience_s``
-    (gloo's worker thread may hold an output a moment after the collective returns; a
-    loaded 2-core machine once took over 1 s). Once a buffer outlived it, later checks in
-    this rank wait 0.2 s, so a wrong answer is not graded 2 s per case."""
-    import time
-
+    (gloo's worker thread may hold an output a moment after the collective returns; a loaded
+    2-core machine once took over 1 s). After one outlived it, this rank waits only 0.2 s."""
     global _kept_once
-
     def count():
         gc.collect()
         return sum(1 for ref in refs if ref() is not None and ref().untyped_storage().nbytes() > 0)
-
     deadline = time.monotonic() + (min(patience_s, 0.2) if _kept_once else patience_s)
     alive = count()
     while alive and time.monotonic() < deadline:
@@ -51,17 +42,12 @@ def _alive_after(refs, gc, patience_s: float = 2.0) -> int:
 @contextlib.contextmanager
 def _spying_all_gathers(gathered: list):
     """While entered, every all-gather's output tensor(s) go into ``gathered``, weakly."""
-    import weakref
-
-    import torch.distributed as dist
-
     def spy(original):
         def wrapper(output, *args, **kwargs):
             outs = output if isinstance(output, (list, tuple)) else [output]
             gathered.extend(weakref.ref(t) for t in outs)
             return original(output, *args, **kwargs)
         return wrapper
-
     names = [n for n in ("all_gather_single", "all_gather_into_tensor", "all_gather") if hasattr(dist, n)]
     saved = {n: getattr(dist, n) for n in names}
     try:
@@ -74,67 +60,48 @@ def _spying_all_gathers(gathered: list):
 
 
 def _zero3_forward_on_rank(fn: Callable) -> str:
-    """Rank side of :func:`check_zero3_forward`: the first problem ('' if none) of ``fn`` on
-    this rank's shard of three odd-sized Linear weights (every rank runs them all, so that
-    none waits alone in a collective)."""
-    import gc
-
-    import torch.distributed as dist
-
+    """First problem ('' if none) on three odd-sized weights; every rank runs all three."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    gathered: list = []
-    problems = []
+    gathered, problem = [], ""
     with _spying_all_gathers(gathered):
         for shape in ((3, 5), (4, 7), (2, 9)):
             numel = shape[0] * shape[1]
-            shard, flat = _shard_of([_zero3_weight(numel)], rank, world)
+            shard, flat = _shard_of([(torch.arange(numel, dtype=torch.float32) % 7 - 3) / 4], rank, world)
             x = torch.linspace(-1, 1, 2 * shape[1]).reshape(2, shape[1]) + rank
             want = x @ flat[:numel].view(shape).T
             gathered.clear()
             with torch.no_grad():
                 got = fn(shard.clone(), numel, shape, x)
-            alive = _alive_after(gathered, gc)
+            alive = _alive_after(gathered)
             bad = ((got - want).abs() > 1e-5).nonzero() if isinstance(got, torch.Tensor) and \
                 got.shape == want.shape else None
             if bad is None:
                 got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-                problems.append(f"returned {got}, expected a tensor of shape {tuple(want.shape)}")
+                why = f"returned {got}, expected a tensor of shape {tuple(want.shape)}"
             elif len(bad):
                 i, j = bad[0].tolist()
-                problems.append(f"first difference at out[{i}, {j}]: got {got[i, j].item():.6g}, "
-                                f"expected {want[i, j].item():.6g}")
+                why = (f"first difference at out[{i}, {j}]: got {got[i, j].item():.6g}, "
+                       f"expected {want[i, j].item():.6g}")
             elif len(gathered) != 1:
-                problems.append(f"{len(gathered)} all-gathers, expected exactly 1 (gather the whole flat "
-                                "weight at once)")
-            elif alive:
-                problems.append("the gathered weight is still alive after forward; ZeRO-3 frees it (do not "
-                                "keep it in a global or attribute)")
+                why = f"{len(gathered)} all-gathers, expected exactly 1 (gather the whole flat weight at once)"
             else:
-                continue
-            problems[-1] = f"weight {shape}: {problems[-1]}"
-    return problems[0] if problems else ""
+                why = alive and ("the gathered weight is still alive after forward; ZeRO-3 frees it (do "
+                                 "not keep it in a global or attribute)")
+            problem = problem or (why and f"weight {shape}: {why}")
+    return problem
 
 
 def check_zero3_forward(fn: Callable) -> Verdict:
-    """Exercise 06.1: ``fn(shard, numel, shape, x)`` is a ZeRO-3 Linear forward (no bias):
-    ``shard`` is this rank's chunk of the weight flattened and zero-padded to a multiple of
-    the world size; ``fn`` must all-gather the full flat weight (one collective), drop the
-    padding, view it as ``shape``, return ``x @ W.T`` and keep nothing of the gathered
-    buffer. Checked on 2, 3 and 4 ranks with 15-, 28- and 18-element weights, to 1e-5."""
+    """Exercise 06.1: one all-gather, ``x @ W.T``, nothing gathered kept (to 1e-5)."""
     name = "zero3_forward"
     if (refused := refuse_non_function(fn, name, '(shard, numel, shape, x)')) is not None:
         return refused
-    all_right = True
-    for n, problems in (runs := on_world_sizes(_zero3_forward_on_rank, (2, 3, 4), fn, timeout_s=30,
-                                                   quiet=True)):
-        findings = [(p, "gathered, computed, freed for 3 weights") for p in problems]
-        all_right &= report_ranks(where(n, GRADER_BACKEND, backend_first=True), findings)
-    return Verdict(name, all_right and runs.completed)
+    return judge_on_ranks(_zero3_forward_on_rank, lambda p, rank, n: (p, "gathered, computed, freed for 3 weights"),
+                          world_sizes=(2, 3, 4), name=name, args=(fn,), timeout_s=30)
 
 
 # ------------------------------------------------------------------ exercise 06.2: build ZeRO-3
-
-#: The build exercise's global batch (it divides by 2, 3 and 4), SGD learning rate and steps.
+#: Global batch (divides by 2, 3 and 4), SGD learning rate and steps of exercise 06.2.
 BUILD_BATCH, BUILD_LR, BUILD_STEPS = 12, 0.5, 2
 
 
@@ -151,9 +118,8 @@ class _TiedTwice(nn.Module):
 
 
 def build_units() -> list[nn.Module]:
-    """The three units of exercise 06.2, the same on every rank: ``Linear(4, 7)`` + tanh (35
-    trainable elements); a LayerNorm with a frozen weight and ``Linear(7, 5)`` (47); a
-    ``Linear(5, 5)`` weight used twice with two biases (35): none divides by 2, 3 or 4."""
+    """Exercise 06.2's units, the same on every rank: 35, 47 (a frozen norm weight) and 35
+    (a tied weight) trainable elements, none divisible by 2, 3 or 4."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
         units = [nn.Sequential(nn.Linear(4, 7), nn.Tanh()),
@@ -164,19 +130,12 @@ def build_units() -> list[nn.Module]:
     return units
 
 
-def _build_batch(step: int):
-    """Inputs (12 x 4) and targets (12 x 5) of step ``step``: the global batch."""
-    g = torch.Generator().manual_seed(1000 + step)
-    return torch.randn(BUILD_BATCH, 4, generator=g), torch.randn(BUILD_BATCH, 5, generator=g)
-
-
 def _close(got, want) -> bool:
-    """Equal up to float32 sums split differently (ranks, shards): the build grader's tolerance."""
+    """Equal up to float32 sums split differently (ranks, shards)."""
     return torch.allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 def _shard_of(tensors, rank: int, world: int):
-    """Chunk ``rank`` of ``tensors`` flattened and zero-padded to a multiple of ``world``."""
     flat = flatten_and_pad([t.detach() for t in tensors], world)
     return flat.view(world, -1)[rank], flat
 
@@ -186,7 +145,6 @@ def _held_bytes(tensors) -> int:
 
 
 def _size_hint(unit: nn.Module, got: int, world: int) -> str:
-    """Why a shard has ``got`` elements, not 1/N of the padded trainable numel."""
     numel = sum(p.numel() for p in trainable(unit))
     padded = padded_numel(numel, world)
     every = sum(p.numel() for p in unit.parameters())
@@ -203,8 +161,6 @@ def _size_hint(unit: nn.Module, got: int, world: int) -> str:
 
 
 def _shard_problem(wrapped, units, rank: int, world: int, when: str) -> str:
-    """'' when every unit's ``shard`` is chunk ``rank`` of its flat padded trainable
-    parameters (``units``: one process's copy), else what differs first."""
     for i, (w, unit) in enumerate(zip(wrapped, units)):
         shard = getattr(w, "shard", None)
         if not isinstance(shard, torch.Tensor):
@@ -264,8 +220,6 @@ def _backward_problem(counts: dict, units: int) -> str:
 
 
 def _grad_problem(model, wrapped, units, ref_units, rank: int, world: int, shard_bytes: int) -> str:
-    """'' when each unit's ``shard.grad`` is chunk ``rank`` of the global batch's flat padded
-    gradient (``ref_units``: one process) and no full or frozen gradient is left."""
     for i, (w, unit, ref) in enumerate(zip(wrapped, units, ref_units)):
         frozen = [n for n, p in unit.named_parameters() if not p.requires_grad and p.grad is not None]
         if frozen:
@@ -292,13 +246,6 @@ def _grad_problem(model, wrapped, units, ref_units, rank: int, world: int, shard
     return ""
 
 
-def _freed_with_grad(model) -> bool:
-    """Whether a parameter with a ``.grad`` lacks the memory its elements need (freed)."""
-    return any(p.grad is not None and
-               p.untyped_storage().nbytes() < (p.storage_offset() + p.numel()) * p.element_size()
-               for p in model.parameters())
-
-
 def _raised(phase: str, exc: Exception) -> str:
     message = str(exc).splitlines()[0] if str(exc) else ""
     if "storage of size 0" in message:
@@ -311,15 +258,10 @@ def _raised(phase: str, exc: Exception) -> str:
 
 
 def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
-    """Rank side of :func:`check_zero3`: ``[(first problem or '', what was seen)]``. Every
-    rank runs every step whatever it found (else the others would wait in a collective)."""
-    import gc
-
-    import torch.distributed as dist
-
+    """Rank side of :func:`check_zero3`: ``[(first problem or '', what was seen)]``; every rank
+    runs every step whatever it found (else the others would wait in a collective)."""
     from ...harness.experiments import global_loss
     from ...runtime.ledger import CommLedger
-
     rank, world = dist.get_rank(), dist.get_world_size()
     ref_units, units = build_units(), build_units()
     ref = nn.Sequential(*ref_units)
@@ -340,16 +282,16 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
     try:
         opt = torch.optim.SGD(model.parameters(), lr=BUILD_LR)
         ref_opt = torch.optim.SGD(trainable(ref), lr=BUILD_LR)
-        # not experiments.train: the grader compares gradients between backward and step
         for step in range(steps):
-            x, y = _build_batch(step)
+            g = torch.Generator().manual_seed(1000 + step)
+            x, y = torch.randn(BUILD_BATCH, 4, generator=g), torch.randn(BUILD_BATCH, 5, generator=g)
             ref_out = ref(x)
             ref_loss = torch.nn.functional.mse_loss(ref_out, y)
             ref_loss.backward()
             phase, gathered = "forward", []
             with CommLedger() as ledger, _spying_all_gathers(gathered):
                 out = model(x[lo:hi])
-            alive = _alive_after(gathered, gc) if step == 0 else 0
+            alive = _alive_after(gathered) if step == 0 else 0
             seen["calls"]["forward all_gather"] = ledger.counts().get("all_gather", 0)
             problem = problem or _forward_problem(out, ref_out[lo:hi].detach(),
                                                   seen["calls"]["forward all_gather"], alive, len(units))
@@ -364,13 +306,14 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
             seen["losses"].append(global_loss(loss))
             seen["ref_losses"].append(ref_loss.item())
             phase = "optimizer.step()"
-            if _freed_with_grad(model):         # stepping it would write through a null pointer
+            if any(p.grad is not None and p.untyped_storage().nbytes() <     # freed: stepping it
+                   (p.storage_offset() + p.numel()) * p.element_size()     # would write through
+                   for p in model.parameters()):                          # a null pointer
                 return [(problem or "optimizer.step() would update a freed parameter that still has a "
                          ".grad: set each parameter's .grad to None once reduce-scattered", seen)]
-            opt.step()
-            ref_opt.step()
-            opt.zero_grad()
-            ref_opt.zero_grad()
+            for o in (opt, ref_opt):
+                o.step()
+                o.zero_grad()
             problem = problem or _at_rest_problem(
                 model, wrapped, rank, shard_bytes + frozen, "at rest after a step",
                 "free the full buffer once the unit's gradient is reduce-scattered")
@@ -384,8 +327,8 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
     return [(problem, seen)]
 
 
-def _zero3_right(seen: dict) -> str:
-    """What rank 0 saw, as the success line of :func:`check_zero3`."""
+def _zero3_right(values) -> str:
+    seen = values[0][0][1]
     calls = seen["calls"]
     return (f"per step {calls['forward all_gather']} + {calls['backward all_gather']} all-gathers "
             f"(forward, backward) and {calls['backward reduce_scatter']} reduce-scatters for "
@@ -395,12 +338,5 @@ def _zero3_right(seen: dict) -> str:
 
 
 def check_zero3(cls) -> Verdict:
-    """Exercise 06.2: ``cls(unit)`` is one ZeRO-3 flat unit (``shard``: this rank's chunk of
-    the unit's flat zero-padded trainable parameters, its gradient in ``shard.grad``;
-    ``full``: the gather buffer), e.g. :class:`course_utils.impl.zero3.FlatUnit`. Checked
-    on 2, 3 and 4 gloo ranks with the units of :func:`build_units`, two SGD steps on a
-    global batch of 12 against one process: the shards, the bytes held at rest, the
-    output, the collectives, the frees, the shard gradients, the weights and the losses.
-    Prints one line per world size: the first thing that differs, or what is right."""
-    return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank,
-                       right=lambda values: _zero3_right(values[0][0][1]))
+    """Exercise 06.2: ``cls(unit)`` is one ZeRO-3 flat unit (``shard``, ``shard.grad``, ``full``)."""
+    return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank, right=_zero3_right)

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...harness.experiments import full_grads, reference_grads
+import torch
+import torch.distributed as dist
+
+from ...harness.experiments import GLOBAL_BATCH, full_grads, global_loss, make_adamw, reference_grads, wrap
+from ...harness.model import SyntheticData, build_model
+from ...runtime.ledger import CommLedger
 from ...harness.grading import (GRADER_BACKEND, Verdict, judge_on_ranks, launch_or_report, on_world_sizes,
                                 refuse_non_function, report_problems)
 from ...runtime.launch import where
@@ -14,8 +19,6 @@ __all__ = ["check_fsdp_wrap", "check_sharded_clip", "check_accumulation"]
 
 def _grad_problem(got: dict, want: dict, rtol: float = 1e-5, atol: float = 1e-7) -> str:
     """'' when every gradient matches, else the first parameter that differs and by how much."""
-    import torch
-
     for name, w in want.items():
         g = got.get(name)
         if g is None:
@@ -27,14 +30,7 @@ def _grad_problem(got: dict, want: dict, rtol: float = 1e-5, atol: float = 1e-7)
 
 
 def _fsdp_wrap_on_rank(fn: Callable) -> dict:
-    """Rank side of :func:`check_fsdp_wrap`."""
-    import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
-
-    from ...harness.experiments import GLOBAL_BATCH, global_loss
-    from ...harness.model import SyntheticData, build_model
-    from ...runtime.ledger import CommLedger
-
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(seed=0)
     out = fn(model)
@@ -50,9 +46,7 @@ def _fsdp_wrap_on_rank(fn: Callable) -> dict:
 
 
 def check_fsdp_wrap(fn: Callable) -> Verdict:
-    """Exercise 07.1: ``fn(model)`` shards the course GPT with one ``fully_shard`` per block,
-    then one on the root (as FSDP1's ``transformer_auto_wrap_policy``). Checked on 2 and 3
-    ranks: the units, 9 all-gathers in one forward + backward, and one process's loss."""
+    """Exercise 07.1: ``fn(model)``: one ``fully_shard`` per block, then the root."""
     name = "fsdp_wrap"
     if (refused := refuse_non_function(fn, name, '(model) -> model')) is not None:
         return refused
@@ -84,16 +78,15 @@ def check_fsdp_wrap(fn: Callable) -> Verdict:
     return Verdict(name, all_right and runs.completed)
 
 
-def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
-    """Rank side of :func:`check_sharded_clip`: one FSDP2 backward, then the learner's clipping."""
-    import torch.distributed as dist
-
-    from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
-    from ...harness.model import SyntheticData, build_model
-
-    rank, world = dist.get_rank(), dist.get_world_size()
+def _sharded_gpt_and_batch():
     model, _ = wrap("torch-fsdp", build_model(seed=0), make_adamw)
-    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, rank, world)
+    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, dist.get_rank(), dist.get_world_size())
+    return model, x, y
+
+
+def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
+    """One FSDP2 backward, then the learner's clipping."""
+    model, x, y = _sharded_gpt_and_batch()
     model(x, y).backward()
     norm = fn(model, max_norm)
     if hasattr(norm, "full_tensor"):
@@ -103,11 +96,7 @@ def _clip_on_rank(fn: Callable, max_norm: float) -> dict:
 
 
 def check_sharded_clip(fn: Callable) -> Verdict:
-    """Exercise 07.2: ``fn(model, max_norm)`` clips the sharded gradients of an FSDP2 model
-    to a *global* norm of ``max_norm`` and returns the norm before clipping. Checked on
-    2 and 3 ranks against one process clipping the whole gradient (1e-5 relative)."""
-    import torch
-
+    """Exercise 07.2: clip FSDP2 gradients to a *global* norm, return the norm before clipping."""
     name = "sharded_clip"
     if (refused := refuse_non_function(fn, name, '(model, max_norm) -> norm')) is not None:
         return refused
@@ -124,22 +113,12 @@ def check_sharded_clip(fn: Callable) -> Verdict:
         if why:
             return f"norm right, clipped gradients differ: {why}", ""
         return "", f"norm {num(v['norm'])} = one process's, gradients scaled by {num(max_norm / norm)}"
-
     return judge_on_ranks(_clip_on_rank, judge, world_sizes=(2, 3), name=name, args=(fn, max_norm),
                           timeout_s=60)
 
 
 def _accumulate_on_rank(fn: Callable, k: int) -> dict:
-    """Rank side of :func:`check_accumulation`."""
-    import torch.distributed as dist
-
-    from ...harness.experiments import GLOBAL_BATCH, make_adamw, wrap
-    from ...harness.model import SyntheticData, build_model
-    from ...runtime.ledger import CommLedger
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model, _ = wrap("torch-fsdp", build_model(seed=0), make_adamw)
-    x, y = SyntheticData(global_batch=GLOBAL_BATCH, seed=0).shard(0, rank, world)
+    model, x, y = _sharded_gpt_and_batch()
     micro = list(zip(x.chunk(k), y.chunk(k)))
     with CommLedger() as ledger:
         fn(model, micro)
@@ -147,11 +126,7 @@ def _accumulate_on_rank(fn: Callable, k: int) -> dict:
 
 
 def check_accumulation(fn: Callable) -> Verdict:
-    """Exercise 07.3: ``fn(model, micro_batches)`` accumulates this rank's micro-batches on
-    an FSDP2 model with one reduce-scatter per unit, after the last one, and the full-batch
-    gradient. Checked on 2 ranks with k = 2 and 3: 5 reduce-scatters, gradients within 1e-5."""
-    import torch
-
+    """Exercise 07.3: accumulate micro-batches with one reduce-scatter per unit, after the last."""
     name = "accumulation"
     if (refused := refuse_non_function(fn, name, '(model, micro_batches)')) is not None:
         return refused

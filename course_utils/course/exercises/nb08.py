@@ -1,9 +1,4 @@
-"""The capstone of ``notebooks/08_beyond_one_box.ipynb``: size and choose a strategy for three clusters.
-
-The learner writes ``choose(scenario) -> (choice, gb_per_gpu)`` from each scenario's
-numbers: the option to run and its memory per GPU at micro-batch 1 (the model-state
-formulas of notebooks 03-06). :func:`check_capstone` grades both against the planner.
-"""
+"""The capstone of ``notebooks/08_beyond_one_box.ipynb``: ``choose(scenario) -> (choice, gb)``."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,13 +23,8 @@ _SHARDED_PARAMS = ("ZeRO-3", "HSDP")       # these gather parameters: bigger buf
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """A capstone scenario: a model, a cluster and a workload, as numbers.
-
-    ``params`` is Ψ; ``gpus`` = ``nodes`` x ``gpus_per_node``; ``inter_bw_gbps`` is per
-    network card (NIC), ``nics_per_node`` None: one NIC per GPU; ``host_mem_gb`` per node.
-    :meth:`other_gb` gives the activations + buffers per GPU at micro-batch 1.
-    """
-
+    """A model, a cluster and a workload, as numbers. ``inter_bw_gbps`` is per network card
+    (NIC), ``nics_per_node`` None: one NIC per GPU; ``host_mem_gb`` per node."""
     name: str
     story: str
     model: str
@@ -50,35 +40,24 @@ class Scenario:
 
     @property
     def params(self) -> int:
-        """Ψ, the model's parameter count."""
         return preset(self.model).num_params
 
     @property
     def gpus(self) -> int:
-        """N, every GPU of every node (all of them data-parallel ranks)."""
         return self.gpus_per_node * self.nodes
 
     def other_gb(self, strategy: str, recompute: bool) -> float:
-        """GB per GPU besides the model states at micro-batch 1 (activations + buffers): it
-        depends only on whether the strategy gathers parameters and on full recomputation."""
+        """GB per GPU besides the model states at micro-batch 1 (activations + buffers)."""
         choice = as_choice((strategy, "none", recompute))   # a clear error for a bad name
         return _other_gb(self)[(strategy in _SHARDED_PARAMS, choice.recompute == "full")]
 
     def numbers(self) -> str:
-        """The scenario's numbers in one line."""
         nics = "one per GPU" if self.nics_per_node is None else str(self.nics_per_node)
         o = _other_gb(self)
         return (f"Ψ = {self.params:,}, N = {plural(self.gpus, 'GPU')} ({plural(self.nodes, 'node')} "
-                f"x {self.gpus_per_node}) of "
-                f"{self.gpu_mem_gb:g} GB, NICs per node: {nics}; other GB at micro-batch 1: "
+                f"x {self.gpus_per_node}) of {self.gpu_mem_gb:g} GB, NICs per node: {nics}; other GB at micro-batch 1: "
                 f"DDP/ZeRO-1/ZeRO-2 {o[(False, False)]:.2f} (recompute {o[(False, True)]:.2f}), "
                 f"ZeRO-3/HSDP {o[(True, False)]:.2f} (recompute {o[(True, True)]:.2f})")
-
-
-def _plan_kwargs(scenario: Scenario, micro_batch: int | None) -> dict:
-    kw = {f.name: getattr(scenario, f.name) for f in dataclasses.fields(scenario)
-          if f.name not in ("name", "story", "model")}
-    return dict(kw, micro_batch=micro_batch, recipe="mixed")
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,18 +65,16 @@ def reference_plan(scenario: Scenario, micro_batch: int | None = None) -> Plan:
     """The grader's planner on a scenario (None: the largest micro-batch that fits)."""
     if not isinstance(scenario, Scenario):
         raise TypeError("reference_plan() takes one of CAPSTONE_SCENARIOS")
-    return plan(scenario.model, **_plan_kwargs(scenario, micro_batch))
+    kw = {f.name: getattr(scenario, f.name) for f in dataclasses.fields(scenario)
+          if f.name not in ("name", "story", "model")}
+    return plan(scenario.model, **kw, micro_batch=micro_batch, recipe="mixed")
 
 
 @functools.lru_cache(maxsize=None)
 def _other_gb(scenario: Scenario) -> dict:
-    rows = reference_plan(scenario, 1)
-    out = {}
-    for sharded in (False, True):
-        for rc in (False, True):
-            r = rows.row(("ZeRO-3" if sharded else "ZeRO-1", "none", rc))
-            out[(sharded, rc)] = round((r.total - r.states) / GB, 2)     # activations + buffers
-    return out
+    rows = reference_plan(scenario, 1)          # activations + buffers, per (gathers params, recompute)
+    return {(sharded, rc): round((r.total - r.states) / GB, 2) for sharded in (False, True)
+            for rc in (False, True) for r in [rows.row(("ZeRO-3" if sharded else "ZeRO-1", "none", rc))]}
 
 
 def reference_gb(scenario: Scenario, choice) -> float:
@@ -128,7 +105,6 @@ CAPSTONE_SCENARIOS: tuple[Scenario, ...] = (
 
 
 def _answer(value) -> tuple[Choice, float]:
-    """``(choice, gb_per_gpu)`` from what the learner's function returned."""
     if isinstance(value, dict) and set(value) == {"choice", "gb_per_gpu"}:
         value = (value["choice"], value["gb_per_gpu"])
     if not (isinstance(value, tuple) and len(value) == 2):
@@ -164,10 +140,8 @@ def _choice_verdict(scenario: Scenario, choice: Choice, near_tie: float) -> tupl
 
 
 def check_capstone(fn: Callable, *, near_tie: float = NEAR_TIE):
-    """Capstone of notebook 08: ``fn(scenario) -> (choice, gb_per_gpu)`` for each of
-    :data:`CAPSTONE_SCENARIOS` (``choice``: anything :func:`planner.as_choice` takes). The
-    memory is right within 1 % of the planner's; the choice when it fits and its step time
-    is within ``near_tie`` (5 %) of the fastest option that fits."""
+    """Memory right within 1 % of the planner's; choice right when it fits and its step time is
+    within ``near_tie`` of the fastest option that fits."""
     name = "capstone"
     if not callable(fn):
         print(f"{name}: pass your function choose(scenario), got {type(fn).__name__}")

@@ -8,21 +8,14 @@ from ...harness.grading import Verdict, grade_cases
 __all__ = ["check_megatron_states_gb", "megatron_states_gb"]
 
 #: gpt2-xl as Megatron counts it (its "most loaded shard"), and a 7B model.
-_CASES = [
-    dict(num_params=1_555_356_800, dp=1, distributed_optimizer=False),
-    dict(num_params=1_555_356_800, dp=4, distributed_optimizer=False),
-    dict(num_params=1_555_356_800, dp=4, distributed_optimizer=True),
-    dict(num_params=1_555_356_800, dp=8, distributed_optimizer=True),
-    dict(num_params=7_000_000_000, dp=1, distributed_optimizer=True),
-    dict(num_params=7_000_000_000, dp=64, distributed_optimizer=True),
-]
+_CASES = [dict(num_params=p, dp=dp, distributed_optimizer=d) for p, dp, d in (
+    (1_555_356_800, 1, False), (1_555_356_800, 4, False), (1_555_356_800, 4, True),
+    (1_555_356_800, 8, True), (7_000_000_000, 1, True), (7_000_000_000, 64, True))]
 
 
 def megatron_states_gb(num_params: float, dp: int, distributed_optimizer: bool) -> float:
-    """Reference: GB (1e9 bytes) per GPU of Megatron-LM's "weight and optimizer" figure for
-    bf16 weights with fp32 gradients: 18 bytes per parameter, or 6 + 12/dp with
-    ``--use-distributed-optimizer`` (bf16 weights and the fp32 gradient buffer stay whole;
-    the fp32 master copy and Adam's two moments are sharded over the dp ranks)."""
+    """Megatron-LM's "weight and optimizer" GB per GPU (bf16 weights, fp32 grads): 18 B per
+    parameter, or 6 + 12/dp with ``--use-distributed-optimizer`` (master copy and moments sharded)."""
     return num_params * ((6 + 12 / dp) if distributed_optimizer else 18) / 1e9
 
 
