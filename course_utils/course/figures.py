@@ -8,6 +8,7 @@ tagged with the data's SHA-256 so ``tests/test_figures.py`` finds stale ones wit
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 from pathlib import Path
@@ -53,29 +54,26 @@ def _zero_stages_data() -> dict:
 def _zero_stages_draw(d: dict):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
-
-    colors = _STATE_COLORS
     fig, ax = plt.subplots(figsize=(8.0, 3.6))
-    names = [s["name"] for s in d["stages"]][::-1]
     stages = d["stages"][::-1]
     for y, s in enumerate(stages):
         left = 0.0
         for part in ("params", "grads", "optimizer"):
             width = s[f"{part}_GB"]
             sharded = part in d["sharded"][s["name"]]
-            ax.barh(y, width, left=left, color=colors[part], edgecolor="black", linewidth=0.6,
+            ax.barh(y, width, left=left, color=_STATE_COLORS[part], edgecolor="black", linewidth=0.6,
                     hatch="//" if sharded else None, alpha=0.9)
             if width >= 6:
                 ax.text(left + width / 2, y, f"{width:g}", ha="center", va="center",
                         color="white", fontsize=8, fontweight="bold")
             left += width
         ax.text(left + 1.5, y, f"{s['total_GB']:g} GB", va="center", fontsize=9)
-    ax.set_yticks(range(len(names)), names)
+    ax.set_yticks(range(len(stages)), [s["name"] for s in stages])
     ax.set_xlim(0, max(s["total_GB"] for s in stages) * 1.18)
     ax.set_xlabel("GB per GPU (1 GB = 10^9 bytes)")
     ax.set_title(f"Model states per GPU: {d['num_params'] / 1e9:g}B parameters, "
                  f"{d['gpus']} GPUs, mixed-precision Adam (2 + 2 + 12 bytes/param)", fontsize=9)
-    handles = [Patch(facecolor=c, edgecolor="black", label=p) for p, c in colors.items()]
+    handles = [Patch(facecolor=c, edgecolor="black", label=p) for p, c in _STATE_COLORS.items()]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="sharded 1/N"))
     ax.legend(handles=handles, loc="lower right", fontsize=8, frameon=False)
     return _finish(fig, ax)
@@ -94,13 +92,11 @@ def _ddp_redundancy_data() -> dict:
 
 def _ddp_redundancy_draw(d: dict):
     import matplotlib.pyplot as plt
-
-    colors = _STATE_COLORS
     fig, ax = plt.subplots(figsize=(8.0, 3.4))
     for g in range(d["gpus"]):
         bottom = 0.0
         for part, value in d["parts_GB"].items():
-            ax.bar(g, value, bottom=bottom, color=colors[part], edgecolor="black", linewidth=0.6,
+            ax.bar(g, value, bottom=bottom, color=_STATE_COLORS[part], edgecolor="black", linewidth=0.6,
                    alpha=1.0 if g == 0 else 0.45, label=part if g == 0 else None)
             ax.text(g, bottom + value / 2, f"{value:g}", ha="center", va="center", fontsize=8, color="white")
             bottom += value
@@ -118,13 +114,11 @@ def _ddp_redundancy_draw(d: dict):
 
 def _ring_data() -> dict:
     from ..impl.ring import ring_all_reduce_steps
-
     return {"world_size": 4, "steps": ring_all_reduce_steps(4)}
 
 
 def _ring_draw(d: dict):
     from .ring_view import draw_ring_sequence
-
     return draw_ring_sequence(d["steps"])
 
 
@@ -142,7 +136,6 @@ def _collectives_data(world_size: int = 4) -> dict:
     """Before/after of the four collectives (notebook 01's demos) and the ring-model bytes sent."""
     from ..labs.collectives_lab import ROOT, expected
     from ..theory.comm import sent_bytes
-
     rows = []
     for name, title, what, _ in _COLLECTIVES:
         ranks = [expected(name, r, world_size) for r in range(world_size)]
@@ -167,7 +160,6 @@ def _collectives_data(world_size: int = 4) -> dict:
 def _collectives_draw(d: dict):
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Rectangle
-
     n = d["world_size"]
     cell, row_h, gap = 0.5, 0.45, 0.9
     width = max(len(v) for c in d["collectives"] for v in c["before"] + c["after"]) * cell
@@ -236,7 +228,6 @@ def _memory_vs_gpus_data() -> dict:
 
 def _memory_vs_gpus_draw(d: dict):
     import matplotlib.pyplot as plt
-
     colors = ("#333333", "#4C72B0", "#DD8452", "#55A868")
     fig, ax = plt.subplots(figsize=(8.0, 4.2))
     gpus = d["gpus"]
@@ -267,7 +258,6 @@ def _zero3_timeline_data(world_size: int = 2) -> dict:
     from ..theory.config import COURSE_CONFIG
     from ..theory.layout import padded_numel
     from ..theory.timeline import predicted_timeline, unit_numels
-
     numels = unit_numels(COURSE_CONFIG)
     padded = [padded_numel(m, world_size) for m in numels]
     return {"world_size": world_size, "num_params": COURSE_CONFIG.num_params(),
@@ -280,7 +270,6 @@ def _zero3_timeline_data(world_size: int = 2) -> dict:
 
 def _zero3_timeline_draw(d: dict):
     import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0), sharey=True)
     for ax, (key, tl) in zip(axes, d["timelines"].items()):
         kb = [e["alive_bytes"] / 1e3 for e in tl]
@@ -312,13 +301,10 @@ def _zero3_timeline_draw(d: dict):
 def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
                      bytes_per_elem: int = 2) -> dict:
     """Bytes one rank sends per step, and the calls, for DDP, ZeRO-1/2/3 and FSDP2 on a real model."""
-    from fractions import Fraction
-
     from ..harness.model import build_model
     from ..theory.sharding import calls_per_step, comm_bytes_per_step, fsdp_units
     from ..theory.comm import OPS, collective_calls, comm_volume, paper_volume
     from ..theory.config import preset
-
     p = preset(preset_name)
     psi = p.num_params
     model = build_model(p.config, device="meta")
@@ -332,10 +318,7 @@ def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
                      "calls_per": "bucket" if stage < 3 else "step",
                      "paper_elements": paper_volume(psi, stage=stage)})
 
-    def exact(x: Fraction):
-        return int(x) if x.denominator == 1 else float(x)
-
-    fsdp_bytes = {op: exact(v) for op, v in comm_bytes_per_step(
+    fsdp_bytes = {op: int(v) if v.denominator == 1 else float(v) for op, v in comm_bytes_per_step(
         model, world_size, bytes_per_elem=bytes_per_elem).items()}
     rows.append({"name": "FSDP2 (root kept gathered)", "bytes": fsdp_bytes,
                  "total": sum(fsdp_bytes.values()), "calls": calls_per_step(layers),
@@ -349,7 +332,6 @@ def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
 
 def _comm_table_draw(d: dict):
     import matplotlib.pyplot as plt
-
     colors = {"all_reduce": "#4C72B0", "reduce_scatter": "#DD8452", "all_gather": "#55A868"}
     fig, (ax, tab) = plt.subplots(2, 1, figsize=(9.0, 6.0), gridspec_kw={"height_ratios": [1.25, 1]})
     rows = d["rows"][::-1]
@@ -425,9 +407,7 @@ def data_hash(name: str) -> str:
 
 
 def draw(name: str):
-    _check(name)
-    data_fn, draw_fn = FIGURES[name]
-    return draw_fn(data_fn())
+    return FIGURES[name][1](data(name))
 
 
 def _metadata(name: str, fmt: str) -> dict:
@@ -438,8 +418,6 @@ def _metadata(name: str, fmt: str) -> dict:
 
 def png_bytes(fig, name: str) -> bytes:
     """``fig`` (figure ``name``) as deterministic PNG bytes at :data:`DPI`."""
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, metadata=_metadata(name, "png"))
     return buf.getvalue()
@@ -448,10 +426,8 @@ def png_bytes(fig, name: str) -> bytes:
 def save(name: str, vis_dir: Path | str | None = None) -> list[Path]:
     """Draw ``name`` once and write its deterministic SVG and PNG; returns their paths."""
     import matplotlib
-
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-
     targets = [path(name, vis_dir, fmt) for fmt in FORMATS]
     targets[0].parent.mkdir(parents=True, exist_ok=True)
     with matplotlib.rc_context({"svg.hashsalt": "zero-to-fsdp", "svg.fonttype": "none"}):
@@ -487,7 +463,6 @@ def show(name: str):
     import base64
 
     from IPython.display import display
-
     p = path(name, fmt="png")
     if p.exists():
         png = p.read_bytes()

@@ -76,9 +76,8 @@ def deepspeed_zero3(num_params, largest_layer_params=None, *, gpus_per_node: int
     """DeepSpeed's ZeRO-3 estimate, ``(gpu_bytes, cpu_bytes)`` (4L: the largest layer's fp16 params + grads)."""
     num_params, largest_layer_params = _resolve(num_params, largest_layer_params, need_largest=True)
     _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
-    for name, flag in (("cpu_offload", cpu_offload), ("cpu_offload_params", cpu_offload_params),
-                       ("zero_init", zero_init)):
-        check_bool(name, flag)
+    for name in ("cpu_offload", "cpu_offload_params", "zero_init"):
+        check_bool(name, locals()[name])
     if cpu_offload_params and not cpu_offload:
         raise ValueError("DeepSpeed's estimator has no case for offloading parameters without "
                          "the optimizer (it silently ignores cpu_offload_params then); "
@@ -104,13 +103,11 @@ def deepspeed_printout(num_params, largest_layer_params=None, *, stage: int = 3,
                                                 need_largest=(stage == 3))
     _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
     cpu_str = f"{'cpu':4}"
-    nodes_str = "nodes" if nodes > 1 else "node"
-    gpus_str = "GPUs" if gpus_per_node > 1 else "GPU"
     sw = f"SW: Model with {int(num_params / 1e6)}M total params"
     if stage == 3:
         sw += f", {int(largest_layer_params / 1e6)}M largest layer params"
     lines = ["Estimated memory needed for params, optim states and gradients for a:",
-             f"HW: Setup with {nodes} {nodes_str}, {gpus_per_node} {gpus_str} per node.",
+             f"HW: Setup with {nodes} node{'s' * (nodes > 1)}, {gpus_per_node} GPU{'s' * (gpus_per_node > 1)} per node.",
              sw + ".", "  per CPU  |  per GPU |   Options"]
     kw = dict(gpus_per_node=gpus_per_node, nodes=nodes, additional_buffer_factor=additional_buffer_factor)
     if stage == 2:
@@ -200,10 +197,6 @@ class Row:
     cpu_bytes: int | float = 0  # host memory per node (offload rows), else 0
 
 
-_PAPER_NOTE = "GB = 1e9 bytes"
-_DS_NOTE = 'their "GB" = GiB'
-_ACC_NOTE = 'their "GB" = GiB (/1024 steps)'
-_IGNORED = "activations, comm buffers, CUDA context, allocator caching, padding"
 _SHARDED = {0: "nothing sharded", 1: "optimizer states sharded",
             2: "optimizer states + grads sharded", 3: "optimizer states + grads + params sharded"}
 
@@ -226,9 +219,9 @@ def compare(model, world_size: int, *, largest_layer_params=None,
             ("mixed-fp32-grads", "fp32 grads (18 B)", "2 B fp16 params + 4 B fp32 grads + 12 B fp32 master/m/v")):
         for stage in (0, 1, 2, 3):
             ms = model_states(num_params, world_size=world_size, stage=stage, recipe=recipe)
-            rows.append(Row(f"{label}: {STAGE_NAMES[stage]}", stage, ms.total, _PAPER_NOTE,
+            rows.append(Row(f"{label}: {STAGE_NAMES[stage]}", stage, ms.total, "GB = 1e9 bytes",
                             f"{what}; {_SHARDED[stage]}",
-                            _IGNORED))
+                            "activations, comm buffers, CUDA context, allocator caching, padding"))
     kw = dict(gpus_per_node=gpus_per_node, nodes=nodes)
     for stage, offload, counts, ignores in (
             (2, {}, "2 B fp16 params replicated + 18 B/param sharded (fp16+fp32 grads, master, m, v)",
@@ -245,13 +238,20 @@ def compare(model, world_size: int, *, largest_layer_params=None,
         gpu, cpu = (deepspeed_zero2(num_params, **kw, **offload) if stage == 2
                     else deepspeed_zero3(num_params, largest, **kw, **offload))
         name = f"DeepSpeed ZeRO-{stage}" + {0: "", 1: " + offload_optimizer", 2: " + offload_param+opt"}[len(offload)]
-        rows.append(Row(name, stage, gpu, _DS_NOTE, counts, ignores, cpu))
+        rows.append(Row(name, stage, gpu, 'their "GB" = GiB', counts, ignores, cpu))
     for dtype, what in (("float32", "max over stages; fp32 step = 4 B weights + 4 grads + 8 Adam"),
                         ("float16", "max over stages; mixed peak = 8 B Adam states alone")):
         rows.append(Row(f"accelerate estimate-memory ({dtype})", None,
-                        accelerate_peak(int(num_params), dtype=dtype), _ACC_NOTE,
+                        accelerate_peak(int(num_params), dtype=dtype), 'their "GB" = GiB (/1024 steps)',
                         f"{what}; whole model on one GPU",
                         "world size and sharding, activations; stages are not summed"))
+    return rows
+
+
+def _rows(rows, caller: str) -> list:
+    rows = list(rows)
+    if not rows or not all(isinstance(r, Row) for r in rows):
+        raise TypeError(f"{caller}() takes the list of Row returned by compare(...)")
     return rows
 
 
@@ -262,9 +262,7 @@ def table(rows, unit: str = "GB", *, details: bool = False) -> str:
     """:func:`compare` rows as a text table in ``unit`` ("GB" or "MB") and its binary twin."""
     if unit not in _TABLE_UNITS:
         raise ValueError(f"unit must be 'GB' or 'MB' (the table shows it next to GiB/MiB), got {unit!r}")
-    rows = list(rows)
-    if not rows or not all(isinstance(r, Row) for r in rows):
-        raise TypeError("table() takes the list of Row returned by compare(...)")
+    rows = _rows(rows, "table")
     dec, dec_b, binu, bin_b = _TABLE_UNITS[unit]
     name_w = max(len("estimator"), *(len(r.name) for r in rows))
     note_w = max(len("its printout"), *(len(r.unit_note) for r in rows))
@@ -287,10 +285,7 @@ _FAMILY_COLORS = (("ZeRO paper", "#4C72B0"), ("fp32 grads", "#64B5CD"), ("DeepSp
 
 
 def _family(name: str) -> tuple[str, str]:
-    for family, color in _FAMILY_COLORS:
-        if name.startswith(family):
-            return family, color
-    return "other", "#8C8C8C"
+    return next(((f, c) for f, c in _FAMILY_COLORS if name.startswith(f)), ("other", "#8C8C8C"))
 
 
 def plot(rows, *, title: str = ""):
@@ -298,9 +293,7 @@ def plot(rows, *, title: str = ""):
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    rows = list(rows)
-    if not rows or not all(isinstance(r, Row) for r in rows):
-        raise TypeError("plot() takes the list of Row returned by compare(...)")
+    rows = _rows(rows, "plot")
     if not isinstance(title, str):
         raise TypeError(f"title must be a str, got {title!r}")
     ys = list(range(len(rows)))[::-1]

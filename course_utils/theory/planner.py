@@ -30,15 +30,14 @@ __all__ = [
 ]
 
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-_TORCH_OFFLOAD = ("none", "optimizer+params")
 #: strategy: (ZeRO stage, DeepSpeed's offloads, torch's offloads, torch's name (the row
 #: label with framework="torch"), torch's short name). Torch has no optimizer-only offload:
 #: FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer states to the host.
 _SPEC = {"DDP": (0, ("none",), ("none",), "DDP + autocast", "DDP+amp"),
          "ZeRO-1": (1, OFFLOADS[:2], ("none",), "DDP + ZeroRedundancyOptimizer", "DDP+ZeROopt"),
          "ZeRO-2": (2, OFFLOADS[:2], ("none",), "FSDP2 reshard_after_forward=False", "FSDP2 no-reshard"),
-         "ZeRO-3": (3, OFFLOADS, _TORCH_OFFLOAD, "FSDP2", "FSDP2"),
-         "HSDP": (3, OFFLOADS, _TORCH_OFFLOAD, "FSDP2 on a 2-D mesh (HSDP)", "FSDP2 HSDP")}
+         "ZeRO-3": (3, OFFLOADS, OFFLOADS[::2], "FSDP2", "FSDP2"),
+         "HSDP": (3, OFFLOADS, OFFLOADS[::2], "FSDP2 on a 2-D mesh (HSDP)", "FSDP2 HSDP")}
 STRATEGIES = tuple(_SPEC)
 _STAGE, _OFFLOADS_OF, _TORCH_OFFLOADS_OF, TORCH_NAMES, _TORCH_SHORT = (
     {k: v[i] for k, v in _SPEC.items()} for i in range(5))
@@ -676,19 +675,14 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
                 raise ValueError(f"{c.label()} has no torch form: torch offloads only with FSDP2's "
                                  "CPUOffloadPolicy (parameters, gradients and optimizer states): use "
                                  "offload='optimizer+params' with ZeRO-3 or HSDP, or framework='deepspeed'")
-    a = Assumptions(model=label, num_params=num_params, gpu_mem_gb=gpu_mem_gb,
-                    gpus_per_node=gpus_per_node, nodes=nodes, intra_bw_gbps=intra_bw_gbps,
-                    inter_bw_gbps=inter_bw_gbps, nics_per_node=nics_per_node, alpha_intra_us=alpha_intra_us,
-                    alpha_inter_us=alpha_inter_us, seq_len=seq_len, micro_batch=micro_batch,
-                    global_batch=global_batch, recipe=recipe, attention=attention,
-                    cross_entropy=cross_entropy, gpu_flops=gpu_flops, mfu=mfu, overlap=overlap, overhead_gb=overhead_gb,
-                    activation_slack=activation_slack, bucket_elems=bucket_elems,
-                    bucket_buffers=bucket_buffers, unit_params=(math.ceil(num_params / 32) if config is None else
-                                 max(config.block_params(), config.embedding_params())),
-                    units=config.layers + 1 if config is not None else 32, pcie_gbps=pcie_gbps,
-                    host_adam_params_per_s=host_adam_params_per_s, host_mem_gb=host_mem_gb,
-                    max_micro_batch=max_micro_batch, has_architecture=config is not None, framework=framework,
-                    recompute_options=tuple(r for r in RECOMPUTE if any(c.recompute == r for c in wanted)))
+    derived = dict(model=label, num_params=num_params, has_architecture=config is not None,
+                   unit_params=(math.ceil(num_params / 32) if config is None else
+                                max(config.block_params(), config.embedding_params())),
+                   units=config.layers + 1 if config is not None else 32,
+                   recompute_options=tuple(r for r in RECOMPUTE if any(c.recompute == r for c in wanted)))
+    given = locals()    # every other field of Assumptions is an argument of plan() of the same name
+    a = Assumptions(**derived, **{f.name: given[f.name] for f in dataclasses.fields(Assumptions)
+                                  if f.name not in derived})
     return Plan([_row(c, a, config if config is not None else num_params, config) for c in wanted], a)
 
 
@@ -868,13 +862,11 @@ def benchmark_plan(*, gpus: int = 1, micro_batch: int | None = None, strategy: s
                  activation_slack: float = DEFAULT_ACTIVATION_SLACK,
                  attention: str = "flash", recompute="none") -> PlanRow:
     """One planner row as the benchmark ran; ``strategy="ZeRO-1"``: ``--use-distributed-optimizer``."""
-    rows = plan(benchmark_config(), gpu_mem_gb=_BENCHMARK_GPU_GB, gpus_per_node=gpus, nodes=1,
+    return plan(benchmark_config(), gpu_mem_gb=_BENCHMARK_GPU_GB, gpus_per_node=gpus, nodes=1,
                 intra_bw_gbps=450, inter_bw_gbps=450, seq_len=GPT2XL_BENCHMARK["seq"], micro_batch=micro_batch,
-                recipe="mixed-fp32-grads", attention=attention, cross_entropy="fused",
-                overhead_gb=overhead_gb,
+                recipe="mixed-fp32-grads", attention=attention, cross_entropy="fused", overhead_gb=overhead_gb,
                 activation_slack=activation_slack, bucket_elems=40_000_000, bucket_buffers=0, mfu=0.4,
-                choices=[Choice(strategy, "none", recompute)])
-    return rows[0]
+                choices=[Choice(strategy, "none", recompute)])[0]
 
 
 def linear_model_bounds() -> dict:
