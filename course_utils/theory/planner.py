@@ -765,10 +765,8 @@ def recommend(rows: Plan, *, near_tie: float = NEAR_TIE) -> Recommendation:
         why_not += (f" The best other strategy, {o.label()}, is {o.step_s / best.step_s - 1:+.0%}: "
                     f"compute {o.compute_s:.3f} + offload {o.offload_s:.3f} + exposed comm "
                     f"{o.step_s - o.compute_s - o.offload_s:.3f} s.")
-    tie = ""
-    if ties:
-        tie = " Within {:.0%}: ".format(near_tie) + ", ".join(
-            f"{r.label()} ({(r.step_s / best.step_s - 1):+.1%})" for r in ties) + "."
+    tie = (f" Within {near_tie:.0%}: " + ", ".join(f"{r.label()} ({r.step_s / best.step_s - 1:+.1%})" for r in ties)
+           + "." if ties else "")
     return Recommendation(best, head + why_not + tie, ties)
 
 
