@@ -15,9 +15,12 @@ import dataclasses
 from numbers import Real
 
 from ..checks import check_bool, check_choice, check_int, check_number
-from ..harness.experiments import BETAS, GLOBAL_BATCH, LR, WEIGHT_DECAY, train
-from ..harness.model import rows_per_rank
-from ..theory.planner import Choice, PlanRow, as_choice
+from ..harness.experiments import BETAS, GLOBAL_BATCH, LR, WEIGHT_DECAY, run, train
+from ..harness.model import SyntheticData, build_model, rows_per_rank
+from ..runtime.launch import backend_label, launch, rank_device, resolve_backend
+from ..theory.config import COURSE_CONFIG, PRESETS
+from ..theory.memory import GB, model_states
+from ..theory.planner import Choice, PlanRow, as_choice, matmul_weights
 
 __all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config", "validate_deepspeed_config",
            "FSDP2Equivalent", "fsdp2_equivalent", "run_equivalent", "side_by_side"]
@@ -302,9 +305,6 @@ class FSDP2Equivalent:
 
 def _torch_zero1_difference(precision: str) -> str:
     """What DDP + ``ZeroRedundancyOptimizer`` holds and sends against DeepSpeed's ZeRO-1 (llama-2-7b, 8 GPUs)."""
-    from ..theory.config import PRESETS
-    from ..theory.memory import GB, model_states
-    from ..theory.planner import matmul_weights
     traffic = ("it all-reduces the full gradients, then every owner broadcasts its parameters: "
                "1.5x the ring bytes of DeepSpeed's reduce-scatter + all-gather (notebook 07's table)")
     if precision == "fp32":
@@ -458,9 +458,6 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
 
 def _train_snippet(codes: list, steps: int) -> list:
     """On each rank, per snippet: the course GPT, wrapped by the snippet, trained; the global losses."""
-    from ..harness.model import SyntheticData, build_model
-    from ..runtime.launch import rank_device
-    from ..theory.config import COURSE_CONFIG
     device, out = rank_device(), []
     for code in codes:
         ns = {"model": build_model(COURSE_CONFIG, seed=0, device=device)}
@@ -478,8 +475,6 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
     """Train the course GPT with :func:`fsdp2_equivalent`'s code for each choice (one or a list) on
     ``world_size`` ranks, in one launch; per choice ``{"choice", "where", "code", "losses", "single",
     "max_rel_diff"}`` against one process (in fp32 equal to rounding). HSDP: default 2 "nodes"."""
-    from ..harness.experiments import run
-    from ..runtime.launch import backend_label, launch, resolve_backend
     choices = choices if isinstance(choices, list) else [choices]
     if not choices:
         raise ValueError("choices is empty: pass a choice such as 'ZeRO-3', or a list of them")
@@ -534,6 +529,7 @@ def side_by_side(plan_row_or_choice, **kwargs) -> str:
                else ("autocast" if fs.api != "fully_shard" and "bf16" in cfg else "fp32"))
     ds_prec = "bf16" if "bf16" in cfg else ("fp16 + loss scaling" if "fp16" in cfg else "fp32")
     rows = [
+        ("", "planner", "DeepSpeed", "torch equivalent"),   # not "FSDP2": DDP for DDP and ZeRO-1
         ("what", c.label(), f"zero_optimization.stage = {zero['stage']}", fs_shard),
         ("sharded", what, "", ""),
         ("offload", c.offload, ds_off, fs_off),
@@ -551,7 +547,6 @@ def side_by_side(plan_row_or_choice, **kwargs) -> str:
          f"{cfg['gradient_accumulation_steps']} accumulation", f"{cfg['train_batch_size']} = {cfg['train_micro_batch_size_per_gpu']} x "
          f"{cfg['gradient_accumulation_steps']} x {world} GPUs", "your data loader and accumulation loop"),
     ]
-    rows.insert(0, ("", "planner", "DeepSpeed", "torch equivalent"))   # not "FSDP2": DDP for DDP and ZeRO-1
     w = [max(len(str(r[i])) for r in rows) for i in range(4)]
     out = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
     return "\n".join(out[:1] + ["-" * (sum(w) + 6)] + out[1:] + [
