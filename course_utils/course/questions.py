@@ -188,10 +188,7 @@ class Numeric(Question):
                 return None, f"'{raw}' is not a number"
             if "," in s and "." not in s and not re.fullmatch(r"[-+]?\d{1,3}(,\d{3})+", s):
                 s = s.replace(",", ".", 1) if s.count(",") == 1 else s  # "28,5" -> 28.5
-            try:
-                value = float(s.replace(",", "").replace("_", ""))
-            except ValueError:
-                return None, f"'{raw}' is not a number"
+            value = float(s.replace(",", "").replace("_", ""))   # _NUMBER admits only floats
         if not math.isfinite(value):
             return None, "the answer must be a finite number"
         if self.minimum is not None and value < self.minimum:

@@ -96,10 +96,9 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
                      offload_device: str = "cpu", nvme_path: str | None = None,
                      hidden: int | None = None, bucket_elems: int | None = None,
                      gradient_clipping: float = 1.0) -> dict:
-    """A DeepSpeed config dict for one planner choice (a PlanRow gives micro-batch, accumulation,
-    GPUs, recipe and hidden size unless given). Give two of train_batch_size, micro_batch,
-    grad_accum (or three, consistent). recipe "mixed-fp32-grads" accumulates gradients in fp32;
-    offload_device "nvme" is ZeRO-Infinity; ``bucket_elems``: stage 1/2 buckets (default h² or 5e7)."""
+    """A DeepSpeed config dict for one planner choice (a PlanRow gives micro-batch, accumulation, GPUs, recipe and
+    hidden size unless given). Give two of train_batch_size, micro_batch, grad_accum (or three, consistent).
+    "mixed-fp32-grads" accumulates in fp32; "nvme" is ZeRO-Infinity; ``bucket_elems``: default h² or 5e7."""
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
     choice = as_choice(plan_row_or_choice)
     config = row.config if row is not None else None
@@ -351,9 +350,8 @@ def _recompute_code(recompute: str, blocks: str, where: str) -> tuple[list[str],
 def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | None = None,
                      precision: str = "bf16", recipe: str = "mixed", device_type: str = "cuda",
                      pin_memory: bool = False, blocks: str = "model.blocks") -> FSDP2Equivalent:
-    """``fully_shard`` (FSDP2) settings and code for the same choice as :func:`deepspeed_config` (a
-    PlanRow also gives gpus_per_node, nodes and recipe). ``pin_memory``: for ``CPUOffloadPolicy``
-    (False on CPU-only machines, True is faster on GPUs); ``blocks``: the model's list of blocks."""
+    """``fully_shard`` (FSDP2) settings and code for the choice (a PlanRow also gives gpus_per_node, nodes, recipe).
+    ``pin_memory``: False on CPU-only machines, True is faster on GPUs; ``blocks``: the model's list of blocks."""
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
     row = choice if isinstance(choice, PlanRow) else None
@@ -472,9 +470,8 @@ def _train_snippet(codes: list, steps: int) -> list:
 def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: str = "fp32",
                    gpus_per_node: int | None = None, nodes: int | None = None,
                    timeout_s: float = 120) -> list[dict]:
-    """Train the course GPT with :func:`fsdp2_equivalent`'s code for each choice (one or a list) on
-    ``world_size`` ranks, in one launch; per choice ``{"choice", "where", "code", "losses", "single",
-    "max_rel_diff"}`` against one process (in fp32 equal to rounding). HSDP: default 2 "nodes"."""
+    """Train the course GPT with :func:`fsdp2_equivalent`'s code per choice, in one launch; per choice ``{"choice",
+    "where", "code", "losses", "single", "max_rel_diff"}`` against one process. HSDP: default 2 "nodes"."""
     choices = choices if isinstance(choices, list) else [choices]
     if not choices:
         raise ValueError("choices is empty: pass a choice such as 'ZeRO-3', or a list of them")
@@ -501,8 +498,7 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
 
 
 def side_by_side(plan_row_or_choice, **kwargs) -> str:
-    """Planner choice, DeepSpeed config and the torch equivalent side by side, as text; ``kwargs``
-    go to :func:`deepspeed_config`."""
+    """Planner choice, DeepSpeed config and torch equivalent side by side; ``kwargs`` go to :func:`deepspeed_config`."""
     c = as_choice(plan_row_or_choice)
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
     if row is not None and row.recipe == "torch-amp" and kwargs.get("recipe") is None:

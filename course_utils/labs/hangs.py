@@ -281,9 +281,8 @@ def _variants(spec: Scenario, variant) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class RankState:
-    """Where one rank was: ``collective`` (torch.distributed function, ``"backward"`` or None),
-    ``function``/``code`` (the scenario's innermost frame and its line, no comment), ``via``
-    (the non-torch function that line called into, e.g. ``wrap()``)."""
+    """Where one rank was: ``collective`` (torch.distributed function, ``"backward"`` or None), ``function``/``code``
+    (the scenario's innermost frame, its line), ``via`` (the non-torch function that line called, e.g. ``wrap()``)."""
     rank: int
     collective: str | None
     function: str | None
@@ -301,9 +300,8 @@ class RankState:
 
 @dataclasses.dataclass
 class Outcome:
-    """What one run did. kind: "hang" (killed at ``timeout_s``), "crash" (a signal), "error",
-    "wrong result" or "ok"; ranks: :class:`RankState` of each rank seen stuck or failing;
-    elapsed_s: wall time of the launch (not in the report)."""
+    """What one run did. kind: "hang" (killed at ``timeout_s``), "crash" (a signal), "error", "wrong result" or
+    "ok"; ranks: :class:`RankState` of each rank seen stuck or failing; elapsed_s: not in the report."""
     scenario: str
     variant: str | None
     kind: str
@@ -351,8 +349,7 @@ def _rank_state(rank: int, frames: list) -> RankState:
 
 
 def clean_message(text: str) -> str:
-    """A collective error message without what changes between runs and machines: C++ source
-    paths, addresses, devices (``TensorOptions(...)``), doubled spaces."""
+    """A collective error message without what changes between runs and machines (paths, addresses, devices)."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     text = re.sub(r"\[enforce fail at [^\]]*\]\s*", "", text)
@@ -387,8 +384,7 @@ def _wrong_values(spec: Scenario, results: list, variant) -> list[str]:
 
 def run_broken(name: str, variant=None, *, detail: bool = False,
                timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo") -> Outcome:
-    """Run a broken version on 2 ranks (``variant`` default: the first); a hang, crash or error
-    becomes the returned :class:`Outcome`, never raised."""
+    """Run a broken version on 2 ranks (default: its first variant); a hang, crash or error is returned, not raised."""
     spec = _scenario(name)
     (variant,) = _variants(spec, variant)[:1]
     check_timeout(timeout_s)
