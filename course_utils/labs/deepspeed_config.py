@@ -442,14 +442,12 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
                  + [f"# mixed precision: run forward under torch.autocast({device_type!r}, dtype=torch.{dtype})"]
                  * bool(dtype) + [f"optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class="
                                   f"torch.optim.AdamW, {_ADAMW})" if zero1 else adamw])
-    if c.recompute == "full":
-        notes.append("recomputation: checkpoint_wrapper on every block before sharding (FSDP2 "
-                     "wants activation checkpointing applied first)")
-    elif c.recompute == "selective":
-        notes.append("selective recomputation: checkpoint_wrapper on every block with a "
-                     "create_selective_checkpoint_contexts policy that recomputes only the attention "
-                     "ops and saves every other result (with flash attention, which stores no s x s "
-                     "scores, it saves about as much as no recomputation)")
+    notes += {"none": [], "full": ["recomputation: checkpoint_wrapper on every block before sharding (FSDP2 "
+                                   "wants activation checkpointing applied first)"],
+              "selective": ["selective recomputation: checkpoint_wrapper on every block with a "
+                            "create_selective_checkpoint_contexts policy that recomputes only the attention "
+                            "ops and saves every other result (with flash attention, which stores no s x s "
+                            "scores, it saves about as much as no recomputation)"]}[c.recompute]
     return FSDP2Equivalent(c, api, kwargs, mesh_shape, mesh_names, "\n".join(lines) + "\n", exact,
                            tuple(notes))
 
