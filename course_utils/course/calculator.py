@@ -21,7 +21,6 @@ CUSTOM = "custom size"
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One calculator setting. ``model``: a preset name, or CUSTOM with ``custom_billions``."""
-
     model: str = "llama-2-7b"
     custom_billions: float = 7.0
     gpus: int = 4
@@ -127,7 +126,6 @@ def _stream(text: str) -> dict:
 
 class _Form:
     """ipywidgets ``controls`` (two columns that wrap) over a frozen setting dataclass: a figure and a table out."""
-
     _label = "<figure>"
 
     def _start(self):
@@ -170,7 +168,6 @@ class _Form:
 
 class Calculator(_Form):
     """The calculator widget; display it in a notebook (or call :func:`show`)."""
-
     _label = "<calculator figure>"
 
     def __init__(self, setting: Setting | None = None):
@@ -221,7 +218,6 @@ _GPU_MEM = {"24 GB": 24.0, "40 GB": 40.0, "80 GB": 80.0, "141 GB": 141.0}
 @dataclasses.dataclass(frozen=True)
 class PlannerSetting:
     """The widget's inputs (a subset of :func:`plan`'s arguments)."""
-
     model: str = "llama-2-13b"
     gpu_memory: str = "80 GB"
     gpus_per_node: int = 8
@@ -274,7 +270,6 @@ def fitting_table(rows: planner.Plan, top: int = 5) -> str:
 
 class PlannerWidget(_Form):
     """The planner as a form: sliders and dropdowns in, a table and a bar plot out."""
-
     _label = "<planner figure>"
 
     def __init__(self, setting: PlannerSetting | None = None):

@@ -18,7 +18,6 @@ LETTERS = string.ascii_lowercase
 @dataclasses.dataclass(frozen=True)
 class Feedback:
     """The verdict on one answer. ``correct`` is None when the input was not an answer."""
-
     correct: bool | None
     message: str
 
@@ -37,8 +36,6 @@ class Feedback:
 class Question:
     """Base class: ``prompt``, ``explanation`` and :meth:`grade`."""
 
-    kind = "question"
-
     def __init__(self, prompt: str, explanation: str = ""):
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("a question needs a non-empty prompt")
@@ -54,7 +51,7 @@ class Question:
         return Feedback(True, " ".join(x for x in (lead, self.explanation) if x))
 
     def _wrong(self, lead: str = "") -> Feedback:
-        # The explanation gives the answer away: it comes with the right answer only.
+        """Without the explanation: it gives the answer away."""
         return Feedback(False, " ".join(x for x in (lead, "Think again and try another answer.") if x))
 
 
@@ -115,8 +112,6 @@ class _Choice(Question):
 class SingleChoice(_Choice):
     """One right option. ``answer`` is its letter ("b") or index (1)."""
 
-    kind = "single"
-
     def __init__(self, prompt, options, answer, explanation=""):
         super().__init__(prompt, options, answer, explanation)
         if len(self.answer) != 1:
@@ -124,17 +119,13 @@ class SingleChoice(_Choice):
 
     def grade(self, answer) -> Feedback:
         picks, problem = self._parse(answer)
-        if problem:
-            return Feedback(None, f"{problem}; pick one of {', '.join(self.letters)}.")
-        if len(picks) > 1:
-            return Feedback(None, f"this question has one answer; pick one of {', '.join(self.letters)}.")
+        if problem or len(picks) > 1:
+            return Feedback(None, f"{problem or 'this question has one answer'}; pick one of {', '.join(self.letters)}.")
         return self._right() if picks == self.answer else self._wrong()
 
 
 class MultiChoice(_Choice):
     """Several right options (select all that apply). ``answer`` like "a,c" or [0, 2]."""
-
-    kind = "multiple"
 
     def text(self) -> str:
         head, _, opts = super().text().partition("\n")
@@ -157,8 +148,6 @@ _NUMBER = re.compile(r"^[-+]?(\d[\d_,]*\.?\d*|\.\d+)(e[-+]?\d+)?$", re.IGNORECAS
 
 class Numeric(Question):
     """A number, right within ``tol`` (absolute) or ``rel_tol`` (relative), in ``unit``."""
-
-    kind = "numeric"
 
     def __init__(self, prompt, answer: float, *, unit: str = "", tol: float | None = None,
                  rel_tol: float | None = None, minimum: float | None = None,
@@ -199,10 +188,7 @@ class Numeric(Question):
                 return None, f"'{raw}' is not a number"
             if "," in s and "." not in s and not re.fullmatch(r"[-+]?\d{1,3}(,\d{3})+", s):
                 s = s.replace(",", ".", 1) if s.count(",") == 1 else s  # "28,5" -> 28.5
-            try:
-                value = float(s.replace(",", "").replace("_", ""))
-            except ValueError:
-                return None, f"'{raw}' is not a number"
+            value = float(s.replace(",", "").replace("_", ""))   # _NUMBER admits only floats
         if not math.isfinite(value):
             return None, "the answer must be a finite number"
         if self.minimum is not None and value < self.minimum:

@@ -15,9 +15,12 @@ import dataclasses
 from numbers import Real
 
 from ..checks import check_bool, check_choice, check_int, check_number
-from ..harness.experiments import BETAS, GLOBAL_BATCH, LR, WEIGHT_DECAY, train
-from ..harness.model import rows_per_rank
-from ..theory.planner import Choice, PlanRow, as_choice
+from ..harness.experiments import BETAS, GLOBAL_BATCH, LR, WEIGHT_DECAY, run, train
+from ..harness.model import SyntheticData, build_model, rows_per_rank
+from ..runtime.launch import backend_label, launch, rank_device, resolve_backend
+from ..theory.config import COURSE_CONFIG, PRESETS
+from ..theory.memory import GB, model_states
+from ..theory.planner import Choice, PlanRow, as_choice, matmul_weights
 
 __all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config", "validate_deepspeed_config",
            "FSDP2Equivalent", "fsdp2_equivalent", "run_equivalent", "side_by_side"]
@@ -93,10 +96,9 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
                      offload_device: str = "cpu", nvme_path: str | None = None,
                      hidden: int | None = None, bucket_elems: int | None = None,
                      gradient_clipping: float = 1.0) -> dict:
-    """A DeepSpeed config dict for one planner choice (a PlanRow gives micro-batch, accumulation,
-    GPUs, recipe and hidden size unless given). Give two of train_batch_size, micro_batch,
-    grad_accum (or three, consistent). recipe "mixed-fp32-grads" accumulates gradients in fp32;
-    offload_device "nvme" is ZeRO-Infinity; ``bucket_elems``: stage 1/2 buckets (default h² or 5e7)."""
+    """A DeepSpeed config dict for one planner choice (a PlanRow gives micro-batch, accumulation, GPUs, recipe and
+    hidden size unless given). Give two of train_batch_size, micro_batch, grad_accum (or three, consistent).
+    "mixed-fp32-grads" accumulates in fp32; "nvme" is ZeRO-Infinity; ``bucket_elems``: default h² or 5e7."""
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
     choice = as_choice(plan_row_or_choice)
     config = row.config if row is not None else None
@@ -302,9 +304,6 @@ class FSDP2Equivalent:
 
 def _torch_zero1_difference(precision: str) -> str:
     """What DDP + ``ZeroRedundancyOptimizer`` holds and sends against DeepSpeed's ZeRO-1 (llama-2-7b, 8 GPUs)."""
-    from ..theory.config import PRESETS
-    from ..theory.memory import GB, model_states
-    from ..theory.planner import matmul_weights
     traffic = ("it all-reduces the full gradients, then every owner broadcasts its parameters: "
                "1.5x the ring bytes of DeepSpeed's reduce-scatter + all-gather (notebook 07's table)")
     if precision == "fp32":
@@ -351,9 +350,8 @@ def _recompute_code(recompute: str, blocks: str, where: str) -> tuple[list[str],
 def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | None = None,
                      precision: str = "bf16", recipe: str = "mixed", device_type: str = "cuda",
                      pin_memory: bool = False, blocks: str = "model.blocks") -> FSDP2Equivalent:
-    """``fully_shard`` (FSDP2) settings and code for the same choice as :func:`deepspeed_config` (a
-    PlanRow also gives gpus_per_node, nodes and recipe). ``pin_memory``: for ``CPUOffloadPolicy``
-    (False on CPU-only machines, True is faster on GPUs); ``blocks``: the model's list of blocks."""
+    """``fully_shard`` (FSDP2) settings and code for the choice (a PlanRow also gives gpus_per_node, nodes, recipe).
+    ``pin_memory``: False on CPU-only machines, True is faster on GPUs; ``blocks``: the model's list of blocks."""
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
     row = choice if isinstance(choice, PlanRow) else None
@@ -444,23 +442,18 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
                  + [f"# mixed precision: run forward under torch.autocast({device_type!r}, dtype=torch.{dtype})"]
                  * bool(dtype) + [f"optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class="
                                   f"torch.optim.AdamW, {_ADAMW})" if zero1 else adamw])
-    if c.recompute == "full":
-        notes.append("recomputation: checkpoint_wrapper on every block before sharding (FSDP2 "
-                     "wants activation checkpointing applied first)")
-    elif c.recompute == "selective":
-        notes.append("selective recomputation: checkpoint_wrapper on every block with a "
-                     "create_selective_checkpoint_contexts policy that recomputes only the attention "
-                     "ops and saves every other result (with flash attention, which stores no s x s "
-                     "scores, it saves about as much as no recomputation)")
+    notes += {"none": [], "full": ["recomputation: checkpoint_wrapper on every block before sharding (FSDP2 "
+                                   "wants activation checkpointing applied first)"],
+              "selective": ["selective recomputation: checkpoint_wrapper on every block with a "
+                            "create_selective_checkpoint_contexts policy that recomputes only the attention "
+                            "ops and saves every other result (with flash attention, which stores no s x s "
+                            "scores, it saves about as much as no recomputation)"]}[c.recompute]
     return FSDP2Equivalent(c, api, kwargs, mesh_shape, mesh_names, "\n".join(lines) + "\n", exact,
                            tuple(notes))
 
 
 def _train_snippet(codes: list, steps: int) -> list:
     """On each rank, per snippet: the course GPT, wrapped by the snippet, trained; the global losses."""
-    from ..harness.model import SyntheticData, build_model
-    from ..runtime.launch import rank_device
-    from ..theory.config import COURSE_CONFIG
     device, out = rank_device(), []
     for code in codes:
         ns = {"model": build_model(COURSE_CONFIG, seed=0, device=device)}
@@ -475,11 +468,8 @@ def _train_snippet(codes: list, steps: int) -> list:
 def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: str = "fp32",
                    gpus_per_node: int | None = None, nodes: int | None = None,
                    timeout_s: float = 120) -> list[dict]:
-    """Train the course GPT with :func:`fsdp2_equivalent`'s code for each choice (one or a list) on
-    ``world_size`` ranks, in one launch; per choice ``{"choice", "where", "code", "losses", "single",
-    "max_rel_diff"}`` against one process (in fp32 equal to rounding). HSDP: default 2 "nodes"."""
-    from ..harness.experiments import run
-    from ..runtime.launch import backend_label, launch, resolve_backend
+    """Train the course GPT with :func:`fsdp2_equivalent`'s code per choice, in one launch; per choice ``{"choice",
+    "where", "code", "losses", "single", "max_rel_diff"}`` against one process. HSDP: default 2 "nodes"."""
     choices = choices if isinstance(choices, list) else [choices]
     if not choices:
         raise ValueError("choices is empty: pass a choice such as 'ZeRO-3', or a list of them")
@@ -506,8 +496,7 @@ def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: s
 
 
 def side_by_side(plan_row_or_choice, **kwargs) -> str:
-    """Planner choice, DeepSpeed config and the torch equivalent side by side, as text; ``kwargs``
-    go to :func:`deepspeed_config`."""
+    """Planner choice, DeepSpeed config and torch equivalent side by side; ``kwargs`` go to :func:`deepspeed_config`."""
     c = as_choice(plan_row_or_choice)
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
     if row is not None and row.recipe == "torch-amp" and kwargs.get("recipe") is None:
@@ -534,6 +523,7 @@ def side_by_side(plan_row_or_choice, **kwargs) -> str:
                else ("autocast" if fs.api != "fully_shard" and "bf16" in cfg else "fp32"))
     ds_prec = "bf16" if "bf16" in cfg else ("fp16 + loss scaling" if "fp16" in cfg else "fp32")
     rows = [
+        ("", "planner", "DeepSpeed", "torch equivalent"),   # not "FSDP2": DDP for DDP and ZeRO-1
         ("what", c.label(), f"zero_optimization.stage = {zero['stage']}", fs_shard),
         ("sharded", what, "", ""),
         ("offload", c.offload, ds_off, fs_off),
@@ -551,7 +541,6 @@ def side_by_side(plan_row_or_choice, **kwargs) -> str:
          f"{cfg['gradient_accumulation_steps']} accumulation", f"{cfg['train_batch_size']} = {cfg['train_micro_batch_size_per_gpu']} x "
          f"{cfg['gradient_accumulation_steps']} x {world} GPUs", "your data loader and accumulation loop"),
     ]
-    rows.insert(0, ("", "planner", "DeepSpeed", "torch equivalent"))   # not "FSDP2": DDP for DDP and ZeRO-1
     w = [max(len(str(r[i])) for r in rows) for i in range(4)]
     out = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
     return "\n".join(out[:1] + ["-" * (sum(w) + 6)] + out[1:] + [

@@ -31,10 +31,15 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from torch.nn.parallel import DistributedDataParallel
+
 from ..checks import check_choice, check_int, check_timeout
+from ..harness.experiments import GLOBAL_BATCH, make_adamw, run, wrap
 from ..harness.grading import compare, grade_on_ranks
+from ..harness.model import SyntheticData, build_model, warm_up
 from ..runtime.fmt import show as _show
-from ..runtime.launch import LaunchError, LaunchTimeout, launch, rank_device, where
+from ..runtime.launch import LaunchError, LaunchTimeout, launch, rank_device, resolve_backend, where
+from ..theory.config import COURSE_CONFIG
 
 __all__ = ["DEFAULT_TIMEOUT_S", "SCENARIOS", "Scenario", "Outcome", "RankState", "Diagnosis", "FixedRun",
            "skipped_collective", "skipped_collective_fixed", "uneven_batches", "uneven_batches_fixed",
@@ -90,7 +95,6 @@ def _weights(model: torch.nn.Module) -> torch.Tensor:
 
 def ddp_steps(batches) -> torch.Tensor:
     """torch DDP + SGD over ``batches``; the final weights."""
-    from torch.nn.parallel import DistributedDataParallel
     device = rank_device()
     model = DistributedDataParallel(_small_model().to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -127,9 +131,6 @@ def _average_gradients(model: torch.nn.Module) -> None:
 
 def _train_course_gpt(hidden: int, via: str) -> torch.Tensor:
     """2 AdamW steps of the course GPT (``hidden`` wide); the global batch's losses."""
-    from ..harness.experiments import GLOBAL_BATCH, make_adamw, wrap
-    from ..harness.model import SyntheticData, build_model
-    from ..theory.config import COURSE_CONFIG
     check_choice("via", via, VIAS, kind="way to synchronise", kinds="ways")
     rank, world, device = dist.get_rank(), dist.get_world_size(), rank_device()
     model = build_model(dataclasses.replace(COURSE_CONFIG, hidden=hidden), seed=0, device=device)
@@ -157,7 +158,6 @@ def shape_mismatch(via: str = "torch-ddp") -> torch.Tensor:
 
 
 def shape_mismatch_fixed(via: str = "torch-ddp") -> torch.Tensor:
-    from ..theory.config import COURSE_CONFIG
     return _train_course_gpt(COURSE_CONFIG.hidden, via)
 
 
@@ -210,7 +210,6 @@ def _uneven_reference(world_size: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def _single_losses() -> torch.Tensor:
-    from ..harness.experiments import run
     return torch.tensor(run("single", 1, steps=_STEPS)[0].losses, dtype=torch.float32)
 
 
@@ -282,9 +281,8 @@ def _variants(spec: Scenario, variant) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class RankState:
-    """Where one rank was: ``collective`` (torch.distributed function, ``"backward"`` or None),
-    ``function``/``code`` (the scenario's innermost frame and its line, no comment), ``via``
-    (the non-torch function that line called into, e.g. ``wrap()``)."""
+    """Where one rank was: ``collective`` (torch.distributed function, ``"backward"`` or None), ``function``/``code``
+    (the scenario's innermost frame, its line), ``via`` (the non-torch function that line called, e.g. ``wrap()``)."""
     rank: int
     collective: str | None
     function: str | None
@@ -302,9 +300,8 @@ class RankState:
 
 @dataclasses.dataclass
 class Outcome:
-    """What one run did. kind: "hang" (killed at ``timeout_s``), "crash" (a signal), "error",
-    "wrong result" or "ok"; ranks: :class:`RankState` of each rank seen stuck or failing;
-    elapsed_s: wall time of the launch (not in the report)."""
+    """What one run did. kind: "hang" (killed at ``timeout_s``), "crash" (a signal), "error", "wrong result" or
+    "ok"; ranks: :class:`RankState` of each rank seen stuck or failing; elapsed_s: not in the report."""
     scenario: str
     variant: str | None
     kind: str
@@ -352,8 +349,7 @@ def _rank_state(rank: int, frames: list) -> RankState:
 
 
 def clean_message(text: str) -> str:
-    """A collective error message without what changes between runs and machines: C++ source
-    paths, addresses, devices (``TensorOptions(...)``), doubled spaces."""
+    """A collective error message without what changes between runs and machines (paths, addresses, devices)."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     text = re.sub(r"\[enforce fail at [^\]]*\]\s*", "", text)
@@ -377,7 +373,6 @@ def _on_rank(fn: Callable, args: tuple, detail: bool):
 
 def _prepare_parent() -> None:
     """Import FSDP2 and DDP here, for the forked ranks to inherit (not inside the timeout)."""
-    from ..harness.model import warm_up
     warm_up(imports=("torch.distributed.fsdp", "torch.nn.parallel"))
 
 
@@ -389,9 +384,7 @@ def _wrong_values(spec: Scenario, results: list, variant) -> list[str]:
 
 def run_broken(name: str, variant=None, *, detail: bool = False,
                timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo") -> Outcome:
-    """Run a broken version on 2 ranks (``variant`` default: the first); a hang, crash or error
-    becomes the returned :class:`Outcome`, never raised."""
-    from ..runtime.launch import resolve_backend
+    """Run a broken version on 2 ranks (default: its first variant); a hang, crash or error is returned, not raised."""
     spec = _scenario(name)
     (variant,) = _variants(spec, variant)[:1]
     check_timeout(timeout_s)
@@ -487,7 +480,6 @@ def diagnose(name: str, variant=None, *, detail: bool = False,
              timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo") -> Diagnosis:
     """Run a broken version (every variant, or ``variant``); report rank, collective, line, fault and fix."""
     spec = _scenario(name)
-    check_timeout(timeout_s)
     outcomes = [run_broken(name, v, detail=detail, timeout_s=timeout_s, backend=backend)
                 for v in _variants(spec, variant)]
     lines = [f"== {spec.name}: {spec.title} =="]
@@ -519,7 +511,6 @@ class FixedRun:
 def run_fixed(name: str, variant=None, *, world_size: int = WORLD_SIZE, timeout_s: float = 60.0,
               backend: str = "auto") -> FixedRun:
     """Run a fixed version (every variant, or ``variant``) and check every rank's result."""
-    from ..runtime.launch import resolve_backend
     spec = _scenario(name)
     check_int("world_size", world_size, 2, 4, what="the lab's global batch and loaders fit those")
     check_timeout(timeout_s)
