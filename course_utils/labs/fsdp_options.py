@@ -11,13 +11,12 @@ import math
 import operator
 import textwrap
 from fractions import Fraction
-from numbers import Real
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_int, require_process_group
+from ..checks import check_int, check_positive, require_process_group
 from ..harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
                                    local_tensor, reference_grads, state_bytes, train)
 from ..harness.model import Block, SyntheticData, build_model, rows_per_rank
@@ -483,20 +482,15 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
     """FSDP2's default prefetching vs explicit prefetching of the next ``depth`` blocks."""
     check_int("steps", steps, minimum=1)
     layers = COURSE_CONFIG.layers
-    check_int("depth", depth, minimum=1)                     # 0 is FSDP2's default
-    if depth >= layers:
-        raise ValueError(f"depth must be < {layers} (the number of blocks), got {depth}")
+    check_int("depth", depth, 1, layers - 1, what="blocks ahead; 0 is FSDP2's default")
     res = _launch(_rank_prefetch, world_size, depth, steps)
     default, explicit = res[0]["default"], res[0]["explicit"]
-
-    def gathered(d):             # the root + the current block + d prefetched blocks
-        return 1 + min(layers, 1 + d)
-
     checks = [
         Check("default: order of events", default["events"], predicted_prefetch_order(layers, 0, 1)),
         Check(f"{depth} ahead: order of events", explicit["events"],
               predicted_prefetch_order(layers, depth, depth)),
-        *(Check(f"{label}: units gathered at once, {phase}", run["peaks"][phase], gathered(d))
+        *(Check(f"{label}: units gathered at once, {phase}", run["peaks"][phase],
+                1 + min(layers, 1 + d))        # the root + the current block + d prefetched blocks
           for label, run, ds in (("default", default, (0, 1)), (f"{depth} ahead", explicit, (depth, depth)))
           for phase, d in zip(("forward", "backward"), ds)),
         Check("collectives per step, explicit vs default", _calls(explicit["counts"]),
@@ -663,8 +657,7 @@ def _grad_rel_diff(grads: dict, ref: dict) -> float:
 
 def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> OptionResult:
     """``clip_grad_norm_`` on FSDP2's DTensor gradients vs one process, and the wrong way (local shard norms)."""
-    if isinstance(max_norm, bool) or not isinstance(max_norm, Real) or not max_norm > 0:
-        raise ValueError(f"max_norm must be a positive number such as 0.5, got {max_norm!r}")
+    check_positive("max_norm", max_norm)
     max_norm = float(max_norm)
     res = _launch(_rank_clipping, world_size, max_norm)
     _, ref_norm, ref_grads = reference_grads(max_norm=max_norm)

@@ -346,10 +346,8 @@ def _fsdp1(model, device, *, policy="module", strategy="FULL_SHARD", mesh=None, 
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
 
-    if policy == "module":
-        auto_wrap = ModuleWrapPolicy({Block})
-    else:   # the right form of the tutorial's call: the class is the policy's argument
-        auto_wrap = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+    auto_wrap = (ModuleWrapPolicy({Block}) if policy == "module"   # else the tutorial's call, right:
+                 else functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}))
     return FullyShardedDataParallel(model, auto_wrap_policy=auto_wrap, device_id=device,
                                     sharding_strategy=getattr(ShardingStrategy, strategy),
                                     **kwargs, **({} if mesh is None else {"device_mesh": mesh}))
