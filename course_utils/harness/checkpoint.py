@@ -15,7 +15,8 @@ from torch import nn
 
 from ..checks import check_int, check_timeout, distributed
 from . import experiments
-from .model import rows_per_rank
+from ..runtime.launch import launch, rank_device, where
+from .model import SyntheticData, build_model, rows_per_rank, warm_up
 from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest, unwrap, wrap
 
 __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load_full",
@@ -338,8 +339,6 @@ CHECKPOINTABLE = ("torch-fsdp", "torch-fsdp-zero2", "single", "ddp", "torch-ddp"
 def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
              save_to: str | None, gather: bool) -> dict:
     """One rank's life: build, wrap, load?, train up to step ``stop``, save?; ``gather``: the full state."""
-    from ..runtime.launch import rank_device
-    from .model import SyntheticData, build_model
     device = rank_device() if distributed() else torch.device("cpu")
     # a model that loads starts from other weights, so a load that did nothing shows
     model = build_model(seed=seed + 1 if load_from else seed, device=device)
@@ -367,7 +366,6 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def _preload() -> None:
-    from .model import warm_up
     warm_up(imports=("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
                      "torch.distributed.fsdp", "torch.distributed.tensor"))
 
@@ -376,7 +374,6 @@ def _run_session(world_size: int, strategy: str, *args, timeout_s: float) -> tup
     _preload()
     if strategy == "single":
         return _session(strategy, *args), "1 process, no process group"
-    from ..runtime.launch import launch, where
     results = launch(_session, world_size, strategy, *args, quiet=True, timeout_s=timeout_s)
     return results[0], where(results)
 
