@@ -306,9 +306,8 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     checks = [
         Check(f"max |loss diff| over {steps} steps, offload vs not",
               max_abs_diff(off["losses"], base["losses"]), 0.0),
-        Check("sharded params on", ",".join(off["stored"]["param"]), "cpu"),
-        Check("sharded grads on", ",".join(off["stored"]["grad"]), "cpu"),
-        Check("optimizer states on", ",".join(off["stored"]["optimizer"]), "cpu"),
+        *(Check(f"{what} on", ",".join(off["stored"][key]), "cpu") for what, key in (
+            ("sharded params", "param"), ("sharded grads", "grad"), ("optimizer states", "optimizer"))),
         *(Check(f"rank {rank}: {key} B, offload", v["CPUOffloadPolicy"]["stored"]["bytes"][key],
                 states[rank][key]) for rank, v in enumerate(res) for key in ("params", "grads", "optimizer")),
     ]
