@@ -1,8 +1,5 @@
-"""Saving and loading FSDP2 checkpoints: sharded (DCP), full (one file), resharded, resumed.
-
-Taught in ``notebooks/07_fsdp.ipynb``. Sharded (DCP): each rank writes its shards, rank 0 also
-``.metadata``, so a load at any world size reads only the chunks it needs. Full: one
-``torch.save`` file on rank 0, the export format. Keys: the unwrapped module's names.
+"""FSDP2 checkpoints (notebook 07): sharded (DCP: each rank its shards, rank 0 also ``.metadata``,
+so a load at any world size reads only the chunks it needs) and full (one file on rank 0).
 """
 from __future__ import annotations
 
@@ -18,7 +15,8 @@ from torch import nn
 
 from ..checks import check_int, check_timeout, distributed
 from . import experiments
-from .model import rows_per_rank
+from ..runtime.launch import launch, rank_device, where
+from .model import SyntheticData, build_model, rows_per_rank, warm_up
 from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest, unwrap, wrap
 
 __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load_full",
@@ -78,8 +76,7 @@ def _quiet_no_dist():
 
 
 def _check_stepped(optim) -> None:
-    """``get_state_dict`` would initialise a step-less AdamW with a zero step (``step`` = 1),
-    so the first real update would use step 2's bias correction."""
+    """``get_state_dict`` gives a step-less AdamW a zero step: the next update would use step 2's bias correction."""
     if optim is not None and not optim.state:
         raise ValueError("the optimizer has no state yet (no step() taken): saving it would make "
                          "torch initialise it with a zero step and change the next update; save "
@@ -87,7 +84,6 @@ def _check_stepped(optim) -> None:
 
 
 def _state(module, optimizer, *, full: bool = False) -> dict:
-    """``{"model", "optim"}`` from ``get_state_dict``; ``full``: unsharded, CPU, rank 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
     options = StateDictOptions(full_state_dict=True, cpu_offload=True) if full else None
     if optimizer is None:
@@ -148,7 +144,6 @@ def checkpoint_keys(path) -> dict[str, tuple | None]:
 
 
 def _chunk_data_bytes(meta, index) -> int:
-    """Raw tensor bytes of one stored item (0 for a pickled object)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     entry = meta.state_dict_metadata[index.fqn]
     if not isinstance(entry, TensorStorageMetadata):
@@ -162,9 +157,8 @@ def _chunk_data_bytes(meta, index) -> int:
 
 
 def describe_checkpoint(path) -> list[dict]:
-    """One row per file of a DCP checkpoint directory, sorted by name: what it stores
-    (``.metadata``: indexes) and its bytes. DCP frames each chunk with ~1.5 kB, so a 4-byte
-    ``step`` takes 1,577 bytes; ``.metadata`` holds the path, so its size varies with it."""
+    """One row per file of a DCP checkpoint directory: what it stores and its bytes. DCP frames each
+    chunk with ~1.5 kB (a 4-byte ``step`` takes 1,577 B); ``.metadata`` holds the path."""
     path = _check_path(path)
     meta = _read_metadata(path)
     empty = dict.fromkeys(("model_chunks", "optimizer_chunks", "objects", "payload_bytes", "data_bytes"), 0)
@@ -196,8 +190,7 @@ def describe_checkpoint(path) -> list[dict]:
 
 
 def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) -> dict:
-    """Write the state to the directory ``path`` with DCP, each rank its own shards (a
-    collective); returns what this rank wrote."""
+    """Write the state to the directory ``path`` with DCP, each rank its shards (a collective)."""
     import torch.distributed.checkpoint as dcp
     module, optim = _pair(model, optimizer)
     path = _check_path(path)
@@ -225,8 +218,7 @@ def save_sharded(model: nn.Module, optimizer, path, *, overwrite: bool = False) 
 
 
 def _check_compatible(path: str, meta, state: dict, strict: bool) -> None:
-    """A ValueError naming the first key that does not fit the index (global shapes: the
-    same on every rank, so no rank hangs)."""
+    """A ValueError naming the first key that does not fit (global shapes: every rank agrees, none hangs)."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     saved = meta.state_dict_metadata
     if "optim" in state and not any(k.startswith("optim.") for k in saved):
@@ -258,8 +250,7 @@ def _check_compatible(path: str, meta, state: dict, strict: bool) -> None:
 
 
 def load_sharded(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict:
-    """Load the DCP checkpoint at ``path`` in place, at any world size (a collective, or one
-    plain process); a ValueError names a key that does not fit. ``step``: where to resume."""
+    """Load the DCP checkpoint at ``path`` in place, at any world size; ``step``: where to resume."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     module, optim = _pair(model, optimizer)
@@ -289,8 +280,7 @@ def load_sharded(model: nn.Module, optimizer, path, *, strict: bool = True) -> d
 
 
 def full_state_dict(model: nn.Module, optimizer=None) -> dict:
-    """``{"model": {name: tensor}, "optimizer": {...}}`` unsharded on CPU on rank 0 (no
-    "optimizer" when None), ``{}`` elsewhere; a collective."""
+    """``{"model", "optimizer"}`` unsharded on CPU on rank 0, ``{}`` elsewhere; a collective."""
     module, optim = _pair(model, optimizer)
     _check_stepped(optim)
     state = _state(module, optim, full=True)
@@ -300,9 +290,7 @@ def full_state_dict(model: nn.Module, optimizer=None) -> dict:
 
 
 def save_full(model: nn.Module, optimizer, path) -> dict:
-    """:func:`full_state_dict` written by rank 0 to the file ``path`` (for
-    ``build_model().load_state_dict(torch.load(path)["model"])``); a collective.
-    Returns ``{"rank", "bytes"}`` this rank wrote."""
+    """:func:`full_state_dict` written by rank 0 to the file ``path``; a collective."""
     path = _check_path(path)
     if os.path.isdir(path):
         raise ValueError(f"{path!r} is a directory; save_full writes one file (e.g. 'model.pt')")
@@ -318,9 +306,8 @@ def save_full(model: nn.Module, optimizer, path) -> dict:
 
 
 def load_full(model: nn.Module, optimizer, path, *, strict: bool = True) -> dict:
-    """Load a :func:`save_full` file into a plain or sharded model (and optimizer): every
-    rank reads it and keeps its shards (at scale, ``broadcast_from_rank0=True`` lets rank 0
-    alone read it). Returns ``{"rank", "step"}``."""
+    """Load a :func:`save_full` file: every rank reads it and keeps its shards (at scale,
+    ``broadcast_from_rank0=True`` lets rank 0 alone read it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     module, optim = _pair(model, optimizer)
     path = _check_path(path)
@@ -351,10 +338,7 @@ CHECKPOINTABLE = ("torch-fsdp", "torch-fsdp-zero2", "single", "ddp", "torch-ddp"
 
 def _session(strategy: str, seed: int, stop: int | None, load_from: str | None,
              save_to: str | None, gather: bool) -> dict:
-    """One rank's life: build, wrap, optionally load (the data resumes at the loaded step),
-    train up to step ``stop``, optionally save; rank 0 returns the full state when ``gather``."""
-    from ..runtime.launch import rank_device
-    from .model import SyntheticData, build_model
+    """One rank's life: build, wrap, load?, train up to step ``stop``, save?; ``gather``: the full state."""
     device = rank_device() if distributed() else torch.device("cpu")
     # a model that loads starts from other weights, so a load that did nothing shows
     model = build_model(seed=seed + 1 if load_from else seed, device=device)
@@ -382,18 +366,14 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def _preload() -> None:
-    """Import DCP, FSDP2 and DTensor once, here, for the forked ranks to inherit."""
-    from .model import warm_up
     warm_up(imports=("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
                      "torch.distributed.fsdp", "torch.distributed.tensor"))
 
 
 def _run_session(world_size: int, strategy: str, *args, timeout_s: float) -> tuple[dict, str]:
-    """(rank 0's ``_session`` result, where it ran); ``"single"``: in this process."""
     _preload()
     if strategy == "single":
         return _session(strategy, *args), "1 process, no process group"
-    from ..runtime.launch import launch, where
     results = launch(_session, world_size, strategy, *args, quiet=True, timeout_s=timeout_s)
     return results[0], where(results)
 
@@ -410,10 +390,8 @@ def _check_run(path, strategy, seed, timeout_s) -> str:
 def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int = 2, *,
                       strategy: str = "torch-fsdp", seed: int = 0,
                       timeout_s: float = 120.0) -> dict:
-    """Train ``steps`` steps on ``save_world`` ranks, save into ``path``, load into a fresh
-    model and AdamW on each of ``load_worlds`` (``1``: a plain model in this process) and
-    compare the full states bit for bit: ``{"steps", "strategy", "rows" (one per world
-    size), "files" (:func:`describe_checkpoint`), "all_equal"}``."""
+    """Train on ``save_world`` ranks, save into ``path``, load on each of ``load_worlds`` (``1``: in
+    this process) and compare the full states bit for bit."""
     path = _check_run(path, strategy, seed, timeout_s)
     if strategy == "single":
         raise ValueError("reshard_roundtrip saves from several ranks: use 'torch-fsdp' or "
@@ -449,10 +427,8 @@ def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int 
 def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, *,
                    other_world_size: int | None = 1, strategy: str = "torch-fsdp",
                    seed: int = 0, timeout_s: float = 120.0) -> dict:
-    """Does stopping, saving and resuming change training? Bit for bit, no: compares
-    ``experiments.run`` with ranks that train ``stop_at`` steps and save into ``path``, then
-    new ranks that load into a fresh model and train on to ``steps``; again on
-    ``other_world_size`` ranks (None: skipped), where the batch sums in another order."""
+    """Stop at ``stop_at``, save, resume on new ranks to ``steps``: bit for bit the same as
+    ``experiments.run``; again on ``other_world_size`` ranks, where the batch sums in another order."""
     path = _check_run(path, strategy, seed, timeout_s)
     _check_world("world_size", world_size)
     check_int("steps", steps, 2)

@@ -11,13 +11,12 @@ import math
 import operator
 import textwrap
 from fractions import Fraction
-from numbers import Real
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_int, require_process_group
+from ..checks import check_int, check_positive, require_process_group
 from ..harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
                                    local_tensor, reference_grads, state_bytes, train)
 from ..harness.model import Block, SyntheticData, build_model, rows_per_rank
@@ -48,9 +47,7 @@ _SYMBOL = {"<=": "≤", ">=": "≥", ">": ">"}
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """One measured quantity next to its prediction. ``op``: ``"=="``, a bound (``"<="``,
-    ``">="``, ``">"``) or ``"~"`` (within ``rel_tol``); ``predicted=None``: nothing to compare
-    with (e.g. a GPU-only figure on CPU)."""
+    """A measured quantity next to its prediction (None: nothing to compare); ``op`` ``"~"``: within ``rel_tol``."""
 
     quantity: str
     measured: object
@@ -64,7 +61,6 @@ class Check:
 
     @property
     def ok(self) -> bool | None:
-        """Whether the measurement agrees with the prediction; None: no prediction."""
         m, p = self.measured, self.predicted
         if p is None or m is None:
             return None
@@ -91,9 +87,7 @@ def _fmt_bound(v) -> str:
 
 @dataclasses.dataclass(repr=False)
 class OptionResult:
-    """What a ``measure_*`` function returns: ``option`` (what was run), ``where`` (ranks and
-    backend), ``checks``, ``details`` (every raw measurement, plain Python values) and a
-    ``note``. Its repr is :meth:`table`."""
+    """What a ``measure_*`` function returns: ``checks``, ``details`` (raw measurements), a ``note``."""
 
     option: str
     where: str
@@ -103,7 +97,6 @@ class OptionResult:
 
     @property
     def ok(self) -> bool:
-        """Every check with a prediction agrees."""
         return all(c.ok is not False for c in self.checks)
 
     def check(self, quantity: str) -> Check:
@@ -141,10 +134,8 @@ def _launch(fn, world_size, *args) -> list:
 
 def shard_model(model: nn.Module, *, reshard_after_forward: bool | int = True, unit_types=None,
                 **fully_shard_kwargs) -> nn.Module:
-    """The ``"torch-fsdp"`` layout, in place, inside a launched rank: rank 0's weights
-    broadcast, then ``fully_shard`` on every unit (the blocks) and the root, with any other
-    ``fully_shard`` keyword (``mp_policy=``...). ``reshard_after_forward`` (bool or an int
-    dividing the world size) applies to the units; the root stays gathered to backward."""
+    """The ``"torch-fsdp"`` layout in place, on a launched rank: rank 0's weights, then ``fully_shard``
+    on the blocks and the root; ``reshard_after_forward`` (bool or int) applies to the blocks only."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     require_process_group("shard_model")
@@ -182,7 +173,6 @@ def _rank_batch(data, step: int, device):
 
 
 def _per_step(ledger: CommLedger) -> dict:
-    """What ``ledger`` recorded in one step, then reset for the next."""
     out = {"counts": ledger.counts(), "totals": ledger.totals(),
            "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]}
     ledger.reset()
@@ -230,8 +220,7 @@ def _rank_mixed_precision(steps: int) -> dict:
 
 
 def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionResult:
-    """``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on every unit vs fp32:
-    collective bytes per step, the dtypes stored and computed with, the losses."""
+    """``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on every unit vs fp32."""
     check_int("steps", steps, minimum=1)
     res = _launch(_rank_mixed_precision, world_size, steps)
     meta = build_model(COURSE_CONFIG, device="meta")
@@ -307,8 +296,7 @@ def _rank_cpu_offload(steps: int) -> dict:
 
 
 def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
-    """``CPUOffloadPolicy(pin_memory=False)`` on every unit vs no offload: the losses, where
-    the sharded states live and their bytes; on GPUs also the device memory it saves."""
+    """``CPUOffloadPolicy(pin_memory=False)`` on every unit vs no offload."""
     check_int("steps", steps, minimum=1)
     res = _launch(_rank_cpu_offload, world_size, steps)
     r = res[0]
@@ -318,9 +306,8 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     checks = [
         Check(f"max |loss diff| over {steps} steps, offload vs not",
               max_abs_diff(off["losses"], base["losses"]), 0.0),
-        Check("sharded params on", ",".join(off["stored"]["param"]), "cpu"),
-        Check("sharded grads on", ",".join(off["stored"]["grad"]), "cpu"),
-        Check("optimizer states on", ",".join(off["stored"]["optimizer"]), "cpu"),
+        *(Check(f"{what} on", ",".join(off["stored"][key]), "cpu") for what, key in (
+            ("sharded params", "param"), ("sharded grads", "grad"), ("optimizer states", "optimizer"))),
         *(Check(f"rank {rank}: {key} B, offload", v["CPUOffloadPolicy"]["stored"]["bytes"][key],
                 states[rank][key]) for rank, v in enumerate(res) for key in ("params", "grads", "optimizer")),
     ]
@@ -369,9 +356,7 @@ def _rank_reshard(settings: tuple, steps: int) -> dict:
 
 
 def _reshard_prediction(setting, world_size: int) -> dict:
-    """All-gathers per step (calls, bytes one rank sends, group sizes), each rank's backward
-    all-gather group (for an int k its k consecutive ranks: FSDP2 views the mesh as (N/k, k))
-    and the unsharded parameter bytes held from forward to backward."""
+    """All-gathers per step, each rank's backward group (an int k: FSDP2 views the mesh as (N/k, k)), bytes held."""
     meta = build_model(COURSE_CONFIG, device="meta")
     m_root, *m_blocks = message_numels(meta, world_size)
     layers = len(m_blocks)
@@ -405,9 +390,7 @@ def _groups(groups: list) -> str:
 
 def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False, 2),
                                   steps: int = 2) -> OptionResult:
-    """``reshard_after_forward`` on the blocks, one run per entry of ``settings`` (True, False
-    or an int dividing ``world_size``): all-gathers per step, the group of a block's backward
-    all-gather, the unsharded parameter bytes held from forward to backward."""
+    """``reshard_after_forward`` on the blocks, one run per entry of ``settings`` (True, False or an int)."""
     _check_world_size(world_size)
     check_int("steps", steps, minimum=1)
     if not isinstance(settings, (tuple, list)) or not settings:
@@ -449,10 +432,8 @@ def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False,
 # ================================================================== 4. explicit prefetching
 
 def predicted_prefetch_order(num_blocks: int, forward_depth: int = 0, backward_depth: int = 1) -> list:
-    """The events of one step under :func:`shard_model` with each block prefetching
-    ``forward_depth`` / ``backward_depth`` blocks ahead (FSDP2's defaults: 0 and 1), named as
-    :class:`~course_utils.labs.fsdp_api.EventOrder` does. The root's pre-backward, first of
-    all, prefetches the last block (the root sets no explicit list: FSDP2's default)."""
+    """One step's events, as :class:`~course_utils.labs.fsdp_api.EventOrder` names them, with each block
+    prefetching ``forward_depth`` / ``backward_depth`` blocks ahead (FSDP2's defaults: 0 and 1)."""
     for name, v in (("forward_depth", forward_depth), ("backward_depth", backward_depth)):
         check_int(name, v, minimum=0)
     check_int("num_blocks", num_blocks, minimum=1)
@@ -497,25 +478,18 @@ def _rank_prefetch(depth: int, steps: int) -> dict:
 
 
 def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> OptionResult:
-    """FSDP2's default prefetching vs ``set_modules_to_forward_prefetch`` /
-    ``set_modules_to_backward_prefetch`` of the next ``depth`` blocks: the order of the
-    all-gathers and the blocks' forward and backward, the most units gathered at once, the losses."""
+    """FSDP2's default prefetching vs explicit prefetching of the next ``depth`` blocks."""
     check_int("steps", steps, minimum=1)
     layers = COURSE_CONFIG.layers
-    check_int("depth", depth, minimum=1)                     # 0 is FSDP2's default
-    if depth >= layers:
-        raise ValueError(f"depth must be < {layers} (the number of blocks), got {depth}")
+    check_int("depth", depth, 1, layers - 1, what="blocks ahead; 0 is FSDP2's default")
     res = _launch(_rank_prefetch, world_size, depth, steps)
     default, explicit = res[0]["default"], res[0]["explicit"]
-
-    def gathered(d):             # the root + the current block + d prefetched blocks
-        return 1 + min(layers, 1 + d)
-
     checks = [
         Check("default: order of events", default["events"], predicted_prefetch_order(layers, 0, 1)),
         Check(f"{depth} ahead: order of events", explicit["events"],
               predicted_prefetch_order(layers, depth, depth)),
-        *(Check(f"{label}: units gathered at once, {phase}", run["peaks"][phase], gathered(d))
+        *(Check(f"{label}: units gathered at once, {phase}", run["peaks"][phase],
+                1 + min(layers, 1 + d))        # the root + the current block + d prefetched blocks
           for label, run, ds in (("default", default, (0, 1)), (f"{depth} ahead", explicit, (depth, depth)))
           for phase, d in zip(("forward", "backward"), ds)),
         Check("collectives per step, explicit vs default", _calls(explicit["counts"]),
@@ -562,8 +536,7 @@ def predicted_saved_activation_bytes(micro_batch: int, *, checkpointed: bool) ->
 
 
 def matmul_flops_per_step(micro_batch: int, *, checkpointed: bool) -> int:
-    """Matmul FLOPs (2·m·n·k each) of one forward + backward (twice forward) on ``micro_batch``
-    sequences; non-reentrant checkpointing (its default early stop) recomputes every block
+    """Matmul FLOPs of one forward + backward; non-reentrant checkpointing recomputes every block
     matmul but the last (the MLP's down projection, whose output nothing saves)."""
     check_int("micro_batch", micro_batch, minimum=1)
     cfg = COURSE_CONFIG
@@ -614,10 +587,8 @@ def _rank_checkpointing(steps: int) -> dict:
 
 
 def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> OptionResult:
-    """Checkpointing every block before ``fully_shard``, the two ways that work with FSDP2
-    (torch 2.13): ``torch.distributed._composable.checkpoint`` per block (names unchanged) and
-    ``apply_activation_checkpointing`` (``checkpoint_wrapper``), against none: bytes saved for
-    backward, block forwards, matmul FLOPs, collectives per step (the last), the losses."""
+    """Checkpointing every block before ``fully_shard``, the two ways that work with FSDP2 (torch 2.13):
+    ``_composable.checkpoint`` (names unchanged) and ``apply_activation_checkpointing``, vs none."""
     check_int("steps", steps, minimum=1)
     res = _launch(_rank_checkpointing, world_size, steps)
     r = res[0]
@@ -674,23 +645,18 @@ def _rank_clipping(max_norm: float) -> dict:
 
 
 def _full_grads_on_rank0(model) -> dict:
-    """A collective: ``{"grads": full gradients}`` on rank 0, {} elsewhere."""
     grads = full_grads(model)
     return {"grads": {n: g.cpu() for n, g in grads.items()}} if dist.get_rank() == 0 else {}
 
 
 def _grad_rel_diff(grads: dict, ref: dict) -> float:
-    """max |grad - reference| / max |reference| over all parameters."""
     return (max((grads[n] - g).abs().max().item() for n, g in ref.items())
             / max(g.abs().max().item() for g in ref.values()))
 
 
 def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> OptionResult:
-    """``torch.nn.utils.clip_grad_norm_`` on FSDP2's DTensor gradients after one backward of
-    the global batch, against one process clipping the whole gradient: the total norm, the
-    clipped full gradients, its collectives; and the wrong way, each rank's local shard norm."""
-    if isinstance(max_norm, bool) or not isinstance(max_norm, Real) or not max_norm > 0:
-        raise ValueError(f"max_norm must be a positive number such as 0.5, got {max_norm!r}")
+    """``clip_grad_norm_`` on FSDP2's DTensor gradients vs one process, and the wrong way (local shard norms)."""
+    check_positive("max_norm", max_norm)
     max_norm = float(max_norm)
     res = _launch(_rank_clipping, world_size, max_norm)
     _, ref_norm, ref_grads = reference_grads(max_norm=max_norm)
@@ -744,9 +710,7 @@ def _rank_accumulation(micro_batches: int) -> dict:
 
 
 def measure_gradient_accumulation(world_size: int = 2, *, micro_batches: int = 3) -> OptionResult:
-    """Accumulating over ``micro_batches`` micro-batches of each rank's rows with
-    ``set_requires_gradient_sync(False)`` on all but the last vs syncing every one: collectives
-    per micro-batch, gradient bytes held in between, the gradient vs one process."""
+    """``set_requires_gradient_sync(False)`` on all but the last of ``micro_batches`` vs syncing each."""
     _check_world_size(world_size)
     check_int("micro_batches", micro_batches, minimum=2)
     rows = GLOBAL_BATCH // world_size

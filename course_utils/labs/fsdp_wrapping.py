@@ -1,11 +1,7 @@
-"""How to wrap a model for FSDP, FSDP1's names in FSDP2, and a tutorial's "common issues", measured.
-
-Notebook 07's experiments, each on launched ranks next to what code predicts: 1. wrapping
+"""Notebook 07's wrapping experiments on launched ranks, each next to its prediction: 1. wrapping
 granularity; 2. FSDP1 auto-wrap == FSDP2 per block (the block class is an argument of the
-*policy*, not of ``FullyShardedDataParallel`` as a widely read tutorial has it); 3. FSDP1's
-ShardingStrategy -> FSDP2 (FSDP1 pads each unit's flat parameter once, FSDP2 every parameter's
-dim 0; HYBRID_SHARD without a mesh silently trains unsynchronised ranks on CPU); 4. the
-tutorial's "Common issues", reproduced and fixed.
+*policy*); 3. FSDP1's ShardingStrategy -> FSDP2 (HYBRID_SHARD without a mesh silently trains
+unsynchronised ranks on CPU); 4. a tutorial's "Common issues", reproduced and fixed.
 """
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_int
+from ..checks import check_choice, check_int
 from ..harness import experiments
 from ..harness.experiments import max_rel_diff
 from ..harness.model import GPT, Block, SyntheticData, build_model, num_params, rows_per_rank
@@ -93,12 +89,9 @@ def _exact(x):
 # ================================================================ 1. unsharded bytes, measured
 
 class UnshardedProbe:
-    """``with UnshardedProbe(model) as probe:`` around a forward + backward of a ``fully_shard``
-    model: ``probe.peak_params``, ``.peak_total`` (with the all-gather buffers), ``.timeline``
-    (``(event, unit, param bytes, buffer bytes)``), ``.forward_order``. It samples the live bytes
-    of FSDP2's unsharded tensors (``FSDPParam.all_gather_outputs``) and flat all-gather buffers
-    around every FSDP2 call that allocates or frees them, so the maximum is the exact peak; it
-    sees only FSDP's own tensors."""
+    """``with UnshardedProbe(model) as probe:`` around a step of a ``fully_shard`` model: ``.peak_params``,
+    ``.peak_total`` (+ all-gather buffers), ``.timeline``, ``.forward_order``. It samples FSDP2's own
+    unsharded tensors around every call that allocates or frees them: the maximum is the exact peak."""
 
     #: FSDPParamGroup method -> (label of the sample before it, label after it); None: no sample
     _WRAPPED = {
@@ -122,7 +115,6 @@ class UnshardedProbe:
         self.peak_params = self.peak_total = 0
 
     def sample(self, event: str, unit: str = "") -> tuple[int, int]:
-        """Read the live bytes now: (unsharded parameter bytes, buffer bytes)."""
         params, buffers = compat.fsdp2_unsharded_bytes(g for _, g in self.groups)
         self.timeline.append((event, unit, params, buffers))
         self.peak_params = max(self.peak_params, params)
@@ -211,9 +203,8 @@ def _replay(root: int, units: list[tuple[str, int]], reshard_after_forward: bool
 
 def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, *,
                            config: TransformerConfig = COURSE_CONFIG) -> dict:
-    """What :class:`UnshardedProbe` should measure, replaying FSDP2's schedule on the padded
-    unit sizes: ``{"params", "total", "units", "forward_order", "timeline"}`` (fp32 bytes;
-    ``total`` adds the all-gather buffers; ``units`` counts the root)."""
+    """What :class:`UnshardedProbe` should measure (fp32 bytes), replaying FSDP2's schedule on the
+    padded unit sizes: ``{"params", "total", "units" (with the root), "forward_order", "timeline"}``."""
     granularity = _check_names("granularity", granularity, GRANULARITIES)[0]
     check_int("world_size", world_size, 1)
     _check_config(config)
@@ -232,8 +223,7 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
 
 def _measured_run(model, optimizer, data, steps: int, device, probe: UnshardedProbe | None = None,
                   **extra) -> dict:
-    """``steps`` steps: losses, times, the last step's collectives (calls, bytes, functions,
-    group sizes) and state bytes after ``optimizer.step()``; ``probe`` watches the last step."""
+    """Losses, times, the last step's collectives and state bytes; ``probe`` watches the last step."""
     run = {"losses": [], "times": [], "counts": [], "totals": []}
     with CommLedger() as ledger, contextlib.ExitStack() as last_step:
         if probe is not None and steps == 1:
@@ -283,7 +273,7 @@ def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -
 
 @dataclasses.dataclass
 class _Rows:
-    """Rows measured on ``world_size`` ranks over ``steps`` steps, compared with ``"single"``."""
+    """Rows measured on ``world_size`` ranks, compared with ``"single"``."""
 
     rows: list
     world_size: int
@@ -301,14 +291,11 @@ class _Rows:
 
 @dataclasses.dataclass
 class GranularityReport(_Rows):
-    """What :func:`measure_granularity` measured (rank 0), one row per granularity: peaks,
-    ``calls``/``bytes`` per step (each with ``predicted_*``), ``losses``, ``max_rel_loss_diff``,
-    ``step_time_s`` (median, varies), ``cuda_peak_allocated`` (None on CPU), ``timeline``."""
+    """What :func:`measure_granularity` measured on rank 0, one row per granularity, with ``predicted_*``."""
 
     _key = "granularity"
 
     def table(self, *, include_time: bool = False) -> str:
-        """Step time (which varies from run to run) only with ``include_time=True``."""
         header = ["granularity", "units", "params peak B", "predicted", "+buffers peak B",
                   "predicted", "AG/step", "RS/step", "sent B/step", "= single"]
         rows = [[r["granularity"], r["units"], r["peak_params"], r["predicted_params"],
@@ -324,9 +311,8 @@ class GranularityReport(_Rows):
 def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIES),
                         steps: int = 4, seed: int = 0, config: TransformerConfig = COURSE_CONFIG,
                         timeout_s: float = 180.0) -> GranularityReport:
-    """Train with each wrapping of :data:`GRANULARITIES` (one launch): the peak unsharded bytes
-    (last step), one step's collectives, the median step time (steps 1..steps-2) and, on GPUs,
-    ``torch.cuda.max_memory_allocated``, each next to its prediction. ``steps`` >= 3."""
+    """Train with each wrapping of :data:`GRANULARITIES` (one launch): peak unsharded bytes, collectives,
+    median step time (steps 1..steps-2), on GPUs ``max_memory_allocated``; ``steps`` >= 3."""
     _check_run(world_size, steps, seed, min_steps=3)
     _check_config(config)
     names = _check_names("granularities", granularities, GRANULARITIES)
@@ -360,17 +346,14 @@ def _fsdp1(model, device, *, policy="module", strategy="FULL_SHARD", mesh=None, 
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
 
-    if policy == "module":
-        auto_wrap = ModuleWrapPolicy({Block})
-    else:   # the right form of the tutorial's call: the class is the policy's argument
-        auto_wrap = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+    auto_wrap = (ModuleWrapPolicy({Block}) if policy == "module"   # else the tutorial's call, right:
+                 else functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}))
     return FullyShardedDataParallel(model, auto_wrap_policy=auto_wrap, device_id=device,
                                     sharding_strategy=getattr(ShardingStrategy, strategy),
                                     **kwargs, **({} if mesh is None else {"device_mesh": mesh}))
 
 
 def _run_api(model, opt, data, steps: int, device, api: str) -> dict:
-    """:func:`_measured_run` of an FSDP1 (``api="fsdp1"``) or FSDP2 model, with its unit count."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     units = (sum(isinstance(m, FullyShardedDataParallel) for m in model.modules()) if api == "fsdp1"
@@ -409,9 +392,7 @@ def _autowrap_rank(policies, steps: int, seed: int) -> dict:
 
 @dataclasses.dataclass
 class AutowrapReport:
-    """What :func:`compare_autowrap` measured. runs: ``"fsdp1-module"``, ``"fsdp1-transformer"``,
-    ``"fsdp2"`` -> units, losses, calls and bytes per step, ``predicted``, the functions
-    CommLedger saw...; errors: the tutorial's spellings -> what torch raised."""
+    """What :func:`compare_autowrap` measured: ``runs`` (wrapping -> measures), ``errors`` (spelling -> raised)."""
 
     runs: dict
     errors: dict
@@ -437,9 +418,8 @@ class AutowrapReport:
 
 def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
                      timeout_s: float = 120.0) -> AutowrapReport:
-    """FSDP1 auto-wrap (``ModuleWrapPolicy({Block})`` and ``transformer_auto_wrap_policy``)
-    against FSDP2 per block (one launch): units, losses, calls and bytes per step against
-    :func:`predict_strategy`, and the errors the tutorial's two spellings raise."""
+    """FSDP1 auto-wrap (both policies) vs FSDP2 per block, against :func:`predict_strategy`, and the
+    errors the tutorial's two spellings raise."""
     _check_run(world_size, steps, seed)
     single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
     results = launch(_autowrap_rank, world_size, ("module", "transformer"), steps, seed,
@@ -471,7 +451,6 @@ _APIS = ("fsdp1", "fsdp2", "replicate")
 
 
 def _mesh_shape(kind: str, world: int) -> tuple[int, int]:
-    """(replicate, shard) sizes of a row's mesh on ``world`` ranks."""
     return {"1-D": (1, world), "2-D": (2, world // 2), "N x 1": (world, 1)}[kind]
 
 
@@ -525,14 +504,11 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
 
 def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp2",
                      config: TransformerConfig = COURSE_CONFIG) -> dict:
-    """``{"calls", "bytes", "state_bytes" (rank 0's), "mesh": (R, S), "zero_stage"}`` per step
-    of an FSDP1 ``strategy`` or its FSDP2 form (fp32, AdamW). ``"fsdp1"`` pads each unit's flat
-    parameter once to a multiple of the shard group size S (plus one AdamW step counter per
-    unit), ``"fsdp2"`` every parameter's dim 0; R > 1 replicas all-reduce each shard."""
-    if strategy not in STRATEGY_MAP:
-        raise ValueError(f"strategy must be one of {list(STRATEGY_MAP)}, got {strategy!r}")
-    if flavour not in ("fsdp1", "fsdp2"):
-        raise ValueError(f"flavour must be 'fsdp1' or 'fsdp2', got {flavour!r}")
+    """``{"calls", "bytes", "state_bytes", "mesh": (R, S), "zero_stage"}`` per step (fp32, AdamW). FSDP1
+    pads each unit's flat parameter once to a multiple of S (+ one step counter per unit), FSDP2
+    every parameter's dim 0; R > 1 replicas all-reduce each shard."""
+    check_choice("strategy", strategy, STRATEGY_MAP, kind="strategy", kinds="strategies")
+    check_choice("flavour", flavour, ("fsdp1", "fsdp2"), kind="flavour", kinds="flavours")
     check_int("world_size", world_size, 2)
     _check_config(config)
     _, stage, kind = STRATEGY_MAP[strategy]
@@ -565,10 +541,7 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
 
 @dataclasses.dataclass
 class StrategyReport(_Rows):
-    """What :func:`strategy_table` measured: one row per FSDP1 strategy (its FSDP2 form, ZeRO
-    stage, mesh) with, for ``"fsdp1"``, ``"fsdp2"`` (and on NO_SHARD ``"replicate"``): units,
-    calls and bytes per step (and ``predicted``), rank 0's state bytes, losses,
-    ``max_rel_loss_diff``, ``replicas_agree`` (every rank trains the same model), FSDP1's warnings."""
+    """What :func:`strategy_table` measured: one row per FSDP1 strategy, one entry per API of :data:`_APIS`."""
 
     _key = "strategy"
 
@@ -591,9 +564,8 @@ class StrategyReport(_Rows):
 
 def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
                    strategies=_TABLE_ROWS, timeout_s: float = 240.0) -> StrategyReport:
-    """Run every FSDP1 ``ShardingStrategy`` (per-block auto-wrap) and its FSDP2 form
-    (:data:`STRATEGY_MAP`) in one launch (HYBRID rows on a (2, N/2) mesh; ``"HYBRID_SHARD (no
-    mesh)"``: what FSDP1 does without one): calls, bytes, state bytes, losses. world_size: even, >= 4."""
+    """Every FSDP1 ``ShardingStrategy`` and its FSDP2 form in one launch (HYBRID rows on a (2, N/2)
+    mesh, or none for ``"HYBRID_SHARD (no mesh)"``); world_size: even, >= 4."""
     _check_run(world_size, steps, seed, min_world=4)
     names = _check_names("strategies", strategies, _TABLE_ROWS)
     if world_size % 2:
@@ -623,9 +595,7 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
 
 @dataclasses.dataclass
 class IssueReport:
-    """One of the tutorial's "Common issues", reproduced (``before``) and fixed (``after``),
-    each a dict of measured numbers; ``notes``: what to take away; ``summary``: the same in at
-    most 4 lines (:meth:`brief`, what the notebook prints)."""
+    """A tutorial's "Common issue", reproduced (``before``) and fixed (``after``); :meth:`brief` prints ``summary``."""
 
     issue: str
     before: dict
@@ -638,7 +608,6 @@ class IssueReport:
         return "\n".join(self.summary)
 
     def table(self, *, include_time: bool = False) -> str:
-        """Before and after side by side; entries marked "(varies)" only with ``include_time``."""
         keys = [k for k in dict.fromkeys(list(self.before) + list(self.after))
                 if include_time or "(varies)" not in k]
         rows = [[k, self.before.get(k), self.after.get(k)] for k in keys]
@@ -657,10 +626,8 @@ def _require(report, names) -> None:
 
 def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
               budget_bytes: int | None = None) -> IssueReport:
-    """"OOM with FSDP": root-only wrapping gathers the whole model at once. With a per-rank
-    budget for unsharded parameters + all-gather buffers between the two measured peaks
-    (default: their midpoint), root-only exceeds it (the probe says at which event) and
-    per-block fits. ``report``: a :func:`measure_granularity` result to reuse."""
+    """"OOM with FSDP": with a budget between the two measured peaks (default: their midpoint),
+    root-only exceeds it (at the probe's event) and per-block fits; ``report`` is reused if given."""
     if report is None:
         report = measure_granularity(world_size, granularities=("root-only", "per-block"))
     _require(report, ("root-only", "per-block"))
@@ -691,11 +658,8 @@ def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
 
 def issue_slow(report: GranularityReport | None = None, strategies: StrategyReport | None = None,
                *, world_size: int = 2) -> IssueReport:
-    """"Slow training from too much communication": per-leaf wrapping multiplies the
-    collective calls per step (each pays a latency) against per-block; SHARD_GRAD_OP
-    (``reshard_after_forward=False``) all-gathers each block once per step instead of twice,
-    for keeping it gathered from forward to backward. ``report``: a :func:`measure_granularity`
-    result to reuse; ``strategies``: a :func:`strategy_table` result adds FSDP1's all-gathers."""
+    """"Slow training": per-leaf multiplies the calls per step against per-block; SHARD_GRAD_OP
+    gathers each block once, not twice, but holds it. ``strategies`` adds FSDP1's all-gathers."""
     needed = ("per-block", "per-leaf", "per-block-zero2")
     if report is None:
         report = measure_granularity(world_size, granularities=needed)
@@ -744,7 +708,6 @@ def _losses(model, steps: int, seed: int) -> list:
 
 
 def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
-    """The tutorial's per-rank seeding before building the model, with FSDP2 and FSDP1, and the fixes."""
     rank, device = dist.get_rank(), rank_device()
 
     def seeded(s):
@@ -786,10 +749,8 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
 
 def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 0,
                             lift_fsdp1_cpu_guard: bool = True, timeout_s: float = 120.0) -> IssueReport:
-    """"Inconsistent results": ``torch.manual_seed(seed + rank)`` *before* building the model.
-    ``fully_shard`` does not broadcast, so each rank keeps its rows of its *own* init. Fixes,
-    measured: one seed for the model; ``broadcast_from_rank0``; FSDP1's ``sync_module_states=True``,
-    which refuses CPU modules (NCCL's limit): ``lift_fsdp1_cpu_guard`` patches that check out on CPU."""
+    """"Inconsistent results": ``manual_seed(seed + rank)`` before building; ``fully_shard`` does not
+    broadcast. ``lift_fsdp1_cpu_guard``: lets ``sync_module_states=True`` run on CPU (NCCL's limit)."""
     _check_run(world_size, steps, seed)
     with torch.random.fork_rng(devices=[]):         # this process's global RNG is left as it was
         torch.manual_seed(seed)
