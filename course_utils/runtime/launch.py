@@ -52,7 +52,6 @@ class LaunchError(RuntimeError):
         super().__init__(message)
         self.rank, self.exc_type, self.rank_traceback = rank, exc_type, rank_traceback
         self.outputs = outputs or {}
-        self.failed_ranks: list[int] = [] if rank is None else [rank]
 
 
 class LaunchTimeout(LaunchError):
@@ -491,15 +490,11 @@ def _stop(procs: list) -> None:
 def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
            timeout_s: float = DEFAULT_TIMEOUT_S, env: dict | None = None,
            quiet: bool = False, start_method: str = "auto", **kwargs) -> RankResults:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return its values by rank.
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks, the default process group
+    initialised, ``rank``/``world_size`` parameters filled in; its values by rank (tensors on CPU).
 
-    Inside ``fn`` the default process group is initialised; a parameter called ``rank``
-    or ``world_size`` (not passed) is filled in. ``backend``: see :func:`resolve_backend`.
     ``timeout_s``: ranks still running then are killed (:class:`LaunchTimeout`); also the
-    process-group timeout. ``env``: extra environment variables for the ranks. ``quiet``:
-    do not print the plan line. ``start_method``: ``"auto"`` (:func:`choose_start_method`)
-    or one of :data:`START_METHODS`. Returns a :class:`RankResults` (tensors moved to CPU);
-    raises :class:`LaunchError` naming the rank that raised or crashed, with its traceback.
+    process-group timeout. ``env``: extra environment variables for the ranks.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable (a function each rank runs), got {type(fn).__name__}")
@@ -543,13 +538,12 @@ def _wait(procs: list, timeout: float) -> int:
 
 def _load(path: str):
     with open(path, "rb") as f:
-        return pickle.loads(f.read())
+        return pickle.load(f)
 
 
 def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: tuple,
                  kwargs: dict, timeout_s: float, env: dict | None, quiet: bool,
                  why: str | None = None) -> RankResults:
-    """:func:`launch` with the start method decided."""
     if not quiet:
         print(describe_plan(world_size, chosen, method, why), flush=True)
     rank_kwargs = [{**({"rank": r} if _wants(fn, "rank") else {}),
@@ -647,19 +641,16 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
     if primary or (failures and not crashed):
         first = _root_cause(primary or failures)
         info = failures[first]
-        err = LaunchError(f"rank {first} raised {info['type']}: {info['message']}\n"
+        raise LaunchError(f"rank {first} raised {info['type']}: {info['message']}\n"
                           f"--- traceback of rank {first} ---\n{info['traceback']}",
                           rank=first, exc_type=info["type"], rank_traceback=info["traceback"], outputs=outputs)
-    elif crashed or missing:
+    if crashed or missing:
         first = min(crashed or missing)
         code = codes[first]
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        err = LaunchError(
+        raise LaunchError(
             f"rank {first} {how} without reporting a result (it crashed, was killed, e.g. out of "
             "memory, or called sys.exit/os._exit)", rank=first, outputs=outputs)
-    else:
-        out = RankResults(results)
-        out.backend, out.start_method, out.world_size, out.outputs = chosen, method, world_size, outputs
-        return out
-    err.failed_ranks = sorted(set(failures) | set(crashed)) or [first]
-    raise err
+    out = RankResults(results)
+    out.backend, out.start_method, out.world_size, out.outputs = chosen, method, world_size, outputs
+    return out

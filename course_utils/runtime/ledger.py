@@ -63,21 +63,12 @@ _C10D = {
     "barrier": ("barrier", None, None),
     "monitored_barrier": ("barrier", None, None),
 }
-# torch.distributed._functional_collectives (DTensor's); all return async tensors
-_FUNCOL = {
-    "broadcast": ("broadcast", "self", "tensor"),
-    "all_reduce": ("all_reduce", "self", "tensor"),
-    "all_gather_single": ("all_gather", "self", "times_n"),
-    "all_gather_single_autograd": ("all_gather", "self", "times_n"),
-    "all_gather_tensor": ("all_gather", "self", "times_n"),
-    "all_gather_tensor_autograd": ("all_gather", "self", "times_n"),
-    "reduce_scatter_single": ("reduce_scatter", "self", "tensor"),
-    "reduce_scatter_single_autograd": ("reduce_scatter", "self", "tensor"),
-    "reduce_scatter_tensor": ("reduce_scatter", "self", "tensor"),
-    "reduce_scatter_tensor_autograd": ("reduce_scatter", "self", "tensor"),
-    "all_to_all_single": ("all_to_all", "self", "tensor"),
-    "all_to_all_single_autograd": ("all_to_all", "self", "tensor"),
-}
+# torch.distributed._functional_collectives (DTensor's), each also as "<name>_autograd"; all async
+_FUNCOL = {name + suffix: (op, "self", how) for suffix in ("", "_autograd") for name, op, how in (
+    ("broadcast", "broadcast", "tensor"), ("all_reduce", "all_reduce", "tensor"),
+    ("all_gather_single", "all_gather", "times_n"), ("all_gather_tensor", "all_gather", "times_n"),
+    ("reduce_scatter_single", "reduce_scatter", "tensor"), ("reduce_scatter_tensor", "reduce_scatter", "tensor"),
+    ("all_to_all_single", "all_to_all", "tensor"))}
 
 _LOCK = _threading.RLock()
 _ACTIVE: list = []          # ledgers recording now, in the order they were entered
