@@ -61,9 +61,6 @@ class LaunchTimeout(LaunchError):
 class RankResults(list):
     """Return values by rank, with ``.backend``, ``.start_method``, ``.world_size``, ``.outputs``."""
 
-    def describe(self) -> str:
-        return describe_plan(self.world_size, self.backend, self.start_method)
-
 
 # --------------------------------------------------------------------------- planning
 

@@ -423,6 +423,5 @@ class CommLedger:
         return {"records": list(self.records)}
 
     def __setstate__(self, state: dict) -> None:
+        self.__init__()
         self.records = list(state["records"])
-        self._paused = 0
-        self._active = False
