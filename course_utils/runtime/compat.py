@@ -2,15 +2,11 @@
 torch API it touches, in one place (``tests/test_architecture.py`` checks that no other
 module reaches into torch's private names): the oldest torch (:data:`MIN_TORCH`), FSDP2's
 private ``replicate`` (:func:`fsdp2_replicate`), and one spelling of the flat-buffer
-collectives, which torch 2.13 renamed (the old names warn on every call)::
-
-    torch >= 2.13                          torch 2.10 - 2.12
-    dist.all_gather_single(out, inp)       dist.all_gather_into_tensor(out, inp)
-    dist.reduce_scatter_single(out, inp)   dist.reduce_scatter_tensor(out, inp)
-
-Course code calls :func:`all_gather_into_tensor` and :func:`reduce_scatter_tensor` from
-here; they look the function up on ``torch.distributed`` at call time, so a recording
-``CommLedger`` sees the call. With gloo, pad flat buffers to a multiple of the world size.
+collectives, which torch 2.13 renamed to ``all_gather_single``/``reduce_scatter_single``
+(the old names warn on every call). Course code calls :func:`all_gather_into_tensor` and
+:func:`reduce_scatter_tensor` from here; they look the function up on ``torch.distributed``
+at call time, so a recording ``CommLedger`` sees the call. With gloo, pad flat buffers to a
+multiple of the world size.
 """
 from __future__ import annotations
 

@@ -92,23 +92,16 @@ def _read() -> tuple[int, int] | None:
         return None
     deadline = time.monotonic() + SETTLE_S
     while True:
-        sent, retrans, queued, seen_tcp = 0, 0, 0, False
-        for inode, fd in _socket_fds().items():
-            if inode in _inherited:
-                continue
-            counters = _counters(fd)
-            if counters is not None:
-                sent += counters[0] - counters[1]
-                retrans += counters[1]
-                queued += counters[2]
-                seen_tcp = True
+        counts = [c for inode, fd in _socket_fds().items()
+                  if inode not in _inherited and (c := _counters(fd)) is not None]
+        total, retrans, queued = (sum(column) for column in zip((0, 0, 0), *counts))
         # a collective returns once its bytes are queued: count them in the region that sent them
         if not queued or time.monotonic() > deadline:
             break
         time.sleep(0.001)
-    if not seen_tcp and not wire_available():
+    if not counts and not wire_available():
         return None
-    return sent, retrans
+    return total - retrans, retrans
 
 
 def wire_bytes_sent() -> int | None:
