@@ -424,17 +424,6 @@ _FAILURE_GRACE_S = 0.5
 _FAILURE_GRACE_MAX_S = 5.0
 
 
-def _secondary(info: dict) -> bool:
-    """An error a rank got because a peer died (connection closed), not a cause."""
-    return info["type"] in _COMM_ERRORS or any(w in info["message"] for w in _COMM_WORDS)
-
-
-def _root_cause(failures: dict[int, dict]) -> int:
-    """The lowest rank among errors within 1 s of the earliest (deterministic when all raise)."""
-    t0 = min(f["time"] for f in failures.values())
-    return min(r for r, f in failures.items() if f["time"] - t0 < 1.0)
-
-
 def _user_stack(dump: str) -> str:
     """A faulthandler dump, innermost first, cut where the launcher's own frames begin."""
     lines = dump.splitlines()
@@ -634,9 +623,13 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
                             + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""), rank=hung[0], outputs=outputs)
     # Ranks that died without a Python error (a signal, os._exit) before we stopped them.
     crashed = [r for r in range(world_size) if codes[r] and r not in failures]
-    primary = {r: f for r, f in failures.items() if not _secondary(f)}
+    # errors a rank got because a peer died (connection closed) are not a cause
+    primary = {r: f for r, f in failures.items()
+               if f["type"] not in _COMM_ERRORS and not any(w in f["message"] for w in _COMM_WORDS)}
     if primary or (failures and not crashed):
-        first = _root_cause(primary or failures)
+        # the lowest rank among errors within 1 s of the earliest (deterministic when all raise)
+        t0 = min(f["time"] for f in (primary or failures).values())
+        first = min(r for r, f in (primary or failures).items() if f["time"] - t0 < 1.0)
         info = failures[first]
         raise LaunchError(f"rank {first} raised {info['type']}: {info['message']}\n"
                           f"--- traceback of rank {first} ---\n{info['traceback']}",
