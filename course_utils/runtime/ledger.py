@@ -175,10 +175,9 @@ def _record(family: str, name: str, signature, args, kwargs, seconds: float) -> 
                       "0 bytes and world_size -1", RuntimeWarning, stacklevel=3)
         op = (_FUNCOL if family == "funcol" else _C10D).get(name, ("broadcast",))[0]
         message, world, rank, sent, is_async = 0, -1, -1, 0, False
-    label = getattr(_TLS, "label", None)
     function = ("funcol." + name) if family == "funcol" else name
-    if label:
-        function = f"{function} ({label})"
+    if label := getattr(_TLS, "label", None):
+        function += f" ({label})"
     rec = CommRecord(op=op, function=function, message_bytes=int(message), sent_bytes=sent,
                      world_size=int(world), rank=int(rank), seconds=seconds, async_op=is_async)
     with _LOCK:
