@@ -2,15 +2,11 @@
 torch API it touches, in one place (``tests/test_architecture.py`` checks that no other
 module reaches into torch's private names): the oldest torch (:data:`MIN_TORCH`), FSDP2's
 private ``replicate`` (:func:`fsdp2_replicate`), and one spelling of the flat-buffer
-collectives, which torch 2.13 renamed (the old names warn on every call)::
-
-    torch >= 2.13                          torch 2.10 - 2.12
-    dist.all_gather_single(out, inp)       dist.all_gather_into_tensor(out, inp)
-    dist.reduce_scatter_single(out, inp)   dist.reduce_scatter_tensor(out, inp)
-
-Course code calls :func:`all_gather_into_tensor` and :func:`reduce_scatter_tensor` from
-here; they look the function up on ``torch.distributed`` at call time, so a recording
-``CommLedger`` sees the call. With gloo, pad flat buffers to a multiple of the world size.
+collectives, which torch 2.13 renamed to ``all_gather_single``/``reduce_scatter_single``
+(the old names warn on every call). Course code calls :func:`all_gather_into_tensor` and
+:func:`reduce_scatter_tensor` from here; they look the function up on ``torch.distributed``
+at call time, so a recording ``CommLedger`` sees the call. With gloo, pad flat buffers to a
+multiple of the world size.
 """
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ import re
 
 import torch
 import torch.distributed as dist
-from torch.utils._pytree import tree_flatten, tree_unflatten  # private: the one place it is imported
+from torch.utils._pytree import tree_flatten  # private: the one place it is imported
 
 __all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "HAS_SINGLE_NAMES",
            "ALL_GATHER_NAME", "REDUCE_SCATTER_NAME", "fsdp2_replicate",
@@ -28,7 +24,7 @@ __all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "HAS_SINGLE_NAMES"
            "fsdp2_param_group", "fsdp2_param_groups", "fsdp2_training_state", "fsdp2_is_gathered",
            "fsdp2_unsharded_bytes", "fsdp2_unsharded_grad_bytes", "watch_fsdp2", "queue_backward_callback", "storage_key",
            "resolve_process_group", "functional_collectives", "mem_tracker",
-           "checkpoint_functions", "fsdp1_allow_cpu_sync_module_states", "tree_flatten", "tree_unflatten", "DDP_BUFFER_BROADCAST",
+           "checkpoint_functions", "fsdp1_allow_cpu_sync_module_states", "tree_flatten", "DDP_BUFFER_BROADCAST",
            "release_forkserver_pipe", "stop_resource_tracker"]
 
 #: The oldest torch the course runs on (measured on CPU/gloo: on 2.9 FSDP2's ``replicate``
@@ -59,16 +55,12 @@ REDUCE_SCATTER_NAME = "reduce_scatter_single" if HAS_SINGLE_NAMES else "reduce_s
 
 def all_gather_into_tensor(output, input, group=None, async_op=False):
     """Gather every rank's ``input`` into ``output`` (rank r's part at ``r*input.numel()``)."""
-    if HAS_SINGLE_NAMES:
-        return dist.all_gather_single(output, input, group=group, async_op=async_op)
-    return dist.all_gather_into_tensor(output, input, group=group, async_op=async_op)
+    return getattr(dist, ALL_GATHER_NAME)(output, input, group=group, async_op=async_op)
 
 
 def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
     """Reduce ``input`` (``world_size`` chunks) over the ranks; rank r gets chunk r in ``output``."""
-    if HAS_SINGLE_NAMES:
-        return dist.reduce_scatter_single(output, input, op=op, group=group, async_op=async_op)
-    return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+    return getattr(dist, REDUCE_SCATTER_NAME)(output, input, op=op, group=group, async_op=async_op)
 
 
 def fsdp2_replicate(modules, group=None) -> bool:

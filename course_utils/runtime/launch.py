@@ -52,7 +52,6 @@ class LaunchError(RuntimeError):
         super().__init__(message)
         self.rank, self.exc_type, self.rank_traceback = rank, exc_type, rank_traceback
         self.outputs = outputs or {}
-        self.failed_ranks: list[int] = [] if rank is None else [rank]
 
 
 class LaunchTimeout(LaunchError):
@@ -61,9 +60,6 @@ class LaunchTimeout(LaunchError):
 
 class RankResults(list):
     """Return values by rank, with ``.backend``, ``.start_method``, ``.world_size``, ``.outputs``."""
-
-    def describe(self) -> str:
-        return describe_plan(self.world_size, self.backend, self.start_method)
 
 
 # --------------------------------------------------------------------------- planning
@@ -428,17 +424,6 @@ _FAILURE_GRACE_S = 0.5
 _FAILURE_GRACE_MAX_S = 5.0
 
 
-def _secondary(info: dict) -> bool:
-    """An error a rank got because a peer died (connection closed), not a cause."""
-    return info["type"] in _COMM_ERRORS or any(w in info["message"] for w in _COMM_WORDS)
-
-
-def _root_cause(failures: dict[int, dict]) -> int:
-    """The lowest rank among errors within 1 s of the earliest (deterministic when all raise)."""
-    t0 = min(f["time"] for f in failures.values())
-    return min(r for r, f in failures.items() if f["time"] - t0 < 1.0)
-
-
 def _user_stack(dump: str) -> str:
     """A faulthandler dump, innermost first, cut where the launcher's own frames begin."""
     lines = dump.splitlines()
@@ -491,15 +476,11 @@ def _stop(procs: list) -> None:
 def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
            timeout_s: float = DEFAULT_TIMEOUT_S, env: dict | None = None,
            quiet: bool = False, start_method: str = "auto", **kwargs) -> RankResults:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return its values by rank.
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks, the default process group
+    initialised, ``rank``/``world_size`` parameters filled in; its values by rank (tensors on CPU).
 
-    Inside ``fn`` the default process group is initialised; a parameter called ``rank``
-    or ``world_size`` (not passed) is filled in. ``backend``: see :func:`resolve_backend`.
     ``timeout_s``: ranks still running then are killed (:class:`LaunchTimeout`); also the
-    process-group timeout. ``env``: extra environment variables for the ranks. ``quiet``:
-    do not print the plan line. ``start_method``: ``"auto"`` (:func:`choose_start_method`)
-    or one of :data:`START_METHODS`. Returns a :class:`RankResults` (tensors moved to CPU);
-    raises :class:`LaunchError` naming the rank that raised or crashed, with its traceback.
+    process-group timeout. ``env``: extra environment variables for the ranks.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable (a function each rank runs), got {type(fn).__name__}")
@@ -543,13 +524,12 @@ def _wait(procs: list, timeout: float) -> int:
 
 def _load(path: str):
     with open(path, "rb") as f:
-        return pickle.loads(f.read())
+        return pickle.load(f)
 
 
 def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: tuple,
                  kwargs: dict, timeout_s: float, env: dict | None, quiet: bool,
                  why: str | None = None) -> RankResults:
-    """:func:`launch` with the start method decided."""
     if not quiet:
         print(describe_plan(world_size, chosen, method, why), flush=True)
     rank_kwargs = [{**({"rank": r} if _wants(fn, "rank") else {}),
@@ -643,23 +623,24 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
                             + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""), rank=hung[0], outputs=outputs)
     # Ranks that died without a Python error (a signal, os._exit) before we stopped them.
     crashed = [r for r in range(world_size) if codes[r] and r not in failures]
-    primary = {r: f for r, f in failures.items() if not _secondary(f)}
+    # errors a rank got because a peer died (connection closed) are not a cause
+    primary = {r: f for r, f in failures.items()
+               if f["type"] not in _COMM_ERRORS and not any(w in f["message"] for w in _COMM_WORDS)}
     if primary or (failures and not crashed):
-        first = _root_cause(primary or failures)
+        # the lowest rank among errors within 1 s of the earliest (deterministic when all raise)
+        t0 = min(f["time"] for f in (primary or failures).values())
+        first = min(r for r, f in (primary or failures).items() if f["time"] - t0 < 1.0)
         info = failures[first]
-        err = LaunchError(f"rank {first} raised {info['type']}: {info['message']}\n"
+        raise LaunchError(f"rank {first} raised {info['type']}: {info['message']}\n"
                           f"--- traceback of rank {first} ---\n{info['traceback']}",
                           rank=first, exc_type=info["type"], rank_traceback=info["traceback"], outputs=outputs)
-    elif crashed or missing:
+    if crashed or missing:
         first = min(crashed or missing)
         code = codes[first]
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        err = LaunchError(
+        raise LaunchError(
             f"rank {first} {how} without reporting a result (it crashed, was killed, e.g. out of "
             "memory, or called sys.exit/os._exit)", rank=first, outputs=outputs)
-    else:
-        out = RankResults(results)
-        out.backend, out.start_method, out.world_size, out.outputs = chosen, method, world_size, outputs
-        return out
-    err.failed_ranks = sorted(set(failures) | set(crashed)) or [first]
-    raise err
+    out = RankResults(results)
+    out.backend, out.start_method, out.world_size, out.outputs = chosen, method, world_size, outputs
+    return out

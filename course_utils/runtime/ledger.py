@@ -38,46 +38,30 @@ class CommRecord:
 
 # name -> (op, the argument holding the message, how to size it: "tensor", "list" (of tensors),
 # "lists" (of lists), "times_n" (its bytes x the group size: a gather's input), None: 0)
-_C10D = {
-    "all_reduce": ("all_reduce", "tensor", "tensor"),
-    "all_reduce_coalesced": ("all_reduce", "tensors", "list"),
-    "reduce": ("reduce", "tensor", "tensor"),
-    "broadcast": ("broadcast", "tensor", "tensor"),
-    "all_gather": ("all_gather", "tensor_list", "list"),                 # the gathered size
-    "all_gather_single": ("all_gather", "output_tensor", "tensor"),
-    "all_gather_into_tensor": ("all_gather", "output_tensor", "tensor"),
-    "_all_gather_base": ("all_gather", "output_tensor", "tensor"),
-    "all_gather_coalesced": ("all_gather", "output_tensor_lists", "lists"),
-    "reduce_scatter": ("reduce_scatter", "input_list", "list"),          # the unreduced size
-    "reduce_scatter_single": ("reduce_scatter", "input", "tensor"),
-    "reduce_scatter_tensor": ("reduce_scatter", "input", "tensor"),
-    "_reduce_scatter_base": ("reduce_scatter", "input", "tensor"),
-    "scatter": ("scatter", "tensor", "tensor"),                          # one rank's chunk
-    "gather": ("gather", "tensor", "tensor"),                            # one rank's chunk
-    "all_to_all": ("all_to_all", "input_tensor_list", "list"),
-    "all_to_all_single": ("all_to_all", "input", "tensor"),
-    "send": ("send", "tensor", "tensor"),
-    "isend": ("send", "tensor", "tensor"),
-    "recv": ("recv", "tensor", "tensor"),
-    "irecv": ("recv", "tensor", "tensor"),
-    "barrier": ("barrier", None, None),
-    "monitored_barrier": ("barrier", None, None),
-}
-# torch.distributed._functional_collectives (DTensor's); all return async tensors
-_FUNCOL = {
-    "broadcast": ("broadcast", "self", "tensor"),
-    "all_reduce": ("all_reduce", "self", "tensor"),
-    "all_gather_single": ("all_gather", "self", "times_n"),
-    "all_gather_single_autograd": ("all_gather", "self", "times_n"),
-    "all_gather_tensor": ("all_gather", "self", "times_n"),
-    "all_gather_tensor_autograd": ("all_gather", "self", "times_n"),
-    "reduce_scatter_single": ("reduce_scatter", "self", "tensor"),
-    "reduce_scatter_single_autograd": ("reduce_scatter", "self", "tensor"),
-    "reduce_scatter_tensor": ("reduce_scatter", "self", "tensor"),
-    "reduce_scatter_tensor_autograd": ("reduce_scatter", "self", "tensor"),
-    "all_to_all_single": ("all_to_all", "self", "tensor"),
-    "all_to_all_single_autograd": ("all_to_all", "self", "tensor"),
-}
+_C10D = {name: (op, arg, how) for op, arg, how, names in (
+    ("all_reduce", "tensor", "tensor", ("all_reduce",)),
+    ("all_reduce", "tensors", "list", ("all_reduce_coalesced",)),
+    ("reduce", "tensor", "tensor", ("reduce",)),
+    ("broadcast", "tensor", "tensor", ("broadcast",)),
+    ("all_gather", "tensor_list", "list", ("all_gather",)),                  # the gathered size
+    ("all_gather", "output_tensor", "tensor", ("all_gather_single", "all_gather_into_tensor", "_all_gather_base")),
+    ("all_gather", "output_tensor_lists", "lists", ("all_gather_coalesced",)),
+    ("reduce_scatter", "input_list", "list", ("reduce_scatter",)),           # the unreduced size
+    ("reduce_scatter", "input", "tensor", ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")),
+    ("scatter", "tensor", "tensor", ("scatter",)),                            # one rank's chunk
+    ("gather", "tensor", "tensor", ("gather",)),                              # one rank's chunk
+    ("all_to_all", "input_tensor_list", "list", ("all_to_all",)),
+    ("all_to_all", "input", "tensor", ("all_to_all_single",)),
+    ("send", "tensor", "tensor", ("send", "isend")),
+    ("recv", "tensor", "tensor", ("recv", "irecv")),
+    ("barrier", None, None, ("barrier", "monitored_barrier")),
+) for name in names}
+# torch.distributed._functional_collectives (DTensor's), each also as "<name>_autograd"; all async
+_FUNCOL = {name + suffix: (op, "self", how) for suffix in ("", "_autograd") for name, op, how in (
+    ("broadcast", "broadcast", "tensor"), ("all_reduce", "all_reduce", "tensor"),
+    ("all_gather_single", "all_gather", "times_n"), ("all_gather_tensor", "all_gather", "times_n"),
+    ("reduce_scatter_single", "reduce_scatter", "tensor"), ("reduce_scatter_tensor", "reduce_scatter", "tensor"),
+    ("all_to_all_single", "all_to_all", "tensor"))}
 
 _LOCK = _threading.RLock()
 _ACTIVE: list = []          # ledgers recording now, in the order they were entered
@@ -184,10 +168,9 @@ def _record(family: str, name: str, signature, args, kwargs, seconds: float) -> 
                       "0 bytes and world_size -1", RuntimeWarning, stacklevel=3)
         op = (_FUNCOL if family == "funcol" else _C10D).get(name, ("broadcast",))[0]
         message, world, rank, sent, is_async = 0, -1, -1, 0, False
-    label = getattr(_TLS, "label", None)
     function = ("funcol." + name) if family == "funcol" else name
-    if label:
-        function = f"{function} ({label})"
+    if label := getattr(_TLS, "label", None):
+        function += f" ({label})"
     rec = CommRecord(op=op, function=function, message_bytes=int(message), sent_bytes=sent,
                      world_size=int(world), rank=int(rank), seconds=seconds, async_op=is_async)
     with _LOCK:
@@ -432,6 +415,5 @@ class CommLedger:
         return {"records": list(self.records)}
 
     def __setstate__(self, state: dict) -> None:
+        self.__init__()
         self.records = list(state["records"])
-        self._paused = 0
-        self._active = False
