@@ -1,5 +1,5 @@
 """The ``"zero1"``, ``"zero2"``, ``"torch-zero1"`` and ``"torch-ddp"`` strategies, measured from
-outside (:mod:`course_utils.impl` holds no bookkeeping): :func:`measure_peak` for Zero1/Zero2."""
+outside (:mod:`course_utils.impl` holds no bookkeeping): :class:`PeakGradBytes` for Zero1/Zero2."""
 from __future__ import annotations
 
 import functools
@@ -8,7 +8,7 @@ from ..impl import ddp, zero
 from ..impl.common import DEFAULT_BUCKET_BYTES, broadcast_from_rank0, real_optimizer
 from ..runtime.ledger import CommLedger
 
-__all__ = ["grad_bytes", "PeakGradBytes", "measure_peak", "zero_extras",
+__all__ = ["grad_bytes", "PeakGradBytes", "zero_extras",
            "wrap_zero1", "wrap_zero2", "wrap_torch_zero1", "wrap_torch_ddp"]
 
 
@@ -25,7 +25,8 @@ def grad_bytes(opt) -> int:
 
 
 class PeakGradBytes:
-    """Mixed in by :func:`measure_peak`: :func:`grad_bytes` noted after each hook, launch and wait."""
+    """An observer mixed into Zero1/Zero2 (``zero_optimizer(..., observers=(PeakGradBytes,))``):
+    :func:`grad_bytes` noted after each hook, launch and wait."""
     peak_grad_bytes = 0
 
     def reset_peak(self) -> None:
@@ -47,21 +48,6 @@ class PeakGradBytes:
         self._note()
 
 
-@functools.cache
-def _measured(cls: type) -> type:
-    return type(f"Measured{cls.__name__}", (PeakGradBytes, cls), {})
-
-
-def measure_peak(opt):
-    """``opt`` (a Zero1/Zero2), from now on recording ``peak_grad_bytes``; returned."""
-    opt.__class__ = _measured(type(opt))
-    if isinstance(opt, zero.Zero2):            # the hooks are bound methods: bind them again
-        opt.remove_hooks()
-        opt._hook(opt.waiting)
-    opt.reset_peak()
-    return opt
-
-
 def zero_extras(model, optimizer) -> dict:
     """What a ZeRO-1/2 run also reports: the buckets' sizes Ψ_b."""
     return {"bucket_numels": [b.numel for b in optimizer.buckets]}
@@ -71,8 +57,10 @@ def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, **options):
     frozen = [p for p in model.parameters() if not p.requires_grad]
     broadcast_from_rank0(frozen + list(model.buffers()), group)   # the trained ones: the optimizer
     groups, cls, defaults = real_optimizer(model, make_optimizer)
-    opt = zero.zero_optimizer(groups, cls, stage=stage, bucket_bytes=bucket_bytes, group=group, **options, **defaults)
-    return model, measure_peak(opt)
+    opt = zero.zero_optimizer(groups, cls, stage=stage, bucket_bytes=bucket_bytes, group=group,
+                              observers=(PeakGradBytes,), **options, **defaults)
+    opt.reset_peak()
+    return model, opt
 
 
 def wrap_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, variant="reduce_scatter",

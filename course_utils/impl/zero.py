@@ -342,15 +342,16 @@ def _with(base: type, *mixins: type) -> type:
 
 def zero_optimizer(params, optimizer_class, *, stage: int = 1, bucket_bytes=DEFAULT_BUCKET_BYTES,
                   variant: str = "reduce_scatter", mixed: bool = False, overlap: bool = True, group=None,
-                  **defaults):
-    """:class:`Zero1` (``stage=1``) or :class:`Zero2`, with the options' mixins."""
+                  observers: tuple = (), **defaults):
+    """:class:`Zero1` (``stage=1``) or :class:`Zero2`, with the options' mixins (``observers``:
+    more mixins in front, e.g. one that measures from outside)."""
     if stage not in (1, 2) or isinstance(stage, bool):
         raise ValueError(f"stage must be 1 or 2 (ZeRO-3 is course_utils.impl.zero3), got {stage!r}")
     if variant not in VARIANTS or (variant == "allreduce" and stage != 1):
         raise ValueError(f"variant must be one of {VARIANTS} ('allreduce': ZeRO-1 only), got {variant!r}")
     mixins = [m for m, on in ((AllReduceGradients, variant == "allreduce"), (BF16Master, mixed),
                               (SendAfterBackward, stage == 2 and not overlap)) if on]
-    cls = _with(Zero1 if stage == 1 else Zero2, *mixins)
+    cls = _with(Zero1 if stage == 1 else Zero2, *observers, *mixins)
     return cls(params, optimizer_class, bucket_bytes, group=group, **defaults)
 
 
