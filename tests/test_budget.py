@@ -1,0 +1,61 @@
+"""The learner's path has a budget (shared/COURSE.md, "Budget and appendices"): each core
+notebook (00-08) at most 35k characters of source + text output, 00-08 together at most 230k.
+
+Text output: stream text and the ``text/plain`` of results that have no image or widget view
+(what a learner reads). While the core is being cut down, ``CEILING`` holds each notebook's
+size as last committed above the target: a notebook may shrink below it, never grow past it;
+lower an entry when you cut, delete it once the notebook meets the target.
+"""
+import json
+
+import pytest
+
+from course_utils.course import paths
+from course_utils.course.badges import ROOT
+
+PER_NOTEBOOK, CORE_TOTAL = 35_000, 230_000
+CORE = [name for name, _, _ in paths.NOTEBOOKS if name not in paths.APPENDICES]
+CEILING = {"07_fsdp.ipynb": 66_100, "06_zero3.ipynb": 45_800, "08_beyond_one_box.ipynb": 48_300,
+           "03_memory_anatomy.ipynb": 39_500}
+CORE_CEILING = 368_400
+
+
+def characters(nb: dict) -> int:
+    n = 0
+    for cell in nb["cells"]:
+        n += len("".join(cell["source"]))
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                n += len("".join(out["text"]))
+            data = out.get("data", {})
+            if "text/plain" in data and not any(k.startswith(("image/", "application/vnd.jupyter.widget"))
+                                                for k in data):
+                n += len("".join(data["text/plain"]))
+    return n
+
+
+def _size(name: str) -> int:
+    return characters(json.loads((ROOT / "notebooks" / name).read_text(encoding="utf-8")))
+
+
+def test_every_core_notebook_listed_is_core():
+    assert CORE[0].startswith("00_") and CORE[-1].startswith("08_") and len(CORE) == 9
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_core_notebook_within_budget(name):
+    limit = max(PER_NOTEBOOK, CEILING.get(name, 0))
+    assert _size(name) <= limit, f"{name}: {_size(name):,} characters > {limit:,}; move reference " \
+                                 "material to an appendix notebook (09+) or cut what repeats"
+
+
+def test_core_total_within_budget():
+    total = sum(_size(n) for n in CORE)
+    assert total <= max(CORE_TOTAL, CORE_CEILING), f"00-08: {total:,} characters > {max(CORE_TOTAL, CORE_CEILING):,}"
+
+
+def test_ceilings_are_not_stale():
+    """A ceiling is only for a notebook still above the target: delete it once met."""
+    for name, ceiling in CEILING.items():
+        assert _size(name) > PER_NOTEBOOK, f"{name} meets the budget: delete its CEILING entry"
+        assert ceiling < _size(name) + 2_000, f"{name}: lower its CEILING to {_size(name):,}"
