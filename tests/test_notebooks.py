@@ -7,8 +7,8 @@ from course_utils.course.badges import notebook_paths
 from course_utils.course.paths import APPENDICES
 
 NOTEBOOKS = notebook_paths()
-SKELETON = ["You will learn", "Prerequisites", "Runs in", "## Summary", "## Quiz",
-            "## Exercises", "## Further reading"]
+SKELETON = ["You will learn", "Prerequisites", "Runs in", "## Summary", "## Quiz", "Exercise",
+            "## Further reading"]
 
 
 def _load(path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import statistics
 import sys
 import time
@@ -46,6 +47,14 @@ def _check_options(spec, options: dict) -> None:
         raise TypeError(f"strategy {spec.name!r} has no option {', '.join(unknown)}; its options: "
                         f"{', '.join(spec.options) or 'none'}")
     check_bucket_bytes(options.get("bucket_bytes"))
+    impl = options.get("impl")
+    if impl is not None:                      # a learner's class runs as it is
+        if not isinstance(impl, type):
+            raise TypeError(f"impl must be a class (e.g. your MyZero1), got {type(impl).__name__}")
+        defaults = {n: p.default for n, p in inspect.signature(spec.wrap).parameters.items()}
+        changed = [k for k, v in options.items() if k not in ("impl", "bucket_bytes") and v != defaults[k]]
+        if changed:
+            raise ValueError(f"impl={impl.__name__} runs your class as it is: drop {', '.join(changed)}")
 
 
 def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):

@@ -50,13 +50,16 @@ class PeakGradBytes:
 
 def zero_extras(model, optimizer) -> dict:
     """What a ZeRO-1/2 run also reports: the buckets' sizes Ψ_b."""
-    return {"bucket_numels": [b.numel for b in optimizer.buckets]}
+    return {"bucket_numels": [b.numel for b in optimizer.buckets]} if isinstance(optimizer, zero.Zero1) else {}
 
 
-def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, **options):
+def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, impl=None, **options):
     frozen = [p for p in model.parameters() if not p.requires_grad]
     broadcast_from_rank0(frozen + list(model.buffers()), group)   # the trained ones: the optimizer
     groups, cls, defaults = real_optimizer(model, make_optimizer)
+    if impl not in (None, zero.Zero1 if stage == 1 else zero.Zero2):   # the learner's class, as it is
+        broadcast_from_rank0(model, group)
+        return model, (impl(groups, cls, **defaults) if stage == 1 else impl(groups, cls, bucket_bytes, **defaults))
     opt = zero.zero_optimizer(groups, cls, stage=stage, bucket_bytes=bucket_bytes, group=group,
                               observers=(PeakGradBytes,), **options, **defaults)
     opt.reset_peak()
@@ -64,16 +67,18 @@ def _wrap_zero(model, make_optimizer, stage, group, bucket_bytes, **options):
 
 
 def wrap_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, variant="reduce_scatter",
-               mixed=False, overlap=True, group=None):
-    """``"zero1"``: the model and a Zero1 over ``make_optimizer``'s class, groups and hyperparameters."""
-    return _wrap_zero(model, make_optimizer, 1, group, bucket_bytes, variant=variant, mixed=mixed,
+               mixed=False, overlap=True, group=None, impl=None):
+    """``"zero1"``: the model and a Zero1 over ``make_optimizer``'s class, groups and hyperparameters
+    (``impl``: a class of ``MyZero1``'s shape instead, ``impl(groups, optimizer_class, **defaults)``)."""
+    return _wrap_zero(model, make_optimizer, 1, group, bucket_bytes, impl, variant=variant, mixed=mixed,
                       overlap=overlap)
 
 
 def wrap_zero2(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, mixed=False, overlap=True,
-               group=None):
-    """``"zero2"``: the model itself and a :class:`~course_utils.impl.zero.Zero2`."""
-    return _wrap_zero(model, make_optimizer, 2, group, bucket_bytes, mixed=mixed, overlap=overlap)
+               group=None, impl=None):
+    """``"zero2"``: the model itself and a :class:`~course_utils.impl.zero.Zero2` (``impl``: a class of
+    ``MyZero2``'s shape instead, ``impl(groups, optimizer_class, bucket_bytes, **defaults)``)."""
+    return _wrap_zero(model, make_optimizer, 2, group, bucket_bytes, impl, mixed=mixed, overlap=overlap)
 
 
 def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None):

@@ -15,7 +15,7 @@ from ..checks import require_process_group
 from ..runtime.compat import queue_backward_callback
 from .common import DEFAULT_BUCKET_BYTES, BucketHooks, broadcast_from_rank0, make_buckets, trainable
 
-__all__ = ["DataParallel", "wrap_ddp", "wrap_torch_ddp", "unwrap"]
+__all__ = ["DataParallel", "WRAPPERS", "wrap_ddp", "wrap_torch_ddp", "unwrap"]
 
 
 class DataParallel(BucketHooks, nn.Module):
@@ -101,10 +101,19 @@ class DataParallel(BucketHooks, nn.Module):
         return f"world_size={self.world_size}, buckets={len(sizes)} (elements {sizes}), overlap={self.overlap}"
 
 
-def wrap_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None):
-    """The ``"ddp"`` strategy: ``(DataParallel(model), make_optimizer(its trainable parameters))``."""
-    ddp = DataParallel(model, bucket_bytes, overlap=overlap, group=group)
-    return ddp, make_optimizer(ddp.params)
+#: Wrapper classes whose ``.module`` is the user's model (``wrap_ddp(impl=...)`` adds its class).
+WRAPPERS: list = [DataParallel]
+
+
+def wrap_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None, impl=None):
+    """The ``"ddp"`` strategy: ``(DataParallel(model), make_optimizer(its trainable parameters))``;
+    ``impl``: another class of ``MyDDP``'s shape, ``impl(model, bucket_bytes)`` (the learner's)."""
+    if impl is None or impl is DataParallel:
+        ddp = DataParallel(model, bucket_bytes, overlap=overlap, group=group)
+        return ddp, make_optimizer(ddp.params)
+    if impl not in WRAPPERS:
+        WRAPPERS.append(impl)
+    return impl(model, bucket_bytes), make_optimizer(trainable(model))
 
 
 def wrap_torch_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, group=None):
@@ -123,6 +132,6 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The user's module inside a wrapper (torch DDP's or :class:`DataParallel`'s ``.module``)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    while isinstance(model, (DataParallel, DistributedDataParallel)):
+    while isinstance(model, (*WRAPPERS, DistributedDataParallel)):
         model = model.module
     return model
