@@ -158,3 +158,106 @@ def test_solution_prints_the_reference(name, capsys):
 def test_solution_names_the_exercises():
     with pytest.raises(ValueError, match="known build exercises: ddp, zero1, zero2, zero3"):
         solution("zero4")
+
+
+def _hyper(group):
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+class MyZero2(torch.optim.Optimizer):
+    """05's skeleton filled in: ZeRO-1's layout per bucket, hooks, a _finish per backward."""
+
+    def __init__(self, params, optimizer_class, bucket_bytes=25 * 2**20, **defaults):
+        from course_utils.impl.common import make_buckets
+        super().__init__(params, defaults)
+        self.n, self.rank = dist.get_world_size(), dist.get_rank()
+        self.buckets, inner_groups = [], []
+        for group in self.param_groups:
+            trained = [p for p in group["params"] if p.requires_grad]
+            made = [self._layout(b) for b in make_buckets(trained, bucket_bytes)]
+            self.buckets += made
+            inner_groups.append({**_hyper(group), "params": [b["shard"] for b in made]})
+        self.inner = optimizer_class(inner_groups, **defaults)
+        self.bucket_of = {id(p): b for b in self.buckets for p in b["params"]}
+        self.next, self.queued = 0, False
+        for b in self.buckets:
+            for p in b["params"]:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+
+    @torch.no_grad()
+    def _layout(self, params):
+        flat = flatten_and_pad([p.detach() for p in params], self.n)
+        offsets = [0]
+        for p in params:
+            p.data = flat[offsets[-1]:offsets[-1] + p.numel()].view_as(p)
+            offsets.append(offsets[-1] + p.numel())
+        lo, hi = shard_bounds(offsets[-1], self.n, self.rank)
+        shard = nn.Parameter(flat[lo:hi])
+        shard.grad = torch.zeros_like(shard)
+        return {"params": params, "flat": flat, "lo": lo, "hi": hi, "shard": shard,
+                "ready": set(), "message": None, "work": None}
+
+    def _on_grad(self, p):
+        if not self.queued:
+            queue_backward_callback(self._finish)
+            self.queued = True
+        self.bucket_of[id(p)]["ready"].add(id(p))
+        while self.next < len(self.buckets) and \
+                len(self.buckets[self.next]["ready"]) == len(self.buckets[self.next]["params"]):
+            self._launch(self.buckets[self.next])
+            self.next += 1
+
+    @torch.no_grad()
+    def _launch(self, b):
+        b["message"] = flatten_and_pad([p.grad if p.grad is not None else torch.zeros_like(p)
+                                        for p in b["params"]], self.n)
+        for p in b["params"]:
+            p.grad = None
+        b["work"] = reduce_scatter_tensor(b["message"][b["lo"]:b["hi"]], b["message"], async_op=True)
+
+    @torch.no_grad()
+    def _finish(self):
+        while self.next < len(self.buckets):
+            self._launch(self.buckets[self.next])
+            self.next += 1
+        for b in self.buckets:
+            b["work"].wait()
+            b["shard"].grad += b["message"][b["lo"]:b["hi"]] / self.n
+            b["message"], b["work"], b["ready"] = None, None, set()
+        self.next, self.queued = 0, False
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for inner, group in zip(self.inner.param_groups, self.param_groups):
+            inner.update(_hyper(group))
+        self.inner.step()
+        for b in self.buckets:
+            all_gather_into_tensor(b["flat"], b["flat"][b["lo"]:b["hi"]].clone())
+            b["shard"].grad.zero_()
+
+
+class FinishesInStep(MyZero2):
+    """The design that cannot accumulate: what is left is sent from step(), once."""
+
+    def _on_grad(self, p):
+        self.bucket_of[id(p)]["ready"].add(id(p))
+        while self.next < len(self.buckets) and \
+                len(self.buckets[self.next]["ready"]) == len(self.buckets[self.next]["params"]):
+            self._launch(self.buckets[self.next])
+            self.next += 1
+
+    def step(self, closure=None):
+        self._finish()
+        return super().step(closure)
+
+
+def test_learners_zero2_passes_and_accumulates(capsys):
+    from course_utils.course.exercises import check_zero2
+    assert check_zero2(MyZero2)
+    assert not check_zero2(FinishesInStep)
+    assert "the step's second backward (gradient accumulation) sent nothing" in capsys.readouterr().out
+    mine = experiments.run("zero2", 2, steps=2, impl=MyZero2, quiet=True)
+    ref = experiments.run("zero2", 2, steps=2, quiet=True)
+    assert mine[0].losses == pytest.approx(ref[0].losses, rel=1e-6)
+    assert mine[0].comm_calls == ref[0].comm_calls
+    assert mine[0].state_bytes["grads"] == ref[0].state_bytes["grads"]

@@ -167,7 +167,7 @@ def state_bytes(model: nn.Module, optimizer, *, detail: bool = False) -> dict:
     updated = [p for g in inner.param_groups for p in g["params"]]
     seen: set = set()
     grads = [g for p in params + updated for g in (p.grad, getattr(p, "main_grad", None))]
-    grads += [b.shard_grad for b in getattr(optimizer, "buckets", ())]   # ZeRO-2 (mixed): no .grad
+    grads += [getattr(b, "shard_grad", None) for b in getattr(optimizer, "buckets", ())]   # ZeRO-2 (mixed)
     out = {"params": storage_bytes(map(local_tensor, params), seen),
            "grads": storage_bytes(map(local_tensor, grads), seen)}
     found = {"master": storage_bytes(map(local_tensor, updated), seen)}

@@ -260,21 +260,26 @@ def _param_problem(flats: list, model, ref, before: dict, n: int, rank: int, ste
     return "", worst
 
 
-def _comm_problem(counts: dict, buckets: int) -> str:
+def _comm_problem(counts: dict, buckets: int, backwards: int = 1) -> str:
     rs, ag, ar = (counts.get(op, 0) for op in ("reduce_scatter", "all_gather", "all_reduce"))
     if ar:
         return (f"{ar} all-reduces per step: the same numbers, but an all-reduce sends twice the "
                 "bytes of a reduce-scatter; reduce-scatter (SUM) each flat gradient into the own slice")
-    if rs != buckets:
-        return f"{rs} reduce-scatters per step, expected {buckets} (one per flat buffer)"
+    if rs != buckets * backwards:
+        return (f"{rs} reduce-scatters per step, expected {buckets * backwards} (one per flat buffer"
+                + (f" in each of the step's {backwards} backwards)" if backwards > 1 else ")"))
     if ag != buckets:
         return (f"{ag} all-gathers per step, expected {buckets} (one per flat buffer): all-gather "
                 "the updated slices into the flat parameter buffer")
     return ""
 
 
-def _backward_problem(bw_counts: dict, model, buckets: int) -> str:
+def _backward_problem(bw_counts: dict, model, buckets: int, second: bool = False) -> str:
     rs = bw_counts.get("reduce_scatter", 0)
+    if rs == 0 and second:
+        return ("the step's second backward (gradient accumulation) sent nothing: finish each "
+                "backward's buckets when it ends (queue self._finish, as MyDDP does) and add into "
+                "the shard gradients")
     if rs == 0:
         return ("no reduce-scatter while backward ran: reduce-scatter from the hooks, during "
                 "backward, not in step()")
@@ -325,16 +330,21 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
     if anyone.item() > 0:               # every rank stops here, none waits in a collective
         return problem, seen
     inner = SpyAdamW.made[0]
+    micro = 2 if stage == 2 else 1      # ZeRO-2 accumulates: two backwards before each step
     for step in range(steps):           # every rank runs every step
         x, y = data.shard(step, rank, n)
         local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
         local(x, y).backward()
-        with CommLedger() as bw:
-            model(x, y).backward()
+        cut = x.shape[0] // 2 if micro == 2 else x.shape[0]
+        in_backward = {}
+        for i, (xs, ys) in enumerate(((x[:cut], y[:cut]), (x[cut:], y[cut:]))[:micro]):
+            with CommLedger() as bw:        # each micro-batch's loss weighted by its share of the rows
+                (model(xs, ys) * (xs.shape[0] / x.shape[0])).backward()
+            if stage == 2:
+                seen["rs_in_backward"] = bw.counts().get("reduce_scatter", 0)
+                problem = problem or _backward_problem(bw.counts(), model, buckets, second=i > 0)
+            in_backward = {op: in_backward.get(op, 0) + k for op, k in bw.counts().items()}
         ref(*data.batch(step)).backward()
-        if stage == 2:
-            seen["rs_in_backward"] = bw.counts().get("reduce_scatter", 0)
-            problem = problem or _backward_problem(bw.counts(), model, buckets)
         before = {name: p.detach().clone() for name, p in model.named_parameters()}
         try:
             with CommLedger() as st:
@@ -342,7 +352,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
         except Exception as exc:  # noqa: BLE001 - reported to the learner
             return problem or f"step() raised {type(exc).__name__}: {exc}", seen
         ref_opt.step()
-        counts = {op: bw.counts().get(op, 0) + st.counts().get(op, 0)
+        counts = {op: in_backward.get(op, 0) + st.counts().get(op, 0)
                   for op in ("reduce_scatter", "all_gather", "all_reduce")}
         seen.update(counts=counts, buckets=len(flats), full_state=_state_of(ref_opt),
                     padded=sum(f.padded for f in flats))
@@ -367,7 +377,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
                                          [g["lr"] for g in ref_opt.param_groups], f"step {step + 1}: "))
         found, worst = _param_problem(flats, model, ref, before, n, rank, step)
         seen["worst"] = max(seen["worst"], worst)
-        problem = problem or found or _comm_problem(counts, len(flats))
+        problem = problem or found or _comm_problem(counts, len(flats), micro)
         opt.zero_grad()
         ref_opt.zero_grad()
         for g in opt.param_groups + ref_opt.param_groups:      # as an LR scheduler would
