@@ -1,4 +1,4 @@
-"""Capstone 08.4: the learner computes each option's memory per GPU from the model-state
+"""Capstone 08.2: the learner computes each option's memory per GPU from the model-state
 formulas and picks a strategy; both are graded against the planner."""
 import pytest
 

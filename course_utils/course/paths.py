@@ -30,10 +30,13 @@ NOTEBOOKS = [
     ("09_appendix_forensics.ipynb", "Appendix: published runs",
      "Optional: the planner against every figure of a published gpt2-xl benchmark, Megatron's "
      "distributed optimizer, and why memory estimators disagree."),
+    ("11_appendix_at_scale.ipynb", "Appendix: at scale, in depth",
+     "Optional: the multi-node time model, the planner's assumptions, a DeepSpeed config next to "
+     "torch's in full, more hangs."),
 ]
 
 #: Optional notebooks after the sequence: the full skeleton, but no quiz.
-APPENDICES = ("09_appendix_forensics.ipynb",)
+APPENDICES = ("09_appendix_forensics.ipynb", "11_appendix_at_scale.ipynb")
 
 
 def colab_url(notebook: str) -> str:
