@@ -1,18 +1,13 @@
 """A hang-debugging lab (notebook 08): four real distributed bugs on 2 ranks, caught, diagnosed, fixed.
 
-skipped_collective (an all-reduce inside ``if rank == 0``), uneven_batches (rank 1's loader is
-one batch shorter), shape_mismatch (rank 1 builds another hidden size; via torch DDP, FSDP2 or
-a flat all-reduce by hand), collective_order (two collectives in opposite orders).
-
-What gloo does (torch 2.13, measured by the tests): a collective some rank never calls
-**hangs**, and so do two different ops met in the wrong order; a size mismatch **crashes** the
-rank that receives more bytes than it expects; DDP checks parameter shapes when built and
-**raises**; two collectives of the same op and size swapped **complete with wrong numbers**.
-:func:`diagnose` names rank, collective and line from the launcher's stacks (hangs),
-faulthandler's dump (crashes) or the traceback (errors). ``detail=True``
-(``TORCH_DISTRIBUTED_DEBUG=DETAIL``) compares the ranks' collective fingerprints before each
-collective and raises instead (the launcher's closing barrier shows as ``OpType=REDUCE``); it
-cannot see swapped collectives with equal fingerprints. Reports hold no pids, ports or times.
+The bugs are in :data:`SCENARIOS`. On gloo (torch 2.13, measured by the tests) a collective some
+rank never calls **hangs**, so do two ops met in the wrong order; a size mismatch **crashes** the
+rank receiving more bytes; DDP **raises** when built on unequal shapes; two swapped collectives
+of one op and size **complete with wrong numbers**. :func:`diagnose` names rank, collective and
+line (from the launcher's stacks, faulthandler's dump or the traceback). ``detail=True``
+(``TORCH_DISTRIBUTED_DEBUG=DETAIL``) raises on unequal collective fingerprints instead (the
+closing barrier shows as ``OpType=REDUCE``), blind to equal swapped ones. Reports hold no pids,
+ports or times.
 """
 from __future__ import annotations
 

@@ -262,31 +262,28 @@ class CommLedger:
     def __init__(self):
         self.records: list[CommRecord] = []
         self._paused = 0
-        self._active = False
 
     def __enter__(self) -> "CommLedger":
         with _LOCK:
-            if self._active:
+            if self.active:
                 raise RuntimeError("this CommLedger is already recording; use a new CommLedger() "
                                    "to nest ledgers")
             if not _ACTIVE:
                 _install()
             _ACTIVE.append(self)
-            self._active = True
         return self
 
     def __exit__(self, *exc) -> bool:
         with _LOCK:
-            if self in _ACTIVE:
+            if self.active:
                 _ACTIVE.remove(self)
-            self._active = False
             if not _ACTIVE:
                 _uninstall()
         return False
 
     @property
     def active(self) -> bool:
-        return self._active
+        return any(ledger is self for ledger in _ACTIVE)
 
     @_contextlib.contextmanager
     def pause(self):
@@ -407,7 +404,7 @@ class CommLedger:
         return len(self.records)
 
     def __repr__(self) -> str:
-        state = "recording" if self._active else "idle"
+        state = "recording" if self.active else "idle"
         calls = ", ".join(f"{op}={n}" for op, n in self.counts().items() if n)
         return f"CommLedger({state}, {len(self.records)} calls{': ' + calls if calls else ''})"
 
