@@ -261,7 +261,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 
 
 def _scenario(name) -> Scenario:
+    """The scenario ``name``, FSDP2 and DDP imported here for the forked ranks to inherit
+    (not inside the timeout)."""
     check_choice("name", name, SCENARIOS, kind="scenario", kinds="scenarios")
+    warm_up(imports=("torch.distributed.fsdp", "torch.nn.parallel"))
     return SCENARIOS[name]
 
 
@@ -366,11 +369,6 @@ def _on_rank(fn: Callable, args: tuple, detail: bool):
     return fn(*args)
 
 
-def _prepare_parent() -> None:
-    """Import FSDP2 and DDP here, for the forked ranks to inherit (not inside the timeout)."""
-    warm_up(imports=("torch.distributed.fsdp", "torch.nn.parallel"))
-
-
 def _wrong_values(spec: Scenario, results: list, variant) -> list[str]:
     n = len(results)
     return [f"rank {r}: {why}" for r, value in enumerate(results)
@@ -384,7 +382,6 @@ def run_broken(name: str, variant=None, *, detail: bool = False,
     (variant,) = _variants(spec, variant)[:1]
     check_timeout(timeout_s)
     chosen = resolve_backend(WORLD_SIZE, backend)
-    _prepare_parent()
     err, t0 = io.StringIO(), time.monotonic()
     outcome = Outcome(name, variant, "ok", where(WORLD_SIZE, chosen, backend_first=True),
                       float(timeout_s), 0.0, detail=detail)
@@ -510,7 +507,6 @@ def run_fixed(name: str, variant=None, *, world_size: int = WORLD_SIZE, timeout_
     check_int("world_size", world_size, 2, 4, what="the lab's global batch and loaders fit those")
     check_timeout(timeout_s)
     chosen = resolve_backend(world_size, backend)
-    _prepare_parent()
     lines, passed, results = [f"== {spec.name}, fixed: {spec.fix} =="], True, {}
     ran_on = where(world_size, chosen, backend_first=True)
     for v in _variants(spec, variant):
@@ -534,7 +530,6 @@ def check_hang_fix(name: str, fn: Callable):
     rank's value compared with the fixed version's; a Verdict (a hang is reported, never raised)."""
     spec = _scenario(name)
     variant = (spec.variants or (None,))[0]
-    _prepare_parent()
     graded = functools.partial(_graded_rank, fn) if callable(fn) else fn
     return grade_on_ranks(graded, lambda r, n: spec.expected(r, n, variant), world_sizes=(2, 3),
                           name=f"your fix of {name}", atol=spec.atol, timeout_s=20)

@@ -69,12 +69,8 @@ _PATCHES: list = []         # (module, name, original, wrapper) while installed
 _TLS = _threading.local()   # .depth: inside a recorded call; .label: who is calling
 
 
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size()
-
-
 def _sum_bytes(ts) -> int:
-    return sum(_nbytes(t) for t in ts if t is not None)
+    return sum(t.nbytes for t in ts if t is not None)
 
 
 def _group_rank(group, global_root, group_root) -> int:
@@ -116,15 +112,15 @@ def _from_fraction(x: _Fraction):
 def _own_chunk(tensor, splits, world: int, rank: int) -> int:
     """Bytes of ``tensor`` (an all-to-all input) that stay on this rank."""
     if not splits:
-        return _nbytes(tensor) // world
-    row = _nbytes(tensor) // max(1, tensor.shape[0]) if tensor.dim() else _nbytes(tensor)
+        return tensor.nbytes // world
+    row = tensor.nbytes // max(1, tensor.shape[0]) if tensor.dim() else tensor.nbytes
     return splits[rank] * row
 
 
 def _size(value, how: str | None, world: int) -> int:
     if how is None or value is None:
         return 0
-    return {"tensor": _nbytes, "times_n": lambda v: _nbytes(v) * world, "list": _sum_bytes,
+    return {"tensor": lambda v: v.nbytes, "times_n": lambda v: v.nbytes * world, "list": _sum_bytes,
             "lists": lambda v: sum(_sum_bytes(lst) for lst in v)}[how](value)
 
 
@@ -153,7 +149,7 @@ def _describe(family: str, name: str, signature, args, kwargs):
     elif op in ("reduce", "gather"):
         root = _group_rank(group, a.get("dst"), a.get("group_dst"))
     elif op == "all_to_all":
-        own = (_nbytes(a[arg_name][rank]) if how == "list"
+        own = (a[arg_name][rank].nbytes if how == "list"
                else _own_chunk(a[arg_name], a.get("input_split_sizes"), world, rank))
     return op, message, world, rank, sent_bytes(op, message, world, rank, root, own), is_async
 
