@@ -343,8 +343,7 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         # One intra-op thread per rank: 4 ranks on 2 cores ran ~30x faster, results core-independent.
         torch.set_num_threads(1)
         # torch read TORCH_DISTRIBUTED_DEBUG when the parent imported it, before env= applied
-        if hasattr(dist, "set_debug_level_from_env"):
-            dist.set_debug_level_from_env()
+        dist.set_debug_level_from_env()
         device_id = None
         if cfg.backend == "nccl":  # rank r computes on GPU r (what rank_device() returns)
             device_id = torch.device("cuda", rank)

@@ -405,8 +405,4 @@ class CommLedger:
         return f"CommLedger({state}, {len(self.records)} calls{': ' + calls if calls else ''})"
 
     def __getstate__(self) -> dict:
-        return {"records": list(self.records)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
-        self.records = list(state["records"])
+        return {"records": list(self.records), "_paused": 0}    # a copy records (once entered)

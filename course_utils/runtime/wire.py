@@ -81,7 +81,7 @@ def ignore_inherited_sockets() -> None:
 
 def _read() -> tuple[int, int] | None:
     """``(bytes sent, each once; retransmitted)`` over our TCP sockets once drained, or None."""
-    if not sys.platform.startswith("linux") or not hasattr(socket, "TCP_INFO"):
+    if not wire_available():
         return None
     deadline = time.monotonic() + SETTLE_S
     while True:
@@ -92,8 +92,6 @@ def _read() -> tuple[int, int] | None:
         if not queued or time.monotonic() > deadline:
             break
         time.sleep(0.001)
-    if not counts and not wire_available():
-        return None
     return total - retrans, retrans
 
 
