@@ -405,4 +405,4 @@ class CommLedger:
         return f"CommLedger({state}, {len(self.records)} calls{': ' + calls if calls else ''})"
 
     def __getstate__(self) -> dict:
-        return {"records": list(self.records), "_paused": 0}    # a copy records (once entered)
+        return {"records": list(self.records), "_paused": 0}    # an unpickled copy is not paused
