@@ -1,18 +1,13 @@
 """A hang-debugging lab (notebook 08): four real distributed bugs on 2 ranks, caught, diagnosed, fixed.
 
-skipped_collective (an all-reduce inside ``if rank == 0``), uneven_batches (rank 1's loader is
-one batch shorter), shape_mismatch (rank 1 builds another hidden size; via torch DDP, FSDP2 or
-a flat all-reduce by hand), collective_order (two collectives in opposite orders).
-
-What gloo does (torch 2.13, measured by the tests): a collective some rank never calls
-**hangs**, and so do two different ops met in the wrong order; a size mismatch **crashes** the
-rank that receives more bytes than it expects; DDP checks parameter shapes when built and
-**raises**; two collectives of the same op and size swapped **complete with wrong numbers**.
-:func:`diagnose` names rank, collective and line from the launcher's stacks (hangs),
-faulthandler's dump (crashes) or the traceback (errors). ``detail=True``
-(``TORCH_DISTRIBUTED_DEBUG=DETAIL``) compares the ranks' collective fingerprints before each
-collective and raises instead (the launcher's closing barrier shows as ``OpType=REDUCE``); it
-cannot see swapped collectives with equal fingerprints. Reports hold no pids, ports or times.
+The bugs are in :data:`SCENARIOS`. On gloo (torch 2.13, measured by the tests) a collective some
+rank never calls **hangs**, so do two ops met in the wrong order; a size mismatch **crashes** the
+rank receiving more bytes; DDP **raises** when built on unequal shapes; two swapped collectives
+of one op and size **complete with wrong numbers**. :func:`diagnose` names rank, collective and
+line (from the launcher's stacks, faulthandler's dump or the traceback). ``detail=True``
+(``TORCH_DISTRIBUTED_DEBUG=DETAIL``) raises on unequal collective fingerprints instead (the
+closing barrier shows as ``OpType=REDUCE``), blind to equal swapped ones. Reports hold no pids,
+ports or times.
 """
 from __future__ import annotations
 
@@ -266,7 +261,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 
 
 def _scenario(name) -> Scenario:
+    """The scenario ``name``, FSDP2 and DDP imported here for the forked ranks to inherit
+    (not inside the timeout)."""
     check_choice("name", name, SCENARIOS, kind="scenario", kinds="scenarios")
+    warm_up(imports=("torch.distributed.fsdp", "torch.nn.parallel"))
     return SCENARIOS[name]
 
 
@@ -371,11 +369,6 @@ def _on_rank(fn: Callable, args: tuple, detail: bool):
     return fn(*args)
 
 
-def _prepare_parent() -> None:
-    """Import FSDP2 and DDP here, for the forked ranks to inherit (not inside the timeout)."""
-    warm_up(imports=("torch.distributed.fsdp", "torch.nn.parallel"))
-
-
 def _wrong_values(spec: Scenario, results: list, variant) -> list[str]:
     n = len(results)
     return [f"rank {r}: {why}" for r, value in enumerate(results)
@@ -389,7 +382,6 @@ def run_broken(name: str, variant=None, *, detail: bool = False,
     (variant,) = _variants(spec, variant)[:1]
     check_timeout(timeout_s)
     chosen = resolve_backend(WORLD_SIZE, backend)
-    _prepare_parent()
     err, t0 = io.StringIO(), time.monotonic()
     outcome = Outcome(name, variant, "ok", where(WORLD_SIZE, chosen, backend_first=True),
                       float(timeout_s), 0.0, detail=detail)
@@ -515,7 +507,6 @@ def run_fixed(name: str, variant=None, *, world_size: int = WORLD_SIZE, timeout_
     check_int("world_size", world_size, 2, 4, what="the lab's global batch and loaders fit those")
     check_timeout(timeout_s)
     chosen = resolve_backend(world_size, backend)
-    _prepare_parent()
     lines, passed, results = [f"== {spec.name}, fixed: {spec.fix} =="], True, {}
     ran_on = where(world_size, chosen, backend_first=True)
     for v in _variants(spec, variant):
@@ -539,7 +530,6 @@ def check_hang_fix(name: str, fn: Callable):
     rank's value compared with the fixed version's; a Verdict (a hang is reported, never raised)."""
     spec = _scenario(name)
     variant = (spec.variants or (None,))[0]
-    _prepare_parent()
     graded = functools.partial(_graded_rank, fn) if callable(fn) else fn
     return grade_on_ranks(graded, lambda r, n: spec.expected(r, n, variant), world_sizes=(2, 3),
                           name=f"your fix of {name}", atol=spec.atol, timeout_s=20)

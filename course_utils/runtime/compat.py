@@ -1,12 +1,9 @@
-"""Every difference between the torch versions the course supports, and every private
-torch API it touches, in one place (``tests/test_architecture.py`` checks that no other
-module reaches into torch's private names): the oldest torch (:data:`MIN_TORCH`), FSDP2's
-private ``replicate`` (:func:`fsdp2_replicate`), and one spelling of the flat-buffer
-collectives, which torch 2.13 renamed to ``all_gather_single``/``reduce_scatter_single``
-(the old names warn on every call). Course code calls :func:`all_gather_into_tensor` and
-:func:`reduce_scatter_tensor` from here; they look the function up on ``torch.distributed``
-at call time, so a recording ``CommLedger`` sees the call. With gloo, pad flat buffers to a
-multiple of the world size.
+"""Every difference between the torch versions the course supports (from :data:`MIN_TORCH`),
+and every private torch API it touches, in one place (``tests/test_architecture.py`` checks).
+torch 2.13 renamed the flat-buffer collectives ``all_gather_single``/``reduce_scatter_single``
+(the old names warn): course code calls :func:`all_gather_into_tensor` and
+:func:`reduce_scatter_tensor` here, which look the function up at call time, so a recording
+``CommLedger`` sees the call. With gloo, pad flat buffers to a multiple of the world size.
 """
 from __future__ import annotations
 
@@ -98,9 +95,7 @@ def fsdp2_param_group(module):
     state = fully_shard.state(module)
     if state is None:
         return None
-    groups = getattr(state, "_fsdp_param_groups", None)           # torch >= 2.10: a list
-    if groups is None:
-        return state._fsdp_param_group
+    groups = state._fsdp_param_groups           # torch >= 2.10 (MIN_TORCH): a list
     return groups[0] if groups else None
 
 

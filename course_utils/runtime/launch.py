@@ -1,13 +1,10 @@
 """Run a function on N real processes, one per rank: the course's launcher (notebook 00).
 
-Every multi-process demo (and ``%%ranks``) goes through :func:`launch`, so a demo cell
-behaves like the body of a ``torchrun`` script. Ranks are *forked* on Linux while CUDA
-and autograd's GPU threads are not started here (about 0.1 s for 4 ranks), else forked
-from a *forkserver* that preloaded torch (first launch about 4 s on 2 cores, later ones
-as cheap as a fork: benchmarks/launch_overhead.py), else (Windows) *spawned*; the last
-two send ``fn`` by value with ``cloudpickle``. A failing rank fails the launch at once,
-a hung one is killed at ``timeout_s``, no child outlives the call or the caller, and
-nothing listens on the network (a ``FileStore`` in a private folder, gloo on loopback).
+Every multi-process demo (and ``%%ranks``) goes through :func:`launch`. Ranks are *forked*
+on Linux while CUDA and autograd's GPU threads are not started here (0.1 s for 4 ranks), else
+forked from a *forkserver* that preloaded torch (first launch ~4 s), else (Windows) *spawned*;
+those two get ``fn`` by value (``cloudpickle``). A failing rank fails the launch at once, a hung
+one is killed at ``timeout_s``, no child outlives the call, nothing listens on the network.
 """
 from __future__ import annotations
 
@@ -108,17 +105,21 @@ def _available(method: str) -> bool:
     return method in mp.get_all_start_methods()
 
 
+def _check_method(name: str, method, allowed=START_METHODS) -> None:
+    """``method`` is one of ``allowed`` and, unless ``"auto"``, a start method this platform has."""
+    if method not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {method!r}")
+    if method != "auto" and not _available(method):
+        raise ValueError(f"{name}={method}: this platform ({sys.platform}) has no {method} start "
+                         "method; use spawn")
+
+
 def choose_start_method() -> str:
-    """``"fork"`` on Linux while CUDA is not initialised here and a forked child can run backward
-    (:func:`autograd_survives_fork`, asked only with a GPU visible); else ``"forkserver"`` (no
-    CUDA state or threads reach the ranks); else ``"spawn"``. ``COURSE_START_METHOD`` overrides."""
+    """``"fork"`` on Linux while CUDA is not initialised and (with a GPU) :func:`autograd_survives_fork`,
+    else ``"forkserver"``, else ``"spawn"``; ``COURSE_START_METHOD`` overrides."""
     forced = os.environ.get(START_METHOD_ENV, "").strip()
     if forced:
-        if forced not in START_METHODS:
-            raise ValueError(f"{START_METHOD_ENV} must be one of {', '.join(START_METHODS)}, got {forced!r}")
-        if not _available(forced):
-            raise ValueError(f"{START_METHOD_ENV}={forced}: this platform ({sys.platform}) "
-                             f"has no {forced} start method")
+        _check_method(START_METHOD_ENV, forced)
         return forced
     import torch
     if sys.platform.startswith("linux") and not torch.cuda.is_initialized() and \
@@ -144,12 +145,8 @@ FORK_PROBE_TIMEOUT_S = 10.0         # a probe child still running then is killed
 
 
 def autograd_survives_fork() -> bool:
-    """Whether a process forked from this one can run a backward pass.
-
-    With a GPU visible, the first backward starts autograd's device threads, and a child
-    forked after that refuses every backward (measured on an H200, torch 2.11). torch has
-    no public flag, so a forked child runs a tiny backward; a False is remembered.
-    """
+    """Whether a process forked from this one can run a backward: with a GPU visible, a child
+    forked after the first backward refuses every backward (H200, torch 2.11). A False is kept."""
     global _AUTOGRAD_FORK_BROKEN
     if _AUTOGRAD_FORK_BROKEN:
         return False
@@ -343,12 +340,10 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         os.environ.update(cfg.env)
         import torch
         import torch.distributed as dist
-        # One intra-op thread per rank: 4 ranks on 2 cores ran ~30x faster, and CPU results
-        # do not depend on the core count.
+        # One intra-op thread per rank: 4 ranks on 2 cores ran ~30x faster, results core-independent.
         torch.set_num_threads(1)
         # torch read TORCH_DISTRIBUTED_DEBUG when the parent imported it, before env= applied
-        if hasattr(dist, "set_debug_level_from_env"):
-            dist.set_debug_level_from_env()
+        dist.set_debug_level_from_env()
         device_id = None
         if cfg.backend == "nccl":  # rank r computes on GPU r (what rank_device() returns)
             device_id = torch.device("cuda", rank)
@@ -357,12 +352,11 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         ignore_inherited_sockets()   # the caller's sockets are not this rank's traffic
         # A file store in the private folder: no TCP store listening on every interface.
         store = dist.FileStore(os.path.join(cfg.workdir, "store"), cfg.world_size)
-        # device_id: NCCL builds its communicator now (fails here, not in fn) and the
-        # closing barrier runs on this rank's GPU.
+        # device_id: NCCL builds its communicator now (fails here, not in fn), barriers on this GPU
         dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.timeout_s), device_id=device_id)
-        # Wait until every rank's group is built: else a rank whose fn fails at once exits
-        # while a peer still connects its gloo mesh, and the peer's error is reported (seen in CI).
+        # Wait for every rank's group: else a rank failing at once exits while a peer still connects
+        # its gloo mesh, and the peer's error is reported (seen in CI).
         store.set(f"course-ready-{rank}", "1")
         store.wait([f"course-ready-{r}" for r in range(cfg.world_size)])
         if isinstance(fn, bytes):                  # sent by value: _by_value
@@ -490,11 +484,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
                                 and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise TypeError("env must be a dict of str -> str environment variables")
     chosen = resolve_backend(world_size, backend)
-    if start_method not in ("auto",) + START_METHODS:
-        raise ValueError(f"start_method must be 'auto', 'fork', 'forkserver' or 'spawn', got {start_method!r}")
-    if start_method != "auto" and not _available(start_method):
-        raise ValueError(f"this platform ({sys.platform}) has no {start_method} start method; "
-                         "use start_method='spawn'")
+    _check_method("start_method", start_method, ("auto",) + START_METHODS)
     automatic = start_method == "auto" and not os.environ.get(START_METHOD_ENV, "").strip()
     method = choose_start_method() if start_method == "auto" else start_method
     why = None if start_method == "auto" or method == "fork" else f"start_method={method!r}"

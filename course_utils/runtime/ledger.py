@@ -69,12 +69,8 @@ _PATCHES: list = []         # (module, name, original, wrapper) while installed
 _TLS = _threading.local()   # .depth: inside a recorded call; .label: who is calling
 
 
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size()
-
-
 def _sum_bytes(ts) -> int:
-    return sum(_nbytes(t) for t in ts if t is not None)
+    return sum(t.nbytes for t in ts if t is not None)
 
 
 def _group_rank(group, global_root, group_root) -> int:
@@ -116,15 +112,15 @@ def _from_fraction(x: _Fraction):
 def _own_chunk(tensor, splits, world: int, rank: int) -> int:
     """Bytes of ``tensor`` (an all-to-all input) that stay on this rank."""
     if not splits:
-        return _nbytes(tensor) // world
-    row = _nbytes(tensor) // max(1, tensor.shape[0]) if tensor.dim() else _nbytes(tensor)
+        return tensor.nbytes // world
+    row = tensor.nbytes // max(1, tensor.shape[0]) if tensor.dim() else tensor.nbytes
     return splits[rank] * row
 
 
 def _size(value, how: str | None, world: int) -> int:
     if how is None or value is None:
         return 0
-    return {"tensor": _nbytes, "times_n": lambda v: _nbytes(v) * world, "list": _sum_bytes,
+    return {"tensor": lambda v: v.nbytes, "times_n": lambda v: v.nbytes * world, "list": _sum_bytes,
             "lists": lambda v: sum(_sum_bytes(lst) for lst in v)}[how](value)
 
 
@@ -153,7 +149,7 @@ def _describe(family: str, name: str, signature, args, kwargs):
     elif op in ("reduce", "gather"):
         root = _group_rank(group, a.get("dst"), a.get("group_dst"))
     elif op == "all_to_all":
-        own = (_nbytes(a[arg_name][rank]) if how == "list"
+        own = (a[arg_name][rank].nbytes if how == "list"
                else _own_chunk(a[arg_name], a.get("input_split_sizes"), world, rank))
     return op, message, world, rank, sent_bytes(op, message, world, rank, root, own), is_async
 
@@ -262,31 +258,28 @@ class CommLedger:
     def __init__(self):
         self.records: list[CommRecord] = []
         self._paused = 0
-        self._active = False
 
     def __enter__(self) -> "CommLedger":
         with _LOCK:
-            if self._active:
+            if self.active:
                 raise RuntimeError("this CommLedger is already recording; use a new CommLedger() "
                                    "to nest ledgers")
             if not _ACTIVE:
                 _install()
             _ACTIVE.append(self)
-            self._active = True
         return self
 
     def __exit__(self, *exc) -> bool:
         with _LOCK:
-            if self in _ACTIVE:
+            if self.active:
                 _ACTIVE.remove(self)
-            self._active = False
             if not _ACTIVE:
                 _uninstall()
         return False
 
     @property
     def active(self) -> bool:
-        return self._active
+        return any(ledger is self for ledger in _ACTIVE)
 
     @_contextlib.contextmanager
     def pause(self):
@@ -407,13 +400,9 @@ class CommLedger:
         return len(self.records)
 
     def __repr__(self) -> str:
-        state = "recording" if self._active else "idle"
+        state = "recording" if self.active else "idle"
         calls = ", ".join(f"{op}={n}" for op, n in self.counts().items() if n)
         return f"CommLedger({state}, {len(self.records)} calls{': ' + calls if calls else ''})"
 
     def __getstate__(self) -> dict:
-        return {"records": list(self.records)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
-        self.records = list(state["records"])
+        return {"records": list(self.records), "_paused": 0}    # an unpickled copy is not paused

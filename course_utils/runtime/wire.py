@@ -1,15 +1,8 @@
-"""Bytes on the wire (notebook 01), read from the kernel: what this process's TCP sockets sent.
-
-The CommLedger *models* bytes; this *measures* them: Linux's ``tcpi_bytes_sent``
-(``TCP_INFO``, 4.19+) summed over this process's sockets, before and after a region::
-
-    with WireMeter() as wire:
-        dist.all_reduce(t)
-    wire.sent        # bytes, or None where the OS has no such counter (macOS, Windows)
-
-It sees gloo's TCP traffic (its headers included, TCP/IP's not), not NCCL's (NVLink,
-InfiniBand) nor other processes'; a rank forked from a notebook leaves out the sockets it
-inherited (:func:`ignore_inherited_sockets`, called by ``launch``).
+"""Bytes on the wire (notebook 01): the CommLedger *models* bytes, this *measures* them, as
+Linux's ``tcpi_bytes_sent`` (``TCP_INFO``, 4.19+) summed over this process's sockets around a
+region (``with WireMeter() as wire: ...; wire.sent``: None on macOS and Windows). It sees gloo's
+TCP traffic (its headers, not TCP/IP's), not NCCL's nor other processes', nor the sockets a
+forked rank inherited (:func:`ignore_inherited_sockets`, called by ``launch``).
 """
 from __future__ import annotations
 
@@ -88,7 +81,7 @@ def ignore_inherited_sockets() -> None:
 
 def _read() -> tuple[int, int] | None:
     """``(bytes sent, each once; retransmitted)`` over our TCP sockets once drained, or None."""
-    if not sys.platform.startswith("linux") or not hasattr(socket, "TCP_INFO"):
+    if not wire_available():
         return None
     deadline = time.monotonic() + SETTLE_S
     while True:
@@ -99,8 +92,6 @@ def _read() -> tuple[int, int] | None:
         if not queued or time.monotonic() > deadline:
             break
         time.sleep(0.001)
-    if not counts and not wire_available():
-        return None
     return total - retrans, retrans
 
 
