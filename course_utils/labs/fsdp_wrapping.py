@@ -199,11 +199,9 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
 
 def _measured_run(model, optimizer, data, steps: int, device, probe: UnshardedProbe | None = None,
                   **extra) -> dict:
-    """Losses, times, the last step's collectives and state bytes; ``probe`` watches the last step."""
+    """Losses, times, the last step's collectives and state bytes; ``probe`` watches the last step (steps >= 2)."""
     run = {"losses": [], "times": [], "counts": [], "totals": []}
     with CommLedger() as ledger, contextlib.ExitStack() as last_step:
-        if probe is not None and steps == 1:
-            last_step.enter_context(probe)
         for step, loss, seconds in experiments.train(model, optimizer, data, steps, device=device,
                                                      meters=(ledger,)):
             for key, value in zip(run, (loss, seconds, ledger.counts(), ledger.totals(exact=True))):
