@@ -28,7 +28,7 @@ from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG
 from ..theory.memory import activation_bytes
-from .fsdp_api import EventOrder, HeldParams, SavedActivations, batch
+from .fsdp_api import EventOrder, HeldParams, SavedActivations, _check_model, batch
 from .fsdp_wrapping import _check_run, _error_of, _exact
 
 __all__ = ["Check", "OptionResult", "shard_model", "measure_mixed_precision",
@@ -131,8 +131,7 @@ def shard_model(model: nn.Module, *, reshard_after_forward: bool | int = True, u
                 **fully_shard_kwargs) -> nn.Module:
     """The ``"torch-fsdp"`` layout in place, on a launched rank: rank 0's weights, then ``fully_shard``
     on the blocks and the root; ``reshard_after_forward`` (bool or int) applies to the blocks only."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    _check_model(model)
     require_process_group("shard_model")
     _check_reshard(reshard_after_forward, dist.get_world_size())
     return fsdp.wrap_fsdp2(model, lambda params: None, reshard_after_forward=reshard_after_forward,

@@ -584,22 +584,24 @@ class IssueReport:
                      notes=[f"measured on {self.where}"] + list(self.notes))
 
 
-def _require(report, names) -> None:
+def _require(report, names, world_size: int) -> GranularityReport:
+    """``report``, checked to hold the rows ``names``; measured on ``world_size`` ranks if None."""
+    if report is None:
+        return measure_granularity(world_size, granularities=names)
     if not isinstance(report, GranularityReport):
         raise TypeError("report must be the GranularityReport of measure_granularity(...)")
     missing = [n for n in names if n not in [r["granularity"] for r in report.rows]]
     if missing:
         raise ValueError(f"report has no rows {missing}: measure it with "
                          f"measure_granularity(granularities={tuple(names)!r})")
+    return report
 
 
 def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
               budget_bytes: int | None = None) -> IssueReport:
     """"OOM with FSDP": with a budget between the two measured peaks (default: their midpoint),
     root-only exceeds it (at the probe's event) and per-block fits; ``report`` is reused if given."""
-    if report is None:
-        report = measure_granularity(world_size, granularities=("root-only", "per-block"))
-    _require(report, ("root-only", "per-block"))
+    report = _require(report, ("root-only", "per-block"), world_size)
     coarse, fine = report.row("root-only"), report.row("per-block")
     if budget_bytes is None:
         budget_bytes = (coarse["peak_total"] + fine["peak_total"]) // 2
@@ -630,9 +632,7 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
     """"Slow training": per-leaf multiplies the calls per step against per-block; SHARD_GRAD_OP
     gathers each block once, not twice, but holds it. ``strategies`` adds FSDP1's all-gathers."""
     needed = ("per-block", "per-leaf", "per-block-zero2")
-    if report is None:
-        report = measure_granularity(world_size, granularities=needed)
-    _require(report, needed)
+    report = _require(report, needed, world_size)
     if strategies is not None and not isinstance(strategies, StrategyReport):
         raise TypeError("strategies must be the StrategyReport of strategy_table(...) or None")
     block, leaf, zero2 = (report.row(n) for n in needed)
