@@ -19,7 +19,7 @@ from torch import nn
 from ..checks import check_choice, check_int
 from ..harness import experiments
 from ..harness.experiments import max_rel_diff
-from ..harness.model import GPT, Block, SyntheticData, build_model, rows_per_rank
+from ..harness.model import GPT, Block, SyntheticData, _check_config, build_model, rows_per_rank
 from ..impl import fsdp
 from ..theory import sharding
 from ..impl.common import broadcast_from_rank0
@@ -27,6 +27,7 @@ from ..runtime import compat
 from ..runtime.fmt import LOSS_RTOL, bound, nums, table
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
+from ..runtime.ledger import _from_fraction as _exact
 from ..theory.comm import OPS
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 from ..theory.layout import padded_numel as flat_padded_numel
@@ -62,12 +63,6 @@ LIMIT_ALL_GATHERS_NOTE = (
 _VIEW_WARNING = r"FSDP2-wrapped module .* returned a view tensor"
 
 
-def _check_config(config) -> None:
-    if not isinstance(config, TransformerConfig):
-        raise TypeError(f"config must be a TransformerConfig (e.g. COURSE_CONFIG), got "
-                        f"{type(config).__name__}")
-
-
 def _check_run(world_size, steps, seed, *, min_world: int = 2, min_steps: int = 1) -> None:
     check_int("world_size", world_size, min_world)
     check_int("steps", steps, min_steps)
@@ -80,11 +75,6 @@ def _check_names(name: str, given, known) -> tuple:
     if not given or any(g not in known for g in given):
         raise ValueError(f"{name} must be a non-empty selection of {list(known)}, got {list(given)}")
     return given
-
-
-def _exact(x):
-    x = Fraction(x)
-    return int(x) if x.denominator == 1 else float(x)
 
 
 # ================================================================ 1. unsharded bytes, measured
@@ -183,9 +173,8 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
     padded unit sizes: ``{"params", "total", "units" (with the root), "forward_order", "timeline"}``."""
     granularity = _check_names("granularity", granularity, GRANULARITIES)[0]
     check_int("world_size", world_size, 1)
-    _check_config(config)
     unit_types, reshard, _ = GRANULARITIES[granularity]
-    model = build_model(config, device="meta")
+    model = build_model(config, device="meta")                 # checks config
     root, *sizes = sharding.message_numels(model, world_size, unit_types)   # padded, per unit
     size = {id(u): 4 * s for u, s in zip(sharding.fsdp_units(model, unit_types), sizes)}
     units = [(n, size[id(m)]) for n, m in model.named_modules() if id(m) in size]  # forward order
@@ -480,7 +469,6 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
     check_choice("strategy", strategy, STRATEGY_MAP, kind="strategy", kinds="strategies")
     check_choice("flavour", flavour, ("fsdp1", "fsdp2"), kind="flavour", kinds="flavours")
     check_int("world_size", world_size, 2)
-    _check_config(config)
     _, stage, kind = STRATEGY_MAP[strategy]
     if kind == "2-D" and world_size % 2:
         raise ValueError(f"{strategy} uses a (2, N/2) mesh: world_size must be even, got {world_size}")
