@@ -1,7 +1,6 @@
-"""FSDP2's options, each run on N ranks and measured against a prediction computed by code.
-
-The checked versions of notebook 07's option cells: each ``measure_*`` launches the course GPT
-sharded as ``"torch-fsdp"`` (:func:`shard_model`) and returns an :class:`OptionResult`.
+"""FSDP2's options, each run on N ranks and measured against a prediction computed by code (notebook
+07's option cells, checked): each ``measure_*`` launches the course GPT sharded as ``"torch-fsdp"``
+(:func:`shard_model`) and returns an :class:`OptionResult`.
 """
 from __future__ import annotations
 
