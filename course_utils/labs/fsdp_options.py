@@ -119,9 +119,10 @@ class OptionResult:
     __repr__ = table
 
 
-def _launch(fn, world_size, *args) -> list:
-    _check_run(world_size, 1, SEED)                          # sharding needs 2 ranks or more
-    return launch(fn, world_size, *args, quiet=True, timeout_s=TIMEOUT_S)
+def _launch(fn, world_size, *args, **kwargs) -> list:
+    """``fn(*args, **kwargs)`` on ``world_size`` ranks (>= 2: sharding), a ``steps`` keyword checked too."""
+    _check_run(world_size, kwargs.get("steps", 1), SEED)
+    return launch(fn, world_size, *args, quiet=True, timeout_s=TIMEOUT_S, **kwargs)
 
 
 # ------------------------------------------------------------------ sharding
@@ -211,8 +212,7 @@ def _rank_mixed_precision(steps: int) -> dict:
 
 def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     """``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on every unit vs fp32."""
-    check_int("steps", steps, minimum=1)
-    res = _launch(_rank_mixed_precision, world_size, steps)
+    res = _launch(_rank_mixed_precision, world_size, steps=steps)
     meta = build_model(COURSE_CONFIG, device="meta")
     bf16_bytes = comm_bytes_per_step(meta, world_size, bytes_per_elem=2)
     fp32_bytes = comm_bytes_per_step(meta, world_size, bytes_per_elem=4)
@@ -284,8 +284,7 @@ def _rank_cpu_offload(steps: int) -> dict:
 
 def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     """``CPUOffloadPolicy(pin_memory=False)`` on every unit vs no offload."""
-    check_int("steps", steps, minimum=1)
-    res = _launch(_rank_cpu_offload, world_size, steps)
+    res = _launch(_rank_cpu_offload, world_size, steps=steps)
     r = res[0]
     base, off = r["no offload"], r["CPUOffloadPolicy"]
     meta = build_model(COURSE_CONFIG, device="meta")
@@ -379,7 +378,7 @@ def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False,
     for s in settings:
         _check_reshard(s, world_size)
     settings = tuple(settings)
-    res = _launch(_rank_reshard, world_size, settings, steps)
+    res = _launch(_rank_reshard, world_size, settings, steps=steps)
     checks = []
     first = res[0][repr(settings[0])]["losses"]
     for i, s in enumerate(settings):
@@ -460,10 +459,9 @@ def _rank_prefetch(depth: int, steps: int) -> dict:
 
 def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> OptionResult:
     """FSDP2's default prefetching vs explicit prefetching of the next ``depth`` blocks."""
-    check_int("steps", steps, minimum=1)
     layers = COURSE_CONFIG.layers
     check_int("depth", depth, 1, layers - 1, what="blocks ahead; 0 is FSDP2's default")
-    res = _launch(_rank_prefetch, world_size, depth, steps)
+    res = _launch(_rank_prefetch, world_size, depth, steps=steps)
     default, explicit = res[0]["default"], res[0]["explicit"]
     checks = [
         Check("default: order of events", default["events"], predicted_prefetch_order(layers, 0, 1)),
@@ -567,8 +565,7 @@ def _rank_checkpointing(steps: int) -> dict:
 def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> OptionResult:
     """Checkpointing every block before ``fully_shard``, the two ways that work with FSDP2 (torch 2.13):
     ``_composable.checkpoint`` (names unchanged) and ``apply_activation_checkpointing``, vs none."""
-    check_int("steps", steps, minimum=1)
-    res = _launch(_rank_checkpointing, world_size, steps)
+    res = _launch(_rank_checkpointing, world_size, steps=steps)
     r = res[0]
     b = r["none"]["local_batch"]
     no_ac = predicted_saved_activation_bytes(b, checkpointed=False)
