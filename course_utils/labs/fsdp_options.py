@@ -539,9 +539,8 @@ def _rank_checkpointing(steps: int) -> dict:
     for method in ("none", "composable", "wrapper"):
         model, opt, data, device = _sharded(before=lambda m: _apply_checkpointing(m, method))
         starts, forward_starts, losses = [0], [], []
-        for m in model.modules():
-            if isinstance(m, Block):
-                m.norm1.register_forward_pre_hook(lambda mod, a: starts.__setitem__(0, starts[0] + 1))
+        for block in fsdp_units(model):
+            block.norm1.register_forward_pre_hook(lambda mod, a: starts.__setitem__(0, starts[0] + 1))
         model.register_forward_hook(lambda *_: forward_starts.append(starts[0]))
         with CommLedger() as ledger, FlopCounterMode(display=False) as flops, \
                 SavedActivations(model) as saved:
