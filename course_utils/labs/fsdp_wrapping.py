@@ -19,7 +19,7 @@ from torch import nn
 from ..checks import check_choice, check_int
 from ..harness import experiments
 from ..harness.experiments import max_rel_diff
-from ..harness.model import GPT, Block, SyntheticData, _check_config, build_model, rows_per_rank
+from ..harness.model import GPT, Block, SyntheticData, build_model, rows_per_rank
 from ..impl import fsdp
 from ..theory import sharding
 from ..impl.common import broadcast_from_rank0
@@ -27,7 +27,6 @@ from ..runtime import compat
 from ..runtime.fmt import LOSS_RTOL, bound, nums, table
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
-from ..runtime.ledger import _from_fraction as _exact
 from ..theory.comm import OPS
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 from ..theory.layout import padded_numel as flat_padded_numel
@@ -75,6 +74,11 @@ def _check_names(name: str, given, known) -> tuple:
     if not given or any(g not in known for g in given):
         raise ValueError(f"{name} must be a non-empty selection of {list(known)}, got {list(given)}")
     return given
+
+
+def _exact(x):
+    x = Fraction(x)
+    return int(x) if x.denominator == 1 else float(x)
 
 
 # ================================================================ 1. unsharded bytes, measured
@@ -277,7 +281,8 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
     """Train with each wrapping of :data:`GRANULARITIES` (one launch): peak unsharded bytes, collectives,
     median step time (steps 1..steps-2), on GPUs ``max_memory_allocated``; ``steps`` >= 3."""
     _check_run(world_size, steps, seed, min_steps=3)
-    _check_config(config)
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig (e.g. COURSE_CONFIG), got {type(config).__name__}")
     names = _check_names("granularities", granularities, GRANULARITIES)
     single = experiments.run("single", 1, steps=steps, seed=seed, config=config, quiet=True)[0].losses
     results = launch(_granularity_rank, world_size, names, steps, seed, config, quiet=True,
