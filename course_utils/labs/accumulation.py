@@ -1,12 +1,9 @@
-"""Gradient accumulation under DDP, ZeRO-2, ZeRO-3 and FSDP2 (notebooks 05, 06, 07 §5.7): what a
-step of k micro-batches sends and the gradient bytes a rank holds between micro-batches,
-measured (:func:`measure_accumulation`) and predicted from sizes alone (:func:`predicted`).
-Bytes: the ring model (CommLedger), gloo's algorithms (gloo_bytes), both models; the wire
-(WireMeter) and held gradients, measured (wire: None off Linux and under NCCL).
+"""Gradient accumulation under DDP, ZeRO-2, ZeRO-3 and FSDP2 (notebooks 05, 06, 07 §5.7): what a step of k
+micro-batches sends (ring and gloo models; the wire, measured: None off Linux and under NCCL) and the gradient
+bytes held between micro-batches, measured (:func:`measure_accumulation`) and predicted (:func:`predicted`).
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import textwrap
 from fractions import Fraction
@@ -82,8 +79,7 @@ def accumulate(model, micro_batches, sync_off: str | None = None, after_backward
 
 
 def _counts(records) -> dict:
-    c = collections.Counter(r.op for r in records)
-    return {op: c.get(op, 0) for op in OPS}
+    return {op: sum(r.op == op for r in records) for op in OPS}
 
 
 def _rank(setups: tuple, k: int, global_batch: int) -> dict:
@@ -138,8 +134,7 @@ def predicted(setup: str, *, world_size: int = 2, micro_batches: int = 4) -> dic
     strategy, how, _ = SETUPS[setup]
     meta = build_model(COURSE_CONFIG, device="meta")
     psi = sum(p.numel() for p in meta.parameters())
-    blocks = [sum(p.numel() for p in b.parameters()) for b in meta.blocks]
-    z3 = [padded_numel(m, n) for m in [psi - sum(blocks)] + blocks]
+    z3 = [padded_numel(sum(p.numel() for p in ps), n) for ps in sharding.unit_params(meta)]   # flat units
     f = Fraction(4 * (n - 1), n)                         # ring bytes per element of a message
     calls = dict.fromkeys(OPS, 0)
     ring = dict.fromkeys(OPS, Fraction(0))
@@ -154,8 +149,7 @@ def predicted(setup: str, *, world_size: int = 2, micro_batches: int = 4) -> dic
         ring.update(reduce_scatter=k * f * p, all_gather=f * p)
         between = 4 * p // n                             # the shard gradient only
     elif strategy == "zero3":                            # every micro-batch: 2L+1 gathers, L+1 scatters (L blocks + the root)
-        units = len(z3)
-        calls.update(reduce_scatter=k * units, all_gather=k * (2 * units - 1))
+        calls.update(reduce_scatter=k * len(z3), all_gather=k * (2 * len(z3) - 1))
         ring.update(reduce_scatter=k * f * sum(z3), all_gather=k * f * (2 * sum(z3) - z3[0]))
         between = 4 * sum(z3) // n
     else:                                                # torch-fsdp

@@ -1,10 +1,7 @@
-"""The grand comparison (notebook 07): every registered strategy trained on the same model, data and ranks.
-
-Per strategy: whether its losses equal "single"'s (within ``rel``: the table prints the bound,
-the raw difference changes in its last digits between machines), model-state bytes per rank
-after ``optimizer.step()``, the **peak** gradient bytes where tracked (:data:`PEAK_NOTE`; with one
-bucket ZeRO-2's peak is above ZeRO-1's), bytes sent and calls per step per collective, the
-median step time (varies: the notebook prints it where nbval does not compare).
+"""The grand comparison (notebook 07): every registered strategy trained on the same model, data and ranks:
+losses vs "single"'s (within ``rel``, printed as the bound: the last digits vary by machine), state bytes
+per rank after ``optimizer.step()``, the **peak** gradient bytes where tracked (:data:`PEAK_NOTE`), bytes
+sent and calls per step per collective, the median step time (varies: printed where nbval does not compare).
 """
 from __future__ import annotations
 

@@ -45,9 +45,8 @@ class HeldParams:
 
 
 class SavedActivations:
-    """``with SavedActivations(model) as saved:`` around a forward: ``saved.bytes``, the
-    activation bytes autograd saved for backward, each storage once (``saved.parameters``:
-    the model's parameters, apart); keeps them alive until the block ends or :meth:`reset`."""
+    """``with SavedActivations(model) as saved:`` around a forward: ``saved.bytes`` autograd saved for backward,
+    each storage once (``.parameters``: the model's, apart), kept alive until the block ends or :meth:`reset`."""
 
     def __init__(self, model: nn.Module):
         self.model = _check_model(model)
@@ -74,10 +73,9 @@ class SavedActivations:
 
 
 class EventOrder:
-    """``with EventOrder(model) as order:`` around a step of a model sharded per block:
-    ``order.forward`` / ``.backward``: the events as the CPU issued them (``"AG root"``,
-    ``"fwd 0"``, ``"RS 0"``, ``"bwd 0"``...); ``order.gathered``: the most units gathered at
-    once per phase; ``order.ledger``: a CommLedger. :meth:`reset` starts a new step."""
+    """``with EventOrder(model) as order:`` around a step of a model sharded per block: ``order.forward`` /
+    ``.backward``: the events as the CPU issued them (``"AG root"``, ``"fwd 0"``, ``"RS 0"``, ``"bwd 0"``...);
+    ``.gathered``: the most units gathered at once per phase; ``.ledger``: a CommLedger; :meth:`reset`."""
 
     _LABELS = {"unshard": "AG", "pre_backward": "", "post_backward": "RS"}
 

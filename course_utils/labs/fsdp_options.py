@@ -1,7 +1,6 @@
-"""FSDP2's options, each run on N ranks and measured against a prediction computed by code.
-
-The checked versions of notebook 07's option cells: each ``measure_*`` launches the course GPT
-sharded as ``"torch-fsdp"`` (:func:`shard_model`) and returns an :class:`OptionResult`.
+"""FSDP2's options, each run on N ranks and measured against a prediction computed by code (notebook
+07's option cells, checked): each ``measure_*`` launches the course GPT sharded as ``"torch-fsdp"``
+(:func:`shard_model`) and returns an :class:`OptionResult`.
 """
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from torch import nn
 from ..checks import check_int, check_positive, require_process_group
 from ..harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
                                    local_tensor, reference_grads, state_bytes, train)
-from ..harness.model import Block, SyntheticData, build_model, rows_per_rank
+from ..harness.model import Block, SyntheticData, build_model
 from ..impl import fsdp
 from ..theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
 from ..runtime import compat
@@ -28,7 +27,8 @@ from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG
 from ..theory.memory import activation_bytes
-from .fsdp_api import EventOrder, HeldParams, SavedActivations
+from .fsdp_api import EventOrder, HeldParams, SavedActivations, _check_model, batch
+from .fsdp_wrapping import _check_run, _error_of, _exact
 
 __all__ = ["Check", "OptionResult", "shard_model", "measure_mixed_precision",
            "measure_cpu_offload", "measure_reshard_after_forward", "measure_prefetch",
@@ -72,8 +72,7 @@ def _fmt(v) -> str:
         return "-"
     if isinstance(v, (list, tuple, dict)) and len(str(v)) > 48:
         return f"[{len(v)} items]"          # long sequences: compared here, shown in details
-    if isinstance(v, Fraction):
-        v = int(v) if v.denominator == 1 else float(v)
+    v = _exact(v) if isinstance(v, Fraction) else v
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
     return num(v) if isinstance(v, float) else str(v)
@@ -120,14 +119,10 @@ class OptionResult:
     __repr__ = table
 
 
-def _check_world_size(world_size) -> None:
-    check_int("world_size", world_size, minimum=2)           # sharding needs 2 ranks or more
-    rows_per_rank(GLOBAL_BATCH, world_size)
-
-
-def _launch(fn, world_size, *args) -> list:
-    _check_world_size(world_size)
-    return launch(fn, world_size, *args, quiet=True, timeout_s=TIMEOUT_S)
+def _launch(fn, world_size, *args, **kwargs) -> list:
+    """``fn(*args, **kwargs)`` on ``world_size`` ranks (>= 2: sharding), a ``steps`` keyword checked too."""
+    _check_run(world_size, kwargs.get("steps", 1), SEED)
+    return launch(fn, world_size, *args, quiet=True, timeout_s=TIMEOUT_S, **kwargs)
 
 
 # ------------------------------------------------------------------ sharding
@@ -136,8 +131,7 @@ def shard_model(model: nn.Module, *, reshard_after_forward: bool | int = True, u
                 **fully_shard_kwargs) -> nn.Module:
     """The ``"torch-fsdp"`` layout in place, on a launched rank: rank 0's weights, then ``fully_shard``
     on the blocks and the root; ``reshard_after_forward`` (bool or int) applies to the blocks only."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    _check_model(model)
     require_process_group("shard_model")
     _check_reshard(reshard_after_forward, dist.get_world_size())
     return fsdp.wrap_fsdp2(model, lambda params: None, reshard_after_forward=reshard_after_forward,
@@ -168,10 +162,6 @@ def _sharded(before=None, **fully_shard_kwargs):
             SyntheticData(COURSE_CONFIG, global_batch=GLOBAL_BATCH, seed=SEED), device)
 
 
-def _rank_batch(data, step: int, device):
-    return tuple(t.to(device) for t in data.shard(step, dist.get_rank(), dist.get_world_size()))
-
-
 def _per_step(ledger: CommLedger) -> dict:
     out = {"counts": ledger.counts(), "totals": ledger.totals(),
            "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]}
@@ -185,19 +175,20 @@ def _calls(counts: dict) -> str:
 
 # ================================================================== 1. mixed precision
 
+def _local(t, attr: str = "dtype") -> str:
+    return str(getattr(local_tensor(t), attr)).replace("torch.", "")
+
+
 def _stored(model, opt, attr: str) -> dict:
     """The ``attr`` (dtype or device) of the sharded parameters, gradients and optimizer states."""
     params = list(model.parameters())
     states = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return {key: sorted({str(getattr(local_tensor(t), attr)).replace("torch.", "") for t in ts})
+    return {key: sorted({_local(t, attr) for t in ts})
             for key, ts in (("param", params), ("grad", [p.grad for p in params]), ("optimizer", states))}
 
 
 def _rank_mixed_precision(steps: int) -> dict:
     from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    def dtype(t):
-        return str(local_tensor(t).dtype).replace("torch.", "")
 
     out = {}
     for name, kwargs in {"fp32": {}, "bf16": {"mp_policy": MixedPrecisionPolicy(
@@ -206,7 +197,7 @@ def _rank_mixed_precision(steps: int) -> dict:
         inside, stored, losses, comms = {}, {}, [], []
         model.blocks[0].mlp.up.register_forward_pre_hook(      # a block's first MLP layer, in forward
             lambda module, args, inside=inside: inside.update(
-                {} if inside else {"weight": dtype(module.weight), "input": dtype(args[0])}))
+                {} if inside else {"weight": _local(module.weight), "input": _local(args[0])}))
         with CommLedger() as ledger:
             for step, loss, _ in train(model, opt, data, steps, device=device, meters=(ledger,)):
                 losses.append(loss)
@@ -221,8 +212,7 @@ def _rank_mixed_precision(steps: int) -> dict:
 
 def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     """``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on every unit vs fp32."""
-    check_int("steps", steps, minimum=1)
-    res = _launch(_rank_mixed_precision, world_size, steps)
+    res = _launch(_rank_mixed_precision, world_size, steps=steps)
     meta = build_model(COURSE_CONFIG, device="meta")
     bf16_bytes = comm_bytes_per_step(meta, world_size, bytes_per_elem=2)
     fp32_bytes = comm_bytes_per_step(meta, world_size, bytes_per_elem=4)
@@ -286,19 +276,15 @@ def _rank_cpu_offload(steps: int) -> dict:
     out = {"no offload": _offload_run(steps),
            "CPUOffloadPolicy": _offload_run(steps, offload_policy=CPUOffloadPolicy(pin_memory=False)),
            "device": rank_device().type}
-    try:                                    # the default pin_memory=True, on this machine
-        fully_shard(nn.Linear(4, 4, device=rank_device()), offload_policy=CPUOffloadPolicy(),
-                    mesh=fsdp.make_mesh(out["device"]))
-        out["pin_memory=True"] = "runs"
-    except Exception as exc:  # noqa: BLE001 - reported, it is the point
-        out["pin_memory=True"] = f"{type(exc).__name__}: {exc}"
+    out["pin_memory=True"] = _error_of(lambda: fully_shard(       # the default, on this machine
+        nn.Linear(4, 4, device=rank_device()), offload_policy=CPUOffloadPolicy(),
+        mesh=fsdp.make_mesh(out["device"])))
     return out
 
 
 def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     """``CPUOffloadPolicy(pin_memory=False)`` on every unit vs no offload."""
-    check_int("steps", steps, minimum=1)
-    res = _launch(_rank_cpu_offload, world_size, steps)
+    res = _launch(_rank_cpu_offload, world_size, steps=steps)
     r = res[0]
     base, off = r["no offload"], r["CPUOffloadPolicy"]
     meta = build_model(COURSE_CONFIG, device="meta")
@@ -357,21 +343,16 @@ def _rank_reshard(settings: tuple, steps: int) -> dict:
 
 def _reshard_prediction(setting, world_size: int) -> dict:
     """All-gathers per step, each rank's backward group (an int k: FSDP2 views the mesh as (N/k, k)), bytes held."""
-    meta = build_model(COURSE_CONFIG, device="meta")
-    m_root, *m_blocks = message_numels(meta, world_size)
-    layers = len(m_blocks)
-    k = world_size if setting is True else setting
-    groups = [None if setting is False else list(range(r // k * k, r // k * k + k)) for r in range(world_size)]
-    if isinstance(setting, bool):
-        calls = calls_per_step(layers, reshard_after_forward=setting)["all_gather"]
-        sent = comm_bytes_per_step(meta, world_size, reshard_after_forward=setting)["all_gather"]
-        held = 4 * (m_root + (0 if setting else sum(m_blocks)))
-        return {"calls": calls, "bytes": sent, "held": held, "group_sizes": [world_size] * calls,
-                "groups": groups}
-    # forward: every unit over N ranks; backward: every block over k ranks
-    forward = Fraction(world_size - 1, world_size) * 4 * (m_root + sum(m_blocks))
-    return {"calls": 1 + 2 * layers, "bytes": forward + Fraction(k - 1, k) * 4 * sum(m_blocks),
-            "held": 4 * m_root + 4 * sum(m_blocks) // k, "groups": groups,
+    m_root, *m_blocks = message_numels(build_model(COURSE_CONFIG, device="meta"), world_size)
+    layers, blocks = len(m_blocks), 4 * sum(m_blocks)
+    k = None if setting is False else world_size if setting is True else setting   # backward's group
+    groups = [None if k is None else list(range(r // k * k, r // k * k + k)) for r in range(world_size)]
+    forward = Fraction(world_size - 1, world_size) * (4 * m_root + blocks)   # every unit over N ranks
+    if k is None:
+        return {"calls": 1 + layers, "bytes": forward, "held": 4 * m_root + blocks, "groups": groups,
+                "group_sizes": [world_size] * (1 + layers)}
+    return {"calls": 1 + 2 * layers, "bytes": forward + Fraction(k - 1, k) * blocks,   # every block over k
+            "held": 4 * m_root + (0 if setting is True else blocks // k), "groups": groups,
             "group_sizes": [world_size] * (1 + layers) + [k] * layers}
 
 
@@ -391,14 +372,13 @@ def _groups(groups: list) -> str:
 def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False, 2),
                                   steps: int = 2) -> OptionResult:
     """``reshard_after_forward`` on the blocks, one run per entry of ``settings`` (True, False or an int)."""
-    _check_world_size(world_size)
-    check_int("steps", steps, minimum=1)
+    _check_run(world_size, steps, SEED)
     if not isinstance(settings, (tuple, list)) or not settings:
         raise TypeError("settings must be a non-empty tuple such as (True, False, 2)")
     for s in settings:
         _check_reshard(s, world_size)
     settings = tuple(settings)
-    res = _launch(_rank_reshard, world_size, settings, steps)
+    res = _launch(_rank_reshard, world_size, settings, steps=steps)
     checks = []
     first = res[0][repr(settings[0])]["losses"]
     for i, s in enumerate(settings):
@@ -479,10 +459,9 @@ def _rank_prefetch(depth: int, steps: int) -> dict:
 
 def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> OptionResult:
     """FSDP2's default prefetching vs explicit prefetching of the next ``depth`` blocks."""
-    check_int("steps", steps, minimum=1)
     layers = COURSE_CONFIG.layers
     check_int("depth", depth, 1, layers - 1, what="blocks ahead; 0 is FSDP2's default")
-    res = _launch(_rank_prefetch, world_size, depth, steps)
+    res = _launch(_rank_prefetch, world_size, depth, steps=steps)
     default, explicit = res[0]["default"], res[0]["explicit"]
     checks = [
         Check("default: order of events", default["events"], predicted_prefetch_order(layers, 0, 1)),
@@ -513,13 +492,10 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
 # ================================================================== 5. activation checkpointing
 
 def predicted_saved_activation_bytes(micro_batch: int, *, checkpointed: bool) -> dict:
-    """Bytes autograd saves for backward (parameters apart) in one forward on ``micro_batch``
-    sequences (fp32, CPU kernels), from :func:`course_utils.theory.memory.activation_bytes`'s
-    16-bit formula, doubled: per block, ``attention="flash"`` less its two dropout masks plus the
-    LayerNorms' statistics and the attention's logsumexp (floats the formula leaves out), or,
-    checkpointed, the block input; outside the blocks, the final norm's and output layer's
-    inputs, the fp32 log-softmax (4·s·b·V), the final norm's statistics, the int64 token ids,
-    positions and targets, and the loss's 4-byte weight."""
+    """Bytes autograd saves for backward (parameters apart) in one forward on ``micro_batch`` sequences
+    (fp32, CPU kernels): :func:`~course_utils.theory.memory.activation_bytes`'s 16-bit formula doubled; per
+    block ``attention="flash"`` less its dropout masks plus LayerNorm statistics and logsumexp, or the block
+    input if checkpointed; outside: norm and head inputs, fp32 log-softmax, int64 ids, the loss weight."""
     check_int("micro_batch", micro_batch, minimum=1)
     cfg = COURSE_CONFIG
     s, b, h, a = cfg.seq, micro_batch, cfg.hidden, cfg.heads
@@ -563,9 +539,8 @@ def _rank_checkpointing(steps: int) -> dict:
     for method in ("none", "composable", "wrapper"):
         model, opt, data, device = _sharded(before=lambda m: _apply_checkpointing(m, method))
         starts, forward_starts, losses = [0], [], []
-        for m in model.modules():
-            if isinstance(m, Block):
-                m.norm1.register_forward_pre_hook(lambda mod, a: starts.__setitem__(0, starts[0] + 1))
+        for block in fsdp_units(model):
+            block.norm1.register_forward_pre_hook(lambda mod, a: starts.__setitem__(0, starts[0] + 1))
         model.register_forward_hook(lambda *_: forward_starts.append(starts[0]))
         with CommLedger() as ledger, FlopCounterMode(display=False) as flops, \
                 SavedActivations(model) as saved:
@@ -589,8 +564,7 @@ def _rank_checkpointing(steps: int) -> dict:
 def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> OptionResult:
     """Checkpointing every block before ``fully_shard``, the two ways that work with FSDP2 (torch 2.13):
     ``_composable.checkpoint`` (names unchanged) and ``apply_activation_checkpointing``, vs none."""
-    check_int("steps", steps, minimum=1)
-    res = _launch(_rank_checkpointing, world_size, steps)
+    res = _launch(_rank_checkpointing, world_size, steps=steps)
     r = res[0]
     b = r["none"]["local_batch"]
     no_ac = predicted_saved_activation_bytes(b, checkpointed=False)
@@ -626,9 +600,8 @@ def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> 
 # ================================================================== 6. gradient clipping
 
 def _rank_clipping(max_norm: float) -> dict:
-    model, _, data, device = _sharded()
-    x, y = _rank_batch(data, 0, device)
-    model(x, y).backward()
+    model = _sharded()[0]
+    model(*batch(0, seed=SEED)).backward()
     local = torch.linalg.vector_norm(torch.stack(
         [torch.linalg.vector_norm(local_tensor(p.grad)) for p in model.parameters()]))
     with CommLedger() as ledger:
@@ -694,8 +667,8 @@ def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> 
 def _rank_accumulation(micro_batches: int) -> dict:
     out = {}
     for name in ("sync every micro-batch", "sync on the last only"):
-        model, opt, data, device = _sharded()
-        x, y = _rank_batch(data, 0, device)
+        model, opt, _, _ = _sharded()
+        x, y = batch(0, seed=SEED)
         per = []
         for i, (xm, ym) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches))):
             if name == "sync on the last only":
@@ -711,7 +684,7 @@ def _rank_accumulation(micro_batches: int) -> dict:
 
 def measure_gradient_accumulation(world_size: int = 2, *, micro_batches: int = 3) -> OptionResult:
     """``set_requires_gradient_sync(False)`` on all but the last of ``micro_batches`` vs syncing each."""
-    _check_world_size(world_size)
+    _check_run(world_size, 1, SEED)
     check_int("micro_batches", micro_batches, minimum=2)
     rows = GLOBAL_BATCH // world_size
     if rows % micro_batches:

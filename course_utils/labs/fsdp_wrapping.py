@@ -19,7 +19,7 @@ from torch import nn
 from ..checks import check_choice, check_int
 from ..harness import experiments
 from ..harness.experiments import max_rel_diff
-from ..harness.model import GPT, Block, SyntheticData, build_model, num_params, rows_per_rank
+from ..harness.model import GPT, Block, SyntheticData, build_model, rows_per_rank
 from ..impl import fsdp
 from ..theory import sharding
 from ..impl.common import broadcast_from_rank0
@@ -30,6 +30,7 @@ from ..runtime.ledger import CommLedger
 from ..theory.comm import OPS
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 from ..theory.layout import padded_numel as flat_padded_numel
+from .fsdp_api import _check_model
 
 __all__ = ["GRANULARITIES", "UnshardedProbe", "predict_unsharded_peak", "measure_granularity",
            "GranularityReport", "compare_autowrap", "AutowrapReport", "STRATEGY_MAP", "strategy_table",
@@ -59,12 +60,6 @@ LIMIT_ALL_GATHERS_NOTE = (
     "UnshardedProbe measures.")
 
 _VIEW_WARNING = r"FSDP2-wrapped module .* returned a view tensor"
-
-
-def _check_config(config) -> None:
-    if not isinstance(config, TransformerConfig):
-        raise TypeError(f"config must be a TransformerConfig (e.g. COURSE_CONFIG), got "
-                        f"{type(config).__name__}")
 
 
 def _check_run(world_size, steps, seed, *, min_world: int = 2, min_steps: int = 1) -> None:
@@ -104,10 +99,7 @@ class UnshardedProbe:
     }
 
     def __init__(self, model: nn.Module):
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be an nn.Module wrapped with fully_shard, got "
-                            f"{type(model).__name__}")
-        self.groups = list(compat.fsdp2_param_groups(model).items())
+        self.groups = list(compat.fsdp2_param_groups(_check_model(model)).items())
         if not self.groups:
             raise ValueError("the model has no fully_shard units with parameters: call "
                              "fully_shard(...) on it (e.g. course_utils.impl.fsdp.wrap_torch_fsdp) first")
@@ -148,56 +140,34 @@ class UnshardedProbe:
 
 def _replay(root: int, units: list[tuple[str, int]], reshard_after_forward: bool) -> list[tuple]:
     """FSDP2's default schedule for one forward + backward, as (event, unit, params, buffers)."""
-    params, buffers, trace = {}, {}, []          # unit -> bytes; (event, unit, params, buffers)
-    kept = None                                  # the buffer kept until the next copy-out
+    size, params, buffers, trace = dict([("root", root), *units]), {}, {}, []   # unit -> bytes held
+    order = ["root"] + [u for u, _ in units]                       # forward order
 
-    def snap(event, unit):
-        trace.append((event, unit, sum(params.values()), sum(buffers.values())))
-
-    def issue(u, size):                          # unshard(): the flat all-gather buffer
-        if u not in params and u not in buffers:
-            buffers[u] = size
-            snap("all-gather issued", u)
-
-    def copy_out(u, size, forward):
-        nonlocal kept
-        if u not in buffers or u in params:
-            return
-        if forward and kept is not None:         # the previous unit's buffer goes now
-            del buffers[kept]
-            kept = None
-        params[u] = size
-        snap("copied out", u)
-        if forward:
-            kept = u
+    def step(event, u, held, add=True):
+        if add:
+            held[u] = size[u]
         else:
-            del buffers[u]
-            snap("buffer freed", u)
+            del held[u]
+        trace.append((event, u, sum(params.values()), sum(buffers.values())))
 
-    def free(u, event):
-        if u in params:
-            del params[u]
-            snap(event, u)
-
-    issue("root", root)                          # forward
-    copy_out("root", root, True)
-    for u, size in units:
-        issue(u, size)
-        copy_out(u, size, True)
+    for i, u in enumerate(order):                                  # forward
+        step("all-gather issued", u, buffers)                      # unshard(): the flat buffer
+        if i:
+            del buffers[order[i - 1]]                              # the previous unit's buffer goes now
+        step("copied out", u, params)
+        if reshard_after_forward and i:
+            step("resharded after forward", u, params, add=False)
+    step("buffer freed", order[-1], buffers, add=False)            # by the root's post-forward
+    if reshard_after_forward and units:                            # backward: the root prefetches the last
+        step("all-gather issued", order[-1], buffers)
+    for i in range(len(order) - 1, 0, -1):
         if reshard_after_forward:
-            free(u, "resharded after forward")
-    if kept is not None:                         # the root's post-forward frees the last buffer
-        del buffers[kept]
-        snap("buffer freed", kept)
-    if units:                                    # backward: the root prefetches the last unit
-        issue(*units[-1])
-    for i, (u, size) in reversed(list(enumerate(units))):
-        issue(u, size)
-        copy_out(u, size, False)
-        if i > 0:
-            issue(*units[i - 1])                 # prefetch the next unit in backward
-        free(u, "resharded after backward")
-    free("root", "resharded after backward")
+            step("copied out", order[i], params)
+            step("buffer freed", order[i], buffers, add=False)
+            if i > 1:
+                step("all-gather issued", order[i - 1], buffers)   # prefetch the next unit in backward
+        step("resharded after backward", order[i], params, add=False)
+    step("resharded after backward", "root", params, add=False)
     return trace
 
 
@@ -207,9 +177,8 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
     padded unit sizes: ``{"params", "total", "units" (with the root), "forward_order", "timeline"}``."""
     granularity = _check_names("granularity", granularity, GRANULARITIES)[0]
     check_int("world_size", world_size, 1)
-    _check_config(config)
     unit_types, reshard, _ = GRANULARITIES[granularity]
-    model = build_model(config, device="meta")
+    model = build_model(config, device="meta")                 # checks config
     root, *sizes = sharding.message_numels(model, world_size, unit_types)   # padded, per unit
     size = {id(u): 4 * s for u, s in zip(sharding.fsdp_units(model, unit_types), sizes)}
     units = [(n, size[id(m)]) for n, m in model.named_modules() if id(m) in size]  # forward order
@@ -223,11 +192,9 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
 
 def _measured_run(model, optimizer, data, steps: int, device, probe: UnshardedProbe | None = None,
                   **extra) -> dict:
-    """Losses, times, the last step's collectives and state bytes; ``probe`` watches the last step."""
+    """Losses, times, the last step's collectives and state bytes; ``probe`` watches the last step (steps >= 2)."""
     run = {"losses": [], "times": [], "counts": [], "totals": []}
     with CommLedger() as ledger, contextlib.ExitStack() as last_step:
-        if probe is not None and steps == 1:
-            last_step.enter_context(probe)
         for step, loss, seconds in experiments.train(model, optimizer, data, steps, device=device,
                                                      meters=(ledger,)):
             for key, value in zip(run, (loss, seconds, ledger.counts(), ledger.totals(exact=True))):
@@ -314,7 +281,8 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
     """Train with each wrapping of :data:`GRANULARITIES` (one launch): peak unsharded bytes, collectives,
     median step time (steps 1..steps-2), on GPUs ``max_memory_allocated``; ``steps`` >= 3."""
     _check_run(world_size, steps, seed, min_steps=3)
-    _check_config(config)
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig (e.g. COURSE_CONFIG), got {type(config).__name__}")
     names = _check_names("granularities", granularities, GRANULARITIES)
     single = experiments.run("single", 1, steps=steps, seed=seed, config=config, quiet=True)[0].losses
     results = launch(_granularity_rank, world_size, names, steps, seed, config, quiet=True,
@@ -460,9 +428,6 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
     device = rank_device()
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
 
-    def measure(model, opt, api):
-        return _run_api(model, opt, data, steps, device, api)
-
     def digest(model, api):             # of the full parameters this rank would train
         if api == "fsdp1":
             with FullyShardedDataParallel.summon_full_params(model, writeback=False):
@@ -480,24 +445,23 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model = _fsdp1(build_model(seed=seed, device=device), device, strategy=base, mesh=mesh)
-            row["fsdp1"] = measure(model, experiments.make_adamw(model.parameters()), "fsdp1")
+            row["fsdp1"] = _run_api(model, experiments.make_adamw(model.parameters()), data, steps, device,
+                                    "fsdp1")
         row["fsdp1"]["warnings"] = sorted({str(w.message) for w in caught
                                            if "FSDP" in str(w.message) or "NO_SHARD" in str(w.message)})
         row["fsdp1"]["digest"] = digest(model, "fsdp1")
         if not mesh_less:
-            if kind == "1-D":
-                wrap = fsdp.wrap_torch_fsdp if stage == 3 else fsdp.wrap_torch_fsdp_zero2
-                model, opt = wrap(build_model(seed=seed, device=device), experiments.make_adamw)
-            else:
-                model, opt = fsdp.wrap_fsdp2(build_model(seed=seed, device=device), experiments.make_adamw,
-                                             reshard_after_forward=stage == 3,
-                                             mesh=fsdp.make_mesh(device.type, shards=shards) if mesh is None else mesh)
-            row["fsdp2"] = dict(measure(model, opt, "fsdp2"), digest=digest(model, "fsdp2"))
+            if kind != "1-D" and mesh is None:
+                mesh = fsdp.make_mesh(device.type, shards=shards)
+            model, opt = fsdp.wrap_fsdp2(build_model(seed=seed, device=device), experiments.make_adamw,
+                                         reshard_after_forward=stage == 3, mesh=mesh)
+            row["fsdp2"] = dict(_run_api(model, opt, data, steps, device, "fsdp2"), digest=digest(model, "fsdp2"))
         if base == "NO_SHARD":          # FSDP2's own replicate (private; the row is left out
             model = build_model(seed=seed, device=device)      # where torch has none)
             broadcast_from_rank0(model)
             if compat.fsdp2_replicate([*sharding.fsdp_units(model), model]):
-                run = measure(model, experiments.make_adamw(model.parameters()), "replicate")
+                run = _run_api(model, experiments.make_adamw(model.parameters()), data, steps, device,
+                               "replicate")
                 row["replicate"] = dict(run, digest=digest(model, "replicate"))
     return out
 
@@ -510,7 +474,6 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
     check_choice("strategy", strategy, STRATEGY_MAP, kind="strategy", kinds="strategies")
     check_choice("flavour", flavour, ("fsdp1", "fsdp2"), kind="flavour", kinds="flavours")
     check_int("world_size", world_size, 2)
-    _check_config(config)
     _, stage, kind = STRATEGY_MAP[strategy]
     if kind == "2-D" and world_size % 2:
         raise ValueError(f"{strategy} uses a (2, N/2) mesh: world_size must be even, got {world_size}")
@@ -521,8 +484,7 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
         messages = sharding.message_numels(model, S)
         state = sharding.expected_state_bytes(model, S, 0)
     else:
-        block_numels = [sum(p.numel() for p in u.parameters()) for u in units]
-        messages = [flat_padded_numel(n, S) for n in [num_params(model) - sum(block_numels)] + block_numels]
+        messages = [flat_padded_numel(sum(p.numel() for p in ps), S) for ps in sharding.unit_params(model)]
         shard = 4 * sum(m // S for m in messages)
         state = {"params": shard, "grads": shard, "optimizer": 2 * shard + 4 * len(messages)}
     g = 2 if stage == 3 else 1                    # gathers of each block per step
@@ -615,22 +577,24 @@ class IssueReport:
                      notes=[f"measured on {self.where}"] + list(self.notes))
 
 
-def _require(report, names) -> None:
+def _require(report, names, world_size: int) -> GranularityReport:
+    """``report``, checked to hold the rows ``names``; measured on ``world_size`` ranks if None."""
+    if report is None:
+        return measure_granularity(world_size, granularities=names)
     if not isinstance(report, GranularityReport):
         raise TypeError("report must be the GranularityReport of measure_granularity(...)")
     missing = [n for n in names if n not in [r["granularity"] for r in report.rows]]
     if missing:
         raise ValueError(f"report has no rows {missing}: measure it with "
                          f"measure_granularity(granularities={tuple(names)!r})")
+    return report
 
 
 def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
               budget_bytes: int | None = None) -> IssueReport:
     """"OOM with FSDP": with a budget between the two measured peaks (default: their midpoint),
     root-only exceeds it (at the probe's event) and per-block fits; ``report`` is reused if given."""
-    if report is None:
-        report = measure_granularity(world_size, granularities=("root-only", "per-block"))
-    _require(report, ("root-only", "per-block"))
+    report = _require(report, ("root-only", "per-block"), world_size)
     coarse, fine = report.row("root-only"), report.row("per-block")
     if budget_bytes is None:
         budget_bytes = (coarse["peak_total"] + fine["peak_total"]) // 2
@@ -661,9 +625,7 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
     """"Slow training": per-leaf multiplies the calls per step against per-block; SHARD_GRAD_OP
     gathers each block once, not twice, but holds it. ``strategies`` adds FSDP1's all-gathers."""
     needed = ("per-block", "per-leaf", "per-block-zero2")
-    if report is None:
-        report = measure_granularity(world_size, granularities=needed)
-    _require(report, needed)
+    report = _require(report, needed, world_size)
     if strategies is not None and not isinstance(strategies, StrategyReport):
         raise TypeError("strategies must be the StrategyReport of strategy_table(...) or None")
     block, leaf, zero2 = (report.row(n) for n in needed)
