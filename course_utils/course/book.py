@@ -44,21 +44,6 @@ nav.book-nav { max-width: 1100px; margin: 0.6em auto; font-family: var(--jp-ui-f
                             word-wrap: normal; overflow-x: auto; }
 .jp-OutputArea-output pre .book-prose { white-space: pre-wrap; overflow-wrap: break-word; }
 </style>{%- endblock html_head_css -%}
-{% block stream_stdout -%}
-<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="text/plain">
-<pre>{{- output.text | ansi2html | book_lines -}}</pre>
-</div>
-{%- endblock stream_stdout %}
-{% block stream_stderr -%}
-<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="application/vnd.jupyter.stderr">
-<pre>{{- output.text | ansi2html | book_lines -}}</pre>
-</div>
-{%- endblock stream_stderr %}
-{%- block data_text scoped %}
-<div class="jp-RenderedText jp-OutputArea-output {{ extra_class }}" data-mime-type="text/plain">
-<pre>{{- output.data['text/plain'] | ansi2html | book_lines -}}</pre>
-</div>
-{%- endblock -%}
 {%- block body_header -%}{{ super() }}{{ resources.book_nav }}{%- endblock body_header -%}
 {% block body_footer %}{{ resources.book_nav }}{{ super() }}{% endblock body_footer %}
 """
@@ -67,7 +52,6 @@ nav.book-nav { max-width: 1100px; margin: 0.6em auto; font-family: var(--jp-ui-f
 @dataclasses.dataclass(frozen=True)
 class Page:
     """One notebook of the sequence: ``path`` is its HTML page, None if not written yet."""
-
     notebook: str
     title: str
     line: str
@@ -77,7 +61,6 @@ class Page:
 @dataclasses.dataclass(frozen=True)
 class Book:
     """What :func:`build` wrote: the index, one :class:`Page` per notebook, copied figures."""
-
     out_dir: Path
     index: Path
     pages: list
@@ -107,6 +90,12 @@ def _book_lines(text_html: str) -> str:
     return "\n".join(f'<span class="book-prose">{line}</span>'
                      if _WORDS.search(line) and not _COLUMNS.search(line) and "<" not in line
                      else line for line in text_html.split("\n"))
+
+
+def _ansi2html(text: str) -> str:
+    """The lab template's text-output filter, then :func:`_book_lines`."""
+    from nbconvert.filters import ansi2html
+    return _book_lines(ansi2html(text))
 
 
 def _heading(notebook: str, title: str) -> str:
@@ -235,7 +224,7 @@ def build(out_dir: Path | str = BOOK_DIR, *, root: Path | str = ROOT) -> Book:
              for name, title, line, src in sequence]
     exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({_TEMPLATE: _TEMPLATE_SOURCE})])
     exporter.template_file = _TEMPLATE
-    exporter.register_filter("book_lines", _book_lines)
+    exporter.register_filter("ansi2html", _ansi2html)
     copied: set = set()
     for i, ((name, title, _line, src), page) in enumerate(zip(sequence, pages)):
         if src is None:
