@@ -92,9 +92,7 @@ def table(setting: Setting) -> str:
 
 def plot(setting: Setting):
     """Stacked bars per stage against the GPU-memory line; the chosen stage is outlined."""
-    import matplotlib.pyplot as plt
     from matplotlib.figure import Figure
-
     cap = GPU_MEMORY[setting.gpu_memory]
     data = rows(setting)
     fig = Figure(figsize=(7.5, 3.6))
@@ -116,7 +114,6 @@ def plot(setting: Setting):
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
-    del plt
     return fig
 
 
@@ -138,15 +135,13 @@ class _Form:
                                   layout=w.Layout(flex_flow="row wrap")), self.out])
         self._render()
 
-    def _sync(self):
-        pass
-
     def _dropdown(self, w, style):
         return lambda key, options, label: w.Dropdown(options=options, value=getattr(self.setting, key),
                                                       description=label, style=style)
 
     def _changed(self, _):
-        self._sync()
+        if "custom_billions" in self.controls:      # the calculator: a size to type only for CUSTOM
+            self.controls["custom_billions"].disabled = self.controls["model"].value != CUSTOM
         try:
             self.setting = type(self.setting)(**{k: c.value for k, c in self.controls.items()})
         except (ValueError, TypeError) as exc:
@@ -195,9 +190,6 @@ class Calculator(_Form):
                                           description="GPU memory", style={**style, "button_width": "80px"}),
         }
         self._start()
-
-    def _sync(self):
-        self.controls["custom_billions"].disabled = self.controls["model"].value != CUSTOM
 
     def _figure(self):
         return plot(self.setting)
