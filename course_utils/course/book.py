@@ -1,9 +1,8 @@
 """The notebooks as a static HTML book with their saved outputs, for reading offline (``make book``).
 
-Offline-safe: nbconvert's ``lab`` template without ``<script>`` (no CDN; ``$...$`` math
-shows as raw TeX), images and CSS inline; quizzes with answers behind ``<details>``, other
-widgets in their static form; table lines stay whole and scroll, prose wraps. Same
-notebooks, same bytes.
+Offline-safe: nbconvert's ``lab`` template without ``<script>`` (no CDN; ``$...$`` math shows as raw TeX),
+images and CSS inline; quizzes with answers behind ``<details>``, other widgets in their static form;
+table lines stay whole and scroll, prose wraps. Same notebooks, same bytes.
 """
 from __future__ import annotations
 

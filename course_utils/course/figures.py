@@ -1,9 +1,9 @@
 """The figures in ``vis/`` (the course map in notebook 00; each shown where it is taught).
 
-A figure is ``_<name>_data()`` (JSON-able numbers from course_utils) and ``_<name>_draw(data)``,
-registered in ``FIGURES``; ``make figures`` writes each as a byte-identical SVG and a PNG at
-:data:`DPI` (what ``show`` displays: untrusted notebooks and GitHub draw PNGs, not SVGs), both
-tagged with the data's SHA-256 so ``tests/test_figures.py`` finds stale ones without comparing pixels.
+A figure is ``_<name>_data()`` (JSON-able numbers from course_utils) and ``_<name>_draw(data)``, registered
+in ``FIGURES``; ``make figures`` writes each as a byte-identical SVG and a PNG at :data:`DPI` (what ``show``
+displays: untrusted notebooks and GitHub draw PNGs, not SVGs), both tagged with the data's SHA-256 so
+``tests/test_figures.py`` finds stale ones without comparing pixels.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""FSDP2 checkpoints (notebook 07): sharded (DCP: each rank its shards, rank 0 also ``.metadata``,
-so a load at any world size reads only the chunks it needs) and full (one file on rank 0).
-"""
+"""FSDP2 checkpoints (notebook 07): sharded (DCP: each rank its shards, rank 0 also ``.metadata``, so a load
+at any world size reads only the chunks it needs) and full (one file on rank 0)."""
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +23,6 @@ __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load
            "optimizer_tensors", "METADATA_FILE", "CHECKPOINTABLE"]
 
 METADATA_FILE = ".metadata"  #: the index DCP's coordinator (rank 0) writes
-_NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 
 
 def _rank() -> int:
@@ -70,7 +68,7 @@ def _pair(model, optimizer):
 def _quiet_no_dist():
     """DCP warns on every use without a process group, and torch 2.10's about ``storage()``."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
         yield
 
@@ -398,7 +396,7 @@ def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int 
                          "'torch-fsdp-zero2'")
     _check_world("save_world", save_world)
     check_int("steps", steps, 1)
-    if isinstance(load_worlds, Integral) or not all(not isinstance(n, bool) for n in load_worlds):
+    if isinstance(load_worlds, Integral) or any(isinstance(n, bool) for n in load_worlds):
         raise TypeError(f"load_worlds must be a sequence of world sizes such as (2, 1), got {load_worlds!r}")
     load_worlds = tuple(load_worlds)
     for n in load_worlds:
