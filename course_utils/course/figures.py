@@ -14,7 +14,11 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from ..theory.comm import OPS, collective_calls, comm_volume, paper_volume, sent_bytes
+from ..theory.config import COURSE_CONFIG, preset
+from ..theory.layout import padded_numel
 from ..theory.memory import GB, STAGE_NAMES, model_states
+from ..theory.timeline import predicted_timeline, unit_numels
 
 __all__ = ["FIGURES", "VIS_DIR", "DPI", "FORMATS", "data", "data_hash", "draw", "save",
            "make_all", "stale", "show", "path", "png_bytes"]
@@ -131,7 +135,6 @@ _SUM_COLOR = "#F6D55C"
 def _collectives_data(world_size: int = 4) -> dict:
     """Before/after of the four collectives (notebook 01's demos) and the ring-model bytes sent."""
     from ..labs.collectives_lab import ROOT, expected
-    from ..theory.comm import sent_bytes
     rows = []
     for name, title, what, _ in _COLLECTIVES:
         ranks = [expected(name, r, world_size) for r in range(world_size)]
@@ -249,9 +252,6 @@ def _memory_vs_gpus_draw(d: dict):
 
 def _zero3_timeline_data(world_size: int = 2) -> dict:
     """The ZeRO-3 timeline of the course GPT on ``world_size`` ranks, without and with prefetch."""
-    from ..theory.config import COURSE_CONFIG
-    from ..theory.layout import padded_numel
-    from ..theory.timeline import predicted_timeline, unit_numels
     numels = unit_numels(COURSE_CONFIG)
     padded = [padded_numel(m, world_size) for m in numels]
     return {"world_size": world_size, "num_params": COURSE_CONFIG.num_params(),
@@ -296,8 +296,6 @@ def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
     """Bytes one rank sends per step, and the calls, for DDP, ZeRO-1/2/3 and FSDP2 on a real model."""
     from ..harness.model import build_model
     from ..theory.sharding import calls_per_step, comm_bytes_per_step, fsdp_units
-    from ..theory.comm import OPS, collective_calls, comm_volume, paper_volume
-    from ..theory.config import preset
     p = preset(preset_name)
     psi = p.num_params
     model = build_model(p.config, device="meta")
