@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..checks import check_int
+from ..checks import check_choice, check_int
 from ..runtime import widgets
 from ..theory import planner
 from ..theory.config import PRESETS
@@ -37,8 +37,7 @@ class Setting:
     def __post_init__(self):
         if self.model != CUSTOM and self.model not in PRESETS:
             raise ValueError(f"model must be one of {sorted(PRESETS)} or {CUSTOM!r}, got {self.model!r}")
-        if self.gpu_memory not in GPU_MEMORY:
-            raise ValueError(f"gpu_memory must be one of {list(GPU_MEMORY)}, got {self.gpu_memory!r}")
+        check_choice("gpu_memory", self.gpu_memory, GPU_MEMORY, kind="gpu_memory", kinds="gpu_memory values")
         if self.model == CUSTOM and not (isinstance(self.custom_billions, (int, float))
                                          and self.custom_billions > 0):
             raise ValueError(f"the custom size must be a positive number of billions of parameters "
@@ -227,8 +226,7 @@ class PlannerSetting:
         if self.model not in PRESETS or PRESETS[self.model].config is None:
             usable = sorted(k for k, p in PRESETS.items() if p.config is not None)
             raise ValueError(f"model must be one of {usable}, got {self.model!r}")
-        if self.gpu_memory not in _GPU_MEM:
-            raise ValueError(f"gpu_memory must be one of {list(_GPU_MEM)}, got {self.gpu_memory!r}")
+        check_choice("gpu_memory", self.gpu_memory, _GPU_MEM, kind="gpu_memory", kinds="gpu_memory values")
         world = self.gpus_per_node * self.nodes
         if self.global_batch % world:
             raise ValueError(f"global batch {self.global_batch} is not a multiple of the "

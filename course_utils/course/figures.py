@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from ..checks import check_choice
 from ..theory.comm import OPS, collective_calls, comm_volume, paper_volume, sent_bytes
 from ..theory.config import COURSE_CONFIG, preset
 from ..theory.layout import padded_numel
@@ -372,21 +373,15 @@ FIGURES: dict[str, tuple[Callable[[], dict], Callable[[dict], object]]] = {
 }
 
 
-def _check(name: str) -> None:
-    if name not in FIGURES:
-        raise ValueError(f"unknown figure {name!r}; known figures: {sorted(FIGURES)}")
-
-
 def path(name: str, vis_dir: Path | str | None = None, fmt: str = "svg") -> Path:
     """Where figure ``name`` lives: ``vis/<name>.svg`` (``fmt="png"``: ``vis/<name>.png``)."""
-    _check(name)
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    check_choice("name", name, FIGURES, kind="figure", kinds="figures")
+    check_choice("fmt", fmt, FORMATS, kind="format", kinds="formats")
     return Path(vis_dir or VIS_DIR) / f"{name}.{fmt}"
 
 
 def data(name: str) -> dict:
-    _check(name)
+    check_choice("name", name, FIGURES, kind="figure", kinds="figures")
     return FIGURES[name][0]()
 
 

@@ -430,10 +430,7 @@ def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, 
     path = _check_run(path, strategy, seed, timeout_s)
     _check_world("world_size", world_size)
     check_int("steps", steps, 2)
-    check_int("stop_at", stop_at, 1)
-    if stop_at >= steps:
-        raise ValueError(f"stop_at must be < steps ({steps}) so that there is something to "
-                         f"resume, got {stop_at}")
+    check_int("stop_at", stop_at, 1, steps - 1, what="a step before steps, so that there is something to resume")
     if other_world_size is not None:
         _check_world("other_world_size", other_world_size)
     if strategy == "single" and (world_size != 1 or other_world_size not in (None, 1)):
