@@ -124,8 +124,7 @@ def _offline_outputs(cell) -> list:
         del data[_WIDGET_VIEW]
         html_form = _quiz_html("".join(cell.source), data)
         if html_form is not None:
-            data.clear()
-            data["text/html"] = html_form
+            data = {"text/html": html_form}
         parts = [m for m in ("text/html", "image/png", "text/plain")   # HTML is the richer text form
                  if m in data and not (m == "text/plain" and "text/html" in data)]
         for mime in parts:

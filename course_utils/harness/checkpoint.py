@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_int, check_timeout, distributed
+from ..checks import check_choice, check_int, check_timeout, distributed
 from . import experiments
 from ..runtime.launch import launch, rank_device, where
 from .model import SyntheticData, build_model, rows_per_rank, warm_up
@@ -378,8 +378,7 @@ def _run_session(world_size: int, strategy: str, *args, timeout_s: float) -> tup
 
 def _check_run(path, strategy, seed, timeout_s) -> str:
     path = _check_path(path)
-    if strategy not in CHECKPOINTABLE:
-        raise ValueError(f"strategy must be one of {CHECKPOINTABLE}, got {strategy!r}")
+    check_choice("strategy", strategy, CHECKPOINTABLE, kind="strategy", kinds="checkpointable strategies")
     check_int("seed", seed, 0)
     check_timeout(timeout_s)
     return path
