@@ -240,12 +240,10 @@ def validate_deepspeed_config(cfg, *, world_size: int | None = None) -> str:
             bad(where, value, "an int >= 0 (elements)")
         elif key in _BOOL_KEYS and not isinstance(value, bool):
             bad(where, value, "True or False")
-    hpz = zero.get("zero_hpz_partition_size")
-    if "zero_hpz_partition_size" in zero and stage == 3:
-        if _int_below(hpz, 1):
-            bad("zero_optimization.zero_hpz_partition_size", hpz, "an int >= 1 (GPUs per node)")
-        elif world_size is not None and world_size % hpz:
-            problems.append(f"zero_hpz_partition_size ({hpz}) must divide the number of GPUs ({world_size})")
+        elif key == "zero_hpz_partition_size" and _int_below(value, 1):
+            bad(where, value, "an int >= 1 (GPUs per node)")
+        elif key == "zero_hpz_partition_size" and world_size is not None and world_size % value:
+            problems.append(f"zero_hpz_partition_size ({value}) must divide the number of GPUs ({world_size})")
     devices = {}
     for sec_name in ("offload_optimizer", "offload_param"):
         sec, where = zero.get(sec_name), f"zero_optimization.{sec_name}"
