@@ -1,9 +1,8 @@
 """The notebooks as a static HTML book with their saved outputs, for reading offline (``make book``).
 
-Offline-safe: nbconvert's ``lab`` template without ``<script>`` (no CDN; ``$...$`` math
-shows as raw TeX), images and CSS inline; quizzes with answers behind ``<details>``, other
-widgets in their static form; table lines stay whole and scroll, prose wraps. Same
-notebooks, same bytes.
+Offline-safe: nbconvert's ``lab`` template without ``<script>`` (no CDN; ``$...$`` math shows as raw TeX),
+images and CSS inline; quizzes with answers behind ``<details>``, other widgets in their static form;
+table lines stay whole and scroll, prose wraps. Same notebooks, same bytes.
 """
 from __future__ import annotations
 
@@ -44,21 +43,6 @@ nav.book-nav { max-width: 1100px; margin: 0.6em auto; font-family: var(--jp-ui-f
                             word-wrap: normal; overflow-x: auto; }
 .jp-OutputArea-output pre .book-prose { white-space: pre-wrap; overflow-wrap: break-word; }
 </style>{%- endblock html_head_css -%}
-{% block stream_stdout -%}
-<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="text/plain">
-<pre>{{- output.text | ansi2html | book_lines -}}</pre>
-</div>
-{%- endblock stream_stdout %}
-{% block stream_stderr -%}
-<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="application/vnd.jupyter.stderr">
-<pre>{{- output.text | ansi2html | book_lines -}}</pre>
-</div>
-{%- endblock stream_stderr %}
-{%- block data_text scoped %}
-<div class="jp-RenderedText jp-OutputArea-output {{ extra_class }}" data-mime-type="text/plain">
-<pre>{{- output.data['text/plain'] | ansi2html | book_lines -}}</pre>
-</div>
-{%- endblock -%}
 {%- block body_header -%}{{ super() }}{{ resources.book_nav }}{%- endblock body_header -%}
 {% block body_footer %}{{ resources.book_nav }}{{ super() }}{% endblock body_footer %}
 """
@@ -67,7 +51,6 @@ nav.book-nav { max-width: 1100px; margin: 0.6em auto; font-family: var(--jp-ui-f
 @dataclasses.dataclass(frozen=True)
 class Page:
     """One notebook of the sequence: ``path`` is its HTML page, None if not written yet."""
-
     notebook: str
     title: str
     line: str
@@ -77,7 +60,6 @@ class Page:
 @dataclasses.dataclass(frozen=True)
 class Book:
     """What :func:`build` wrote: the index, one :class:`Page` per notebook, copied figures."""
-
     out_dir: Path
     index: Path
     pages: list
@@ -109,6 +91,12 @@ def _book_lines(text_html: str) -> str:
                      else line for line in text_html.split("\n"))
 
 
+def _ansi2html(text: str) -> str:
+    """The lab template's text-output filter, then :func:`_book_lines`."""
+    from nbconvert.filters import ansi2html
+    return _book_lines(ansi2html(text))
+
+
 def _heading(notebook: str, title: str) -> str:
     return f"{notebook[:2]} · {title}"
 
@@ -136,8 +124,7 @@ def _offline_outputs(cell) -> list:
         del data[_WIDGET_VIEW]
         html_form = _quiz_html("".join(cell.source), data)
         if html_form is not None:
-            data.clear()
-            data["text/html"] = html_form
+            data = {"text/html": html_form}
         parts = [m for m in ("text/html", "image/png", "text/plain")   # HTML is the richer text form
                  if m in data and not (m == "text/plain" and "text/html" in data)]
         for mime in parts:
@@ -235,7 +222,7 @@ def build(out_dir: Path | str = BOOK_DIR, *, root: Path | str = ROOT) -> Book:
              for name, title, line, src in sequence]
     exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({_TEMPLATE: _TEMPLATE_SOURCE})])
     exporter.template_file = _TEMPLATE
-    exporter.register_filter("book_lines", _book_lines)
+    exporter.register_filter("ansi2html", _ansi2html)
     copied: set = set()
     for i, ((name, title, _line, src), page) in enumerate(zip(sequence, pages)):
         if src is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..checks import check_int
+from ..checks import check_choice, check_int
 from ..runtime import widgets
 from ..theory import planner
 from ..theory.config import PRESETS
@@ -37,8 +37,7 @@ class Setting:
     def __post_init__(self):
         if self.model != CUSTOM and self.model not in PRESETS:
             raise ValueError(f"model must be one of {sorted(PRESETS)} or {CUSTOM!r}, got {self.model!r}")
-        if self.gpu_memory not in GPU_MEMORY:
-            raise ValueError(f"gpu_memory must be one of {list(GPU_MEMORY)}, got {self.gpu_memory!r}")
+        check_choice("gpu_memory", self.gpu_memory, GPU_MEMORY, kind="gpu_memory", kinds="gpu_memory values")
         if self.model == CUSTOM and not (isinstance(self.custom_billions, (int, float))
                                          and self.custom_billions > 0):
             raise ValueError(f"the custom size must be a positive number of billions of parameters "
@@ -92,9 +91,7 @@ def table(setting: Setting) -> str:
 
 def plot(setting: Setting):
     """Stacked bars per stage against the GPU-memory line; the chosen stage is outlined."""
-    import matplotlib.pyplot as plt
     from matplotlib.figure import Figure
-
     cap = GPU_MEMORY[setting.gpu_memory]
     data = rows(setting)
     fig = Figure(figsize=(7.5, 3.6))
@@ -116,7 +113,6 @@ def plot(setting: Setting):
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
-    del plt
     return fig
 
 
@@ -138,15 +134,13 @@ class _Form:
                                   layout=w.Layout(flex_flow="row wrap")), self.out])
         self._render()
 
-    def _sync(self):
-        pass
-
     def _dropdown(self, w, style):
         return lambda key, options, label: w.Dropdown(options=options, value=getattr(self.setting, key),
                                                       description=label, style=style)
 
     def _changed(self, _):
-        self._sync()
+        if "custom_billions" in self.controls:      # the calculator: a size to type only for CUSTOM
+            self.controls["custom_billions"].disabled = self.controls["model"].value != CUSTOM
         try:
             self.setting = type(self.setting)(**{k: c.value for k, c in self.controls.items()})
         except (ValueError, TypeError) as exc:
@@ -196,9 +190,6 @@ class Calculator(_Form):
         }
         self._start()
 
-    def _sync(self):
-        self.controls["custom_billions"].disabled = self.controls["model"].value != CUSTOM
-
     def _figure(self):
         return plot(self.setting)
 
@@ -235,8 +226,7 @@ class PlannerSetting:
         if self.model not in PRESETS or PRESETS[self.model].config is None:
             usable = sorted(k for k, p in PRESETS.items() if p.config is not None)
             raise ValueError(f"model must be one of {usable}, got {self.model!r}")
-        if self.gpu_memory not in _GPU_MEM:
-            raise ValueError(f"gpu_memory must be one of {list(_GPU_MEM)}, got {self.gpu_memory!r}")
+        check_choice("gpu_memory", self.gpu_memory, _GPU_MEM, kind="gpu_memory", kinds="gpu_memory values")
         world = self.gpus_per_node * self.nodes
         if self.global_batch % world:
             raise ValueError(f"global batch {self.global_batch} is not a multiple of the "

@@ -1,9 +1,9 @@
 """The figures in ``vis/`` (the course map in notebook 00; each shown where it is taught).
 
-A figure is ``_<name>_data()`` (JSON-able numbers from course_utils) and ``_<name>_draw(data)``,
-registered in ``FIGURES``; ``make figures`` writes each as a byte-identical SVG and a PNG at
-:data:`DPI` (what ``show`` displays: untrusted notebooks and GitHub draw PNGs, not SVGs), both
-tagged with the data's SHA-256 so ``tests/test_figures.py`` finds stale ones without comparing pixels.
+A figure is ``_<name>_data()`` (JSON-able numbers from course_utils) and ``_<name>_draw(data)``, registered
+in ``FIGURES``; ``make figures`` writes each as a byte-identical SVG and a PNG at :data:`DPI` (what ``show``
+displays: untrusted notebooks and GitHub draw PNGs, not SVGs), both tagged with the data's SHA-256 so
+``tests/test_figures.py`` finds stale ones without comparing pixels.
 """
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from ..checks import check_choice
+from ..theory.comm import OPS, collective_calls, comm_volume, paper_volume, sent_bytes
+from ..theory.config import COURSE_CONFIG, preset
+from ..theory.layout import padded_numel
 from ..theory.memory import GB, STAGE_NAMES, model_states
+from ..theory.timeline import predicted_timeline, unit_numels
 
 __all__ = ["FIGURES", "VIS_DIR", "DPI", "FORMATS", "data", "data_hash", "draw", "save",
            "make_all", "stale", "show", "path", "png_bytes"]
@@ -29,13 +34,9 @@ _CSS_DPI = 96   # CSS pixels per inch: an 8-inch figure shows 768 px wide, as it
 _STATE_COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
 
 
-def _despine(*axes) -> None:
+def _finish(fig, *axes):
     for ax in axes:
         ax.spines[["top", "right"]].set_visible(False)
-
-
-def _finish(fig, *axes):
-    _despine(*axes)
     fig.tight_layout()
     return fig
 
@@ -135,7 +136,6 @@ _SUM_COLOR = "#F6D55C"
 def _collectives_data(world_size: int = 4) -> dict:
     """Before/after of the four collectives (notebook 01's demos) and the ring-model bytes sent."""
     from ..labs.collectives_lab import ROOT, expected
-    from ..theory.comm import sent_bytes
     rows = []
     for name, title, what, _ in _COLLECTIVES:
         ranks = [expected(name, r, world_size) for r in range(world_size)]
@@ -187,17 +187,15 @@ def _collectives_draw(d: dict):
         ax.text(0.0 + 0.22 * len(c["title"]) + 0.3, y + 0.02, c["what"], fontsize=9, va="bottom",
                 color="#333333")
         top = y - 0.15
-        before_sources = [[r] * len(v) for r, v in enumerate(c["before"])]
-        cells(x_before, top, c["before"], before_sources)
+        cells(x_before, top, c["before"], [[r] * len(v) for r, v in enumerate(c["before"])])
         cells(x_after, top, c["after"], c["after_sources"])
         mid = top - block / 2
         ax.add_patch(FancyArrowPatch((x_before + width + 0.25, mid), (x_after - 0.55, mid),
                                      arrowstyle="-|>", mutation_scale=14, color="black", linewidth=1.2))
         sent = c["sent_bytes"]
-        same = len(set(sent)) == 1
-        sent_text = (f"{sent[0]:g} B" if same else ", ".join(f"{s:g}" for s in sent) + " B")
+        sent_text = f"{sent[0]:g}" if len(set(sent)) == 1 else ", ".join(f"{s:g}" for s in sent)
         ax.text(x_text, top - 0.35, f"M = {c['message_bytes']} B", fontsize=8.5, va="center")
-        ax.text(x_text, top - 0.85, f"sent per rank: {sent_text}", fontsize=8.5, va="center")
+        ax.text(x_text, top - 0.85, f"sent per rank: {sent_text} B", fontsize=8.5, va="center")
         ax.text(x_text, top - 1.35, f"= {formulas[c['name']]}", fontsize=8.5, va="center",
                 color="#333333")
         y = top - block - gap
@@ -255,9 +253,6 @@ def _memory_vs_gpus_draw(d: dict):
 
 def _zero3_timeline_data(world_size: int = 2) -> dict:
     """The ZeRO-3 timeline of the course GPT on ``world_size`` ranks, without and with prefetch."""
-    from ..theory.config import COURSE_CONFIG
-    from ..theory.layout import padded_numel
-    from ..theory.timeline import predicted_timeline, unit_numels
     numels = unit_numels(COURSE_CONFIG)
     padded = [padded_numel(m, world_size) for m in numels]
     return {"world_size": world_size, "num_params": COURSE_CONFIG.num_params(),
@@ -289,13 +284,12 @@ def _zero3_timeline_draw(d: dict):
                       rotation=90, fontsize=7)
         ax.set_xlim(-0.5, len(tl) - 0.5)
         ax.set_title(f"prefetch={key.capitalize()}", fontsize=9)
-        _despine(ax)
     axes[0].set_ylabel("KB of full fp32 parameters alive")
     axes[0].set_ylim(0, d["full_model_bytes"] / 1e3 * 1.15)
     axes[0].legend(fontsize=7.5, frameon=False, loc="center", bbox_to_anchor=(0.5, 0.68))
     fig.suptitle(f"ZeRO-3 (course_utils.impl.zero3) on the course GPT, {d['world_size']} ranks: one training "
                  "step, gather by gather (root = embeddings + final norm, b0..b3 = blocks)", fontsize=9)
-    return _finish(fig)
+    return _finish(fig, *axes)
 
 
 def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
@@ -303,8 +297,6 @@ def _comm_table_data(preset_name: str = "llama-2-7b", world_size: int = 4,
     """Bytes one rank sends per step, and the calls, for DDP, ZeRO-1/2/3 and FSDP2 on a real model."""
     from ..harness.model import build_model
     from ..theory.sharding import calls_per_step, comm_bytes_per_step, fsdp_units
-    from ..theory.comm import OPS, collective_calls, comm_volume, paper_volume
-    from ..theory.config import preset
     p = preset(preset_name)
     psi = p.num_params
     model = build_model(p.config, device="meta")
@@ -347,7 +339,6 @@ def _comm_table_draw(d: dict):
     ax.set_xlim(0, max(r["total"] for r in rows) / GB * 1.6)
     ax.set_xlabel("GB one rank sends per step (ring algorithms, 1 GB = 10^9 bytes)", fontsize=8)
     ax.legend(fontsize=8, frameon=False, loc="upper right")
-    _despine(ax)
     ax.set_title(f"Communication per step: {d['preset']} (Ψ = {d['num_params']:,}, {d['layers']} blocks), "
                  f"{d['world_size']} ranks, {8 * d['bytes_per_elem']}-bit messages", fontsize=9)
 
@@ -368,7 +359,7 @@ def _comm_table_draw(d: dict):
     tab.set_title(f"L = {d['layers']} blocks + the root. ZeRO-3 as in the paper gathers every unit in forward "
                   "and again in backward: 2L+2.\nFSDP2 keeps the root gathered between forward and backward: "
                   "2L+1.\nThe paper counts elements and drops (N-1)/N: 2Ψ vs 3Ψ.", fontsize=8)
-    return _finish(fig)
+    return _finish(fig, ax)
 
 
 FIGURES: dict[str, tuple[Callable[[], dict], Callable[[dict], object]]] = {
@@ -382,21 +373,15 @@ FIGURES: dict[str, tuple[Callable[[], dict], Callable[[dict], object]]] = {
 }
 
 
-def _check(name: str) -> None:
-    if name not in FIGURES:
-        raise ValueError(f"unknown figure {name!r}; known figures: {sorted(FIGURES)}")
-
-
 def path(name: str, vis_dir: Path | str | None = None, fmt: str = "svg") -> Path:
     """Where figure ``name`` lives: ``vis/<name>.svg`` (``fmt="png"``: ``vis/<name>.png``)."""
-    _check(name)
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    check_choice("name", name, FIGURES, kind="figure", kinds="figures")
+    check_choice("fmt", fmt, FORMATS, kind="format", kinds="formats")
     return Path(vis_dir or VIS_DIR) / f"{name}.{fmt}"
 
 
 def data(name: str) -> dict:
-    _check(name)
+    check_choice("name", name, FIGURES, kind="figure", kinds="figures")
     return FIGURES[name][0]()
 
 

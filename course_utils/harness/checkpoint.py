@@ -1,6 +1,5 @@
-"""FSDP2 checkpoints (notebook 07): sharded (DCP: each rank its shards, rank 0 also ``.metadata``,
-so a load at any world size reads only the chunks it needs) and full (one file on rank 0).
-"""
+"""FSDP2 checkpoints (notebook 07): sharded (DCP: each rank its shards, rank 0 also ``.metadata``, so a load
+at any world size reads only the chunks it needs) and full (one file on rank 0)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_int, check_timeout, distributed
+from ..checks import check_choice, check_int, check_timeout, distributed
 from . import experiments
 from ..runtime.launch import launch, rank_device, where
 from .model import SyntheticData, build_model, rows_per_rank, warm_up
@@ -24,7 +23,6 @@ __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load
            "optimizer_tensors", "METADATA_FILE", "CHECKPOINTABLE"]
 
 METADATA_FILE = ".metadata"  #: the index DCP's coordinator (rank 0) writes
-_NO_DIST_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 
 
 def _rank() -> int:
@@ -70,7 +68,7 @@ def _pair(model, optimizer):
 def _quiet_no_dist():
     """DCP warns on every use without a process group, and torch 2.10's about ``storage()``."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_DIST_WARNING)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
         yield
 
@@ -380,8 +378,7 @@ def _run_session(world_size: int, strategy: str, *args, timeout_s: float) -> tup
 
 def _check_run(path, strategy, seed, timeout_s) -> str:
     path = _check_path(path)
-    if strategy not in CHECKPOINTABLE:
-        raise ValueError(f"strategy must be one of {CHECKPOINTABLE}, got {strategy!r}")
+    check_choice("strategy", strategy, CHECKPOINTABLE, kind="strategy", kinds="checkpointable strategies")
     check_int("seed", seed, 0)
     check_timeout(timeout_s)
     return path
@@ -398,7 +395,7 @@ def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int 
                          "'torch-fsdp-zero2'")
     _check_world("save_world", save_world)
     check_int("steps", steps, 1)
-    if isinstance(load_worlds, Integral) or not all(not isinstance(n, bool) for n in load_worlds):
+    if isinstance(load_worlds, Integral) or any(isinstance(n, bool) for n in load_worlds):
         raise TypeError(f"load_worlds must be a sequence of world sizes such as (2, 1), got {load_worlds!r}")
     load_worlds = tuple(load_worlds)
     for n in load_worlds:
@@ -432,10 +429,7 @@ def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, 
     path = _check_run(path, strategy, seed, timeout_s)
     _check_world("world_size", world_size)
     check_int("steps", steps, 2)
-    check_int("stop_at", stop_at, 1)
-    if stop_at >= steps:
-        raise ValueError(f"stop_at must be < steps ({steps}) so that there is something to "
-                         f"resume, got {stop_at}")
+    check_int("stop_at", stop_at, 1, steps - 1, what="a step before steps, so that there is something to resume")
     if other_world_size is not None:
         _check_world("other_world_size", other_world_size)
     if strategy == "single" and (world_size != 1 or other_world_size not in (None, 1)):

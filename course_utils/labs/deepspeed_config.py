@@ -1,13 +1,9 @@
 """From a planner choice to a DeepSpeed ZeRO config and to the same thing in FSDP2 (notebook 08).
 
-FSDP2 has no ZeRO-1 and no optimizer-only offload, DeepSpeed 0.19 removed MiCS (its HSDP):
-:func:`fsdp2_equivalent` says where they differ. :func:`validate_deepspeed_config` is stricter
-than DeepSpeed's parser (which ignores ``offload_param`` below stage 3). Recompute: DeepSpeed's
-``activation_checkpointing`` cannot say what the model wraps in ``checkpoint()``: "full" means
-every block, "selective" each block's attention core (as Megatron-DeepSpeed's
-``--recompute-granularity selective``). Buckets follow the HF Trainer's "auto" rule:
-``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``,
-``stage3_param_persistence_threshold = 10·h``; 5e7 elements when the architecture is not known.
+DeepSpeed's ``activation_checkpointing`` cannot say what the model wraps in ``checkpoint()``: "full"
+means every block, "selective" each block's attention core (Megatron-DeepSpeed's ``--recompute-granularity
+selective``). Buckets follow the HF Trainer's "auto" rule: ``reduce_bucket_size = h²``,
+``stage3_prefetch_bucket_size = 0.9·h²``, ``stage3_param_persistence_threshold = 10·h``; else 5e7 elements.
 """
 from __future__ import annotations
 
@@ -58,6 +54,9 @@ _STAGE3_ONLY = {k for k in _ZERO_KEYS if k.startswith("stage3_") or "stage3_" + 
 _REMOVED = {"mics_shard_size": "MiCS (DeepSpeed's HSDP) was removed in DeepSpeed 0.19; use "
                                "zero_hpz_partition_size (ZeRO++ hpZ) or FSDP2 with a 2-D mesh",
             "mics_hierarchical_params_gather": "MiCS was removed in DeepSpeed 0.19"}
+_COUNT_KEY_ENDS = ("bucket_size", "threshold", "parameters", "distance", "sub_group_size")   # element counts
+_BOOL_KEYS = ("overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
+              "stage3_gather_16bit_weights_on_model_save", "round_robin_gradients")
 _OFFLOAD_KEYS = {"offload_optimizer": set("device nvme_path buffer_count pin_memory pipeline_read pipeline_write "
                                            "fast_init ratio super_offload cpuadam_cores_perc".split()),
                  "offload_param": set("device nvme_path buffer_count buffer_size max_in_cpu pin_memory".split())}
@@ -180,8 +179,8 @@ def _int_below(value, minimum: int) -> bool:
 
 
 def validate_deepspeed_config(cfg, *, world_size: int | None = None) -> str:
-    """Check a DeepSpeed config without DeepSpeed: a one-line summary, or a ValueError listing every
-    problem (without ``world_size``, train_batch_size must be a multiple of micro x accumulation)."""
+    """Check a DeepSpeed config without DeepSpeed, stricter than its parser (which ignores ``offload_param``
+    below stage 3): a one-line summary, or a ValueError listing every problem."""
     if not isinstance(cfg, dict):
         raise TypeError(f"a DeepSpeed config is a dict, got {type(cfg).__name__}")
     if world_size is not None:
@@ -237,19 +236,14 @@ def validate_deepspeed_config(cfg, *, world_size: int | None = None) -> str:
             problems.append(f"unknown key {where} (see DeepSpeedZeroConfig for the valid names)")
         elif key in _STAGE3_ONLY and stage != 3:
             problems.append(f"{where} only applies to stage 3 (this config is stage {stage}): remove it")
-        elif key.endswith(("bucket_size", "threshold", "parameters", "distance")) or key == "sub_group_size":
-            if _int_below(value, 0):
-                bad(where, value, "an int >= 0 (elements)")
-        elif key in ("overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
-                     "stage3_gather_16bit_weights_on_model_save", "round_robin_gradients"):
-            if not isinstance(value, bool):
-                bad(where, value, "True or False")
-    hpz = zero.get("zero_hpz_partition_size")
-    if "zero_hpz_partition_size" in zero and stage == 3:
-        if _int_below(hpz, 1):
-            bad("zero_optimization.zero_hpz_partition_size", hpz, "an int >= 1 (GPUs per node)")
-        elif world_size is not None and world_size % hpz:
-            problems.append(f"zero_hpz_partition_size ({hpz}) must divide the number of GPUs ({world_size})")
+        elif key.endswith(_COUNT_KEY_ENDS) and _int_below(value, 0):
+            bad(where, value, "an int >= 0 (elements)")
+        elif key in _BOOL_KEYS and not isinstance(value, bool):
+            bad(where, value, "True or False")
+        elif key == "zero_hpz_partition_size" and _int_below(value, 1):
+            bad(where, value, "an int >= 1 (GPUs per node)")
+        elif key == "zero_hpz_partition_size" and world_size is not None and world_size % value:
+            problems.append(f"zero_hpz_partition_size ({value}) must divide the number of GPUs ({world_size})")
     devices = {}
     for sec_name in ("offload_optimizer", "offload_param"):
         sec, where = zero.get(sec_name), f"zero_optimization.{sec_name}"
