@@ -44,10 +44,6 @@ class ModelStates:
     def total(self):
         return _exact(self.params + self.grads + self.optimizer)
 
-    def as_dict(self, unit: str = "B") -> dict[str, float]:
-        """``{"params", "grads", "optimizer", "total"}`` in ``unit`` (B, GB, GiB, MB, MiB)."""
-        return {k: to_unit(getattr(self, k), unit) for k in ("params", "grads", "optimizer", "total")}
-
     def describe(self, unit: str = "GB", digits: int = 1) -> str:
         """One labelled line, e.g. ``ZeRO-1 x4, mixed: params 14.0 GB + ...``."""
         parts = " + ".join(f"{k} {fmt_bytes(getattr(self, k), unit, digits)}"
@@ -112,6 +108,7 @@ def placement(states: ModelStates, *, offload_optimizer: bool = False,
 
 
 ATTENTION = ("standard", "flash")
+#: recomputation policies: none, selective (the attention core), full (every block)
 RECOMPUTE = ("none", "selective", "full")
 CROSS_ENTROPY = ("torch", "fused")
 _S2_TERM = "attention scores"    # the s²-scaling term: what flash never stores, selective recomputes

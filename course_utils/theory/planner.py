@@ -17,7 +17,7 @@ from ..checks import check_int, check_number
 from .alpha_beta import ring_steps
 from .comm import comm_volume
 from .config import PRESETS, Preset, TransformerConfig, preset
-from .memory import GB, RECIPES, per_gpu, recompute_policy
+from .memory import ATTENTION, CROSS_ENTROPY, GB, RECIPES, RECOMPUTE, per_gpu, recompute_policy
 from .multinode import cross_node_wire, flat_ring_wire
 
 __all__ = [
@@ -41,9 +41,6 @@ _SPEC = {"DDP": (0, ("none",), ("none",), "DDP + autocast", "DDP+amp"),
 STRATEGIES = tuple(_SPEC)
 _STAGE, _OFFLOADS_OF, _TORCH_OFFLOADS_OF, TORCH_NAMES, _TORCH_SHORT = (
     {k: v[i] for k, v in _SPEC.items()} for i in range(5))
-#: activation recomputation policies (memory.activation_bytes): none, selective (the
-#: attention core), full (every block); a Choice also takes False/True for none/full
-RECOMPUTE = ("none", "selective", "full")
 #: whose memory layout and messages a plan models (see the module docstring)
 FRAMEWORKS = ("deepspeed", "torch")
 #: the torch calls each row of a torch plan means (printed under its table)
@@ -645,10 +642,9 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
         raise ValueError(f"recipe {recipe!r} is DeepSpeed's / Megatron's layout (bf16 parameters, an fp32 "
                          "master copy in the optimizer); torch's are 'torch-amp' (autocast, "
                          "MixedPrecisionPolicy) and 'fp32': pass one of them, or framework='deepspeed'")
-    if attention not in ("standard", "flash"):
-        raise ValueError(f"attention must be 'standard' or 'flash', got {attention!r}")
-    if cross_entropy not in ("torch", "fused"):
-        raise ValueError(f"cross_entropy must be 'torch' or 'fused', got {cross_entropy!r}")
+    for name, value, options in (("attention", attention, ATTENTION), ("cross_entropy", cross_entropy, CROSS_ENTROPY)):
+        if value not in options:
+            raise ValueError(f"{name} must be one of {options}, got {value!r}")
     check_number("mfu", mfu, above=0, maximum=1, example="0.4")
     check_number("overlap", overlap, minimum=0, maximum=1, example="0.5")
     check_number("overhead_gb", overhead_gb, minimum=0, example="3.6")
