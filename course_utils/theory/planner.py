@@ -391,13 +391,6 @@ class PlanRow:
     def tokens_per_s(self) -> float:
         return self.tokens_per_step / self.step_s if self.step_s > 0 else math.inf
 
-    def describe(self) -> str:
-        fit = "fits" if self.fits else f"does not fit ({self.why})"
-        return (f"{self.label()}: {self.total / GB:.1f} GB per GPU at micro-batch "
-                f"{self.micro_batch} x {self.grad_accum} accumulation, {fit}; step "
-                f"{self.step_s:.3f} s (compute {self.compute_s:.3f}, comm {self.comm_s:.3f}, "
-                f"offload {self.offload_s:.3f})")
-
 
 class Plan(list):
     """The rows of :func:`plan` (a list of :class:`PlanRow`) with their :class:`Assumptions`."""
