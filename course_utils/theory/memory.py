@@ -169,16 +169,15 @@ class Activations:
 
 
 def _config_of(model):
-    from .config import Preset, TransformerConfig
+    from .config import Preset, TransformerConfig, preset
 
+    if isinstance(model, str):
+        model = preset(model)
     if isinstance(model, Preset):
         if model.config is None:
             raise ValueError(f"preset {model.name!r} gives only a parameter count ({model.source}); "
                              "activations need an architecture: pass a TransformerConfig")
         return model.config
-    if isinstance(model, str):
-        from .config import preset
-        return _config_of(preset(model))
     if isinstance(model, TransformerConfig):
         return model
     raise TypeError("pass a TransformerConfig, a Preset or a preset name such as 'gpt2-xl'")

@@ -604,17 +604,17 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
                                  ("alpha_inter_us", alpha_inter_us, "10"), ("pcie_gbps", pcie_gbps, "25"),
                                  ("host_adam_params_per_s", host_adam_params_per_s, "2e9")):
         check_number(name, value, above=0, example=example)
-    check_int("gpus_per_node", gpus_per_node, 1, what="GPUs in one machine")
-    check_int("nodes", nodes, 1, what="number of machines")
     if nics_per_node is None:
         nics_per_node = gpus_per_node
-    check_int("nics_per_node", nics_per_node, 1, what="network cards per node; None: one per GPU")
-    check_int("seq_len", seq_len, 1, what="tokens per sequence")
-    if micro_batch is not None:
-        check_int("micro_batch", micro_batch, 1, what="sequences per GPU per forward; None: the largest that fits")
+    for name, what in (("gpus_per_node", "GPUs in one machine"), ("nodes", "number of machines"),
+                       ("nics_per_node", "network cards per node; None: one per GPU"), ("seq_len", "tokens per sequence"),
+                       ("micro_batch", "sequences per GPU per forward; None: the largest that fits"),
+                       ("global_batch", "sequences per optimizer step over all GPUs"),
+                       ("bucket_elems", "gradient elements per communication bucket"), ("max_micro_batch", "")):
+        if locals()[name] is not None or name not in ("micro_batch", "global_batch"):     # None: not given
+            check_int(name, locals()[name], 1, what=what)
     world = gpus_per_node * nodes
     if global_batch is not None:
-        check_int("global_batch", global_batch, 1, what="sequences per optimizer step over all GPUs")
         if global_batch % world:
             raise ValueError(f"global_batch ({global_batch}) must be a multiple of the number of GPUs "
                              f"({world}) so every rank gets the same number of sequences")
@@ -642,11 +642,9 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
     check_number("overlap", overlap, minimum=0, maximum=1, example="0.5")
     check_number("overhead_gb", overhead_gb, minimum=0, example="3.6")
     check_number("activation_slack", activation_slack, minimum=0, example="0.15")
-    check_int("bucket_elems", bucket_elems, 1, what="gradient elements per communication bucket")
     check_int("bucket_buffers", bucket_buffers, minimum=0, what="bucket-sized temporary buffers")
     if host_mem_gb is not None:
         check_number("host_mem_gb", host_mem_gb, above=0, example="1024")
-    check_int("max_micro_batch", max_micro_batch, 1)
     if choices is None:
         wanted = _all_choices(nodes, framework, attention)
     else:
