@@ -598,12 +598,13 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
     ``global_batch`` / GPUs); ``recipe`` None: "mixed" (deepspeed) or "torch-amp" (torch);
     ``bucket_buffers=0`` when buckets are views of one gradient buffer."""
     label, num_params, config = _resolve_model(model)
-    for name, value, example in (("gpu_mem_gb", gpu_mem_gb, "80"), ("intra_bw_gbps", intra_bw_gbps, "450 (NVLink 4)"),
-                                 ("inter_bw_gbps", inter_bw_gbps, "50 (one 400 Gb/s InfiniBand NIC)"),
-                                 ("gpu_flops", gpu_flops, "989e12"), ("alpha_intra_us", alpha_intra_us, "5"),
-                                 ("alpha_inter_us", alpha_inter_us, "10"), ("pcie_gbps", pcie_gbps, "25"),
-                                 ("host_adam_params_per_s", host_adam_params_per_s, "2e9")):
-        check_number(name, value, above=0, example=example)
+    optional = ("micro_batch", "global_batch", "host_mem_gb")     # None: not given
+    for name, example in (("gpu_mem_gb", "80"), ("intra_bw_gbps", "450 (NVLink 4)"),
+                          ("inter_bw_gbps", "50 (one 400 Gb/s InfiniBand NIC)"), ("gpu_flops", "989e12"),
+                          ("alpha_intra_us", "5"), ("alpha_inter_us", "10"), ("pcie_gbps", "25"),
+                          ("host_adam_params_per_s", "2e9"), ("host_mem_gb", "1024")):
+        if locals()[name] is not None or name not in optional:
+            check_number(name, locals()[name], above=0, example=example)
     if nics_per_node is None:
         nics_per_node = gpus_per_node
     for name, what in (("gpus_per_node", "GPUs in one machine"), ("nodes", "number of machines"),
@@ -611,7 +612,7 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
                        ("micro_batch", "sequences per GPU per forward; None: the largest that fits"),
                        ("global_batch", "sequences per optimizer step over all GPUs"),
                        ("bucket_elems", "gradient elements per communication bucket"), ("max_micro_batch", "")):
-        if locals()[name] is not None or name not in ("micro_batch", "global_batch"):     # None: not given
+        if locals()[name] is not None or name not in optional:
             check_int(name, locals()[name], 1, what=what)
     world = gpus_per_node * nodes
     if global_batch is not None:
@@ -643,8 +644,6 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
     check_number("overhead_gb", overhead_gb, minimum=0, example="3.6")
     check_number("activation_slack", activation_slack, minimum=0, example="0.15")
     check_int("bucket_buffers", bucket_buffers, minimum=0, what="bucket-sized temporary buffers")
-    if host_mem_gb is not None:
-        check_number("host_mem_gb", host_mem_gb, above=0, example="1024")
     if choices is None:
         wanted = _all_choices(nodes, framework, attention)
     else:
