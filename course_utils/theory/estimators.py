@@ -27,14 +27,12 @@ def _resolve(model, largest_layer_params=None, *, need_largest: bool = False):
             raise ValueError(f"unknown preset {model!r}: pass a parameter count such as 7e9, a "
                              f"TransformerConfig, or one of {sorted(PRESETS)}")
         model = preset(model)
-    config = None
     if isinstance(model, Preset):
         num_params, config = model.num_params, model.config
     elif isinstance(model, TransformerConfig):
         num_params, config = model.num_params(), model
     else:
-        num_params = model
-        check_number("num_params", num_params, above=0, example="7e9")
+        num_params, config = check_number("num_params", model, above=0, example="7e9"), None
     if largest_layer_params is None and config is not None:
         largest_layer_params = config.largest_layer_params()
     if largest_layer_params is None:
