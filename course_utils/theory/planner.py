@@ -276,9 +276,7 @@ class Assumptions:
                 + f"FSDP2 with reshard_after_forward=False: every unit's gathered parameters "
                   f"({gather_b} B per parameter)")
             lines.append("torch calls: " + "; ".join(
-                f"{TORCH_NAMES[k]} = {TORCH_CALLS[k]}"
-                for k in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "HSDP")
-                if k != "HSDP" or self.nodes > 1)
+                f"{TORCH_NAMES[k]} = {TORCH_CALLS[k]}" for k in STRATEGIES if k != "HSDP" or self.nodes > 1)
                 + f"; + CPUOffloadPolicy = {TORCH_CALLS['optimizer+params']}; + full recompute = "
                 f"{TORCH_CALLS['full']}" + (f"; + selective recompute = {TORCH_CALLS['selective']}"
                                             if selective else ""))
@@ -447,7 +445,6 @@ def _latency_s(op: str, world: int, calls: int, alpha_s: float) -> float:
 def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
     """(comm seconds per step, {"intra": NVLink bytes of the busiest GPU, "inter": bytes per NIC})."""
     psi = a.num_params
-    p_stored = RECIPES[a.recipe][0]
     pb, gb = a.wire_bytes
     torch = a.framework == "torch"
     n, g, nodes, nics = a.world_size, a.gpus_per_node, a.nodes, a.nics_per_node
@@ -470,12 +467,11 @@ def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
     stage = choice.stage
     calls = max(1, math.ceil(psi / bucket))
     if stage == 0 or (torch and stage == 1):
-        v = comm_volume(psi, world_size=n, stage=0, bytes_per_elem=gb)
         parts = [("all_reduce", calls)]
-        sent = v["all_reduce"]
-        if stage == 1:      # ZeroRedundancyOptimizer: + every rank broadcasts its updated shard
+        sent = comm_volume(psi, world_size=n, stage=0, bytes_per_elem=gb)["all_reduce"]
+        if stage == 1:      # ZeroRedundancyOptimizer: + every rank broadcasts its updated shard (stored dtype)
             parts.append(("all_gather", calls))
-            sent += comm_volume(psi, world_size=n, stage=1, bytes_per_elem=p_stored)["all_gather"]
+            sent += comm_volume(psi, world_size=n, stage=1, bytes_per_elem=RECIPES[a.recipe][0])["all_gather"]
     else:
         rs = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=gb)
         ag = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=pb)
