@@ -270,6 +270,5 @@ def per_gpu(model, *, world_size: int = 1, stage: int = 0, recipe: str = "mixed"
                              "preset name, or micro_batch=None for model states only")
         acts = activation_bytes(model, micro_batch=micro_batch, seq=seq, attention=attention,
                                 recompute=recompute, cross_entropy=cross_entropy)
-    part = {k: (getattr(states, k) if k in where.on_gpu else 0) for k in ("params", "grads", "optimizer")}
-    return GpuMemory(part["params"], part["grads"], part["optimizer"],
-                     acts.total if acts else 0, where.cpu, states, acts)
+    on_gpu = (getattr(states, k) if k in where.on_gpu else 0 for k in ("params", "grads", "optimizer"))
+    return GpuMemory(*on_gpu, acts.total if acts else 0, where.cpu, states, acts)
