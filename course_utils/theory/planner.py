@@ -217,10 +217,9 @@ class Assumptions:
     @property
     def wire_bytes(self) -> tuple[int, int]:
         """(gather, reduce) bytes per element: DeepSpeed's stored ones; torch's bf16 and fp32."""
-        p, g, _ = RECIPES[self.recipe]
         if self.framework == "torch":
             return (2 if self.amp else 4), 4
-        return p, g
+        return RECIPES[self.recipe][:2]
 
     def layout(self) -> str:
         if self.framework == "torch":
@@ -971,7 +970,7 @@ def benchmark_table() -> str:
     digits = {"B": 4, "MiB": 2, "GB": 2, "ms": 1, "sequences": 0}
     for r in benchmark_comparison():
         d = digits[r.unit]
-        out.append(f"{r.quantity:<56}{r.reported:>10.{d if r.unit != 'GB' else 2}f}{r.predicted:>11.{d}f}  {r.unit:<10}"
+        out.append(f"{r.quantity:<56}{r.reported:>10.{d}f}{r.predicted:>11.{d}f}  {r.unit:<10}"
                    f"{r.tolerance:<32}{'yes' if r.within else 'NO'}")
         out.append(f"    {r.explanation}")
     return "\n".join(out)
