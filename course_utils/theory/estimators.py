@@ -27,14 +27,12 @@ def _resolve(model, largest_layer_params=None, *, need_largest: bool = False):
             raise ValueError(f"unknown preset {model!r}: pass a parameter count such as 7e9, a "
                              f"TransformerConfig, or one of {sorted(PRESETS)}")
         model = preset(model)
-    config = None
     if isinstance(model, Preset):
         num_params, config = model.num_params, model.config
     elif isinstance(model, TransformerConfig):
         num_params, config = model.num_params(), model
     else:
-        num_params = model
-        check_number("num_params", num_params, above=0, example="7e9")
+        num_params, config = check_number("num_params", model, above=0, example="7e9"), None
     if largest_layer_params is None and config is not None:
         largest_layer_params = config.largest_layer_params()
     if largest_layer_params is None:
@@ -111,18 +109,15 @@ def deepspeed_printout(num_params, largest_layer_params=None, *, stage: int = 3,
              sw + ".", "  per CPU  |  per GPU |   Options"]
     kw = dict(gpus_per_node=gpus_per_node, nodes=nodes, additional_buffer_factor=additional_buffer_factor)
     if stage == 2:
-        for off in (True, False):
-            gpu, cpu = deepspeed_zero2(num_params, cpu_offload=off, **kw)
-            lines.append(f" {cpu / 2**30:7.2f}GB | {gpu / 2**30:6.2f}GB | "
-                         f"offload_optimizer={cpu_str if off else 'none'}")
+        cases = [(deepspeed_zero2(num_params, cpu_offload=off, **kw), f"offload_optimizer={cpu_str if off else 'none'}")
+                 for off in (True, False)]
     else:
-        for off, off_params in ((True, True), (True, False), (False, False)):
-            for zi in (True, False):
-                gpu, cpu = deepspeed_zero3(num_params, largest_layer_params, cpu_offload=off,
-                                           cpu_offload_params=off_params, zero_init=zi, **kw)
-                opts = (f"offload_param={cpu_str if off_params else 'none'}, "
-                        f"offload_optimizer={cpu_str if off else 'none'}, zero_init={int(zi)}")
-                lines.append(f" {cpu / 2**30:7.2f}GB | {gpu / 2**30:6.2f}GB | {opts}")
+        cases = [(deepspeed_zero3(num_params, largest_layer_params, cpu_offload=off, cpu_offload_params=off_params,
+                                  zero_init=zi, **kw),
+                  f"offload_param={cpu_str if off_params else 'none'}, "
+                  f"offload_optimizer={cpu_str if off else 'none'}, zero_init={int(zi)}")
+                 for off, off_params in ((True, True), (True, False), (False, False)) for zi in (True, False)]
+    lines += [f" {cpu / 2**30:7.2f}GB | {gpu / 2**30:6.2f}GB | {opts}" for (gpu, cpu), opts in cases]
     return "\n".join(lines)
 
 

@@ -44,10 +44,6 @@ class ModelStates:
     def total(self):
         return _exact(self.params + self.grads + self.optimizer)
 
-    def as_dict(self, unit: str = "B") -> dict[str, float]:
-        """``{"params", "grads", "optimizer", "total"}`` in ``unit`` (B, GB, GiB, MB, MiB)."""
-        return {k: to_unit(getattr(self, k), unit) for k in ("params", "grads", "optimizer", "total")}
-
     def describe(self, unit: str = "GB", digits: int = 1) -> str:
         """One labelled line, e.g. ``ZeRO-1 x4, mixed: params 14.0 GB + ...``."""
         parts = " + ".join(f"{k} {fmt_bytes(getattr(self, k), unit, digits)}"
@@ -112,6 +108,7 @@ def placement(states: ModelStates, *, offload_optimizer: bool = False,
 
 
 ATTENTION = ("standard", "flash")
+#: recomputation policies: none, selective (the attention core), full (every block)
 RECOMPUTE = ("none", "selective", "full")
 CROSS_ENTROPY = ("torch", "fused")
 _S2_TERM = "attention scores"    # the s²-scaling term: what flash never stores, selective recomputes
@@ -172,16 +169,15 @@ class Activations:
 
 
 def _config_of(model):
-    from .config import Preset, TransformerConfig
+    from .config import Preset, TransformerConfig, preset
 
+    if isinstance(model, str):
+        model = preset(model)
     if isinstance(model, Preset):
         if model.config is None:
             raise ValueError(f"preset {model.name!r} gives only a parameter count ({model.source}); "
                              "activations need an architecture: pass a TransformerConfig")
         return model.config
-    if isinstance(model, str):
-        from .config import preset
-        return _config_of(preset(model))
     if isinstance(model, TransformerConfig):
         return model
     raise TypeError("pass a TransformerConfig, a Preset or a preset name such as 'gpt2-xl'")
@@ -274,6 +270,5 @@ def per_gpu(model, *, world_size: int = 1, stage: int = 0, recipe: str = "mixed"
                              "preset name, or micro_batch=None for model states only")
         acts = activation_bytes(model, micro_batch=micro_batch, seq=seq, attention=attention,
                                 recompute=recompute, cross_entropy=cross_entropy)
-    part = {k: (getattr(states, k) if k in where.on_gpu else 0) for k in ("params", "grads", "optimizer")}
-    return GpuMemory(part["params"], part["grads"], part["optimizer"],
-                     acts.total if acts else 0, where.cpu, states, acts)
+    on_gpu = (getattr(states, k) if k in where.on_gpu else 0 for k in ("params", "grads", "optimizer"))
+    return GpuMemory(*on_gpu, acts.total if acts else 0, where.cpu, states, acts)

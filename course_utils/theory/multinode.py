@@ -101,15 +101,11 @@ def hsdp_vs_fsdp_time(num_params, gpus_per_node: int, nodes: int, intra_bw: floa
     >>> round(c.fsdp_s, 3), round(c.hsdp_s, 3), round(c.fsdp_nic_bytes / 1e9, 2), c.hsdp_nic_bytes / 1e9
     (0.204, 0.187, 5.09, 2.625)
     """
-    check_positive("num_params", num_params)
-    check_int("gpus_per_node", gpus_per_node, 1)
-    check_int("nodes", nodes, 1)
-    check_positive("intra_bw", intra_bw)
-    check_positive("nic_bw", nic_bw)
+    for name in ("gpus_per_node", "nodes", "bytes_per_elem"):
+        check_int(name, locals()[name], 1)
+    for name in ("num_params", "intra_bw", "nic_bw", "alpha_intra_s", "alpha_inter_s"):
+        check_positive(name, locals()[name])
     r = _nics(nics_per_node, gpus_per_node)
-    for name, value in (("alpha_intra_s", alpha_intra_s), ("alpha_inter_s", alpha_inter_s)):
-        check_positive(name, value)
-    check_int("bytes_per_elem", bytes_per_elem, 1)
     m, g, n = num_params * bytes_per_elem, gpus_per_node, nodes
     world = g * n
     sent = 2 * collective_bytes("all_gather", m, world) + collective_bytes("reduce_scatter", m, world)
