@@ -236,9 +236,10 @@ QUIZZES["02"] = quiz_02
 def quiz_04() -> Quiz:
     from ..theory.comm import collective_bytes
     from ..theory.config import COURSE_CONFIG
+    from ..theory.layout import padded_numel
 
     psi = COURSE_CONFIG.num_params()                    # the course GPT
-    z2_share = model_states(1, world_size=8, stage=2).total / model_states(1, world_size=8).total
+    z1_8 = 8 * (padded_numel(psi, 8) // 8) + 4           # AdamW m, v + one step counter, 8 ranks
     rs = collective_bytes("reduce_scatter", 4 * psi, 4)
     ar = collective_bytes("all_reduce", 4 * psi, 4)
     ag = collective_bytes("all_gather", 4 * psi, 4)
@@ -249,7 +250,7 @@ def quiz_04() -> Quiz:
             ["Adam's m and v", "the fp32 master weights", "the bf16 parameters", "the gradients"],
             "a,b",
             "ZeRO-1 shards all K = 12 bytes of optimizer state: m, v and the fp32 master copy. "
-            "A calculator that shards only m and v (8 bytes) under-counts the saving (notebook 03).",
+            "A calculator that shards only m and v (8 bytes) under-counts the saving.",
         ),
         SingleChoice(
             "In the ring model ZeRO-1 sends what DDP sends, but on gloo the wire measured 1.5x DDP's "
@@ -278,19 +279,20 @@ def quiz_04() -> Quiz:
         ),
         Numeric(
             "All-reduce then keep your slice, instead of a reduce-scatter: on 4 ranks with the "
-            "course GPT in fp32, how many times the bytes of the gradient part does one rank send?",
+            "course GPT in fp32, how many times the bytes of the gradient part does one rank send, "
+            "in the ring model?",
             ar / rs, tol=0.01, minimum=0,
             explanation=f"all-reduce 2(N-1)/N·M = {ar:,.0f} bytes against reduce-scatter "
                         f"(N-1)/N·M = {rs:,.0f}: the all-gather half of the all-reduce gives every "
                         "rank gradients it throws away.",
         ),
         Numeric(
-            "Section 7 computed each stage's share of DDP's model-state memory on 3 GPUs. With the "
-            "same K = 12, what share does ZeRO-2 keep per GPU on 8 GPUs?",
-            100 * z2_share, unit="%", tol=0.5, minimum=0, maximum=100,
-            explanation=f"(2 + (2 + 12) / 8) / 16 = 3.75 / 16 = {100 * z2_share:.1f} %. The shares "
-                        "depend on N: the unsharded 2-byte parameters are a floor of 2/16 = 12.5 % "
-                        "for ZeRO-2, however many GPUs.",
+            "Section 6 measured ZeRO-1's optimizer bytes per rank on 1, 2 and 4 ranks. Predict them on 8 "
+            "ranks: the course GPT in fp32 with AdamW (Ψ = 129,350 elements, padded to a multiple of 8).",
+            z1_8, unit="bytes", tol=0.5, minimum=0,
+            explanation=f"The padded buffer has {padded_numel(psi, 8):,} elements, {padded_numel(psi, 8) // 8:,} per "
+                        f"rank; AdamW's m and v take 8 bytes per element, plus its 4-byte step counter of the one "
+                        f"shard parameter: 8 x {padded_numel(psi, 8) // 8:,} + 4 = {z1_8:,} bytes.",
         ),
         SingleChoice(
             "Why must the flat buffer be padded to a multiple of the world size?",
@@ -321,12 +323,12 @@ def quiz_05() -> Quiz:
     xl = PRESETS["gpt2-xl"].num_params
     freed = (model_states(xl, world_size=8, stage=0, recipe="mixed-fp32-grads").total
              - model_states(xl, world_size=8, stage=2, recipe="mixed-fp32-grads").total)
-    act = activation_bytes("gpt2-xl", micro_batch=1, seq=1024, attention="flash").total
+    act = activation_bytes("gpt2-xl", micro_batch=1, seq=1024, attention="flash", cross_entropy="fused").total
 
-    def largest_batch(stage):
+    def largest_batch(stage):           # notebook 05 §5's largest_batch, on 8 GPUs
         mb = 0
         while per_gpu("gpt2-xl", world_size=8, stage=stage, recipe="mixed-fp32-grads", micro_batch=mb + 1,
-                      seq=1024, attention="flash").total <= 80 * GB:
+                      seq=1024, attention="flash", cross_entropy="fused").total <= 80 * GB:
             mb += 1
         return mb
 
@@ -386,7 +388,7 @@ def quiz_05() -> Quiz:
             freed / GB, unit="GB", tol=0.2, minimum=0,
             explanation=f"ZeRO-2 shards the gradients and the optimizer states, 4 + 12 = 16 bytes: "
                         f"16 x Ψ x 7/8 = {freed / GB:.1f} GB. A sequence of 1024 tokens costs "
-                        f"{act / GB:.2f} GB of activations (flash attention), so about "
+                        f"{act / GB:.2f} GB of activations (flash attention, fused cross-entropy), so about "
                         f"{freed / act:.0f} more sequences fit per GPU: the calculator's {ddp_mb} -> "
                         f"{z2_mb} in 80 GB. DDP's batch per GPU stays {ddp_mb} whatever the number of GPUs.",
         ),
