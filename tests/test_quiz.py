@@ -181,7 +181,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.get("03").question(6).answer == {"abcd"[fits[0]]} == {"c"}    # ZeRO-2 fits 40 GB
     assert "272 bytes" in quiz.get("03").question(5).prompt                     # 68 tensors x 4 B
     assert quiz.check("03", 7, 18 * PRESETS["gpt2-xl"].num_params / GB).correct
-    assert quiz.check("04", 5, "23.4").correct                                  # (2 + 14/8) / 16
+    assert quiz.check("04", 5, "129356").correct                                # 8 x 129,352 / 8 + 4
     q6 = quiz.get("05").question(6)
     assert quiz.check("05", 6, "21.8").correct and "the calculator's" in q6.explanation
     assert quiz.check("06", 5, "12").correct and not quiz.check("06", 5, "11").correct  # 112 / N <= 10
