@@ -33,10 +33,13 @@ NOTEBOOKS = [
     ("11_appendix_at_scale.ipynb", "Appendix: at scale, in depth",
      "Optional: the multi-node time model, the planner's assumptions, a DeepSpeed config next to "
      "torch's in full, more hangs."),
+    ("13_appendix_claims.ipynb", "Appendix: claims you will meet, checked",
+     "Optional: widely repeated figures about ZeRO and FSDP, each with the right figure and the cell "
+     "that computes it."),
 ]
 
 #: Optional notebooks after the sequence: the full skeleton, but no quiz.
-APPENDICES = ("09_appendix_forensics.ipynb", "11_appendix_at_scale.ipynb")
+APPENDICES = ("09_appendix_forensics.ipynb", "11_appendix_at_scale.ipynb", "13_appendix_claims.ipynb")
 
 
 def colab_url(notebook: str) -> str:
