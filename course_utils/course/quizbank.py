@@ -173,9 +173,11 @@ def quiz_01() -> Quiz:
                 collective_bytes("all_reduce", m, 4) / 1e9, unit="GB", tol=0.01, minimum=0,
                 explanation="2(N-1)/N x M = 2 x 3/4 x 1 GB = 1.5 GB: N-1 steps of reduce-scatter and "
                             "N-1 of all-gather, each sending M/N."),
-        Numeric("And for a reduce-scatter of the same 1 GB message on 8 ranks?",
+        Numeric("In the ring model, how many GB does each rank send for a reduce-scatter of the same "
+                "1 GB message on 8 ranks?",
                 collective_bytes("reduce_scatter", m, 8) / 1e9, unit="GB", tol=0.01, minimum=0,
-                explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N."),
+                explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N. gloo's wire "
+                            "shows twice that (section 3.2): it runs a reduce-scatter as an all-reduce."),
         MultiChoice("In the alpha-beta model t = alpha x steps + bytes / bandwidth, which are true?",
                     ["Small messages are dominated by the latency term alpha",
                      "Large messages are dominated by the bandwidth term",
