@@ -30,10 +30,13 @@ NOTEBOOKS = [
     ("09_appendix_forensics.ipynb", "Appendix: published runs",
      "Optional: the planner against every figure of a published gpt2-xl benchmark, Megatron's "
      "distributed optimizer, and why memory estimators disagree."),
+    ("10_appendix_fsdp_in_depth.ipynb", "Appendix: FSDP in depth",
+     "Optional: FSDP2's padding, every FSDP1 strategy in both APIs, the options' finer points, "
+     "checkpoint files and resume, three common problems fixed, every strategy side by side."),
 ]
 
 #: Optional notebooks after the sequence: the full skeleton, but no quiz.
-APPENDICES = ("09_appendix_forensics.ipynb",)
+APPENDICES = ("09_appendix_forensics.ipynb", "10_appendix_fsdp_in_depth.ipynb")
 
 
 def colab_url(notebook: str) -> str:
