@@ -31,8 +31,8 @@ NOTEBOOKS = [
      "Optional: the planner against every figure of a published gpt2-xl benchmark, Megatron's "
      "distributed optimizer, and why memory estimators disagree."),
     ("10_appendix_fsdp_in_depth.ipynb", "Appendix: FSDP in depth",
-     "Optional: FSDP2's padding, every FSDP1 strategy in both APIs, the options' finer points, "
-     "checkpoint files and resume, three common problems fixed, every strategy side by side."),
+     "Optional: FSDP1's names in detail, the options' finer points, checkpoint internals, three "
+     "common problems fixed, every strategy of the course side by side."),
 ]
 
 #: Optional notebooks after the sequence: the full skeleton, but no quiz.
