@@ -30,6 +30,9 @@ NOTEBOOKS = [
     ("09_appendix_forensics.ipynb", "Appendix: published runs",
      "Optional: the planner against every figure of a published gpt2-xl benchmark, Megatron's "
      "distributed optimizer, and why memory estimators disagree."),
+    ("10_appendix_fsdp_in_depth.ipynb", "Appendix: FSDP in depth",
+     "Optional: FSDP1's names in detail, the options' finer points, checkpoint internals, three "
+     "common problems fixed, every strategy of the course side by side."),
     ("11_appendix_at_scale.ipynb", "Appendix: at scale, in depth",
      "Optional: the multi-node time model, the planner's assumptions, a DeepSpeed config next to "
      "torch's in full, more hangs."),
@@ -39,7 +42,8 @@ NOTEBOOKS = [
 ]
 
 #: Optional notebooks after the sequence: the full skeleton, but no quiz.
-APPENDICES = ("09_appendix_forensics.ipynb", "11_appendix_at_scale.ipynb", "13_appendix_claims.ipynb")
+APPENDICES = ("09_appendix_forensics.ipynb", "10_appendix_fsdp_in_depth.ipynb", "11_appendix_at_scale.ipynb",
+              "13_appendix_claims.ipynb")
 
 
 def colab_url(notebook: str) -> str:
