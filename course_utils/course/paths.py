@@ -21,8 +21,8 @@ NOTEBOOKS = [
      "Gradient sharding during backward; peak gradient memory measured; batch scaling; you build "
      "ZeRO-2, graded on 2-4 ranks."),
     ("06_zero3.ipynb", "ZeRO-3",
-     "Parameter sharding: gather, compute, free; 1.5x DDP in the ring model, about 2x on gloo's "
-     "wire; prefetching; you build a ZeRO-3 unit, graded on 2-4 ranks."),
+     "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit, graded on 2-4 ranks, then "
+     "measure its bytes and gathers on the course model; 1.5x DDP in the ring model; prefetching."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",
      "fully_shard on the course model: wrapping, mixed precision, offload, checkpoints."),
     ("08_beyond_one_box.ipynb", "Beyond one box",
@@ -30,10 +30,13 @@ NOTEBOOKS = [
     ("09_appendix_forensics.ipynb", "Appendix: published runs",
      "Optional: the planner against every figure of a published gpt2-xl benchmark, Megatron's "
      "distributed optimizer, and why memory estimators disagree."),
+    ("12_appendix_zero3_in_depth.ipynb", "Appendix: ZeRO-3 in depth",
+     "Optional: ZeRO-3's bytes unit by unit and on gloo's wire, the root freed after forward, a 7B "
+     "model's count, gradient accumulation, and ZeRO-3 next to tensor parallelism."),
 ]
 
 #: Optional notebooks after the sequence: the full skeleton, but no quiz.
-APPENDICES = ("09_appendix_forensics.ipynb",)
+APPENDICES = ("09_appendix_forensics.ipynb", "12_appendix_zero3_in_depth.ipynb")
 
 
 def colab_url(notebook: str) -> str:
