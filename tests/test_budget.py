@@ -15,8 +15,7 @@ from course_utils.course.badges import ROOT
 
 PER_NOTEBOOK, CORE_TOTAL = 35_000, 230_000
 CORE = [name for name, _, _ in paths.NOTEBOOKS if name not in paths.APPENDICES]
-CEILING = {"07_fsdp.ipynb": 66_100, "06_zero3.ipynb": 45_800, "08_beyond_one_box.ipynb": 48_300,
-           "03_memory_anatomy.ipynb": 39_500}
+CEILING = {"07_fsdp.ipynb": 66_100, "08_beyond_one_box.ipynb": 48_300, "03_memory_anatomy.ipynb": 39_500}
 CORE_CEILING = 368_400
 
 
