@@ -2,7 +2,6 @@
 the collectives figure against the live demos and the CommLedger (4 gloo ranks), the ZeRO-3
 timeline against the one labs.zero3_timeline measures on 2 and 3 ranks, the tables against the formulas."""
 import pytest
-import torch.distributed as dist
 
 from course_utils.course import figures
 from course_utils.theory.comm import collective_calls, comm_volume
