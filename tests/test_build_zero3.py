@@ -5,9 +5,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_utils.course.exercises import check_zero3
-from course_utils.harness.grading import first_problem
-from course_utils.course.exercises.nb06 import zero3_on_rank
+from course_utils.course.exercises import check_zero3, check_zero3_step_bytes, yours
+from course_utils.course.exercises.nb12 import zero3_step_bytes
+from course_utils.harness.grading import PASSED, first_problem
+from course_utils.course.exercises.nb06 import units_on_rank, zero3_on_rank
 from course_utils.impl.zero3 import FlatUnit
 from course_utils.impl.common import alloc_storage, free_storage
 from course_utils.theory.layout import padded_numel
@@ -174,3 +175,34 @@ def test_the_completed_scaffold_passes_and_planted_mistakes_are_named():
 def test_a_non_class_is_refused(capsys):
     assert not check_zero3("MyFlatUnit")
     assert "check_zero3 takes your class" in capsys.readouterr().out
+
+
+def test_the_learners_unit_is_measured_on_the_course_model(capsys):
+    """Notebook 06 §5: once a unit passed check_zero3, ``yours`` hands it to ``units_on_rank``,
+    which measures it on the course model's blocks; the reference gives the same measurement,
+    and a unit that never frees after forward shows every block gathered at once."""
+    PASSED.clear()
+    PASSED["zero3"] = Solution
+    try:
+        assert yours("zero3", Solution) is Solution
+    finally:
+        PASSED.clear()
+    block = 4 * 30_650                                      # one block's fp32 bytes, even: no padding on 2
+    mine, ref = (launch(units_on_rank, 2, cls, quiet=True) for cls in (Solution, FlatUnit))
+    for m, r in zip(mine, ref):
+        assert m["at_rest"] == m["at_rest_after"] == r["at_rest"] == 4 * block // 2
+        assert m["calls"] == r["calls"] == {"all_reduce": 0, "reduce_scatter": 4, "all_gather": 8}
+        assert m["sent"] == r["sent"] and m["peak_gathered"] == block and m["after_step"] == 0
+        assert max(abs(a - b) for a, b in zip(m["losses"], m["ref_losses"])) < 1e-6
+    keeps = launch(units_on_rank, 2, NeverFreesAfterForward, quiet=True)[0]
+    assert keeps["peak_gathered"] == 4 * block and keeps["at_rest_after"] == 4 * block // 2
+
+
+def test_zero3_step_bytes_is_the_ledgers_count(capsys):
+    """Appendix 12's exercise: the reference is the ledger's bytes of notebook 06 (5 steps on 2
+    ranks: 2,519,500 B all-gathered + 1,293,500 B reduce-scattered), and a wrong count fails."""
+    assert zero3_step_bytes([6750] + [30650] * 4, 2) * 5 == 2_519_500 + 1_293_500
+    assert zero3_step_bytes([6750] + [30650] * 4, 2, reshard_root=True) == 776_100
+    assert check_zero3_step_bytes(zero3_step_bytes)
+    assert not check_zero3_step_bytes(lambda unit_numels, world, reshard_root=False: 0.0)
+    assert "0 of 5 cases right" in capsys.readouterr().out

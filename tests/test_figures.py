@@ -2,7 +2,6 @@
 the collectives figure against the live demos and the CommLedger (4 gloo ranks), the ZeRO-3
 timeline against the one labs.zero3_timeline measures on 2 and 3 ranks, the tables against the formulas."""
 import pytest
-import torch.distributed as dist
 
 from course_utils.course import figures
 from course_utils.theory.comm import collective_calls, comm_volume
@@ -120,22 +119,9 @@ def test_collectives_figure_is_what_the_demos_do_and_send():
 
 
 def _zero3_timelines():
-    from course_utils.harness.experiments import make_adamw
-    from course_utils.harness.model import SyntheticData, build_model
-    from course_utils.impl.zero3 import Zero3
-    from course_utils.labs.zero3_timeline import record_timeline
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    out = {}
-    for prefetch in (False, True):
-        z = Zero3(build_model(seed=0), prefetch=prefetch)
-        timeline = record_timeline(z)
-        opt = make_adamw(z.shard_parameters())
-        z(*SyntheticData(global_batch=12, seed=0).shard(0, rank, world)).backward()
-        opt.step()
-        out[prefetch] = [{k: e[k] for k in TIMELINE_KEYS} for e in timeline]
-        z.remove_hooks()
-    return out
+    """notebook 06 §8's rank function, one step."""
+    from course_utils.labs.zero3_timeline import timeline_on_rank
+    return {p: [{k: e[k] for k in TIMELINE_KEYS} for e in timeline_on_rank(p, steps=1)] for p in (False, True)}
 
 
 @pytest.mark.parametrize("world_size", [2, 3])   # 3: 129,350 params are padded

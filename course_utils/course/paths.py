@@ -21,8 +21,8 @@ NOTEBOOKS = [
      "Gradient sharding during backward; peak gradient memory measured; batch scaling; you build "
      "ZeRO-2, graded on 2-4 ranks."),
     ("06_zero3.ipynb", "ZeRO-3",
-     "Parameter sharding: gather, compute, free; 1.5x DDP in the ring model, about 2x on gloo's "
-     "wire; prefetching; you build a ZeRO-3 unit, graded on 2-4 ranks."),
+     "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit, graded on 2-4 ranks, then "
+     "measure its bytes and gathers on the course model; 1.5x DDP in the ring model; prefetching."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",
      "fully_shard on the course model: wrapping, mixed precision, offload, checkpoints."),
     ("08_beyond_one_box.ipynb", "Beyond one box",
@@ -36,6 +36,9 @@ NOTEBOOKS = [
     ("11_appendix_at_scale.ipynb", "Appendix: at scale, in depth",
      "Optional: the multi-node time model, the planner's assumptions, a DeepSpeed config next to "
      "torch's in full, more hangs."),
+    ("12_appendix_zero3_in_depth.ipynb", "Appendix: ZeRO-3 in depth",
+     "Optional: ZeRO-3's bytes unit by unit and on gloo's wire, the root freed after forward, a 7B "
+     "model's count, gradient accumulation, and ZeRO-3 next to tensor parallelism."),
     ("13_appendix_claims.ipynb", "Appendix: claims you will meet, checked",
      "Optional: widely repeated figures about ZeRO and FSDP, each with the right figure and the cell "
      "that computes it."),
@@ -43,7 +46,7 @@ NOTEBOOKS = [
 
 #: Optional notebooks after the sequence: the full skeleton, but no quiz.
 APPENDICES = ("09_appendix_forensics.ipynb", "10_appendix_fsdp_in_depth.ipynb", "11_appendix_at_scale.ipynb",
-              "13_appendix_claims.ipynb")
+              "12_appendix_zero3_in_depth.ipynb", "13_appendix_claims.ipynb")
 
 
 def colab_url(notebook: str) -> str:

@@ -3,7 +3,14 @@
 """
 from __future__ import annotations
 
-__all__ = ["record_timeline"]
+import torch.distributed as dist
+
+from ..harness.experiments import make_adamw
+from ..harness.model import SyntheticData, build_model
+from ..impl.zero3 import Zero3
+from ..runtime.launch import rank_device
+
+__all__ = ["record_timeline", "timeline_on_rank"]
 
 
 def record_timeline(model) -> list[dict]:
@@ -38,3 +45,16 @@ def record_timeline(model) -> list[dict]:
     model.register_forward_pre_hook(step_starts, prepend=True)
     model.register_forward_hook(forward_done)
     return events
+
+
+def timeline_on_rank(prefetch: bool = False, steps: int = 2) -> list[dict]:
+    """Rank side: the course's ``Zero3`` trains the course model (AdamW, global batch 12) for
+    ``steps`` steps; the timeline of the last one (:func:`record_timeline`)."""
+    rank, world, dev = dist.get_rank(), dist.get_world_size(), rank_device()
+    z = Zero3(build_model(seed=0, device=dev), prefetch=prefetch)
+    timeline, opt, data = record_timeline(z), make_adamw(z.shard_parameters()), SyntheticData(global_batch=12, seed=0)
+    for step in range(steps):
+        z(*(t.to(dev) for t in data.shard(step, rank, world))).backward()
+        opt.step()
+        opt.zero_grad()
+    return timeline

@@ -11,6 +11,7 @@ from .nb07 import check_accumulation, check_fsdp_wrap, check_sharded_clip
 from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, reference_choice
 from .nb09 import check_megatron_states_gb
 from .nb10 import check_real_rows
+from .nb12 import check_zero3_step_bytes
 from .solutions import BUILDS, solution, versus, yours
 
 __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_ranks",
@@ -22,4 +23,4 @@ __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_rank
            "check_zero2", "check_zero3_forward", "check_zero3",
            "check_fsdp_wrap", "check_sharded_clip", "check_accumulation",
            "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone",
-           "check_megatron_states_gb", "check_real_rows", "BUILDS", "solution", "yours", "versus"]
+           "check_megatron_states_gb", "check_real_rows", "check_zero3_step_bytes", "BUILDS", "solution", "yours", "versus"]

@@ -16,7 +16,7 @@ from ...theory.layout import padded_numel
 from ...harness.grading import Verdict, grade_build, judge_on_ranks, refuse_non_function
 from ...runtime.fmt import bound
 
-__all__ = ["check_zero3_forward", "check_zero3", "build_units", "zero3_on_rank"]
+__all__ = ["check_zero3_forward", "check_zero3", "build_units", "zero3_on_rank", "units_on_rank"]
 
 
 _kept_once = False      # in this rank: a buffer already outlived the full patience
@@ -340,3 +340,40 @@ def _zero3_right(values) -> str:
 def check_zero3(cls) -> Verdict:
     """Exercise 06.2: ``cls(unit)`` is one ZeRO-3 flat unit (``shard``, ``shard.grad``, ``full``)."""
     return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank, right=_zero3_right)
+
+
+def units_on_rank(cls, steps: int = 2) -> dict:
+    """``cls`` measured on the course model: each of its blocks wrapped as ``cls(block)``, the
+    root (embeddings, final norm) frozen and whole on every rank, SGD on the global batch of 12
+    beside one process. Returns what this rank holds, sends and frees, and the losses."""
+    from ...harness.experiments import global_loss
+    from ...harness.model import SyntheticData, build_model
+    from ...runtime.ledger import CommLedger
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ref, model = build_model(seed=0), build_model(seed=0)
+    for name, p in [*ref.named_parameters(), *model.named_parameters()]:
+        p.requires_grad_(name.startswith("blocks."))
+    model.blocks = nn.ModuleList(cls(block) for block in model.blocks)
+    units, gathered, peaks = list(model.blocks), [], []
+    for unit in units:       # while a block computes: the bytes of every gathered buffer alive
+        unit.module.register_forward_hook(lambda *_: peaks.append(_held_bytes([r() for r in gathered])))
+    def at_rest():
+        return _held_bytes([p for p in model.parameters() if p.requires_grad] +
+                           [getattr(u, name, None) for u in units for name in ("shard", "full")])
+    seen = {"at_rest": at_rest(), "losses": [], "ref_losses": []}
+    opt, ref_opt = (torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=BUILD_LR) for m in (model, ref))
+    data = SyntheticData(global_batch=BUILD_BATCH, seed=0)
+    for step in range(steps):
+        ref_loss = ref(*data.batch(step))
+        ref_loss.backward()
+        with CommLedger() as ledger, _spying_all_gathers(gathered):
+            loss = model(*data.shard(step, rank, world))
+            loss.backward()
+        for o in (opt, ref_opt):
+            o.step()
+            o.zero_grad()
+        seen["losses"].append(global_loss(loss))
+        seen["ref_losses"].append(ref_loss.item())
+    seen.update(calls=ledger.counts(), sent=ledger.totals(), peak_gathered=max(peaks),
+                after_step=_held_bytes([r() for r in gathered]), at_rest_after=at_rest())
+    return seen
