@@ -1,4 +1,4 @@
-"""Gradient accumulation under DDP, ZeRO-2, ZeRO-3 and FSDP2 (notebooks 05, 06, 07 §5.7): what a step of k
+"""Gradient accumulation under DDP, ZeRO-2, ZeRO-3 and FSDP2 (notebooks 05, 06, 07 §5.5): what a step of k
 micro-batches sends (ring and gloo models; the wire, measured: None off Linux and under NCCL) and the gradient
 bytes held between micro-batches, measured (:func:`measure_accumulation`) and predicted (:func:`predicted`).
 """

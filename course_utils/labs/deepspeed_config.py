@@ -299,7 +299,7 @@ class FSDP2Equivalent:
 def _torch_zero1_difference(precision: str) -> str:
     """What DDP + ``ZeroRedundancyOptimizer`` holds and sends against DeepSpeed's ZeRO-1 (llama-2-7b, 8 GPUs)."""
     traffic = ("it all-reduces the full gradients, then every owner broadcasts its parameters: "
-               "1.5x the ring bytes of DeepSpeed's reduce-scatter + all-gather (notebook 07's table)")
+               "1.5x the ring bytes of DeepSpeed's reduce-scatter + all-gather (appendix 10 §6's table)")
     if precision == "fp32":
         return "the same bytes per GPU (4 + 4 + 8/N per parameter), but " + traffic
     cfg = PRESETS["llama-2-7b"].config
@@ -312,7 +312,7 @@ def _torch_zero1_difference(precision: str) -> str:
             f"{ds_b:.1f} GB), and autocast keeps a bf16 cast of every matmul weight from forward to "
             f"backward ({2 * matmul_weights(cfg, psi) / GB:.1f} GB more; planner.plan(..., "
             f"framework='torch') counts both); it all-reduces the fp32 gradients, then every owner "
-            f"broadcasts its fp32 parameters: 1.5x the ring bytes of DDP under autocast (notebook 07's "
+            f"broadcasts its fp32 parameters: 1.5x the ring bytes of DDP under autocast (appendix 10 §6's "
             f"table, measured in fp32), 3x those of DeepSpeed's bf16 reduce-scatter + all-gather")
 
 

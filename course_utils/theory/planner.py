@@ -297,7 +297,7 @@ class Assumptions:
             + f"; params gathered in {gather_b} B, grads reduced in {reduce_b} B"
             + (f" (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32); DDP "
                f"all-reduces the fp32 gradients; ZeroRedundancyOptimizer adds a broadcast of every "
-               f"updated parameter in {p} B, modelled as an all-gather: 1.5x DDP's bytes, as notebook 07 "
+               f"updated parameter in {p} B, modelled as an all-gather: 1.5x DDP's bytes, as appendix 10 §6 "
                f"measured)" if torch else "")
             + ("" if self.nodes == 1 else
                f"; HSDP: ZeRO-3 inside the node + all-reduce of a 1/{self.gpus_per_node} gradient "
