@@ -132,3 +132,20 @@ def test_forward_references_are_recognised():
     assert _points_forward("hybrid sharding, in notebook 08", "08")
     assert not _points_forward("as notebook 03 showed", "06")
     assert not _points_forward("no reference here", "01")
+
+
+GLOSSARY_TERMS = ["rank", "world size", "process group", "collective", "all-reduce", "NCCL", "gloo", "NVLink",
+                  "InfiniBand", "NIC", "torchrun", "DDP", "bucket", "model states", "optimizer states",
+                  "mixed precision", "master weights", "the course GPT", "shard", "ZeRO", "FSDP"]
+
+
+def test_glossary_defines_the_words_used_before_they_are_taught():
+    """00 §1 opens with a glossary: every key term is defined there (in bold) before any other cell
+    of the course uses it (the title cell and the Colab cell aside)."""
+    cells = json.loads((ROOT / "notebooks" / NOTEBOOKS[0]).read_text(encoding="utf-8"))["cells"]
+    where = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                 and "".join(c["source"]).startswith("## 1."))
+    glossary = "".join(cells[where]["source"])
+    for term in GLOSSARY_TERMS:
+        assert re.search(rf"\*\*{re.escape(term)}\*\*", glossary, re.IGNORECASE), f"00's glossary lacks **{term}**"
+    assert where <= 2, "the glossary must come before any other cell uses its terms"
