@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -35,7 +35,7 @@ def _checked(token: str) -> bool:
     return "," in token or len(re.sub(r"^[0.]+", "", token.replace(".", "")).rstrip()) >= 3
 
 
-@lru_cache(maxsize=None)
+@cache
 def saved_lines(number: str) -> tuple[str, ...]:
     """The saved text outputs of notebook ``number``, line by line; quiz cells left out (they
     print the quiz itself)."""

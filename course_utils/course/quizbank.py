@@ -205,7 +205,8 @@ def quiz_01() -> Quiz:
 def quiz_02() -> Quiz:
     from ..theory.comm import comm_volume
     from ..theory.config import COURSE_CONFIG
-    from ..theory.scaling import GPT2XL_RUNS as S, split_accumulation
+    from ..theory.scaling import GPT2XL_RUNS as S
+    from ..theory.scaling import split_accumulation
 
     psi, steps = COURSE_CONFIG.num_params(), 5
     sent = {n: steps * comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (2, 4, 8)}
@@ -285,8 +286,10 @@ def quiz_04() -> Quiz:
     ms = {(r, st): model_states(7e9, world_size=4, stage=st, recipe=r).total / GB
           for r in ("mixed", "fp32") for st in (0, 1)}
     m8 = 4 * psi                                         # the fp32 gradient, bytes
-    ar8, rs8, ag8 = (collective_bytes(op, m8, 8) for op in ("all_reduce", "reduce_scatter", "all_gather"))
+    ar8, ag8 = (collective_bytes(op, m8, 8) for op in ("all_reduce", "all_gather"))
     ar, rs, ag = (collective_bytes(op, m8, 4) for op in ("all_reduce", "reduce_scatter", "all_gather"))
+    ar2, rs2 = collective_bytes("all_reduce", m8, 2), collective_bytes("reduce_scatter", m8, 2)
+    steps = 5                                            # notebook 04 §7's run
     n6 = 6
     pad6 = padded_numel(psi, n6) - psi
     extra6 = 2 * collective_bytes("reduce_scatter", 4 * pad6, n6)
@@ -324,8 +327,9 @@ def quiz_04() -> Quiz:
              "The same bytes: both are ZeRO-1",
              "ZeroRedundancyOptimizer sends half: it shards whole parameters, so nothing is padded"],
             "a",
-            f"Section 7 printed torch's 2,587,000 bytes of all-reduce plus about 1,294,000 of broadcasts, "
-            f"against 1,293,500 of reduce-scatter and 1,293,500 of all-gather for Zero1. Zero1's "
+            f"In {steps} steps section 7 printed torch's {steps * ar2:,.0f} bytes of all-reduce plus about half "
+            f"as much again in broadcasts, against {steps * rs2:,.0f} of reduce-scatter and {steps * rs2:,.0f} "
+            "of all-gather for Zero1. Zero1's "
             "reduce-scatter hands each rank only the gradients it steps; torch's all-reduce hands every "
             "rank all of them, and it still has to send the updated parameters.",
             kind="compare", printed="04"),
@@ -360,8 +364,8 @@ def quiz_04() -> Quiz:
 
 def quiz_05() -> Quiz:
     from ..harness.model import build_model
-    from ..theory.layout import padded_numel
     from ..theory.config import COURSE_CONFIG, PRESETS
+    from ..theory.layout import padded_numel
     from ..theory.memory import activation_bytes, per_gpu
     from ..theory.zero import expected_comm_bytes, expected_state_bytes
 
