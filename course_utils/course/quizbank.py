@@ -100,6 +100,7 @@ def quiz_03() -> Quiz:
     small = 24                                 # GB per GPU, model states only
     z2_gpus = next(n for n in range(1, 1000)
                    if model_states(7e9, world_size=n, stage=2, recipe="mixed").total / GB <= small)
+    whole7 = model_states(7e9, recipe="mixed")
     budget = 40
     torch_fit = next(st for st in range(4)
                      if model_states(7e9, world_size=4, stage=st, recipe="torch-amp").total / GB <= budget)
@@ -121,9 +122,10 @@ def quiz_03() -> Quiz:
         Numeric(f"The same 7B model with ZeRO-2: how many GPUs at least bring its model states to "
                 f"{small} GB per GPU or less?",
                 z2_gpus, tol=0, minimum=1, kind="predict",
-                explanation=f"ZeRO-2 keeps the 2-byte parameters whole (14 GB) and shards the other 14 bytes: "
-                            f"14 + 98 / N <= {small} needs N >= {z2_gpus}. ZeRO-1 never gets there: it keeps "
-                            f"parameters and gradients whole, 28 GB on every GPU."),
+                explanation=f"ZeRO-2 keeps the 2-byte parameters whole ({whole7.params / GB:g} GB) and shards "
+                            f"the other 14 bytes: {whole7.params / GB:g} + {(whole7.total - whole7.params) / GB:g} / N "
+                            f"<= {small} needs N >= {z2_gpus}. ZeRO-1 never gets there: it keeps parameters and "
+                            f"gradients whole, {(whole7.params + whole7.grads) / GB:g} GB on every GPU."),
         SingleChoice("A tutorial draws DDP for 7B parameters as 14 + 14 + 56 = 84 GB per GPU, then "
                      "tabulates 112 GB. What does the 84 GB drawing leave out?",
                      ["The activations", "The fp32 master copy of the weights (4 bytes/param)",
@@ -213,6 +215,9 @@ def quiz_02() -> Quiz:
     fb, rest = split_accumulation(S["single_batch15_ms"] / 1e3, S["accum_ms"] / 1e3, S["accum_k"])
     k = 8
     xl = comm_volume(S["params"], world_size=S["dp"], stage=0, bytes_per_elem=S["grad_bytes"])["total"]
+    share1 = S["overhead_batch1_share"]
+    step1 = S["overhead_batch1_ms"] / share1                      # the single-GPU step at batch 1, ms
+    share15 = (S["dp4_batch15_ms"] - S["single_batch15_ms"]) / S["single_batch15_ms"]
     return Quiz("02 data parallelism", [
         SingleChoice("Four ranks each compute the mean loss on their 2 samples of an 8-sample global "
                      "batch. To match one process on all 8 samples, the gradients are...",
@@ -247,7 +252,7 @@ def quiz_02() -> Quiz:
                       "Fewer all-reduce calls: small buckets are merged",
                       "Nothing: the bucket size only matters on a GPU"],
                      "a", "Every gradient is all-reduced exactly once whatever the buckets: section 6 "
-                          "printed 776,100 bytes per step for every bucket size on 4 ranks. Smaller "
+                          f"printed {sent[4] / steps:,.0f} bytes per step for every bucket size on 4 ranks. Smaller "
                           "buckets pay alpha more often and start communicating sooner.",
                      kind="predict", printed="02"),
         Numeric(f"Section 7 split the published step times into forward + backward of one micro-batch "
@@ -258,16 +263,16 @@ def quiz_02() -> Quiz:
                             f"accumulation gets slightly cheaper as k grows. Section 7 printed "
                             f"{fb * 1e3:.0f} ms and {rest * 1e3:.0f} ms.",
                 printed="02"),
-        SingleChoice("In the published runs data parallelism on 4 GPUs added about 14 % to a step of 1 "
-                     "sequence per GPU but only about 7 % to a step of 15. Why does the share fall?",
+        SingleChoice(f"In the published runs data parallelism on 4 GPUs added about {share1 * 100:.0f} % to a step of 1 "
+                     f"sequence per GPU but only about {share15 * 100:.0f} % to a step of 15. Why does the share fall?",
                      ["The all-reduce sends the same bytes whatever the batch, while the compute "
                       "grows with it",
                       "A larger batch gives the all-reduce larger, faster messages",
                       "With 15 sequences DDP skips the all-reduce on some micro-batches",
                       "The GPUs run at a higher clock with larger batches"],
                      "a", f"The gradient all-reduce depends on Ψ, not on the batch: {xl / 1e9:.2f} GB per "
-                          "GPU per step (section 7 printed it), about 30 ms either way; the compute it is "
-                          "added to grows from about 214 ms to 393 ms.",
+                          f"GPU per step (section 7 printed it), about {S['overhead_batch1_ms']} ms either way; the "
+                          f"compute it is added to grows from about {step1:.0f} ms to {S['single_batch15_ms']} ms.",
                      kind="explain", printed="02"),
     ])
 
@@ -364,6 +369,7 @@ def quiz_04() -> Quiz:
 
 def quiz_05() -> Quiz:
     from ..harness.model import build_model
+    from ..theory.comm import collective_bytes
     from ..theory.config import COURSE_CONFIG, PRESETS
     from ..theory.layout import padded_numel
     from ..theory.memory import activation_bytes, per_gpu
@@ -373,6 +379,8 @@ def quiz_05() -> Quiz:
     ddp = per_gpu("gpt2-xl", world_size=4, stage=0, recipe="mixed-fp32-grads", micro_batch=15,
                   seq=1024, attention="flash")
     z1 = per_gpu("gpt2-xl", world_size=4, stage=1, recipe="mixed-fp32-grads", micro_batch=15,
+                 seq=1024, attention="flash")
+    z2 = per_gpu("gpt2-xl", world_size=4, stage=2, recipe="mixed-fp32-grads", micro_batch=15,
                  seq=1024, attention="flash")
     peak_one = 4 * psi + 4 * padded_numel(psi, 2) // 2     # one bucket on 2 ranks (notebook 05 §4)
     xl = PRESETS["gpt2-xl"].num_params
@@ -390,6 +398,7 @@ def quiz_05() -> Quiz:
     ddp_mb, z2_mb = largest_batch(0), largest_batch(2)
     k = 8                                                  # micro-batches, 2 ranks (notebook 05 §6: 4)
     acc = {m: sum(expected_comm_bytes([psi], 2, micro_batches=m).values()) for m in (4, k)}
+    nosync = collective_bytes("all_reduce", 4 * psi, 2)         # one all-reduce per step
     tensors = len({id(p) for p in build_model(device="meta").parameters()})
     single = 16 * psi + 4 * tensors                        # fp32 AdamW, one process (notebook 05 §5)
     per_row = activation_bytes(COURSE_CONFIG, micro_batch=1).total
@@ -414,8 +423,8 @@ def quiz_05() -> Quiz:
             acc[k], unit="bytes", tol=0.5, minimum=0, kind="predict",
             explanation=f"One reduce-scatter per micro-batch and one all-gather per step: "
                         f"{k} x {acc[k] // (k + 1):,} + {acc[k] // (k + 1):,} = {acc[k]:,} bytes. Section 6 "
-                        f"printed {acc[4]:,} for 4 micro-batches, and 517,400 for DDP with no_sync, which "
-                        f"stays 517,400 whatever k: ZeRO-2 pays for its smaller gradients in traffic.",
+                        f"printed {acc[4]:,} for 4 micro-batches, and {nosync:,.0f} for DDP with no_sync, which "
+                        f"stays {nosync:,.0f} whatever k: ZeRO-2 pays for its smaller gradients in traffic.",
             printed="05"),
         Numeric(
             f"Course GPT (Ψ = {psi:,}), fp32: section 3 measured the gradient bytes each of 4 ranks keeps "
@@ -437,7 +446,7 @@ def quiz_05() -> Quiz:
             f"{4 * padded_numel(psi, 2) // 2:,} B: {peak_one:,} B. ZeRO-1 accumulates into its flat "
             "buffer directly (4Ψ). Smaller buckets are sent during backward and freed, so the "
             "peak falls towards the shard. How gloo sends changes the bytes on the wire, not the "
-            "gradient bytes a rank holds, and there is no padding on 2 ranks (129,350 is even).",
+            f"gradient bytes a rank holds, and there is no padding on 2 ranks ({psi:,} is even).",
             kind="explain"),
         Numeric(
             "Section 5's miniature gave each rank a fixed budget and counted the rows of the batch that "
@@ -467,7 +476,7 @@ def quiz_05() -> Quiz:
             (ddp.total - z1.total) / GB, unit="GB", tol=0.2, minimum=0, kind="explain",
             explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the benchmark's "
                         "14 GB drop matches ZeRO-1's saving; sharding the fp32 gradients too would "
-                        "save 4.7 GB more."),
+                        f"save {(z1.total - z2.total) / GB:.1f} GB more."),
     ])
 
 
@@ -638,7 +647,7 @@ def quiz_08() -> Quiz:
                 eight.hsdp_nic_bytes / 1e9, unit="GB", tol=0.05, minimum=0, kind="predict",
                 explanation=f"Only the all-reduce of each GPU's 1/8 gradient shard crosses nodes, now over 8 "
                             f"replicas: 2 x (8-1)/8 x 2 B x 7e9 / 8 = {eight.hsdp_nic_bytes / 1e9:.4g} GB. "
-                            f"Section 2 printed 2.625 GB for 4 nodes: the factor 2(n-1)/n grows towards 2.",
+                            f"Section 2 printed {four.hsdp_nic_bytes / 1e9:.3f} GB for 4 nodes: the factor 2(n-1)/n grows towards 2.",
                 printed="08"),
         SingleChoice("And the times on 8 nodes at 25 GB/s per NIC? (Section 2 found HSDP ahead on 4 nodes.)",
                      ["HSDP stays ahead, by less: full sharding's bytes per NIC barely grow, HSDP's grow "
