@@ -178,21 +178,23 @@ def quiz_01() -> Quiz:
         SingleChoice("After dist.all_reduce(t) with the default op on 4 ranks, what does each rank hold?",
                      ["Its own tensor, unchanged", "The sum of the 4 tensors",
                       "A quarter of the sum", "The tensor of rank 0"],
-                     "b", "all_reduce replaces every rank's tensor with the elementwise sum (op=SUM)."),
+                     "b", "all_reduce replaces every rank's tensor with the elementwise sum (op=SUM).", kind="recall"),
         SingleChoice("Which pair of collectives, run one after the other, equals an all-reduce?",
                      ["broadcast then reduce", "reduce-scatter then all-gather",
                       "scatter then gather", "all-gather then reduce-scatter"],
                      "b", "Reduce-scatter leaves each rank with the sum of one shard; all-gather then gives "
-                          "every rank every summed shard. That is exactly how the ring all-reduce works."),
+                          "every rank every summed shard. That is exactly how the ring all-reduce works.",
+                          kind="recall"),
         Numeric("Ring all-reduce of a 1 GB message on 4 ranks: how many GB does each rank send?",
                 collective_bytes("all_reduce", m, 4) / 1e9, unit="GB", tol=0.01, minimum=0,
                 explanation="2(N-1)/N x M = 2 x 3/4 x 1 GB = 1.5 GB: N-1 steps of reduce-scatter and "
-                            "N-1 of all-gather, each sending M/N."),
+                            "N-1 of all-gather, each sending M/N.", kind="recall"),
         Numeric("In the ring model, how many GB does each rank send for a reduce-scatter of the same "
                 "1 GB message on 8 ranks?",
                 collective_bytes("reduce_scatter", m, 8) / 1e9, unit="GB", tol=0.01, minimum=0,
                 explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N. gloo's wire "
-                            "shows twice that (section 3.2): it runs a reduce-scatter as an all-reduce."),
+                            "shows twice that (section 3.2): it runs a reduce-scatter as an all-reduce.",
+                            kind="predict"),
         MultiChoice("In the alpha-beta model t = alpha x steps + bytes / bandwidth, which are true?",
                     ["Small messages are dominated by the latency term alpha",
                      "Large messages are dominated by the bandwidth term",
@@ -200,7 +202,7 @@ def quiz_01() -> Quiz:
                      "The ring all-reduce sends fewer bytes per rank as N grows"],
                     "a,b,c",
                     "The ring sends 2(N-1)/N x M per rank: that grows towards 2M with N, it does not shrink. "
-                    "Latency dominates small messages, which is why DDP buckets gradients."),
+                    "Latency dominates small messages, which is why DDP buckets gradients.", kind="explain"),
     ])
 
 
@@ -503,28 +505,29 @@ def quiz_06() -> Quiz:
             "b", "ZeRO-3 all-gathers a unit's parameters when it is needed and frees them after, in "
                  "forward and again in backward. The optimizer step needs only the shard; computing "
                  "with the shard alone would need the activations exchanged instead (tensor "
-                 "parallelism, section 9).",
+                 "parallelism, section 9).", kind="recall",
         ),
         Numeric("The course GPT is sharded as 5 units (4 blocks + the root, which stays gathered "
                 "from its forward to the end of backward). How many all-gathers per training step?",
                 calls["all_gather"], tol=0, minimum=0,
                 explanation=f"Each block is gathered in forward and again in backward (2 x 4), the root "
                             f"once: {calls['all_gather']} = 2L + 1 with L = 4 blocks (5 units: the blocks and "
-                            "the root)."),
+                            "the root).", kind="recall"),
         Numeric("And how many reduce-scatters per step?", calls["reduce_scatter"], tol=0, minimum=0,
                 explanation="One per unit: every unit's gradients are reduce-scattered as soon as its "
-                            "backward is done (a popular exercise counts one, for one layer: wrong)."),
+                            "backward is done (a popular exercise counts one, for one layer: wrong).", kind="recall"),
         Numeric("Ring volume per rank of ZeRO-3 divided by DDP's (same model, same N, every unit "
                 "gathered twice)?", z3 / ddp, tol=0.01, minimum=0,
                 explanation="All-gather in forward + all-gather in backward + reduce-scatter = 3 x "
-                            "(N-1)/N x M, against 2 x (N-1)/N x M for the all-reduce: 1.5x."),
+                            "(N-1)/N x M, against 2 x (N-1)/N x M for the all-reduce: 1.5x.", kind="recall"),
         Numeric(f"7B parameters, mixed-precision Adam: ZeRO-3 on 4 GPUs holds {states.total / GB:g} GB "
                 f"of model states per GPU (notebook 03). How many GPUs at least bring that to "
                 f"{target} GB or less?", enough, tol=0, minimum=1,
                 explanation=f"ZeRO-3 splits all 16 bytes: 16 x 7e9 / N = {16 * 7:g} / N GB. "
                             f"{16 * 7:g} / {enough - 1} = {16 * 7 / (enough - 1):.1f} GB is over {target}; "
                             f"{16 * 7:g} / {enough} = {16 * 7 / enough:.2f} GB: {enough} GPUs. No other "
-                            "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on every GPU."),
+                            "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on every GPU.",
+                            kind="predict"),
         SingleChoice("Why does backward need the parameters gathered again?",
                      ["To recompute the activations that forward freed",
                       "The gradient of a layer's input is grad_output @ W: backward needs W, which "
@@ -532,7 +535,7 @@ def quiz_06() -> Quiz:
                       "To average the parameters across ranks",
                       "It does not: only gradients are needed"],
                      "b", "Forward freed the full W to save memory; the input gradient (and the "
-                          "chain rule through the layer) needs it, so it is gathered a second time."),
+                          "chain rule through the layer) needs it, so it is gathered a second time.", kind="explain"),
         SingleChoice(
             "What hides ZeRO-3's parameter gathers behind computation?",
             ["prefetching: starting the next unit's all-gather while the current one computes",
@@ -541,13 +544,13 @@ def quiz_06() -> Quiz:
             "a", "Issuing the next gather early overlaps communication with computation, at the "
                  "price of one more unit alive. Compression and quantization shrink the bytes but "
                  "still wait for them; keeping units gathered skips the backward gathers (fewer "
-                 "bytes, more memory: notebook 07's reshard_after_forward=False) and hides nothing.",
+                 "bytes, more memory: notebook 07's reshard_after_forward=False) and hides nothing.", kind="recall",
         ),
         SingleChoice("With prefetching on, how many units' full parameters are alive at once at most "
                      "(the course's Zero3, root included)?",
                      ["1", "root + 1", "root + 2", "all of them"],
                      "c", "The unit computing and the next one whose all-gather is in flight, plus the "
-                          "root: root + 2, against root + 1 without prefetch."),
+                          "root: root + 2, against root + 1 without prefetch.", kind="recall"),
     ])
 
 
@@ -567,18 +570,18 @@ def quiz_07() -> Quiz:
                       "fully_shard(module, mesh=init_device_mesh('cpu', (2, 2)))",
                       "FSDP2 has no equivalent"],
                      "b", "SHARD_GRAD_OP keeps a unit's parameters gathered from its forward to its "
-                          "backward (ZeRO-2 behaviour for parameters): reshard_after_forward=False."),
+                          "backward (ZeRO-2 behaviour for parameters): reshard_after_forward=False.", kind="recall"),
         Numeric("fully_shard on each of the course GPT's 4 blocks, then on the root (kept gathered "
                 "between forward and backward): all-gathers per training step?",
                 full["all_gather"], tol=0, minimum=0,
                 explanation=f"Each block twice (forward, then again for backward), the root once: "
-                            f"2 x 4 + 1 = {full['all_gather']}, exactly the course's zero3."),
+                            f"2 x 4 + 1 = {full['all_gather']}, exactly the course's zero3.", kind="recall"),
         Numeric("The same with reshard_after_forward=False on the blocks?", zero2["all_gather"],
                 tol=0, minimum=0,
                 explanation=f"Once per unit: {zero2['all_gather']}. The all-gather bytes drop by almost "
                             "half (each block gathered once instead of twice); all the bytes, with the "
                             "reduce-scatters, by about a third (1.47x DDP to 1x in the ring model). The "
-                            "gathered blocks stay alive until their backward."),
+                            "gathered blocks stay alive until their backward.", kind="recall"),
         SingleChoice("You call fully_shard on the course GPT's root only, not on its 4 blocks. What "
                      "changes, compared with one fully_shard per block and then the root?",
                      ["Nothing: fully_shard finds the blocks by itself",
@@ -591,7 +594,7 @@ def quiz_07() -> Quiz:
                           f"gather of the whole model and holds it all (DDP's parameter memory while it "
                           f"runs). Per block, {full['all_gather']} smaller gathers per step, at most "
                           "the root and one or two blocks alive, and the next gather can run while "
-                          "the current block computes."),
+                          "the current block computes.", kind="compare"),
         SingleChoice("After backward on an FSDP2 model, how do you clip gradients to a global norm of 1?",
                      ["torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0): the gradients are "
                       "DTensors, so the norm is reduced over all shards",
@@ -600,7 +603,7 @@ def quiz_07() -> Quiz:
                       "Clipping is impossible on sharded gradients"],
                      "a", "FSDP2 modules have no clip_grad_norm_ method; the plain utility sees "
                           "DTensor gradients and all-reduces the squared norms. Clipping each "
-                          "shard by its local norm gives a different (wrong) scale per rank."),
+                          "shard by its local norm gives a different (wrong) scale per rank.", kind="recall"),
         SingleChoice("Each rank calls torch.manual_seed(seed + rank) and builds the model, then "
                      "fully_shard. What happens?",
                      ["Nothing: fully_shard broadcasts rank 0's weights",
@@ -610,13 +613,13 @@ def quiz_07() -> Quiz:
                       "The ranks hang"],
                      "c", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
                           "sync_module_states=True). Seed the model the same on every rank, or "
-                          "broadcast from rank 0 before sharding."),
+                          "broadcast from rank 0 before sharding.", kind="predict"),
         Numeric("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
                 "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
                 full["reduce_scatter"], tol=0, minimum=0,
                 explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
                             f"{full['reduce_scatter']}, instead of 4 x {full['reduce_scatter']}. The "
-                            "price: unsharded gradients stay allocated between micro-batches."),
+                            "price: unsharded gradients stay allocated between micro-batches.", kind="predict"),
         SingleChoice("A sharded checkpoint written by torch.distributed.checkpoint on 4 ranks is "
                      "loaded on 2 ranks. What happens?",
                      ["It fails: the world size must match",
@@ -626,7 +629,7 @@ def quiz_07() -> Quiz:
                       "cover: the state is resharded on load, bit-exact"],
                      "d", "The checkpoint's metadata records which slice of each tensor each file "
                           "holds; on load every rank reads exactly the slices of its new shards, "
-                          "optimizer states included."),
+                          "optimizer states included.", kind="recall"),
     ])
 
 
