@@ -175,7 +175,7 @@ def test_quizzes_show_their_answers_behind_a_click(built):
             assert html.escape(question.explanation, quote=False).split("`")[0] in details, (nb_path.name, i)
             after = at
     page = (built.out_dir / "03_memory_anatomy.html").read_text(encoding="utf-8")
-    assert "<details><summary>Answer</summary><p><b>16 bytes</b></p>" in page   # 03, question 1
+    assert "<details><summary>Answer</summary><p><b>10</b></p>" in page   # 03, question 2: 10 GPUs
 
 
 def _css_rules(page):

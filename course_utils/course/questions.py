@@ -10,9 +10,12 @@ from typing import Iterable, Sequence
 
 from ..runtime import widgets
 
-__all__ = ["Feedback", "Question", "SingleChoice", "MultiChoice", "Numeric", "Quiz"]
+__all__ = ["Feedback", "Question", "SingleChoice", "MultiChoice", "Numeric", "Quiz", "KINDS"]
 
 LETTERS = string.ascii_lowercase
+# What a question asks: recall (its answer is printed in the notebook, or a direct plug into the
+# formula just shown), or understanding: predict a setting not shown, compare two designs, explain why.
+KINDS = ("recall", "predict", "compare", "explain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +37,17 @@ class Feedback:
 
 
 class Question:
-    """Base class: ``prompt``, ``explanation`` and :meth:`grade`."""
+    """Base class: ``prompt``, ``explanation`` and :meth:`grade`. ``kind``: one of :data:`KINDS`;
+    ``printed``: the notebook ("05") whose saved outputs the explanation quotes, if it does."""
 
-    def __init__(self, prompt: str, explanation: str = ""):
+    def __init__(self, prompt: str, explanation: str = "", *, kind: str = "recall",
+                 printed: str | None = None):
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("a question needs a non-empty prompt")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.prompt, self.explanation = prompt.strip(), explanation.strip()
+        self.kind, self.printed = kind, printed
 
     def grade(self, answer) -> Feedback:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -56,8 +64,8 @@ class Question:
 
 
 class _Choice(Question):
-    def __init__(self, prompt: str, options: Sequence[str], answer, explanation: str = ""):
-        super().__init__(prompt, explanation)
+    def __init__(self, prompt: str, options: Sequence[str], answer, explanation: str = "", **kw):
+        super().__init__(prompt, explanation, **kw)
         if isinstance(options, str) or len(options) < 2:
             raise ValueError("a choice question needs a list of at least two options")
         if len(options) > len(LETTERS):
@@ -112,8 +120,8 @@ class _Choice(Question):
 class SingleChoice(_Choice):
     """One right option. ``answer`` is its letter ("b") or index (1)."""
 
-    def __init__(self, prompt, options, answer, explanation=""):
-        super().__init__(prompt, options, answer, explanation)
+    def __init__(self, prompt, options, answer, explanation="", **kw):
+        super().__init__(prompt, options, answer, explanation, **kw)
         if len(self.answer) != 1:
             raise ValueError("a SingleChoice question has exactly one right option")
 
@@ -151,8 +159,8 @@ class Numeric(Question):
 
     def __init__(self, prompt, answer: float, *, unit: str = "", tol: float | None = None,
                  rel_tol: float | None = None, minimum: float | None = None,
-                 maximum: float | None = None, explanation: str = ""):
-        super().__init__(prompt, explanation)
+                 maximum: float | None = None, explanation: str = "", **kw):
+        super().__init__(prompt, explanation, **kw)
         if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(answer):
             raise ValueError("a Numeric question's answer must be a finite number")
         rel_tol = 1e-6 if tol is None and rel_tol is None else rel_tol

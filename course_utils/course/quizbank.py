@@ -10,26 +10,27 @@ from .questions import MultiChoice, Numeric, Quiz, SingleChoice
 
 
 def quiz_00() -> Quiz:
-    ddp = model_states(7e9, world_size=4, stage=0, recipe="mixed")
-    everything = model_states(7e9, world_size=4, stage=3, recipe="mixed")
+    ddp8 = model_states(7e9, world_size=8, stage=0, recipe="mixed")
+    everything8 = model_states(7e9, world_size=8, stage=3, recipe="mixed")
     budget = 80                                # GB per GPU, model states only
     gpus = next(n for n in range(1, 1000)
                 if model_states(13e9, world_size=n, stage=3, recipe="mixed").total / GB <= budget)
     whole = model_states(13e9, world_size=1, stage=0, recipe="mixed").total / GB
     return Quiz("00 orientation", [
         Numeric(
-            "The course map's formula: a 7B-parameter model, mixed-precision Adam (2 + 2 + 12 bytes "
-            "per parameter), plain data parallelism (DDP) on 4 GPUs. GB of model states per GPU?",
-            ddp.total / GB, unit="GB", tol=0.5, minimum=0,
-            explanation=f"DDP keeps a full copy on every GPU: 16 bytes x 7e9 = {ddp.total / GB:g} GB, "
-                        f"whatever the number of GPUs. The map's last column splits all 16 bytes "
-                        f"over the 4 GPUs: {everything.total / GB:g} GB.",
+            "The course map drew a 7B-parameter model with mixed-precision Adam (2 + 2 + 12 bytes "
+            "per parameter) on 4 GPUs. Predict plain data parallelism (DDP) on 8 GPUs instead: GB of "
+            "model states per GPU?",
+            ddp8.total / GB, unit="GB", tol=0.5, minimum=0, kind="predict",
+            explanation=f"DDP keeps a full copy on every GPU: 16 bytes x 7e9 = {ddp8.total / GB:g} GB, "
+                        f"whatever the number of GPUs: more GPUs buy speed, not memory. Only splitting "
+                        f"the 16 bytes (the map's last column) profits from 8 GPUs: {everything8.total / GB:g} GB.",
         ),
         Numeric(
             f"If all 16 bytes per parameter are split evenly over the GPUs (the map's last column), "
             f"how many {budget} GB GPUs does a 13B-parameter model need, at least, for its model "
             "states alone?",
-            gpus, tol=0, minimum=1,
+            gpus, tol=0, minimum=1, kind="predict",
             explanation=f"16 x 13e9 = {whole:g} GB in all; {whole:g} / {gpus - 1} = "
                         f"{whole / (gpus - 1):.1f} GB is over {budget}, {whole:g} / {gpus} = "
                         f"{whole / gpus:.1f} GB fits: {gpus} GPUs, with what is left for activations "
@@ -38,7 +39,7 @@ def quiz_00() -> Quiz:
         Numeric(
             "Section 3's hello() on 3 ranks instead of 4: each rank puts rank + 1 in a tensor and "
             "all-reduces it. What does rank 0's tensor hold afterwards?",
-            1 + 2 + 3, tol=0,
+            1 + 2 + 3, tol=0, kind="predict",
             explanation="all_reduce (op=SUM) gives every rank the sum of every rank's tensor: "
                         "1 + 2 + 3 = 6, on all 3 ranks, not only rank 0.",
         ),
@@ -51,7 +52,7 @@ def quiz_00() -> Quiz:
              "30: the ranks' values are summed"],
             "a",
             "Whatever each rank assigns to result comes back as a list indexed by rank. Nothing is "
-            "combined across ranks unless the cell itself calls a collective.",
+            "combined across ranks unless the cell itself calls a collective.", kind="predict",
         ),
         SingleChoice(
             "Four processes started by hand (nothing watches them) train together. Rank 2 raises "
@@ -65,18 +66,21 @@ def quiz_00() -> Quiz:
             "A collective completes only when every rank of the group has joined it, and a waiting "
             "rank cannot tell a slow peer from a dead one. That is why a launcher (torchrun, or "
             "this course's launch) watches the processes and stops the others when one fails.",
+            kind="explain",
         ),
         SingleChoice(
-            "The same failure inside launch(fn, 4) in a notebook cell. What does the cell do?",
-            ["It fails within a fraction of a second with a LaunchError naming rank 2: the launcher "
-             "sees the failed process and stops the other three",
-             "It waits until timeout_s, then raises LaunchTimeout for ranks 0, 1 and 3",
-             "It returns the results with None in rank 2's place",
-             "It prints rank 2's traceback and returns the other ranks' results"],
+            "Section 3.3's stuck() again (rank 3 sleeps for an hour while ranks 0-2 wait in an "
+            "all-reduce), now with launch(stuck, 4, timeout_s=60) instead of 3. What does the cell do?",
+            ["After about 60 s it raises LaunchTimeout naming the ranks still running: a hang has no "
+             "failed process to report, only ranks that never finish",
+             "It fails within a fraction of a second with a LaunchError naming rank 3",
+             "After 3 s, as before: the timeout is fixed by the launcher",
+             "It waits the whole hour of rank 3's sleep, then returns normally"],
             "a",
-            "The launcher watches every process: one that exits with an error fails the cell at "
-            "once, and LaunchError carries that rank's traceback. A timeout is for the other case, "
-            "a rank that never arrives (section 3.3).",
+            "A crash (section 3.2) ends a process, and the launcher sees it at once. A hang ends "
+            "nothing: the waiting ranks look exactly like slow ones, so only timeout_s can stop them, "
+            "and a longer timeout makes the cell wait that much longer before it reports.",
+            kind="predict",
         ),
     ])
 
@@ -85,70 +89,81 @@ QUIZZES = {"00": quiz_00}
 
 
 def quiz_03() -> Quiz:
-    from ..harness.model import build_model
     from ..theory.config import PRESETS
+    from ..theory.memory import activation_bytes
 
-    z2_13b = model_states(13e9, world_size=8, stage=2)
-    seven = {stage: model_states(7e9, world_size=4, stage=stage, recipe="mixed") for stage in range(4)}
-    budget = 40                                # GB per GPU, model states only
-    fits = next(stage for stage, m in seven.items() if m.total / GB <= budget)
     names = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
-    gpt2 = PRESETS["gpt2-xl"].num_params
-    xl = model_states(gpt2, recipe="mixed-fp32-grads")
-    tensors = len({id(p) for p in build_model(device="meta").parameters()})
-    steps = 4 * tensors                       # AdamW's fp32 step counter, one per tensor
+    four = {st: model_states(7e9, world_size=4, stage=st, recipe="mixed").total / GB for st in range(4)}
+    eight = {st: model_states(7e9, world_size=8, stage=st, recipe="mixed").total / GB for st in range(4)}
+    drop = {st: four[st] - eight[st] for st in range(4)}
+    most = max(drop, key=drop.get)
+    small = 24                                 # GB per GPU, model states only
+    z2_gpus = next(n for n in range(1, 1000)
+                   if model_states(7e9, world_size=n, stage=2, recipe="mixed").total / GB <= small)
+    whole7 = model_states(7e9, recipe="mixed")
+    budget = 40
+    torch_fit = next(st for st in range(4)
+                     if model_states(7e9, world_size=4, stage=st, recipe="torch-amp").total / GB <= budget)
+    amp = {st: model_states(7e9, world_size=4, stage=st, recipe="torch-amp").total / GB for st in range(4)}
+    act = {(att, s): activation_bytes("gpt2-xl", micro_batch=1, seq=s, attention=att).total
+           for att in ("standard", "flash") for s in (1024, 2048)}
+    grow = act["standard", 2048] / act["standard", 1024]
+    xl = PRESETS["gpt2-xl"].num_params
+    fp32_grads = (model_states(xl, world_size=4, stage=2, recipe="mixed-fp32-grads").total
+                  - model_states(xl, world_size=4, stage=2, recipe="mixed").total)
     return Quiz("03 where the memory goes", [
-        Numeric("Mixed-precision training with Adam, no sharding: how many bytes of model states "
-                "per parameter (the ZeRO paper's 2 + 2 + K)?",
-                model_states(1, recipe="mixed").total, unit="bytes", tol=0, minimum=0,
-                explanation="2 (bf16/fp16 weights) + 2 (their gradients) + 12 (fp32 master copy, "
-                            "Adam's momentum and variance) = 16."),
-        Numeric("A classic exercise: a 13B model on 8 GPUs with ZeRO-2 (mixed precision, K = 12). "
-                "Model states per GPU?",
-                z2_13b.total / GB, unit="GB", tol=0.05, minimum=0,
-                explanation=f"Params stay whole: 2 x 13 = 26 GB; gradients and optimizer states are "
-                            f"sharded: (2 + 12) x 13 / 8 = 22.75 GB; total {z2_13b.total / GB:g} GB."),
+        SingleChoice(
+            "Section 3's table put the 7B model (mixed precision) on 4 GPUs. On 8 GPUs instead, which "
+            "stage's model states per GPU drop the most, in GB?",
+            names, "abcd"[most],
+            "From 4 to 8 GPUs: " + ", ".join(f"{names[st]} {four[st]:g} -> {eight[st]:g} GB" for st in range(4))
+            + ". Only the sharded parts shrink, and ZeRO-3 shards all 16 bytes; DDP gains nothing.",
+            kind="compare"),
+        Numeric(f"The same 7B model with ZeRO-2: how many GPUs at least bring its model states to "
+                f"{small} GB per GPU or less?",
+                z2_gpus, tol=0, minimum=1, kind="predict",
+                explanation=f"ZeRO-2 keeps the 2-byte parameters whole ({whole7.params / GB:g} GB) and shards "
+                            f"the other 14 bytes: {whole7.params / GB:g} + {(whole7.total - whole7.params) / GB:g} / N "
+                            f"<= {small} needs N >= {z2_gpus}. ZeRO-1 never gets there: it keeps parameters and "
+                            f"gradients whole, {(whole7.params + whole7.grads) / GB:g} GB on every GPU."),
         SingleChoice("A tutorial draws DDP for 7B parameters as 14 + 14 + 56 = 84 GB per GPU, then "
                      "tabulates 112 GB. What does the 84 GB drawing leave out?",
                      ["The activations", "The fp32 master copy of the weights (4 bytes/param)",
                       "The CUDA context", "Nothing: both are right for different GPUs"],
                      "b",
                      "Adam's m and v are 8 bytes per parameter (56 GB); mixed precision also keeps "
-                     "an fp32 copy of the weights, 4 more bytes (28 GB): 14 + 14 + 84 = 112 GB."),
+                     "an fp32 copy of the weights, 4 more bytes (28 GB): 14 + 14 + 84 = 112 GB.",
+                     kind="explain"),
         MultiChoice("Which of these reduce activation memory per GPU?",
                     ["ZeRO-3", "Activation recomputation", "A fused (flash) attention kernel",
                      "A smaller micro-batch"],
                     "b,c,d",
                     "ZeRO shards model states, not activations: each rank's activations come from its "
                     "own data and are not redundant. Recomputation, flash attention and smaller "
-                    "micro-batches all shrink them."),
-        SingleChoice(f"Trained one step with AdamW, the course GPT's optimizer holds {steps} bytes more "
-                     "than the formula (8 or 12 bytes x Ψ), the same in every recipe. Why?",
-                     ["The allocator rounds every tensor up to a multiple of 512 bytes",
-                      f"AdamW keeps a 4-byte step counter per parameter tensor, and the model has "
-                      f"{tensors} of them",
-                      "The fp32 master copy of the tied embedding is stored twice",
-                      "The flat buffer is padded to a multiple of the world size"],
-                     "b",
-                     f"{tensors} parameter tensors (the tied embedding counted once) x 4 bytes = {steps} "
-                     "bytes: the formula counts bytes per parameter element, the counter is one per "
-                     "tensor. Allocator rounding is not counted by the tensors' bytes, and one process "
-                     "has no padding."),
+                    "micro-batches all shrink them.", kind="explain"),
+        Numeric("gpt2-xl, micro-batch 1, standard (not fused) attention: predict by what factor its "
+                "activations grow when the sequence doubles from 1024 to 2048 tokens.",
+                grow, tol=0.05, minimum=0, kind="predict",
+                explanation=f"{act['standard', 1024] / GB:.2f} -> {act['standard', 2048] / GB:.2f} GB, "
+                            f"{grow:.2f}x: most terms are linear in s, but the s x s attention scores "
+                            f"grow 4x. With flash attention there are no scores: exactly "
+                            f"{act['flash', 2048] / act['flash', 1024]:g}x."),
         SingleChoice(
-            f"A 7B-parameter model, mixed-precision Adam (2 + 2 + 12 bytes per parameter), 4 GPUs of "
-            f"{budget} GB each. Counting model states only, which is the least sharding that fits?",
-            names, "abcd"[fits],
-            "Per GPU: " + ", ".join(f"{names[st]} {m.total / GB:g} GB" for st, m in seven.items())
-            + f". {names[fits]} is the first under {budget} GB; it leaves "
-            f"{budget - seven[fits].total / GB:g} GB for activations and buffers, so a real run may "
-            "still need the next stage.",
-        ),
-        Numeric(f"gpt2-xl ({gpt2:,} parameters) trained as Megatron-LM does, on one GPU: bf16 weights, "
-                "fp32 gradients, fp32 Adam with master weights. Model states in GB?",
-                xl.total / GB, unit="GB", tol=0.1, minimum=0,
-                explanation=f"The 'mixed-fp32-grads' recipe: 2 + 4 + 12 = 18 bytes x {gpt2:,} = "
-                            f"{xl.total / GB:.2f} GB, before a single activation; with 2-byte gradients "
-                            f"it would be 16 bytes, {16 * gpt2 / GB:.2f} GB."),
+            f"7B parameters on 4 GPUs of {budget} GB: with DeepSpeed's layout ZeRO-2 fits. With "
+            "torch's mixed-precision layout (torch-amp: fp32 parameters and gradients, 16-bit only "
+            "inside forward and backward), which is the least sharding that fits, counting model "
+            "states only?",
+            names, "abcd"[torch_fit],
+            "torch-amp per GPU: " + ", ".join(f"{names[st]} {amp[st]:g} GB" for st in range(4))
+            + f". The same 16 bytes, but 8 of them sit in the fp32 parameters and gradients: ZeRO-1 "
+            f"keeps both whole, ZeRO-2 the parameters; only {names[torch_fit]}, which shards everything, fits.",
+            kind="compare"),
+        Numeric(f"gpt2-xl ({xl:,} parameters) with ZeRO-2 on 4 GPUs. Megatron-LM keeps the gradients "
+                "in fp32 (2 + 4 + 12 bytes) instead of bf16 (2 + 2 + 12): predict how many GB per GPU "
+                "that costs.", fp32_grads / GB, unit="GB", tol=0.02, minimum=0, kind="predict",
+                explanation=f"2 more bytes per parameter, but ZeRO-2 shards the gradients: 2 x {xl:,} / 4 = "
+                            f"{fp32_grads / GB:.2f} GB per GPU, where unsharded (DDP) it costs "
+                            f"{2 * xl / GB:.2f} GB."),
     ])
 
 
@@ -163,21 +178,23 @@ def quiz_01() -> Quiz:
         SingleChoice("After dist.all_reduce(t) with the default op on 4 ranks, what does each rank hold?",
                      ["Its own tensor, unchanged", "The sum of the 4 tensors",
                       "A quarter of the sum", "The tensor of rank 0"],
-                     "b", "all_reduce replaces every rank's tensor with the elementwise sum (op=SUM)."),
+                     "b", "all_reduce replaces every rank's tensor with the elementwise sum (op=SUM).", kind="recall"),
         SingleChoice("Which pair of collectives, run one after the other, equals an all-reduce?",
                      ["broadcast then reduce", "reduce-scatter then all-gather",
                       "scatter then gather", "all-gather then reduce-scatter"],
                      "b", "Reduce-scatter leaves each rank with the sum of one shard; all-gather then gives "
-                          "every rank every summed shard. That is exactly how the ring all-reduce works."),
+                          "every rank every summed shard. That is exactly how the ring all-reduce works.",
+                          kind="recall"),
         Numeric("Ring all-reduce of a 1 GB message on 4 ranks: how many GB does each rank send?",
                 collective_bytes("all_reduce", m, 4) / 1e9, unit="GB", tol=0.01, minimum=0,
                 explanation="2(N-1)/N x M = 2 x 3/4 x 1 GB = 1.5 GB: N-1 steps of reduce-scatter and "
-                            "N-1 of all-gather, each sending M/N."),
+                            "N-1 of all-gather, each sending M/N.", kind="recall"),
         Numeric("In the ring model, how many GB does each rank send for a reduce-scatter of the same "
                 "1 GB message on 8 ranks?",
                 collective_bytes("reduce_scatter", m, 8) / 1e9, unit="GB", tol=0.01, minimum=0,
                 explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N. gloo's wire "
-                            "shows twice that (section 3.2): it runs a reduce-scatter as an all-reduce."),
+                            "shows twice that (section 3.2): it runs a reduce-scatter as an all-reduce.",
+                            kind="predict"),
         MultiChoice("In the alpha-beta model t = alpha x steps + bytes / bandwidth, which are true?",
                     ["Small messages are dominated by the latency term alpha",
                      "Large messages are dominated by the bandwidth term",
@@ -185,49 +202,80 @@ def quiz_01() -> Quiz:
                      "The ring all-reduce sends fewer bytes per rank as N grows"],
                     "a,b,c",
                     "The ring sends 2(N-1)/N x M per rank: that grows towards 2M with N, it does not shrink. "
-                    "Latency dominates small messages, which is why DDP buckets gradients."),
+                    "Latency dominates small messages, which is why DDP buckets gradients.", kind="explain"),
     ])
 
 
 def quiz_02() -> Quiz:
     from ..theory.comm import comm_volume
+    from ..theory.config import COURSE_CONFIG
+    from ..theory.scaling import GPT2XL_RUNS as S
+    from ..theory.scaling import split_accumulation
 
-    gpt2 = 1.56e9
-    vol = comm_volume(gpt2, world_size=4, stage=0, bytes_per_elem=4)["all_reduce"]
+    psi, steps = COURSE_CONFIG.num_params(), 5
+    sent = {n: steps * comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (2, 4, 8)}
+    fb, rest = split_accumulation(S["single_batch15_ms"] / 1e3, S["accum_ms"] / 1e3, S["accum_k"])
+    k = 8
+    xl = comm_volume(S["params"], world_size=S["dp"], stage=0, bytes_per_elem=S["grad_bytes"])["total"]
+    share1 = S["overhead_batch1_share"]
+    step1 = S["overhead_batch1_ms"] / share1                      # the single-GPU step at batch 1, ms
+    share15 = (S["dp4_batch15_ms"] - S["single_batch15_ms"]) / S["single_batch15_ms"]
     return Quiz("02 data parallelism", [
         SingleChoice("Four ranks each compute the mean loss on their 2 samples of an 8-sample global "
                      "batch. To match one process on all 8 samples, the gradients are...",
                      ["summed across ranks", "averaged across ranks", "taken from rank 0",
                       "averaged, then multiplied by 8"],
                      "b", "The mean over 8 samples is the average of the 4 per-rank means (equal "
-                          "shares), so the gradient of the global loss is the average of the gradients."),
-        SingleChoice("Why does DDP broadcast rank 0's parameters when it wraps the model?",
-                     ["To check that every rank built the same architecture; the weights themselves "
-                      "may differ", "So every rank starts from the same weights; otherwise the "
-                      "replicas drift apart even with averaged gradients",
-                      "So that rank 0 can skip the first gradient all-reduce",
-                      "It does not: each rank keeps its own initialisation, and averaging the "
-                      "gradients makes the replicas converge"],
-                     "b", "Averaged gradients keep equal replicas equal; they cannot make unequal ones equal."),
-        Numeric("gpt2-xl (1.56B params) with fp32 gradients on 4 GPUs: GB each GPU sends in the "
-                "gradient all-reduce per step (ring)?", vol / 1e9, unit="GB", tol=0.05, minimum=0,
-                explanation="2(N-1)/N x 4 bytes x 1.56e9 = 1.5 x 6.24 GB = 9.36 GB, whatever the batch "
-                            "size: that is why the overhead shrinks as the batch grows."),
-        MultiChoice("What do DDP's gradient buckets buy?",
-                    ["Fewer, larger messages: less latency overhead",
-                     "Communication that starts while backward is still running (overlap)",
-                     "Less communication volume",
-                     "Less gradient memory"],
-                    "a,b", "The bytes are the same; buckets trade many small all-reduces for a few large "
-                           "ones and let them overlap with the rest of backward."),
-        SingleChoice("Gradient accumulation over 4 micro-batches of 15 on one GPU took 3.7x the step "
-                     "time of one micro-batch of 15, not 4x. Why?",
-                     ["A larger effective batch keeps the GPU busier, so each micro-batch runs faster",
-                      "The optimizer step (and other per-step work) runs once, not 4 times",
-                      "Only the last micro-batch runs a backward pass",
-                      "The gradients are accumulated in bf16, which is faster than fp32"],
-                     "b", "4 x (forward + backward) + 1 x optimizer step: with the published gpt2-xl numbers, about "
-                          "359 ms per forward+backward and 34 ms for the step."),
+                          "shares), so the gradient of the global loss is the average of the gradients.",
+                     kind="explain"),
+        SingleChoice("You drop the broadcast from MyDDP's __init__, and each rank builds the model with "
+                     "its own random initialisation. After 5 steps with correctly averaged gradients, "
+                     "how many distinct parameter digests do 4 ranks show (section 4 printed 1)?",
+                     ["1: averaging the gradients pulls the replicas together",
+                      "4: every rank applies the same update to different weights, so they stay different",
+                      "2: the ranks pair up in the ring",
+                      "none: the all-reduce raises because the weights differ"],
+                     "b", "Every rank adds the same averaged update to its own weights: equal replicas "
+                          "stay equal, unequal ones stay unequal (and the gradients they average come "
+                          "from different models). Nothing in the all-reduce looks at the weights.",
+                     kind="predict"),
+        Numeric(f"Section 5 measured the bytes rank 0 sends in {steps} steps of DDP on the course GPT "
+                f"(Ψ = {psi:,} fp32 gradients). Predict them on 8 ranks, in the ring model.",
+                sent[8], unit="bytes", rel_tol=0.001, minimum=0, kind="predict",
+                explanation=f"2(N-1)/N x 4 bytes x {psi:,} x {steps} steps = {sent[8]:,.0f} bytes on 8 ranks. "
+                            f"Section 5 printed {sent[2]:,.0f} on 2 ranks and {sent[4]:,.0f} on 4: the bytes "
+                            f"per rank grow with N towards 2 x 4 x Ψ per step, they do not shrink.",
+                printed="02"),
+        SingleChoice("Section 6 sent the course GPT's gradients in 7 buckets of 64 KiB. With 16 KiB "
+                     "buckets instead, what changes per step?",
+                     ["More all-reduce calls, the same bytes: more latency terms, and the first bucket "
+                      "can leave earlier in backward",
+                      "Fewer bytes: each bucket is smaller",
+                      "Fewer all-reduce calls: small buckets are merged",
+                      "Nothing: the bucket size only matters on a GPU"],
+                     "a", "Every gradient is all-reduced exactly once whatever the buckets: section 6 "
+                          f"printed {sent[4] / steps:,.0f} bytes per step for every bucket size on 4 ranks. Smaller "
+                          "buckets pay alpha more often and start communicating sooner.",
+                     kind="predict", printed="02"),
+        Numeric(f"Section 7 split the published step times into forward + backward of one micro-batch "
+                f"and once-per-step work. Predict the step time with {k} micro-batches of 15 "
+                "accumulated.", (k * fb + rest) * 1e3, unit="ms", tol=2, minimum=0, kind="predict",
+                explanation=f"{k} x {fb * 1e3:.0f} + {rest * 1e3:.0f} = {(k * fb + rest) * 1e3:.0f} ms: "
+                            f"forward and backward run {k} times, the optimizer step once, so per sequence "
+                            f"accumulation gets slightly cheaper as k grows. Section 7 printed "
+                            f"{fb * 1e3:.0f} ms and {rest * 1e3:.0f} ms.",
+                printed="02"),
+        SingleChoice(f"In the published runs data parallelism on 4 GPUs added about {share1 * 100:.0f} % to a step of 1 "
+                     f"sequence per GPU but only about {share15 * 100:.0f} % to a step of 15. Why does the share fall?",
+                     ["The all-reduce sends the same bytes whatever the batch, while the compute "
+                      "grows with it",
+                      "A larger batch gives the all-reduce larger, faster messages",
+                      "With 15 sequences DDP skips the all-reduce on some micro-batches",
+                      "The GPUs run at a higher clock with larger batches"],
+                     "a", f"The gradient all-reduce depends on Ψ, not on the batch: {xl / 1e9:.2f} GB per "
+                          f"GPU per step (section 7 printed it), about {S['overhead_batch1_ms']} ms either way; the "
+                          f"compute it is added to grows from about {step1:.0f} ms to {S['single_batch15_ms']} ms.",
+                     kind="explain", printed="02"),
     ])
 
 
@@ -242,86 +290,101 @@ def quiz_04() -> Quiz:
 
     psi = COURSE_CONFIG.num_params()                    # the course GPT
     z1_8 = 8 * (padded_numel(psi, 8) // 8) + 4           # AdamW m, v + one step counter, 8 ranks
-    rs = collective_bytes("reduce_scatter", 4 * psi, 4)
-    ar = collective_bytes("all_reduce", 4 * psi, 4)
-    ag = collective_bytes("all_gather", 4 * psi, 4)
+    ms = {(r, st): model_states(7e9, world_size=4, stage=st, recipe=r).total / GB
+          for r in ("mixed", "fp32") for st in (0, 1)}
+    m8 = 4 * psi                                         # the fp32 gradient, bytes
+    ar8, ag8 = (collective_bytes(op, m8, 8) for op in ("all_reduce", "all_gather"))
+    ar, rs, ag = (collective_bytes(op, m8, 4) for op in ("all_reduce", "reduce_scatter", "all_gather"))
+    ar2, rs2 = collective_bytes("all_reduce", m8, 2), collective_bytes("reduce_scatter", m8, 2)
+    steps = 5                                            # notebook 04 §7's run
+    n6 = 6
+    pad6 = padded_numel(psi, n6) - psi
+    extra6 = 2 * collective_bytes("reduce_scatter", 4 * pad6, n6)
     return Quiz("04 ZeRO-1", [
-        MultiChoice(
-            "Which states does each rank keep for its own 1/N shard only, in ZeRO-1 (mixed "
-            "precision, as in the ZeRO paper)?",
-            ["Adam's m and v", "the fp32 master weights", "the bf16 parameters", "the gradients"],
-            "a,b",
-            "ZeRO-1 shards all K = 12 bytes of optimizer state: m, v and the fp32 master copy. "
-            "A calculator that shards only m and v (8 bytes) under-counts the saving.",
-        ),
         SingleChoice(
-            "In the ring model ZeRO-1 sends what DDP sends, but on gloo the wire measured 1.5x DDP's "
-            "bytes. Why?",
-            ["The 2 padding elements of the flat buffer",
-             "gloo runs the reduce-scatter as a full all-reduce, so ZeRO-1 sends an all-reduce plus "
-             "an all-gather",
-             "The optimizer states are sent to the other ranks after each step",
-             "The all-gather sends every shard twice"],
-            "b",
-            f"On 4 ranks with the course GPT in fp32: DDP's all-reduce sends {ar:,.0f} bytes; gloo's "
-            f"reduce-scatter costs the same, and the all-gather adds {ag:,.0f}: ({ar:,.0f} + {ag:,.0f}) / "
-            f"{ar:,.0f} = {(ar + ag) / ar:g}. The padding is 8 bytes of a {4 * psi:,}-byte gradient; NCCL's "
-            "ring reduce-scatter sends half an all-reduce, and the 1.5 becomes 1.",
-        ),
-        SingleChoice(
-            "Compared with DDP's all-reduce of the gradients, what does ZeRO-1 send per step "
-            "(ring algorithms, Ψ divisible by N)?",
-            ["half as much: only the reduce-scatter half of an all-reduce",
-             "the same bytes: a reduce-scatter and an all-gather",
-             "1.5 times as much: a reduce-scatter and an all-gather on top of DDP's all-reduce",
-             "(N-1)/N of DDP's bytes: no rank sends its own shard"],
-            "b",
-            "An all-reduce is a reduce-scatter followed by an all-gather. ZeRO-1 does the same two "
-            "halves, with the optimizer step in between. With padding it sends slightly more.",
-        ),
+            "Section 1 printed ZeRO-1 on 4 GPUs for 7B parameters: mixed precision falls from "
+            f"{ms['mixed', 0]:g} to {ms['mixed', 1]:g} GB, fp32 only from {ms['fp32', 0]:g} to "
+            f"{ms['fp32', 1]:g} GB, although both hold 16 bytes per parameter. Why does ZeRO-1 save "
+            "less in fp32?",
+            ["In fp32 only m and v (8 of the 16 bytes) are optimizer state; in mixed precision the "
+             "fp32 master copy is too (12 of 16)",
+             "fp32 gradients are sharded too, which costs memory",
+             "The fp32 parameters need twice the padding",
+             "ZeRO-1 cannot shard fp32 tensors"],
+            "a",
+            f"ZeRO-1 shards the optimizer state only, 12 of the 16 bytes in mixed precision, 8 in fp32: "
+            f"on 4 GPUs it saves 3/4 x 12 x 7 = {ms['mixed', 0] - ms['mixed', 1]:g} GB against "
+            f"3/4 x 8 x 7 = {ms['fp32', 0] - ms['fp32', 1]:g} GB. Section 1 printed {ms['mixed', 1]:.1f} and "
+            f"{ms['fp32', 1]:.1f} GB.", kind="explain", printed="04"),
         Numeric(
-            "All-reduce then keep your slice, instead of a reduce-scatter: on 4 ranks with the "
-            "course GPT in fp32, how many times the bytes of the gradient part does one rank send, "
-            "in the ring model?",
-            ar / rs, tol=0.01, minimum=0,
-            explanation=f"all-reduce 2(N-1)/N·M = {ar:,.0f} bytes against reduce-scatter "
-                        f"(N-1)/N·M = {rs:,.0f}: the all-gather half of the all-reduce gives every "
-                        "rank gradients it throws away.",
+            "Section 6 measured ZeRO-1's wire bytes on gloo at 1.50x DDP's on 2 and 4 ranks. Predict "
+            "the ratio on 8 ranks.",
+            (ar8 + ag8) / ar8, tol=0.01, minimum=0, kind="predict",
+            explanation=f"gloo runs the reduce-scatter as a full all-reduce, so ZeRO-1 sends an all-reduce "
+                        f"plus an all-gather: on 8 ranks (2 x 7/8 + 7/8) / (2 x 7/8) = "
+                        f"{(ar8 + ag8) / ar8:g}, whatever N, because every term carries the same (N-1)/N. "
+                        f"NCCL's ring reduce-scatter sends half an all-reduce, and the ratio becomes 1.",
+        ),
+        SingleChoice(
+            "On 2 ranks, section 7's torch ZeroRedundancyOptimizer and the course's Zero1 give the same "
+            "losses. Which sends more bytes per step, in the ring model?",
+            ["ZeroRedundancyOptimizer, about 1.5x: a full gradient all-reduce, then each owner "
+             "broadcasts its parameters",
+             "Zero1: its all-gather sends every shard to every rank",
+             "The same bytes: both are ZeRO-1",
+             "ZeroRedundancyOptimizer sends half: it shards whole parameters, so nothing is padded"],
+            "a",
+            f"In {steps} steps section 7 printed torch's {steps * ar2:,.0f} bytes of all-reduce plus about half "
+            f"as much again in broadcasts, against {steps * rs2:,.0f} of reduce-scatter and {steps * rs2:,.0f} "
+            "of all-gather for Zero1. Zero1's "
+            "reduce-scatter hands each rank only the gradients it steps; torch's all-reduce hands every "
+            "rank all of them, and it still has to send the updated parameters.",
+            kind="compare", printed="04"),
+        Numeric(
+            "Instead of a reduce-scatter, the variant of section 3 all-reduces the gradient and keeps "
+            "its slice, then all-gathers as Zero1 does. On 4 ranks with the course GPT in fp32, ring "
+            "model: predict the variant's bytes per step divided by Zero1's.",
+            (ar + ag) / (rs + ag), tol=0.01, minimum=0, kind="predict",
+            explanation=f"Variant: all-reduce {ar:,.0f} + all-gather {ag:,.0f}; Zero1: reduce-scatter "
+                        f"{rs:,.0f} + all-gather {ag:,.0f}: {(ar + ag) / (rs + ag):g}x. On gloo's wire the "
+                        "two cost the same, because gloo's reduce-scatter is itself an all-reduce.",
         ),
         Numeric(
             "Section 6 measured ZeRO-1's optimizer bytes per rank on 1, 2 and 4 ranks. Predict them on 8 "
-            "ranks: the course GPT in fp32 with AdamW (Ψ = 129,350 elements, padded to a multiple of 8).",
-            z1_8, unit="bytes", tol=0.5, minimum=0,
+            f"ranks: the course GPT in fp32 with AdamW (Ψ = {psi:,} elements, padded to a multiple of 8).",
+            z1_8, unit="bytes", tol=0.5, minimum=0, kind="predict",
             explanation=f"The padded buffer has {padded_numel(psi, 8):,} elements, {padded_numel(psi, 8) // 8:,} per "
                         f"rank; AdamW's m and v take 8 bytes per element, plus its 4-byte step counter of the one "
                         f"shard parameter: 8 x {padded_numel(psi, 8) // 8:,} + 4 = {z1_8:,} bytes.",
         ),
-        SingleChoice(
-            "Why must the flat buffer be padded to a multiple of the world size?",
-            ["So that each shard starts on a 128-byte boundary, which the optimizer kernels need",
-             "Reduce-scatter and all-gather on one flat tensor need equal chunks on every rank "
-             "(gloo refuses uneven sizes)",
-             "So that the padding elements can hold AdamW's step counter",
-             "So that every rank's shard holds whole parameter tensors"],
-            "b", "Each rank owns exactly P/N elements; the last shard ends in padding zeros, which "
-                 "get zero gradients and stay zero.",
+        Numeric(
+            f"Padding: on 4 ranks the course GPT's buffer got 2 zeros, and ZeRO-1 sent 12 bytes per step "
+            f"more than DDP. Predict the extra bytes per step on {n6} ranks (ring model, fp32).",
+            extra6, unit="bytes", tol=0.1, minimum=0, kind="predict",
+            explanation=f"{psi:,} padded to a multiple of {n6} is {padded_numel(psi, n6):,}: {pad6} zeros, "
+                        f"{4 * pad6} bytes, and the reduce-scatter and the all-gather each send "
+                        f"({n6}-1)/{n6} of them: 2 x {n6 - 1}/{n6} x {4 * pad6} = {extra6:.1f} bytes. Tiny, "
+                        f"but why the padding exists: both collectives need equal chunks on every rank.",
         ),
     ])
 
 
 def quiz_05() -> Quiz:
-    from ..theory.layout import padded_numel
+    from ..harness.model import build_model
+    from ..theory.comm import collective_bytes
     from ..theory.config import COURSE_CONFIG, PRESETS
+    from ..theory.layout import padded_numel
     from ..theory.memory import activation_bytes, per_gpu
+    from ..theory.zero import expected_comm_bytes, expected_state_bytes
 
     psi = COURSE_CONFIG.num_params()
-    n = 4
-    padded = padded_numel(psi, n)
     ddp = per_gpu("gpt2-xl", world_size=4, stage=0, recipe="mixed-fp32-grads", micro_batch=15,
                   seq=1024, attention="flash")
     z1 = per_gpu("gpt2-xl", world_size=4, stage=1, recipe="mixed-fp32-grads", micro_batch=15,
                  seq=1024, attention="flash")
-    peak_one = 4 * psi + 4 * padded_numel(psi, 2) // 2     # one bucket on 2 ranks (notebook 05 §3)
+    z2 = per_gpu("gpt2-xl", world_size=4, stage=2, recipe="mixed-fp32-grads", micro_batch=15,
+                 seq=1024, attention="flash")
+    peak_one = 4 * psi + 4 * padded_numel(psi, 2) // 2     # one bucket on 2 ranks (notebook 05 §4)
     xl = PRESETS["gpt2-xl"].num_params
     freed = (model_states(xl, world_size=8, stage=0, recipe="mixed-fp32-grads").total
              - model_states(xl, world_size=8, stage=2, recipe="mixed-fp32-grads").total)
@@ -335,32 +398,43 @@ def quiz_05() -> Quiz:
         return mb
 
     ddp_mb, z2_mb = largest_batch(0), largest_batch(2)
+    k = 8                                                  # micro-batches, 2 ranks (notebook 05 §6: 4)
+    acc = {m: sum(expected_comm_bytes([psi], 2, micro_batches=m).values()) for m in (4, k)}
+    nosync = collective_bytes("all_reduce", 4 * psi, 2)         # one all-reduce per step
+    tensors = len({id(p) for p in build_model(device="meta").parameters()})
+    single = 16 * psi + 4 * tensors                        # fp32 AdamW, one process (notebook 05 §5)
+    per_row = activation_bytes(COURSE_CONFIG, micro_batch=1).total
+    budget = single + 4 * per_row
+    rows = {n: (budget - sum(expected_state_bytes([psi], n, 2).values())) // per_row for n in (4, 8)}
     return Quiz("05 ZeRO-2", [
         SingleChoice(
-            "What does ZeRO-2 shard that ZeRO-1 keeps whole on every rank?",
-            ["the parameters", "the gradients", "the activations", "the optimizer states"],
-            "b", "ZeRO-1 shards the optimizer states; ZeRO-2 also the gradients. Parameters wait for "
-                 "ZeRO-3; activations are never sharded by ZeRO.",
-        ),
-        SingleChoice(
-            "Which collective does ZeRO-2 use on the gradients during backward?",
-            ["an all-reduce of every bucket, then each rank keeps its slice",
-             "a reduce-scatter of each bucket",
-             "an all-gather of each bucket's gradient shards",
-             "none during backward: one all-reduce after the optimizer step"],
-            "b", "An all-reduce would hand every rank the full gradient, the very thing ZeRO-2 avoids; "
-                 "an all-gather moves parameters, not gradients to be summed. The ledger of "
-                 "section 2 shows reduce-scatters only.",
-        ),
+            "Why can ZeRO-1 not free the full gradients during backward, while ZeRO-2 can?",
+            ["ZeRO-1 reduces the gradients in step(), after backward: until then each rank must keep "
+             "every gradient; ZeRO-2 reduce-scatters each bucket as backward completes it and keeps "
+             "only its shard",
+             "ZeRO-1's optimizer needs the full gradients to step its shard",
+             "ZeRO-2 recomputes the gradients in step()",
+             "ZeRO-1 all-reduces the gradients, which needs them whole"],
+            "a", "What a rank keeps is decided by when the reduction runs. ZeRO-1's reduce-scatter in "
+                 "step() needs the whole flat gradient as input; ZeRO-2 moves the same reduce-scatter "
+                 "into backward, bucket by bucket, so a bucket's full gradients can go once it is sent.",
+            kind="explain"),
         Numeric(
-            f"Course GPT (Ψ = {psi:,}), fp32, ZeRO-2 on {n} ranks: bytes of gradient each rank "
-            "keeps once optimizer.step() has run (one bucket)?",
-            4 * padded / n, unit="bytes", tol=0.5, minimum=0,
-            explanation=f"Ψ padded to {padded:,}; 4 bytes x {padded:,} / {n} = {4 * padded // n:,} bytes "
-                        "(the shard's gradient). That is already all a rank holds when backward "
-                        "returns: the callback ZeRO-2 queues for the end of backward waits for the "
-                        "last reduce-scatter, and each full gradient was freed when its bucket was sent.",
-        ),
+            f"Section 6 accumulated 4 micro-batches on 2 ranks. Predict ZeRO-2's bytes per optimizer "
+            f"step with {k} micro-batches, in the ring model (one rank, the course GPT in fp32).",
+            acc[k], unit="bytes", tol=0.5, minimum=0, kind="predict",
+            explanation=f"One reduce-scatter per micro-batch and one all-gather per step: "
+                        f"{k} x {acc[k] // (k + 1):,} + {acc[k] // (k + 1):,} = {acc[k]:,} bytes. Section 6 "
+                        f"printed {acc[4]:,} for 4 micro-batches, and {nosync:,.0f} for DDP with no_sync, which "
+                        f"stays {nosync:,.0f} whatever k: ZeRO-2 pays for its smaller gradients in traffic.",
+            printed="05"),
+        Numeric(
+            f"Course GPT (Ψ = {psi:,}), fp32: section 3 measured the gradient bytes each of 4 ranks keeps "
+            "after optimizer.step(). Predict them on 8 ranks.",
+            4 * padded_numel(psi, 8) / 8, unit="bytes", tol=0.5, minimum=0, kind="predict",
+            explanation=f"Ψ padded to a multiple of 8 is {padded_numel(psi, 8):,}; 4 bytes x "
+                        f"{padded_numel(psi, 8):,} / 8 = {4 * padded_numel(psi, 8) // 8:,} bytes, the shard's "
+                        "gradient: half of the 4-rank figure, as 4·P/N says."),
         SingleChoice(
             f"With one 25 MiB bucket on 2 ranks, ZeRO-2's measured peak gradient memory was "
             f"{peak_one:,} bytes, more than ZeRO-1's {4 * psi:,}. Why?",
@@ -374,35 +448,37 @@ def quiz_05() -> Quiz:
             f"{4 * padded_numel(psi, 2) // 2:,} B: {peak_one:,} B. ZeRO-1 accumulates into its flat "
             "buffer directly (4Ψ). Smaller buckets are sent during backward and freed, so the "
             "peak falls towards the shard. How gloo sends changes the bytes on the wire, not the "
-            "gradient bytes a rank holds, and there is no padding on 2 ranks (129,350 is even).",
-        ),
-        SingleChoice(
-            "Once parameters, gradients and optimizer states are all sharded, what usually "
-            "dominates a GPU's memory in large-batch training?",
-            ["the optimizer states", "the gradients", "the activations",
-             "the communication buffers (gradient buckets)"],
-            "c", "ZeRO shards model states, not activations; they grow with batch and sequence "
-                 "length. Recomputation or tensor/sequence parallelism address them.",
-        ),
+            f"gradient bytes a rank holds, and there is no padding on 2 ranks ({psi:,} is even).",
+            kind="explain"),
+        Numeric(
+            "Section 5's miniature gave each rank a fixed budget and counted the rows of the batch that "
+            "fit next to the model states (DDP 4 rows per rank, ZeRO-2 7 on 4 ranks). Predict ZeRO-2's "
+            "rows per rank on 8 ranks.",
+            rows[8], tol=0, minimum=0, kind="predict",
+            explanation=f"Section 5 printed a budget of {budget:,} bytes and {per_row:,} bytes of activations "
+                        f"per row. On 8 ranks ZeRO-2 holds {sum(expected_state_bytes([psi], 8, 2).values()):,} "
+                        f"bytes of model states, so ({budget:,} - that) // {per_row:,} = {rows[8]} rows, as on "
+                        "4 ranks: the 4-byte parameters stay whole, and most of the sharded 12 bytes were "
+                        "already gone at N = 4. The global batch still grows with N.",
+            printed="05"),
         Numeric(
             f"gpt2-xl (Ψ = {xl:,}) with fp32 gradients (2 + 4 + 12 bytes per parameter) on 8 GPUs: "
             "how many GB per GPU does ZeRO-2 free for activations, compared with DDP?",
-            freed / GB, unit="GB", tol=0.2, minimum=0,
+            freed / GB, unit="GB", tol=0.2, minimum=0, kind="predict",
             explanation=f"ZeRO-2 shards the gradients and the optimizer states, 4 + 12 = 16 bytes: "
                         f"16 x Ψ x 7/8 = {freed / GB:.1f} GB. A sequence of 1024 tokens costs "
                         f"{act / GB:.2f} GB of activations (flash attention, fused cross-entropy), so about "
-                        f"{freed / act:.0f} more sequences fit per GPU: the calculator's {ddp_mb} -> "
-                        f"{z2_mb} in 80 GB. DDP's batch per GPU stays {ddp_mb} whatever the number of GPUs.",
-        ),
+                        f"{freed / act:.0f} more sequences fit per GPU. Section 5's calculator printed "
+                        f"{ddp_mb} -> {z2_mb} on 8 GPUs of 80 GB. DDP's batch per GPU stays {ddp_mb} "
+                        "whatever the number of GPUs.", printed="05"),
         Numeric(
             "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
             "fp32 Adam states (Megatron). A published benchmark measured 79 -> 65 GB when sharding was turned on. "
             "How many GB does sharding the optimizer states alone save (12 bytes per parameter, sharded 4 ways)?",
-            (ddp.total - z1.total) / GB, unit="GB", tol=0.2, minimum=0,
+            (ddp.total - z1.total) / GB, unit="GB", tol=0.2, minimum=0, kind="explain",
             explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the benchmark's "
                         "14 GB drop matches ZeRO-1's saving; sharding the fp32 gradients too would "
-                        "save 4.7 GB more.",
-        ),
+                        f"save {(z1.total - z2.total) / GB:.1f} GB more."),
     ])
 
 
@@ -429,28 +505,29 @@ def quiz_06() -> Quiz:
             "b", "ZeRO-3 all-gathers a unit's parameters when it is needed and frees them after, in "
                  "forward and again in backward. The optimizer step needs only the shard; computing "
                  "with the shard alone would need the activations exchanged instead (tensor "
-                 "parallelism, section 9).",
+                 "parallelism, section 9).", kind="recall",
         ),
         Numeric("The course GPT is sharded as 5 units (4 blocks + the root, which stays gathered "
                 "from its forward to the end of backward). How many all-gathers per training step?",
                 calls["all_gather"], tol=0, minimum=0,
                 explanation=f"Each block is gathered in forward and again in backward (2 x 4), the root "
                             f"once: {calls['all_gather']} = 2L + 1 with L = 4 blocks (5 units: the blocks and "
-                            "the root)."),
+                            "the root).", kind="recall"),
         Numeric("And how many reduce-scatters per step?", calls["reduce_scatter"], tol=0, minimum=0,
                 explanation="One per unit: every unit's gradients are reduce-scattered as soon as its "
-                            "backward is done (a popular exercise counts one, for one layer: wrong)."),
+                            "backward is done (a popular exercise counts one, for one layer: wrong).", kind="recall"),
         Numeric("Ring volume per rank of ZeRO-3 divided by DDP's (same model, same N, every unit "
                 "gathered twice)?", z3 / ddp, tol=0.01, minimum=0,
                 explanation="All-gather in forward + all-gather in backward + reduce-scatter = 3 x "
-                            "(N-1)/N x M, against 2 x (N-1)/N x M for the all-reduce: 1.5x."),
+                            "(N-1)/N x M, against 2 x (N-1)/N x M for the all-reduce: 1.5x.", kind="recall"),
         Numeric(f"7B parameters, mixed-precision Adam: ZeRO-3 on 4 GPUs holds {states.total / GB:g} GB "
                 f"of model states per GPU (notebook 03). How many GPUs at least bring that to "
                 f"{target} GB or less?", enough, tol=0, minimum=1,
                 explanation=f"ZeRO-3 splits all 16 bytes: 16 x 7e9 / N = {16 * 7:g} / N GB. "
                             f"{16 * 7:g} / {enough - 1} = {16 * 7 / (enough - 1):.1f} GB is over {target}; "
                             f"{16 * 7:g} / {enough} = {16 * 7 / enough:.2f} GB: {enough} GPUs. No other "
-                            "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on every GPU."),
+                            "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on every GPU.",
+                            kind="predict"),
         SingleChoice("Why does backward need the parameters gathered again?",
                      ["To recompute the activations that forward freed",
                       "The gradient of a layer's input is grad_output @ W: backward needs W, which "
@@ -458,7 +535,7 @@ def quiz_06() -> Quiz:
                       "To average the parameters across ranks",
                       "It does not: only gradients are needed"],
                      "b", "Forward freed the full W to save memory; the input gradient (and the "
-                          "chain rule through the layer) needs it, so it is gathered a second time."),
+                          "chain rule through the layer) needs it, so it is gathered a second time.", kind="explain"),
         SingleChoice(
             "What hides ZeRO-3's parameter gathers behind computation?",
             ["prefetching: starting the next unit's all-gather while the current one computes",
@@ -467,13 +544,13 @@ def quiz_06() -> Quiz:
             "a", "Issuing the next gather early overlaps communication with computation, at the "
                  "price of one more unit alive. Compression and quantization shrink the bytes but "
                  "still wait for them; keeping units gathered skips the backward gathers (fewer "
-                 "bytes, more memory: notebook 07's reshard_after_forward=False) and hides nothing.",
+                 "bytes, more memory: notebook 07's reshard_after_forward=False) and hides nothing.", kind="recall",
         ),
         SingleChoice("With prefetching on, how many units' full parameters are alive at once at most "
                      "(the course's Zero3, root included)?",
                      ["1", "root + 1", "root + 2", "all of them"],
                      "c", "The unit computing and the next one whose all-gather is in flight, plus the "
-                          "root: root + 2, against root + 1 without prefetch."),
+                          "root: root + 2, against root + 1 without prefetch.", kind="recall"),
     ])
 
 
@@ -493,18 +570,18 @@ def quiz_07() -> Quiz:
                       "fully_shard(module, mesh=init_device_mesh('cpu', (2, 2)))",
                       "FSDP2 has no equivalent"],
                      "b", "SHARD_GRAD_OP keeps a unit's parameters gathered from its forward to its "
-                          "backward (ZeRO-2 behaviour for parameters): reshard_after_forward=False."),
+                          "backward (ZeRO-2 behaviour for parameters): reshard_after_forward=False.", kind="recall"),
         Numeric("fully_shard on each of the course GPT's 4 blocks, then on the root (kept gathered "
                 "between forward and backward): all-gathers per training step?",
                 full["all_gather"], tol=0, minimum=0,
                 explanation=f"Each block twice (forward, then again for backward), the root once: "
-                            f"2 x 4 + 1 = {full['all_gather']}, exactly the course's zero3."),
+                            f"2 x 4 + 1 = {full['all_gather']}, exactly the course's zero3.", kind="recall"),
         Numeric("The same with reshard_after_forward=False on the blocks?", zero2["all_gather"],
                 tol=0, minimum=0,
                 explanation=f"Once per unit: {zero2['all_gather']}. The all-gather bytes drop by almost "
                             "half (each block gathered once instead of twice); all the bytes, with the "
                             "reduce-scatters, by about a third (1.47x DDP to 1x in the ring model). The "
-                            "gathered blocks stay alive until their backward."),
+                            "gathered blocks stay alive until their backward.", kind="recall"),
         SingleChoice("You call fully_shard on the course GPT's root only, not on its 4 blocks. What "
                      "changes, compared with one fully_shard per block and then the root?",
                      ["Nothing: fully_shard finds the blocks by itself",
@@ -517,7 +594,7 @@ def quiz_07() -> Quiz:
                           f"gather of the whole model and holds it all (DDP's parameter memory while it "
                           f"runs). Per block, {full['all_gather']} smaller gathers per step, at most "
                           "the root and one or two blocks alive, and the next gather can run while "
-                          "the current block computes."),
+                          "the current block computes.", kind="compare"),
         SingleChoice("After backward on an FSDP2 model, how do you clip gradients to a global norm of 1?",
                      ["torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0): the gradients are "
                       "DTensors, so the norm is reduced over all shards",
@@ -526,7 +603,7 @@ def quiz_07() -> Quiz:
                       "Clipping is impossible on sharded gradients"],
                      "a", "FSDP2 modules have no clip_grad_norm_ method; the plain utility sees "
                           "DTensor gradients and all-reduces the squared norms. Clipping each "
-                          "shard by its local norm gives a different (wrong) scale per rank."),
+                          "shard by its local norm gives a different (wrong) scale per rank.", kind="recall"),
         SingleChoice("Each rank calls torch.manual_seed(seed + rank) and builds the model, then "
                      "fully_shard. What happens?",
                      ["Nothing: fully_shard broadcasts rank 0's weights",
@@ -536,13 +613,13 @@ def quiz_07() -> Quiz:
                       "The ranks hang"],
                      "c", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
                           "sync_module_states=True). Seed the model the same on every rank, or "
-                          "broadcast from rank 0 before sharding."),
+                          "broadcast from rank 0 before sharding.", kind="predict"),
         Numeric("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
                 "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
                 full["reduce_scatter"], tol=0, minimum=0,
                 explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
                             f"{full['reduce_scatter']}, instead of 4 x {full['reduce_scatter']}. The "
-                            "price: unsharded gradients stay allocated between micro-batches."),
+                            "price: unsharded gradients stay allocated between micro-batches.", kind="predict"),
         SingleChoice("A sharded checkpoint written by torch.distributed.checkpoint on 4 ranks is "
                      "loaded on 2 ranks. What happens?",
                      ["It fails: the world size must match",
@@ -552,7 +629,7 @@ def quiz_07() -> Quiz:
                       "cover: the state is resharded on load, bit-exact"],
                      "d", "The checkpoint's metadata records which slice of each tensor each file "
                           "holds; on load every rank reads exactly the slices of its new shards, "
-                          "optimizer states included."),
+                          "optimizer states included.", kind="recall"),
     ])
 
 
@@ -562,51 +639,58 @@ QUIZZES["07"] = quiz_07
 def quiz_08() -> Quiz:
     from ..theory.multinode import hsdp_vs_fsdp_time
 
-    cost = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)       # one 25 GB/s NIC per GPU
+    four = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)       # notebook 08 §2: one 25 GB/s NIC per GPU
+    eight = hsdp_vs_fsdp_time(7e9, 8, 8, 450e9, 25e9)
+    hsdp13 = model_states(13e9, world_size=8, stage=3, recipe="mixed").total / GB     # sharded in a node
+    full13 = model_states(13e9, world_size=32, stage=3, recipe="mixed").total / GB
     return Quiz("08 Beyond one box", [
-        Numeric("7B parameters in bf16, 4 nodes of 8 GPUs with one network card (NIC) per GPU, HSDP "
-                "sharded inside each node: how many GB go through each NIC to other nodes per step?",
-                cost.hsdp_nic_bytes / 1e9, unit="GB", tol=0.1, minimum=0,
-                explanation=f"Only the all-reduce of each GPU's 1/8 gradient shard crosses nodes: 2 x (4-1)/4 "
-                            f"x 2 B x 7e9 / 8 = {cost.hsdp_nic_bytes / 1e9:.3f} GB."),
-        Numeric("The same cluster with full sharding over all 32 GPUs (one ring per NIC, each ring "
-                "crossing every node boundary once): how many GB go through each NIC to other "
-                "nodes per step?",
-                cost.fsdp_nic_bytes / 1e9, unit="GB", tol=0.1, minimum=0,
-                explanation=f"Two all-gathers and a reduce-scatter of 14 GB over 32 ranks: a node sends "
-                            f"3 x 31/32 x 14 GB = {cost.fsdp_node_bytes / 1e9:.2f} GB through its 8 NICs, "
-                            f"{cost.fsdp_nic_bytes / 1e9:.2f} GB each, against {cost.hsdp_nic_bytes / 1e9:.3f} "
-                            f"for HSDP. HSDP halves the network bytes, but at 25 GB/s per NIC the times are "
-                            f"close ({cost.hsdp_s:.3f} s vs {cost.fsdp_s:.3f} s): HSDP also pays its NVLink "
-                            "passes on top of the network ones."),
-        SingleChoice("On a 2 x 2 mesh (2 replicas x 2 shards), which collectives run across the "
-                     "replicas?",
-                     ["The all-gathers of the parameters",
-                      "The reduce-scatters of the gradients",
-                      "An all-reduce of each rank's gradient shard",
-                      "A broadcast of the parameters from replica 0 after each step"],
-                     "c", "All-gathers and reduce-scatters stay inside the shard group; the replicas "
-                          "then all-reduce the reduced gradient shards so that they stay identical."),
-        SingleChoice("Which DeepSpeed setting is ZeRO-Infinity's parameter offload?",
-                     ['"zero_optimization": {"stage": 2, "offload_param": {"device": "nvme"}}',
-                      '"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", '
-                      '"nvme_path": "/local_nvme"}}',
-                      '"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", '
-                      '"nvme_path": "/local_nvme"}}',
-                      '"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}'],
-                     "b", "Parameter offload exists only in stage 3 (stages 1 and 2 keep full parameters "
-                          "on each GPU); NVMe needs a path; offload_optimizer moves the optimizer "
-                          "states (ZeRO-Offload), not the parameters."),
-        SingleChoice("Under torch DDP, rank 1's data loader has one batch fewer than rank 0's. What "
-                     "happens at the end of the epoch?",
-                     ["Rank 1 raises StopIteration on every rank",
-                      "DDP skips the missing batch",
-                      "Rank 0 waits forever in its last backward, whose gradient all-reduce rank 1 "
+        Numeric("Section 2's cluster (7B parameters in bf16, nodes of 8 GPUs, one 25 GB/s NIC per GPU) "
+                "with 8 nodes instead of 4. HSDP, sharded inside each node: predict the GB each NIC "
+                "carries to other nodes per step.",
+                eight.hsdp_nic_bytes / 1e9, unit="GB", tol=0.05, minimum=0, kind="predict",
+                explanation=f"Only the all-reduce of each GPU's 1/8 gradient shard crosses nodes, now over 8 "
+                            f"replicas: 2 x (8-1)/8 x 2 B x 7e9 / 8 = {eight.hsdp_nic_bytes / 1e9:.4g} GB. "
+                            f"Section 2 printed {four.hsdp_nic_bytes / 1e9:.3f} GB for 4 nodes: the factor 2(n-1)/n grows towards 2.",
+                printed="08"),
+        SingleChoice("And the times on 8 nodes at 25 GB/s per NIC? (Section 2 found HSDP ahead on 4 nodes.)",
+                     ["HSDP stays ahead, by less: full sharding's bytes per NIC barely grow, HSDP's grow "
+                      "by a sixth",
+                      "HSDP's lead grows: full sharding crosses more node boundaries",
+                      "Full sharding is now faster by a wide margin",
+                      "Both times double with the number of nodes"],
+                     "a", f"Full sharding: {four.fsdp_nic_bytes / 1e9:.2f} -> {eight.fsdp_nic_bytes / 1e9:.2f} GB "
+                          f"per NIC ((N-1)/N is already close to 1); HSDP: {four.hsdp_nic_bytes / 1e9:.3f} -> "
+                          f"{eight.hsdp_nic_bytes / 1e9:.4g} GB. Times: {eight.fsdp_s:.3f} s against "
+                          f"{eight.hsdp_s:.3f} s, HSDP {eight.fsdp_s / eight.hsdp_s:.2f}x faster (4 nodes: "
+                          f"{four.fsdp_s / four.hsdp_s:.2f}x). Neither doubles: a ring's bytes per rank do not "
+                          "grow much with the number of ranks, the factor (N-1)/N only approaches 1.", kind="compare"),
+        Numeric("HSDP's price: 13B parameters, mixed-precision Adam (16 bytes per parameter), 4 nodes of "
+                "8 GPUs, sharded inside each node. Predict the GB of model states per GPU.",
+                hsdp13, unit="GB", tol=0.1, minimum=0, kind="predict",
+                explanation=f"HSDP shards over the 8 GPUs of a node only: 16 x 13e9 / 8 = {hsdp13:g} GB per GPU; "
+                            f"full sharding over all 32 would hold {full13:g} GB. The replicas trade memory "
+                            "for fewer bytes across nodes."),
+        SingleChoice("DeepSpeed accepts offload_param (parameters to CPU or NVMe) only with "
+                     '"stage": 3. Why not with stage 1 or 2?',
+                     ["In stages 1 and 2 every GPU keeps the full parameters for its forward and "
+                      "backward: there is no shard to page in and out one unit at a time",
+                      "Stages 1 and 2 use fp32 parameters, which cannot be offloaded",
+                      "Offloading needs NVMe, which only stage 3 supports",
+                      "It is a missing feature: stage 2 would save the same memory"],
+                     "a", "Stage 3 already fetches each unit's parameters just before it runs and drops "
+                          "them after; offloading only changes where the shard lives between uses. Stages "
+                          "1 and 2 compute with parameters that stay whole on the GPU.", kind="explain"),
+        SingleChoice("Section 6's uneven data again, but the model is wrapped with fully_shard (notebook "
+                     "07) instead of torch DDP: rank 1 has one batch fewer. Where does rank 0 wait?",
+                     ["In backward, in the gradient all-reduce, as with DDP",
+                      "In its next forward: the first unit's all-gather of its parameters, which rank 1 "
                       "never joins",
-                      "The losses are averaged over fewer ranks"],
-                     "c", "Rank 1 leaves the loop; rank 0's backward starts the bucket all-reduces "
-                          "and blocks. Fix: agree on the number of steps, pad the data "
-                          "(DistributedSampler), or torch's Join."),
+                      "Nowhere: fully_shard notices the missing rank and skips the step",
+                      "In optimizer.step(), in a broadcast"],
+                     "b", "A sharded model needs the other ranks before it can compute at all: the forward "
+                          "gathers each unit's parameters first. With DDP the first collective of a step "
+                          "is the gradient all-reduce, in backward; here it is the first all-gather. The "
+                          "fixes are the same.", kind="predict"),
         MultiChoice("Which mistakes does TORCH_DISTRIBUTED_DEBUG=DETAIL turn into an error naming "
                     "both ranks' collectives?",
                     ["Two ranks call all-reduce on tensors of different shapes",
@@ -615,7 +699,7 @@ def quiz_08() -> Quiz:
                      "A rank computes a wrong loss before the all-reduce"],
                     "a,b", "DETAIL compares each collective's fingerprint (operation, shapes, dtypes) "
                            "across ranks before running it. Two same-shaped tensors swapped look "
-                           "identical to it, and it knows nothing about the values."),
+                           "identical to it, and it knows nothing about the values.", kind="explain"),
     ])
 
 
