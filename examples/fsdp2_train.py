@@ -53,15 +53,14 @@ def init_weights(model):
     """GPT-2's init for any world size: each rank draws each full tensor (one at a time) and keeps its shard."""
     gen = torch.Generator().manual_seed(0)
     for name, p in model.named_parameters():
-        full = torch.randn(p.shape, generator=gen) * 0.02 if p.dim() == 2 else torch.full(p.shape, float(name.endswith("weight")))
+        full = torch.randn(p.shape, generator=gen) * 0.02 if p.ndim == 2 else torch.full(p.shape, float("weight" in name))
         p.copy_(distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for flag, default in [("vocab", 64), ("dim", 64), ("heads", 4), ("layers", 2), ("seq", 32), ("batch", 8),
-                          ("rows", 512), ("steps", 20), ("warmup", 5), ("lr", 3e-3), ("clip", 1.0),
-                          ("save-every", 0), ("ckpt", "checkpoint")]:
+    for flag, default in [("vocab", 64), ("dim", 64), ("heads", 4), ("layers", 2), ("seq", 32), ("batch", 8), ("rows", 512),
+                          ("steps", 20), ("warmup", 5), ("lr", 3e-3), ("clip", 1.0), ("save-every", 0), ("ckpt", "ckpt")]:
         ap.add_argument(f"--{flag}", type=type(default), default=default)
     ap.add_argument("--fp32", action="store_true", help="no mixed precision (default: bf16 compute, fp32 reduce)")
     ap.add_argument("--resume", action="store_true", help="load --ckpt and continue from its step")
@@ -97,21 +96,18 @@ def main():
     data = (start + (stride % 3 + 1) * torch.arange(args.seq + 1)) % args.vocab
     sampler = DistributedSampler(data, world, rank, shuffle=True, drop_last=True)
     per_rank = args.batch // world      # the global batch is the same for any world size
-    steps_per_epoch = len(sampler) // per_rank
-
-    step = 0
     if args.resume:                     # every rank reads only its own shards of the model and the optimizer
         msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd, "sched": sched, "step": 0}   # DCP calls sched.load_state_dict
+        state = {"model": msd, "optim": osd, "sched": sched}   # DCP calls sched.load_state_dict
         dcp.load(state, checkpoint_id=args.ckpt)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        step = state["step"]
+    step = sched.last_epoch             # the steps done: 0, or the checkpoint's
     if rank == 0:
         print(f"world {world} device {device.type} backend {dist.get_backend()} {'fp32' if args.fp32 else 'bf16'} "
               f"params {sum(p.numel() for p in model.parameters())} from step {step}", flush=True)
 
     while step < args.steps:
-        epoch, i = divmod(step, steps_per_epoch)
+        epoch, i = divmod(step, len(sampler) // per_rank)
         sampler.set_epoch(epoch)        # a new shuffle each epoch, the same on every rank
         rows = data[list(sampler)[i * per_rank:(i + 1) * per_rank]].to(device)
         loss = F.cross_entropy(model(rows[:, :-1]).float().flatten(0, 1), rows[:, 1:].flatten())
@@ -126,7 +122,7 @@ def main():
             print(f"step {step} loss {mean.item() / world:.6f} grad_norm {norm.full_tensor().item():.4f}", flush=True)
         if args.save_every and step % args.save_every == 0:     # --ckpt: a folder every node can reach
             msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd, "sched": sched, "step": step}, checkpoint_id=args.ckpt)
+            dcp.save({"model": msd, "optim": osd, "sched": sched}, checkpoint_id=args.ckpt)
     dist.destroy_process_group()
 
 
