@@ -51,9 +51,9 @@ _ZERO_KEYS = set("""
 """.split())
 _STAGE3_ONLY = {k for k in _ZERO_KEYS if k.startswith("stage3_") or "stage3_" + k in _ZERO_KEYS} | {
     "zero_hpz_partition_size", "sub_group_size"}      # offload_param has its own message
-_REMOVED = {"mics_shard_size": "MiCS (DeepSpeed's HSDP) was removed in DeepSpeed 0.19; use "
+_REMOVED = {"mics_shard_size": "MiCS (DeepSpeed's HSDP) was removed in DeepSpeed 0.19.7; use "
                                "zero_hpz_partition_size (ZeRO++ hpZ) or FSDP2 with a 2-D mesh",
-            "mics_hierarchical_params_gather": "MiCS was removed in DeepSpeed 0.19"}
+            "mics_hierarchical_params_gather": "MiCS was removed in DeepSpeed 0.19.7"}
 _COUNT_KEY_ENDS = ("bucket_size", "threshold", "parameters", "distance", "sub_group_size")   # element counts
 _BOOL_KEYS = ("overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
               "stage3_gather_16bit_weights_on_model_save", "round_robin_gradients")
@@ -410,7 +410,7 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
     mesh_shape, mesh_names = ((nodes, gpus_per_node), ("replicate", "shard")) if hsdp else (None, None)
     if hsdp:
         notes.append(f"HSDP: shard inside each node of {gpus_per_node} GPUs, all-reduce the "
-                     f"gradient shards across the {nodes} nodes. DeepSpeed 0.19 removed MiCS (its "
+                     f"gradient shards across the {nodes} nodes. DeepSpeed 0.19.7 removed MiCS (its "
                      "HSDP); its config uses ZeRO++'s zero_hpz_partition_size instead, which keeps a "
                      "secondary parameter shard per node but still shards optimizer states and "
                      "gradients over all GPUs: not the same")
