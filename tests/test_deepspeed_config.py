@@ -133,7 +133,10 @@ def test_validator_types_and_world_size_free_check():
 def test_fsdp2_mapping(rows):
     z3 = D.fsdp2_equivalent(rows.row(("ZeRO-3", "optimizer+params", True)))
     assert z3.api == "fully_shard" and z3.kwargs["reshard_after_forward"] is True and z3.exact
-    assert z3.kwargs["offload_policy"].pin_memory is False
+    assert z3.kwargs["offload_policy"].pin_memory is True         # code for a GPU node: pinned host memory
+    assert D.fsdp2_equivalent("ZeRO-3", device_type="cpu").kwargs.get("offload_policy") is None
+    cpu = D.fsdp2_equivalent(("ZeRO-3", "optimizer+params", False), device_type="cpu")
+    assert cpu.kwargs["offload_policy"].pin_memory is False and "pin_memory=False" in cpu.code
     assert z3.kwargs["mp_policy"].param_dtype == torch.bfloat16      # compute in bf16,
     assert z3.kwargs["mp_policy"].reduce_dtype == torch.float32      # sum gradients in fp32
     assert any("reduce_dtype=float32" in n for n in z3.notes)

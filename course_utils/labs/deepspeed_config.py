@@ -343,9 +343,10 @@ def _recompute_code(recompute: str, blocks: str, where: str) -> tuple[list[str],
 
 def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | None = None,
                      precision: str = "bf16", recipe: str = "mixed", device_type: str = "cuda",
-                     pin_memory: bool = False, blocks: str = "model.blocks") -> FSDP2Equivalent:
+                     pin_memory: bool | None = None, blocks: str = "model.blocks") -> FSDP2Equivalent:
     """``fully_shard`` (FSDP2) settings and code for the choice (a PlanRow also gives gpus_per_node, nodes, recipe).
-    ``pin_memory``: False on CPU-only machines, True is faster on GPUs; ``blocks``: the model's list of blocks."""
+    ``pin_memory`` (offload): None is True for ``device_type="cuda"`` (pinned host memory copies to and from
+    the GPU faster), False for ``"cpu"`` (nothing to pin for); ``blocks``: the model's list of blocks."""
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
     row = choice if isinstance(choice, PlanRow) else None
@@ -357,6 +358,7 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
     check_choice("precision", precision, PRECISIONS, kind="precision", kinds="precisions")
     check_choice("recipe", recipe, ("fp32", "mixed", "mixed-fp32-grads", "torch-amp"), kind="recipe", kinds="recipes")
     check_choice("device_type", device_type, ("cuda", "cpu"), kind="device type", kinds="device types")
+    pin_memory = device_type == "cuda" if pin_memory is None else pin_memory
     check_bool("pin_memory", pin_memory)
     if not isinstance(blocks, str) or not all(part.isidentifier() for part in blocks.split(".")):
         raise ValueError(f"blocks must be a dotted name such as 'model.blocks', got {blocks!r}")
