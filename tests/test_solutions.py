@@ -261,3 +261,13 @@ def test_learners_zero2_passes_and_accumulates(capsys):
     assert mine[0].losses == pytest.approx(ref[0].losses, rel=1e-6)
     assert mine[0].comm_calls == ref[0].comm_calls
     assert mine[0].state_bytes["grads"] == ref[0].state_bytes["grads"]
+
+
+def test_versus_hides_the_measurement_until_there_is_a_prediction(capsys):
+    from course_utils.course.exercises import versus
+    versus(None, 258_708, "optimizer bytes")
+    versus(258_700, 258_708, "optimizer bytes")
+    versus(129_354, 258_708, "optimizer bytes")
+    none, close, off = capsys.readouterr().out.splitlines()
+    assert "258" not in none and "predict first" in none
+    assert close.endswith("measured 258,708: right") and off.endswith("off by 50%")

@@ -48,8 +48,8 @@ def yours(name: str, cls):
 
 def versus(prediction, measured: int, what: str) -> None:
     """Your prediction (None: not made yet) next to the measurement, in one line."""
-    if prediction is None:
-        print(f"{what}: measured {measured:,}; predict first (set your number above, run both cells again)")
+    if prediction is None:             # the measurement stays hidden until there is a prediction
+        print(f"{what}: predict first (set my_prediction above, then run this cell again)")
     else:
         off = abs(prediction - measured) / measured if measured else float(prediction != 0)
         verdict = "right" if off <= 0.01 else f"off by {off:.0%}"
