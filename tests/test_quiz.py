@@ -189,20 +189,26 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("05", 6, "21.8").correct and "calculator printed 17 -> 25" in q6.explanation
     assert quiz.check("05", 2, "2328300").correct                               # 8 RS + 1 AG of 258,700
     assert quiz.check("05", 3, "64676").correct and quiz.check("05", 5, "7").correct
-    assert quiz.check("06", 5, "12").correct and not quiz.check("06", 5, "11").correct  # 112 / N <= 10
+    assert quiz.check("06", 4, "12").correct and not quiz.check("06", 4, "11").correct  # 112 / N <= 10
     assert quiz.check("08", 1, "3.06").correct                                  # HSDP per NIC, 8 nodes
     assert quiz.check("08", 3, "26").correct                                    # 16 x 13e9 / 8
     assert quiz.check("02", 3, "4527250").correct and quiz.check("02", 5, "2906").correct
+    assert quiz.check("01", 1, "30").correct and quiz.check("01", 2, "a").correct      # 3 ranks; 2 ranks
+    assert quiz.check("01", 3, "1.97").correct and quiz.check("01", 4, "0.875").correct  # 2 x 63/64; 7/8
+    assert quiz.check("06", 2, "17").correct and quiz.check("06", 3, "1.5").correct     # 2 x 8 + 1; any N
+    assert quiz.check("06", 6, "a").correct                                      # prefetch: peak up
+    assert quiz.check("07", 1, "25").correct and quiz.check("07", 2, "13").correct     # 12 blocks
+    assert quiz.check("07", 6, "5").correct                                      # accumulation
 
 
 def test_every_question_says_what_it_asks():
-    """Issue 27: at least two thirds of the questions predict, compare or explain. Quizzes 00, 02,
-    03, 04, 05 and 08 each; and all quizzes together."""
+    """Issue 27: at least two thirds of the questions predict, compare or explain, in every quiz."""
     from course_utils.course.questions import KINDS
 
     kinds = {key: [q.kind for q in quiz.get(key).questions] for key in QUIZZES}
     assert all(k in KINDS for ks in kinds.values() for k in ks)
-    for key in ("00", "02", "03", "04", "05", "08"):
+    assert sorted(kinds) == [f"{i:02d}" for i in range(9)]
+    for key in kinds:
         assert 5 <= len(kinds[key]) <= 7, key
         assert 3 * sum(k != "recall" for k in kinds[key]) >= 2 * len(kinds[key]), (key, kinds[key])
     every = [k for ks in kinds.values() for k in ks]

@@ -174,23 +174,27 @@ def quiz_01() -> Quiz:
     from ..theory.comm import collective_bytes
 
     m = 1e9  # a 1 GB message
+    start = [[10 * r + i for i in range(8)] for r in range(2)]       # section 1.3's tensors, 2 ranks
+    summed = [a + b for a, b in zip(*start)]
+    keeps = summed[4:]                                                # rank 1's half of the sum
     return Quiz("01 collectives", [
-        SingleChoice("After dist.all_reduce(t) with the default op on 4 ranks, what does each rank hold?",
-                     ["Its own tensor, unchanged", "The sum of the 4 tensors",
-                      "A quarter of the sum", "The tensor of rank 0"],
-                     "b", "all_reduce replaces every rank's tensor with the elementwise sum (op=SUM).", kind="recall"),
-        SingleChoice("Which pair of collectives, run one after the other, equals an all-reduce?",
-                     ["broadcast then reduce", "reduce-scatter then all-gather",
-                      "scatter then gather", "all-gather then reduce-scatter"],
-                     "b", "Reduce-scatter leaves each rank with the sum of one shard; all-gather then gives "
-                          "every rank every summed shard. That is exactly how the ring all-reduce works.",
-                          kind="recall"),
-        Numeric("Ring all-reduce of a 1 GB message on 4 ranks: how many GB does each rank send?",
-                collective_bytes("all_reduce", m, 4) / 1e9, unit="GB", tol=0.01, minimum=0,
-                explanation="2(N-1)/N x M = 2 x 3/4 x 1 GB = 1.5 GB: N-1 steps of reduce-scatter and "
-                            "N-1 of all-gather, each sending M/N.", kind="recall"),
-        Numeric("In the ring model, how many GB does each rank send for a reduce-scatter of the same "
-                "1 GB message on 8 ranks?",
+        Numeric("Section 1.2's all-reduce on 3 ranks instead of 4 (rank r starts with [10r, 10r+1, "
+                "...]): rank 2's first element afterwards?",
+                sum(10 * r for r in range(3)), tol=0, kind="predict",
+                explanation=f"Every rank gets the elementwise sum, not only rank 0: 0 + 10 + 20 = "
+                            f"{sum(10 * r for r in range(3))}."),
+        SingleChoice("Section 1.3's reduce-scatter on 2 ranks (rank r holds [10r, ..., 10r+7]): "
+                     "what does rank 1 keep?",
+                     [str(keeps), str(summed[:4]), str(start[1][4:]), "all 8 sums"],
+                     "a", f"The sum is {summed}; each rank keeps its 1/N piece of it, rank 1 the "
+                          "second half. An all-gather would then give everyone all 8: the all-reduce.",
+                     kind="predict"),
+        Numeric("Ring all-reduce of a 1 GB message on 64 ranks: GB sent per rank?",
+                collective_bytes("all_reduce", m, 64) / 1e9, unit="GB", tol=0.01, minimum=0,
+                explanation=f"2(N-1)/N x M = 2 x 63/64 GB = {collective_bytes('all_reduce', m, 64) / 1e9:.2f} "
+                            "GB: just under 2M however many ranks; each rank's share of the work "
+                            "hardly grows with N.", kind="predict"),
+        Numeric("And a reduce-scatter of the same 1 GB on 8 ranks?",
                 collective_bytes("reduce_scatter", m, 8) / 1e9, unit="GB", tol=0.01, minimum=0,
                 explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N. gloo's wire "
                             "shows twice that (section 3.2): it runs a reduce-scatter as an all-reduce.",
@@ -488,11 +492,11 @@ QUIZZES["05"] = quiz_05
 
 def quiz_06() -> Quiz:
     from ..theory.comm import collective_calls, comm_volume
+    from ..theory.timeline import predicted_timeline
 
-    units = 5                                  # the course GPT: 4 blocks + the root
-    calls = collective_calls(3, num_layers=units, skip_last_regather=True)
-    z3 = comm_volume(7e9, world_size=4, stage=3)["total"]
-    ddp = comm_volume(7e9, world_size=4, stage=0)["total"]
+    deeper = collective_calls(3, num_layers=8 + 1, skip_last_regather=True)   # 8 blocks + the root
+    wide = {s: comm_volume(7e9, world_size=64, stage=s)["total"] for s in (0, 3)}
+    peak = {p: max(e["alive_bytes"] for e in predicted_timeline(2, prefetch=p)) for p in (False, True)}
     states = model_states(7e9, world_size=4, stage=3, recipe="mixed")
     target = 10                                # GB of model states per GPU
     enough = next(n for n in range(1, 1000)
@@ -505,29 +509,25 @@ def quiz_06() -> Quiz:
             "b", "ZeRO-3 all-gathers a unit's parameters when it is needed and frees them after, in "
                  "forward and again in backward. The optimizer step needs only the shard; computing "
                  "with the shard alone would need the activations exchanged instead (tensor "
-                 "parallelism, section 9).", kind="recall",
+                 "parallelism).", kind="recall",
         ),
-        Numeric("The course GPT is sharded as 5 units (4 blocks + the root, which stays gathered "
-                "from its forward to the end of backward). How many all-gathers per training step?",
-                calls["all_gather"], tol=0, minimum=0,
-                explanation=f"Each block is gathered in forward and again in backward (2 x 4), the root "
-                            f"once: {calls['all_gather']} = 2L + 1 with L = 4 blocks (5 units: the blocks and "
-                            "the root).", kind="recall"),
-        Numeric("And how many reduce-scatters per step?", calls["reduce_scatter"], tol=0, minimum=0,
-                explanation="One per unit: every unit's gradients are reduce-scattered as soon as its "
-                            "backward is done (a popular exercise counts one, for one layer: wrong).", kind="recall"),
-        Numeric("Ring volume per rank of ZeRO-3 divided by DDP's (same model, same N, every unit "
-                "gathered twice)?", z3 / ddp, tol=0.01, minimum=0,
-                explanation="All-gather in forward + all-gather in backward + reduce-scatter = 3 x "
-                            "(N-1)/N x M, against 2 x (N-1)/N x M for the all-reduce: 1.5x.", kind="recall"),
+        Numeric("The course GPT with 8 blocks instead of 4 (the root still gathered once): "
+                "all-gathers per step?", deeper["all_gather"], tol=0, minimum=0, kind="predict",
+                explanation=f"2L + 1 with L = 8: each block in forward and again in backward, the root "
+                            f"once: {deeper['all_gather']}, and {deeper['reduce_scatter']} reduce-scatters "
+                            "(one per unit). Section 7's 9 was L = 4."),
+        Numeric("Section 7's ZeRO-3 / DDP volume was about 1.5 on 2 and 4 ranks. On 64 ranks, in the "
+                "ring model?", wide[3] / wide[0], tol=0.05, minimum=0, kind="predict",
+                explanation=f"{wide[3] / wide[0]:g}: both volumes carry the same (N-1)/N x M factor, "
+                            "3 of them (two all-gathers, one reduce-scatter) against 2 (the all-reduce), "
+                            "so the ratio does not depend on N."),
         Numeric(f"7B parameters, mixed-precision Adam: ZeRO-3 on 4 GPUs holds {states.total / GB:g} GB "
-                f"of model states per GPU (notebook 03). How many GPUs at least bring that to "
-                f"{target} GB or less?", enough, tol=0, minimum=1,
+                f"per GPU. How many GPUs at least bring that to {target} GB or less?", enough, tol=0,
+                minimum=1, kind="predict",
                 explanation=f"ZeRO-3 splits all 16 bytes: 16 x 7e9 / N = {16 * 7:g} / N GB. "
                             f"{16 * 7:g} / {enough - 1} = {16 * 7 / (enough - 1):.1f} GB is over {target}; "
                             f"{16 * 7:g} / {enough} = {16 * 7 / enough:.2f} GB: {enough} GPUs. No other "
-                            "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on every GPU.",
-                            kind="predict"),
+                            "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on every GPU."),
         SingleChoice("Why does backward need the parameters gathered again?",
                      ["To recompute the activations that forward freed",
                       "The gradient of a layer's input is grad_output @ W: backward needs W, which "
@@ -536,21 +536,13 @@ def quiz_06() -> Quiz:
                       "It does not: only gradients are needed"],
                      "b", "Forward freed the full W to save memory; the input gradient (and the "
                           "chain rule through the layer) needs it, so it is gathered a second time.", kind="explain"),
-        SingleChoice(
-            "What hides ZeRO-3's parameter gathers behind computation?",
-            ["prefetching: starting the next unit's all-gather while the current one computes",
-             "compressing the gradients", "quantizing the weights",
-             "keeping each unit gathered from its forward until its backward"],
-            "a", "Issuing the next gather early overlaps communication with computation, at the "
-                 "price of one more unit alive. Compression and quantization shrink the bytes but "
-                 "still wait for them; keeping units gathered skips the backward gathers (fewer "
-                 "bytes, more memory: notebook 07's reshard_after_forward=False) and hides nothing.", kind="recall",
-        ),
-        SingleChoice("With prefetching on, how many units' full parameters are alive at once at most "
-                     "(the course's Zero3, root included)?",
-                     ["1", "root + 1", "root + 2", "all of them"],
-                     "c", "The unit computing and the next one whose all-gather is in flight, plus the "
-                          "root: root + 2, against root + 1 without prefetch.", kind="recall"),
+        SingleChoice("Prefetching turned on: what changes?",
+                     ["The peak of full parameters rises; bytes sent and losses stay the same",
+                      "Fewer bytes are sent", "The peak falls", "The losses change slightly"],
+                     "a", "Prefetch starts the next unit's all-gather while the current one computes: "
+                          f"one more unit alive, no byte less. Section 8 printed peaks of {peak[False]:,} B "
+                          f"without prefetch and {peak[True]:,} B with it; section 9 measured the same "
+                          "calls, bytes and losses.", kind="compare", printed="06"),
     ])
 
 
@@ -558,30 +550,27 @@ QUIZZES["06"] = quiz_06
 
 
 def quiz_07() -> Quiz:
+    from ..labs.fsdp_wrapping import predict_unsharded_peak
     from ..theory.sharding import calls_per_step
 
-    units = 4                                  # the course GPT's blocks; the root comes on top
-    full = calls_per_step(units)
-    zero2 = calls_per_step(units, reshard_after_forward=False)
+    blocks = 12                                # a deeper GPT than the course's 4 blocks
+    full = calls_per_step(blocks)
+    zero2 = calls_per_step(blocks, reshard_after_forward=False)
+    course = calls_per_step(4)
+    peak = {g: predict_unsharded_peak(g, 2)["params"] for g in ("root-only", "per-block")}
     return Quiz("07 FSDP in PyTorch", [
-        SingleChoice("FSDP1's ShardingStrategy.SHARD_GRAD_OP is which FSDP2 call?",
-                     ["fully_shard(module)",
-                      "fully_shard(module, reshard_after_forward=False)",
-                      "fully_shard(module, mesh=init_device_mesh('cpu', (2, 2)))",
-                      "FSDP2 has no equivalent"],
-                     "b", "SHARD_GRAD_OP keeps a unit's parameters gathered from its forward to its "
-                          "backward (ZeRO-2 behaviour for parameters): reshard_after_forward=False.", kind="recall"),
-        Numeric("fully_shard on each of the course GPT's 4 blocks, then on the root (kept gathered "
-                "between forward and backward): all-gathers per training step?",
-                full["all_gather"], tol=0, minimum=0,
+        Numeric(f"A GPT of {blocks} blocks: fully_shard on each block, then on the root (kept gathered "
+                "between forward and backward). All-gathers per training step?",
+                full["all_gather"], tol=0, minimum=0, kind="predict",
                 explanation=f"Each block twice (forward, then again for backward), the root once: "
-                            f"2 x 4 + 1 = {full['all_gather']}, exactly the course's zero3.", kind="recall"),
-        Numeric("The same with reshard_after_forward=False on the blocks?", zero2["all_gather"],
-                tol=0, minimum=0,
+                            f"2 x {blocks} + 1 = {full['all_gather']}; the course GPT's 4 blocks: "
+                            f"{course['all_gather']}, as the course's zero3."),
+        Numeric("The same with reshard_after_forward=False on the blocks (FSDP1's SHARD_GRAD_OP)?",
+                zero2["all_gather"], tol=0, minimum=0, kind="compare",
                 explanation=f"Once per unit: {zero2['all_gather']}. The all-gather bytes drop by almost "
                             "half (each block gathered once instead of twice); all the bytes, with the "
                             "reduce-scatters, by about a third (1.47x DDP to 1x in the ring model). The "
-                            "gathered blocks stay alive until their backward.", kind="recall"),
+                            "price: the gathered blocks stay alive until their backward."),
         SingleChoice("You call fully_shard on the course GPT's root only, not on its 4 blocks. What "
                      "changes, compared with one fully_shard per block and then the root?",
                      ["Nothing: fully_shard finds the blocks by itself",
@@ -591,20 +580,22 @@ def quiz_07() -> Quiz:
                       "It fails: the blocks must be sharded first"],
                      "b", f"fully_shard(module) makes one unit of the parameters no inner fully_shard "
                           f"claimed. On the root alone that is all of them: the forward waits for one "
-                          f"gather of the whole model and holds it all (DDP's parameter memory while it "
-                          f"runs). Per block, {full['all_gather']} smaller gathers per step, at most "
-                          "the root and one or two blocks alive, and the next gather can run while "
-                          "the current block computes.", kind="compare"),
-        SingleChoice("After backward on an FSDP2 model, how do you clip gradients to a global norm of 1?",
-                     ["torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0): the gradients are "
-                      "DTensors, so the norm is reduced over all shards",
-                      "model.clip_grad_norm_(1.0), as with FSDP1",
-                      "Clip each rank's local shard to norm 1/N",
-                      "Clipping is impossible on sharded gradients"],
-                     "a", "FSDP2 modules have no clip_grad_norm_ method; the plain utility sees "
-                          "DTensor gradients and all-reduces the squared norms. Clipping each "
-                          "shard by its local norm gives a different (wrong) scale per rank.", kind="recall"),
-        SingleChoice("Each rank calls torch.manual_seed(seed + rank) and builds the model, then "
+                          f"gather of the whole model and holds it all. Section 3 printed a peak of "
+                          f"{peak['root-only']:,} B root-only against {peak['per-block']:,} B per block; "
+                          f"per block there are {course['all_gather']} smaller gathers per step, and the "
+                          "next can run while the current block computes.", kind="compare", printed="07"),
+        SingleChoice("Why does the plain torch.nn.utils.clip_grad_norm_ clip FSDP2's sharded "
+                     "gradients to the right global norm?",
+                     ["The gradients are DTensors: the squared norms of the shards are all-reduced",
+                      "FSDP2 gathers the full gradients before clipping",
+                      "Each shard's own norm equals the global norm",
+                      "It does not: call model.clip_grad_norm_ as with FSDP1"],
+                     "a", "Each rank holds a DTensor shard of every gradient; the utility sums the "
+                          "shards' squared norms with one all-reduce, so every rank gets the norm of "
+                          "one process. A shard's own norm is smaller and differs per rank: each "
+                          "would scale its gradients differently. FSDP2 has no clip_grad_norm_ method.",
+                     kind="explain"),
+        SingleChoice("Each rank builds the model after torch.manual_seed(rank), then calls "
                      "fully_shard. What happens?",
                      ["Nothing: fully_shard broadcasts rank 0's weights",
                       "An error: the shapes differ",
@@ -612,24 +603,25 @@ def quiz_07() -> Quiz:
                       "different inits, and the losses differ from one process",
                       "The ranks hang"],
                      "c", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
-                          "sync_module_states=True). Seed the model the same on every rank, or "
+                          "sync_module_states=True). Build the same initial model on every rank, or "
                           "broadcast from rank 0 before sharding.", kind="predict"),
         Numeric("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
                 "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
-                full["reduce_scatter"], tol=0, minimum=0,
+                course["reduce_scatter"], tol=0, minimum=0, kind="predict",
                 explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
-                            f"{full['reduce_scatter']}, instead of 4 x {full['reduce_scatter']}. The "
-                            "price: unsharded gradients stay allocated between micro-batches.", kind="predict"),
+                            f"{course['reduce_scatter']}, instead of 4 x {course['reduce_scatter']}. The "
+                            "price: unsharded gradients stay allocated between micro-batches."),
         SingleChoice("A sharded checkpoint written by torch.distributed.checkpoint on 4 ranks is "
-                     "loaded on 2 ranks. What happens?",
+                     "loaded on 8 ranks. What happens?",
                      ["It fails: the world size must match",
                       "Only rank 0 loads it and broadcasts",
                       "It loads, but the optimizer state is lost",
-                      "Each of the 2 ranks reads the parts of every tensor that its new shards "
-                      "cover: the state is resharded on load, bit-exact"],
+                      "Each rank reads the parts of every tensor that its new shards cover: the state "
+                      "is resharded on load, bit-exact"],
                      "d", "The checkpoint's metadata records which slice of each tensor each file "
                           "holds; on load every rank reads exactly the slices of its new shards, "
-                          "optimizer states included.", kind="recall"),
+                          "optimizer states included: section 6's 4 -> 2 works the same way 4 -> 8.",
+                     kind="predict"),
     ])
 
 
