@@ -1,8 +1,8 @@
 """The learner's path has a budget (shared/COURSE.md, "Budget and appendices"): each core
 notebook (00-08) at most 35k characters of source + text output, 00-08 together at most 230k.
 
-Text output: stream text and the ``text/plain`` of results that have no image or widget view
-(what a learner reads). While the core is being cut down, ``CEILING`` holds each notebook's
+Text output: stream text and the ``text/plain`` of results without an image (a widget's too: a
+saved quiz reads as its questions on GitHub and offline, so the learner reads it). While the core is being cut down, ``CEILING`` holds each notebook's
 size as last committed above the target: a notebook may shrink below it, never grow past it;
 lower an entry when you cut, delete it once the notebook meets the target.
 """
@@ -14,6 +14,8 @@ from course_utils.course import paths
 from course_utils.course.badges import ROOT
 
 PER_NOTEBOOK, CORE_TOTAL = 35_000, 230_000
+#: 00-08 as last committed, above CORE_TOTAL: it may only go down (lower it when you cut).
+CORE_CEILING = 246_400
 CORE = [name for name, _, _ in paths.NOTEBOOKS if name not in paths.APPENDICES]
 CEILING: dict = {}
 
@@ -26,8 +28,7 @@ def characters(nb: dict) -> int:
             if "text" in out:
                 n += len("".join(out["text"]))
             data = out.get("data", {})
-            if "text/plain" in data and not any(k.startswith(("image/", "application/vnd.jupyter.widget"))
-                                                for k in data):
+            if "text/plain" in data and not any(k.startswith("image/") for k in data):
                 n += len("".join(data["text/plain"]))
     return n
 
@@ -49,7 +50,9 @@ def test_core_notebook_within_budget(name):
 
 def test_core_total_within_budget():
     total = sum(_size(n) for n in CORE)
-    assert total <= CORE_TOTAL, f"00-08: {total:,} characters > {CORE_TOTAL:,}: cut what repeats"
+    limit = max(CORE_TOTAL, CORE_CEILING)
+    assert total <= limit, f"00-08: {total:,} characters > {limit:,}: cut what repeats"
+    assert CORE_CEILING < total + 2_000 or CORE_CEILING <= CORE_TOTAL, f"lower CORE_CEILING to {total:,}"
 
 
 def test_ceilings_are_not_stale():
