@@ -192,7 +192,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("06", 4, "12").correct and not quiz.check("06", 4, "11").correct  # 112 / N <= 10
     assert quiz.check("08", 1, "3.06").correct                                  # HSDP per NIC, 8 nodes
     assert quiz.check("08", 3, "26").correct                                    # 16 x 13e9 / 8
-    assert quiz.check("02", 3, "4527250").correct and quiz.check("02", 5, "2906").correct
+    assert quiz.check("02", 3, "4527250").correct and quiz.check("02", 5, "3104400").correct
     assert quiz.check("01", 1, "30").correct and quiz.check("01", 2, "a").correct      # 3 ranks; 2 ranks
     assert quiz.check("01", 3, "1.97").correct and quiz.check("01", 4, "0.875").correct  # 2 x 63/64; 7/8
     assert quiz.check("06", 2, "17").correct and quiz.check("06", 3, "1.5").correct     # 2 x 8 + 1; any N

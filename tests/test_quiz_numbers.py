@@ -91,9 +91,9 @@ def test_quoted_numbers_are_the_printed_ones(key, i, q):
 
 
 def test_the_check_catches_a_real_mismatch():
-    """The old quiz 05 Q6 said the calculator gives 15 -> 22; notebook 05 prints 17 -> 25."""
-    assert mismatches("about 8 more sequences fit per GPU: the calculator's 15 -> 22 in 80 GB.", "05")
-    assert not mismatches("Section 5's calculator printed 17 -> 25 on 8 GPUs of 80 GB.", "05")
+    """The old quiz 05 Q6 said the calculator gives 15 -> 22; appendix 09 prints 17 -> 25."""
+    assert mismatches("about 8 more sequences fit per GPU: the calculator's 15 -> 22 in 80 GB.", "09")
+    assert not mismatches("Appendix 09 §5's calculator printed 17 -> 25 on 8 GPUs of 80 GB.", "09")
     assert not mismatches("Section 6 printed 1,293,500 for 4 micro-batches.", "05")
     assert mismatches("Section 6 printed 1,293,501 for 4 micro-batches.", "05")
     assert mismatches("Section 6 printed 1,293.5 for 4 micro-batches.", "05")

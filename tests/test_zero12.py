@@ -31,7 +31,7 @@ from course_utils.runtime.launch import launch
 from course_utils.harness.strategies import STRATEGIES
 from course_utils.theory.memory import model_states
 from course_utils.harness.model import build_model, num_params
-from toys import DIM, TOY_TRAINABLE, Toy, toy_batch, toy_optimizer
+from toys import DIM, TOY_TRAINABLE, Toy, answer, toy_batch, toy_optimizer
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -332,16 +332,7 @@ def test_expected_comm_bytes_with_micro_batches():
 
 # ------------------------------------------------------------------ exercises
 
-def _good_zero1_step(flat_param, flat_grad, lr):
-    from course_utils.runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
-
-    n, r = dist.get_world_size(), dist.get_rank()
-    s = flat_param.numel() // n
-    shard = torch.empty(s)
-    reduce_scatter_tensor(shard, flat_grad)
-    mine = flat_param[r * s:(r + 1) * s] - lr * shard / n
-    all_gather_into_tensor(flat_param, mine)
-    return flat_param
+_good_zero1_step = answer("04.2")[0]["zero1_sgd_step_solution"]
 
 
 def _bad_zero1_step(flat_param, flat_grad, lr):          # forgets to average
@@ -355,16 +346,7 @@ def _bad_zero1_step(flat_param, flat_grad, lr):          # forgets to average
     return flat_param
 
 
-def _good_bucket(params):
-    from course_utils.runtime.compat import reduce_scatter_tensor
-
-    n = dist.get_world_size()
-    flat = flatten_and_pad([p.grad for p in params], n)
-    shard = torch.empty(flat.numel() // n)
-    reduce_scatter_tensor(shard, flat)
-    for p in params:
-        p.grad = None
-    return shard / n
+_good_bucket = answer("05.1")[0]["reduce_scatter_bucket_solution"]
 
 
 def _keeps_grads(params):

@@ -28,8 +28,8 @@ NOTEBOOKS = [
     ("08_beyond_one_box.ipynb", "Beyond one box",
      "Hybrid sharding, DeepSpeed configs, choosing a strategy, torchrun on several nodes."),
     ("09_appendix_forensics.ipynb", "Appendix: published runs",
-     "Optional: the planner against every figure of a published gpt2-xl benchmark, Megatron's "
-     "distributed optimizer, and why memory estimators disagree."),
+     "Optional: what accumulation and more GPUs cost in a published gpt2-xl benchmark, the planner "
+     "against its every figure, Megatron's distributed optimizer, why memory estimators disagree."),
     ("10_appendix_fsdp_in_depth.ipynb", "Appendix: FSDP in depth",
      "Optional: FSDP1's names in detail, the options' finer points, checkpoint internals, three "
      "common problems fixed, every strategy of the course side by side."),

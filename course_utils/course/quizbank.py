@@ -213,17 +213,10 @@ def quiz_01() -> Quiz:
 def quiz_02() -> Quiz:
     from ..theory.comm import comm_volume
     from ..theory.config import COURSE_CONFIG
-    from ..theory.scaling import GPT2XL_RUNS as S
-    from ..theory.scaling import split_accumulation
 
     psi, steps = COURSE_CONFIG.num_params(), 5
     sent = {n: steps * comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (2, 4, 8)}
-    fb, rest = split_accumulation(S["single_batch15_ms"] / 1e3, S["accum_ms"] / 1e3, S["accum_k"])
-    k = 8
-    xl = comm_volume(S["params"], world_size=S["dp"], stage=0, bytes_per_elem=S["grad_bytes"])["total"]
-    share1 = S["overhead_batch1_share"]
-    step1 = S["overhead_batch1_ms"] / share1                      # the single-GPU step at batch 1, ms
-    share15 = (S["dp4_batch15_ms"] - S["single_batch15_ms"]) / S["single_batch15_ms"]
+    k = 4
     return Quiz("02 data parallelism", [
         SingleChoice("Four ranks each compute the mean loss on their 2 samples of an 8-sample global "
                      "batch. To match one process on all 8 samples, the gradients are...",
@@ -261,25 +254,26 @@ def quiz_02() -> Quiz:
                           f"printed {sent[4] / steps:,.0f} bytes per step for every bucket size on 4 ranks. Smaller "
                           "buckets pay alpha more often and start communicating sooner.",
                      kind="predict", printed="02"),
-        Numeric(f"Section 7 split the published step times into forward + backward of one micro-batch "
-                f"and once-per-step work. Predict the step time with {k} micro-batches of 15 "
-                "accumulated.", (k * fb + rest) * 1e3, unit="ms", tol=2, minimum=0, kind="predict",
-                explanation=f"{k} x {fb * 1e3:.0f} + {rest * 1e3:.0f} = {(k * fb + rest) * 1e3:.0f} ms: "
-                            f"forward and backward run {k} times, the optimizer step once, so per sequence "
-                            f"accumulation gets slightly cheaper as k grows. Section 7 printed "
-                            f"{fb * 1e3:.0f} ms and {rest * 1e3:.0f} ms.",
-                printed="02"),
-        SingleChoice(f"In the published runs data parallelism on 4 GPUs added about {share1 * 100:.0f} % to a step of 1 "
-                     f"sequence per GPU but only about {share15 * 100:.0f} % to a step of 15. Why does the share fall?",
-                     ["The all-reduce sends the same bytes whatever the batch, while the compute "
-                      "grows with it",
-                      "A larger batch gives the all-reduce larger, faster messages",
-                      "With 15 sequences DDP skips the all-reduce on some micro-batches",
-                      "The GPUs run at a higher clock with larger batches"],
-                     "a", f"The gradient all-reduce depends on Ψ, not on the batch: {xl / 1e9:.2f} GB per "
-                          f"GPU per step (section 7 printed it), about {S['overhead_batch1_ms']} ms either way; the "
-                          f"compute it is added to grows from about {step1:.0f} ms to {S['single_batch15_ms']} ms.",
-                     kind="explain", printed="02"),
+        Numeric(f"Section 7 accumulated k micro-batches per step. Course GPT on 4 ranks, 4 micro-batches "
+                "per step, DDP without `no_sync()`: predict the bytes rank 0 sends per optimizer step, "
+                "in the ring model.", k * sent[4] / steps, unit="bytes", rel_tol=0.001, minimum=0,
+                kind="predict",
+                explanation=f"Every backward all-reduces every gradient: {k} x {sent[4] / steps:,.0f} = "
+                            f"{k * sent[4] / steps:,.0f} bytes. With `no_sync()` the first {k - 1} backwards "
+                            f"only add into .grad and the last sends the sum once: {sent[4] / steps:,.0f} "
+                            "bytes, the same result for a quarter of the traffic."),
+        SingleChoice("DDP adds the same gradient all-reduce to every step. Going from 1 to 15 sequences "
+                     "per GPU, what happens to the all-reduce's share of the step time?",
+                     ["It falls: the all-reduce sends the same bytes whatever the batch, while the "
+                      "compute grows with it",
+                      "It stays the same: both grow with the batch",
+                      "It grows: more sequences give more gradients to send",
+                      "It falls to zero: with 15 sequences DDP skips the all-reduce"],
+                     "a", f"The gradient all-reduce depends on Ψ, not on the batch: 2(N-1)/N x 4 bytes x Ψ "
+                          f"per rank per step ({sent[4] / steps:,.0f} bytes for the course GPT on 4 ranks). "
+                          "Forward and backward grow with the batch, so the same communication hides "
+                          "a shrinking share (appendix 09 §5: +14 % at 1 sequence, +7 % at 15, on H100s).",
+                     kind="explain"),
     ])
 
 
@@ -394,7 +388,7 @@ def quiz_05() -> Quiz:
              - model_states(xl, world_size=8, stage=2, recipe="mixed-fp32-grads").total)
     act = activation_bytes("gpt2-xl", micro_batch=1, seq=1024, attention="flash", cross_entropy="fused").total
 
-    def largest_batch(stage):           # notebook 05 §5's largest_batch, on 8 GPUs
+    def largest_batch(stage):           # appendix 09 §5's largest_batch, on 8 GPUs
         mb = 0
         while per_gpu("gpt2-xl", world_size=8, stage=stage, recipe="mixed-fp32-grads", micro_batch=mb + 1,
                       seq=1024, attention="flash", cross_entropy="fused").total <= 80 * GB:
@@ -472,9 +466,9 @@ def quiz_05() -> Quiz:
             explanation=f"ZeRO-2 shards the gradients and the optimizer states, 4 + 12 = 16 bytes: "
                         f"16 x Ψ x 7/8 = {freed / GB:.1f} GB. A sequence of 1024 tokens costs "
                         f"{act / GB:.2f} GB of activations (flash attention, fused cross-entropy), so about "
-                        f"{freed / act:.0f} more sequences fit per GPU. Section 5's calculator printed "
+                        f"{freed / act:.0f} more sequences fit per GPU. Appendix 09 §5's calculator printed "
                         f"{ddp_mb} -> {z2_mb} on 8 GPUs of 80 GB. DDP's batch per GPU stays {ddp_mb} "
-                        "whatever the number of GPUs.", printed="05"),
+                        "whatever the number of GPUs.", printed="09"),
         Numeric(
             "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
             "fp32 Adam states (Megatron). A published benchmark measured 79 -> 65 GB when sharding was turned on. "

@@ -1,7 +1,9 @@
-"""The four builds on demand: :func:`solution` prints the course's reference of an exercise's
-shape; :func:`yours` is the class the cells after a build run: the learner's once it passed
+"""Solutions on demand: :func:`solution` prints the course's answer to a small exercise
+(``solutions/NN.k.py``) or the reference of a build's shape; :func:`yours` is the class the cells after a build run: the learner's once it passed
 its check in this kernel, else the reference (one line says which)."""
+import importlib
 import inspect
+from pathlib import Path
 
 from ...checks import check_choice
 from ...harness.grading import PASSED
@@ -11,6 +13,9 @@ from ...impl.zero import Zero1, Zero2
 from ...impl.zero3 import FlatUnit
 
 __all__ = ["BUILDS", "solution", "yours", "versus"]
+
+#: the small exercises' answers, one file each: ``solutions/02.1.py`` for exercise 02.1
+SOLUTIONS = Path(__file__).resolve().parents[3] / "solutions"
 
 #: exercise -> (the learner's class name, the reference, what solution() prints)
 BUILDS = {
@@ -26,9 +31,18 @@ BUILDS = {
 
 
 def solution(name: str) -> None:
-    """Print the reference of build exercise ``name`` (``"ddp"``, ``"zero1"``, ``"zero2"``,
-    ``"zero3"``) from the package's own source: the code every run of the notebook uses."""
-    check_choice("exercise", name, BUILDS, kind="build exercise", kinds="build exercises")
+    """Print the course's answer to exercise ``name``: a small one (``"02.1"``) from its file in
+    ``solutions/``, ready to paste and run; a build (``"ddp"``, ``"zero1"``, ``"zero2"``,
+    ``"zero3"``) as the reference's methods, from the package's own source."""
+    small = sorted(p.stem for p in SOLUTIONS.glob("*.py"))
+    check_choice("exercise", name, [*small, *BUILDS], kind="exercise", kinds="exercises")
+    if name in small:
+        for line in (SOLUTIONS / f"{name}.py").read_text(encoding="utf-8").splitlines():
+            if line.startswith("# source: "):       # the answer is a function of the package
+                module, _, attr = line[len("# source: "):].rpartition(".")
+                line = inspect.getsource(getattr(importlib.import_module(module), attr))
+            print(line)
+        return
     learner, ref, methods = BUILDS[name]
     print(f"# {ref.__module__}.{ref.__name__}: {learner}'s shape; check_{name}({ref.__name__}) passes\n")
     for method in methods:

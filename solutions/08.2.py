@@ -1,0 +1,40 @@
+# Exercise 08.2: size it, then pick it. The course's answer.
+from course_utils.course import exercises
+from course_utils.theory import planner
+
+STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3, "HSDP": 3}
+
+
+# Part 1: the model states of notebooks 03-06
+def states_gb_solution(s, strategy, offload):
+    n = s.gpus_per_node if strategy == "HSDP" else s.gpus    # HSDP shards inside a node
+    stage = STAGE[strategy]
+    params = 2 * s.params / (n if stage >= 3 else 1)
+    grads = 2 * s.params / (n if stage >= 2 else 1)
+    optim = 12 * s.params / (n if stage >= 1 else 1)
+    if offload != "none":                  # the optimizer step runs on the host
+        optim, grads = 0, (0 if stage >= 2 else grads)
+    if offload == "optimizer+params":
+        params = grads = 0
+    return (params + grads + optim) / 1e9
+
+
+# Part 2: the first option that fits, cheapest first
+def choose_solution(s):
+    few_nics = s.nodes > 1 and s.nics_per_node is not None and s.nics_per_node < s.gpus_per_node
+    groups = ([["DDP", "ZeRO-1", "HSDP"], ["ZeRO-2", "ZeRO-3"]] if few_nics     # flat ZeRO-2/3 last
+              else [["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]])
+    for group in groups:
+        for offload in ("none", "optimizer", "optimizer+params"):       # the dearest cost outermost
+            for recompute in (False, True):
+                for strategy in group:                                  # less sharding first
+                    try:
+                        choice = planner.Choice(strategy, offload, recompute)
+                    except ValueError:    # DDP offloads nothing; only ZeRO-3/HSDP offload parameters
+                        continue
+                    gb = states_gb_solution(s, strategy, offload) + s.other_gb(strategy, recompute)
+                    if gb <= s.gpu_mem_gb:
+                        return choice, gb
+
+
+exercises.check_capstone(choose_solution)

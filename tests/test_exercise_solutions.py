@@ -1,0 +1,51 @@
+"""Every small exercise's answer in ``solutions/`` passes its check, and ``solution("NN.k")``
+prints it: the notebooks show a pointer, not the answer."""
+import pytest
+from toys import answer
+
+from course_utils.course.exercises import solution
+from course_utils.course.exercises.solutions import SOLUTIONS
+
+FILES = sorted(SOLUTIONS.glob("*.py"))
+
+
+def test_every_core_exercise_has_its_answer():
+    names = [p.stem for p in FILES]
+    assert names == ["00.1", "00.2", "01.1", "01.2", "02.1", "03.1", "03.2", "04.1", "04.2", "05.1",
+                     "07.1", "07.2", "07.3", "08.1", "08.2"]
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_answer_passes_its_check(path, capsys):
+    namespace, check = answer(path.stem)
+    assert any(name.startswith("check") for name in check.co_names), "ends with its check call"
+    verdict = eval(check, namespace)
+    assert verdict, capsys.readouterr().out
+    assert ": PASSED" in str(verdict)
+
+
+def test_solution_prints_the_file(capsys):
+    solution("02.1")
+    out = capsys.readouterr().out
+    assert out == (SOLUTIONS / "02.1.py").read_text(encoding="utf-8")
+
+
+def test_solution_shows_a_package_function_in_full(capsys):
+    solution("01.2")
+    out = capsys.readouterr().out
+    assert "def ring_all_reduce(tensor" in out and "# source:" not in out
+    assert "check_ring_all_reduce(ring.ring_all_reduce)" in out
+
+
+def test_the_notebooks_point_to_the_answers():
+    import json
+
+    from course_utils.course.badges import ROOT
+    text = "".join((ROOT / "notebooks").joinpath(p).read_text(encoding="utf-8")
+                   for p in sorted(n.name for n in (ROOT / "notebooks").glob("0[0-8]_*.ipynb")))
+    for path in FILES:
+        assert f'solution(\\"{path.stem}\\")' in text, f"no notebook points to solution({path.stem!r})"
+    for p in (ROOT / "notebooks").glob("0[0-8]_*.ipynb"):
+        cells = json.loads(p.read_text(encoding="utf-8"))["cells"]
+        assert not any("".join(c["source"]).startswith("# Solution") for c in cells), \
+            f"{p.name} prints an answer under its exercise: move it to solutions/"
