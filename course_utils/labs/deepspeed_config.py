@@ -15,7 +15,7 @@ from ..harness.experiments import BETAS, LR, WEIGHT_DECAY
 from ..theory.planner import Choice, PlanRow, as_choice
 
 __all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config", "validate_deepspeed_config",
-           "FSDP2Equivalent", "fsdp2_equivalent", "side_by_side"]
+           "FSDP2Equivalent", "fsdp2_equivalent"]
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 OFFLOAD_DEVICES = ("cpu", "nvme")
@@ -407,55 +407,3 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
         notes.append(f"{c.recompute} recomputation: checkpoint_wrapper on every block, before sharding")
     return FSDP2Equivalent(c, api, kwargs, mesh_shape, mesh_names, "\n".join(lines) + "\n", exact,
                            tuple(notes))
-
-
-def side_by_side(plan_row_or_choice, **kwargs) -> str:
-    """Planner choice, DeepSpeed config and torch equivalent side by side; ``kwargs`` go to :func:`deepspeed_config`."""
-    c = as_choice(plan_row_or_choice)
-    row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
-    if row is not None and row.recipe == "torch-amp" and kwargs.get("recipe") is None:
-        kwargs = {**kwargs, "recipe": "mixed"}    # a torch plan's row: DeepSpeed's own layout
-    cfg = deepspeed_config(plan_row_or_choice, **kwargs)
-    gpn = kwargs.get("gpus_per_node", row.gpus_per_node if row else None)
-    world = kwargs.get("world_size", row.world_size if row else None)
-    recipe = kwargs.get("recipe") or (row.recipe if row else "mixed")
-    fs = fsdp2_equivalent(c, gpus_per_node=gpn, nodes=(world // gpn) if (gpn and world) else None,
-                          precision=kwargs.get("precision") or ("fp32" if recipe == "fp32" else "bf16"),
-                          recipe=recipe)
-    zero = cfg["zero_optimization"]
-    what = {0: "nothing", 1: "optimizer states", 2: "optimizer states + gradients",
-            3: "optimizer states + gradients + parameters"}[c.stage]
-    if c.strategy == "HSDP":
-        what += f" inside a node of {gpn}, replicated across nodes"
-    fs_shard = (f"fully_shard(reshard_after_forward={fs.kwargs.get('reshard_after_forward')})"
-                if fs.api == "fully_shard" else fs.api)
-    ds_off = ", ".join(f"{k}={zero[k]['device']}" for k in ("offload_optimizer", "offload_param")
-                       if k in zero) or "none"
-    fs_off = "CPUOffloadPolicy(pin_memory=...)" if "offload_policy" in fs.kwargs else "none"
-    mp = fs.kwargs.get("mp_policy")
-    fs_prec = (f"MixedPrecisionPolicy({mp.param_dtype}, reduce {mp.reduce_dtype})" if mp is not None
-               else ("autocast" if fs.api != "fully_shard" and "bf16" in cfg else "fp32"))
-    ds_prec = "bf16" if "bf16" in cfg else ("fp16 + loss scaling" if "fp16" in cfg else "fp32")
-    rows = [
-        ("", "planner", "DeepSpeed", "torch equivalent"),   # not "FSDP2": DDP for DDP and ZeRO-1
-        ("what", c.label(), f"zero_optimization.stage = {zero['stage']}", fs_shard),
-        ("sharded", what, "", ""),
-        ("offload", c.offload, ds_off, fs_off),
-        ("precision", f"recipe {recipe}", ds_prec + (", fp32 grad accumulation" if "data_types" in cfg else ""), fs_prec),
-        ("recompute", c.recompute,
-         {"none": "-", "full": "activation_checkpointing section + checkpoint() around every block",
-          "selective": "activation_checkpointing section + checkpoint() around each attention core"}[c.recompute],
-         {"none": "-", "full": "checkpoint_wrapper(block) on every block",
-          "selective": "checkpoint_wrapper(block, context_fn=selective policy)"}[c.recompute]),
-        ("multi-node", f"{c.strategy}", f"zero_hpz_partition_size={zero['zero_hpz_partition_size']}"
-         if "zero_hpz_partition_size" in zero else "flat over all GPUs",
-         f"DeviceMesh {fs.mesh_shape} {fs.mesh_dim_names}" if fs.mesh_shape else
-         ("1-D mesh over all GPUs" if fs.api == "fully_shard" else "one process group of all GPUs")),
-        ("batch", f"micro-batch {cfg['train_micro_batch_size_per_gpu']} x "
-         f"{cfg['gradient_accumulation_steps']} accumulation", f"{cfg['train_batch_size']} = {cfg['train_micro_batch_size_per_gpu']} x "
-         f"{cfg['gradient_accumulation_steps']} x {world} GPUs", "your data loader and accumulation loop"),
-    ]
-    w = [max(len(str(r[i])) for r in rows) for i in range(4)]
-    out = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
-    return "\n".join(out[:1] + ["-" * (sum(w) + 6)] + out[1:] + [
-        f"torch {'matches DeepSpeed' if fs.exact else 'differs from DeepSpeed'}:"] + [f"  - {n}" for n in fs.notes])
