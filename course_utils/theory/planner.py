@@ -255,7 +255,7 @@ class Assumptions:
             acts,
             f"buffer allowance per GPU: {self.overhead_gb:g} GB runtime (CUDA context, workspaces, "
             f"allocator cache) + comm buffers: {bufs}",
-            f"compute: 6 x params x tokens FLOPs (8 x with full recomputation"
+            "compute: 6 x params x tokens FLOPs (8 x with full recomputation"
             + ("; selective recomputation re-runs only the attention core, whose s^2 FLOPs this "
                "count leaves out, so 6 x" if selective else "")
             + f") at {self.gpu_flops / 1e12:g} TFLOP/s x MFU {self.mfu:g}; attention's s^2 FLOPs ignored",
