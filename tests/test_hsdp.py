@@ -211,7 +211,7 @@ def test_crossover_is_where_the_times_meet():
     faster = [line.split()[-1] for line in table.splitlines()[2:2 + len(multinode.DEFAULT_NIC_BWS)]]
     flips = [bw > cross for bw in multinode.DEFAULT_NIC_BWS]
     assert faster == ["sharding" if f else "HSDP" for f in flips] and any(flips) and not all(flips)
-    assert f"faster above {cross / 1e9:.1f} GB/s per NIC" in table and "5.09 GB" in table
+    assert table.endswith(f"crossovers (GB/s per NIC): {cross / 1e9:.1f}")
     # one NIC per node: full sharding wins only in a window, NVLink-bound above it
     lo, hi = multinode.crossovers(PSI, G, NODES, INTRA, nics_per_node=1)
     for bw in (lo, hi):

@@ -361,8 +361,7 @@ def test_torch_layout_keeps_fp32_params_and_grads_whole_under_zero_redundancy_op
     assert zro.total == zro.states + zro.copies + zro.activations + zro.buffers
     assert not zro.fits and z1.fits                  # the torch "ZeRO-1" needs more than 80 GB
     text = table(t)
-    for phrase in ("torch's layout", "copies", "MixedPrecisionPolicy(param_dtype=torch.bfloat16, "
-                   "reduce_dtype=torch.float32)", "ZeroRedundancyOptimizer(model.parameters()",
+    for phrase in ("torch's layout", "copies", "ZeroRedundancyOptimizer adds a broadcast",
                    "CPUOffloadPolicy", "FSDP2 + CPUOffloadPolicy"):
         assert phrase in text, phrase
     assert "DeepSpeed's layout" in table(ds) and "copies" not in table(ds).splitlines()[2]

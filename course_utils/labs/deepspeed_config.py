@@ -11,15 +11,11 @@ import dataclasses
 from numbers import Real
 
 from ..checks import check_bool, check_choice, check_int, check_number
-from ..harness.experiments import BETAS, GLOBAL_BATCH, LR, WEIGHT_DECAY, run, train
-from ..harness.model import SyntheticData, build_model, rows_per_rank
-from ..runtime.launch import backend_label, launch, rank_device, resolve_backend
-from ..theory.config import COURSE_CONFIG, PRESETS
-from ..theory.memory import GB, model_states
-from ..theory.planner import Choice, PlanRow, as_choice, matmul_weights
+from ..harness.experiments import BETAS, LR, WEIGHT_DECAY
+from ..theory.planner import Choice, PlanRow, as_choice
 
 __all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config", "validate_deepspeed_config",
-           "FSDP2Equivalent", "fsdp2_equivalent", "run_equivalent", "side_by_side"]
+           "FSDP2Equivalent", "fsdp2_equivalent"]
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 OFFLOAD_DEVICES = ("cpu", "nvme")
@@ -296,26 +292,6 @@ class FSDP2Equivalent:
     notes: tuple
 
 
-def _torch_zero1_difference(precision: str) -> str:
-    """What DDP + ``ZeroRedundancyOptimizer`` holds and sends against DeepSpeed's ZeRO-1 (llama-2-7b, 8 GPUs)."""
-    traffic = ("it all-reduces the full gradients, then every owner broadcasts its parameters: "
-               "1.5x the ring bytes of DeepSpeed's reduce-scatter + all-gather (appendix 10 §6's table)")
-    if precision == "fp32":
-        return "the same bytes per GPU (4 + 4 + 8/N per parameter), but " + traffic
-    cfg = PRESETS["llama-2-7b"].config
-    psi = cfg.num_params()
-    torch_b, ds_b = (model_states(psi, world_size=8, stage=1, recipe=r).total / GB
-                     for r in ("torch-amp", "mixed"))
-    return (f"with autocast the fp32 parameters are the master and the gradients are fp32, so it "
-            f"shards only Adam's m and v: 4 + 4 + 8/N bytes per parameter, not DeepSpeed's "
-            f"2 + 2 + 12/N (llama-2-7b on 8 GPUs: {torch_b:.1f} GB of model states per GPU, not "
-            f"{ds_b:.1f} GB), and autocast keeps a bf16 cast of every matmul weight from forward to "
-            f"backward ({2 * matmul_weights(cfg, psi) / GB:.1f} GB more; planner.plan(..., "
-            f"framework='torch') counts both); it all-reduces the fp32 gradients, then every owner "
-            f"broadcasts its fp32 parameters: 1.5x the ring bytes of DDP under autocast (appendix 10 §6's "
-            f"table, measured in fp32), 3x those of DeepSpeed's bf16 reduce-scatter + all-gather")
-
-
 #: the ops torch's selective policy recomputes: the attention core (SDPA's kernels; softmax by hand)
 _SAC_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
@@ -373,49 +349,38 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
     dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(precision)
     if dtype:        # reduce in fp32: the course's advice (notebook 07), see the note
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
-        notes.append("reduce_dtype=float32: the N gradients are summed in fp32 (a sum of many "
-                     "low-precision numbers loses their last bits) and FSDP2 keeps fp32 sharded "
-                     "gradients anyway; reduce_dtype=bfloat16 halves the reduce-scatter bytes, "
-                     "worth it only where the network is the bottleneck")
+        notes.append("reduce_dtype=float32: the gradients are summed in fp32")
         if precision == "fp16":
-            notes.append("fp16 needs loss scaling: torch.amp.GradScaler (FSDP2 hands it DTensor "
-                         "gradients; FSDP1 needs torch.distributed.fsdp.sharded_grad_scaler."
-                         "ShardedGradScaler). DeepSpeed's fp16 section does it for you")
+            notes.append("fp16 needs loss scaling: torch.amp.GradScaler (DeepSpeed's fp16 section does it)")
     if c.offload != "none":
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
         if c.offload == "optimizer":
-            notes.append("FSDP2 has no optimizer-only offload: CPUOffloadPolicy moves the sharded "
-                         "parameters and gradients to the host too and runs the optimizer there "
-                         "(DeepSpeed's offload_optimizer keeps the 16-bit parameters on the GPU)")
+            notes.append("FSDP2 has no optimizer-only offload: CPUOffloadPolicy moves the parameters "
+                         "and gradients to the host too")
     exact = not (c.offload == "optimizer" or c.strategy in ("ZeRO-1", "HSDP")
                  or (c.strategy == "DDP" and c.offload != "none"))
     if c.strategy in ("ZeRO-2", "ZeRO-3", "HSDP") or c.offload != "none":
         api = "fully_shard"
         kwargs["reshard_after_forward"] = c.strategy in ("ZeRO-3", "HSDP")
         if c.strategy == "ZeRO-2":
-            notes.append("reshard_after_forward=False keeps each unit's parameters gathered from "
-                         "its forward to its backward (ZeRO-2's peak), but FSDP2 still shards them "
-                         "between steps and all-gathers them once per step")
+            notes.append("reshard_after_forward=False: parameters gathered from forward to backward, "
+                         "sharded between steps")
         if c.strategy in ("DDP", "ZeRO-1"):
             notes.append(f"{c.strategy} with offload has no torch equivalent: this is FSDP2 with "
                          "CPUOffloadPolicy, which also shards the parameters and gradients")
     elif c.strategy == "ZeRO-1":
         api = "DistributedDataParallel + ZeroRedundancyOptimizer"
-        notes.append("FSDP2 always shards gradients (it reduce-scatters): ZeRO-1 in torch is DDP "
-                     "with ZeroRedundancyOptimizer (the course's 'torch-zero1'). Not the same "
-                     "machine: " + _torch_zero1_difference(precision))
+        notes.append("ZeRO-1 in torch is DDP + ZeroRedundancyOptimizer: it keeps 4 + 4 + 8/N bytes per "
+                     "parameter (DeepSpeed: " + ("the same" if precision == "fp32" else "2 + 2 + 12/N")
+                     + ") and broadcasts the updated parameters")
     else:
         api = "DistributedDataParallel"
-        notes.append("FSDP2's form of DDP is fully_shard on a 2-D mesh with a shard dimension of "
-                     "size 1 (replicate only); plain DDP is simpler and buckets gradients")
+        notes.append("plain DDP (FSDP2's form of it, a mesh with a shard dimension of 1, is no simpler)")
     hsdp = c.strategy == "HSDP"
     mesh_shape, mesh_names = ((nodes, gpus_per_node), ("replicate", "shard")) if hsdp else (None, None)
     if hsdp:
-        notes.append(f"HSDP: shard inside each node of {gpus_per_node} GPUs, all-reduce the "
-                     f"gradient shards across the {nodes} nodes. DeepSpeed 0.19.7 removed MiCS (its "
-                     "HSDP); its config uses ZeRO++'s zero_hpz_partition_size instead, which keeps a "
-                     "secondary parameter shard per node but still shards optimizer states and "
-                     "gradients over all GPUs: not the same")
+        notes.append("HSDP: DeepSpeed's config uses zero_hpz_partition_size (ZeRO++), which still shards "
+                     "optimizer states and gradients over all GPUs")
     rc_imports, rc_lines = _recompute_code(c.recompute, blocks, " before sharding" if api == "fully_shard" else "")
     adamw = f"optimizer = torch.optim.AdamW(model.parameters(), {_ADAMW})"
     if api == "fully_shard":
@@ -438,106 +403,7 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
                  + [f"# mixed precision: run forward under torch.autocast({device_type!r}, dtype=torch.{dtype})"]
                  * bool(dtype) + [f"optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class="
                                   f"torch.optim.AdamW, {_ADAMW})" if zero1 else adamw])
-    notes += {"none": [], "full": ["recomputation: checkpoint_wrapper on every block before sharding (FSDP2 "
-                                   "wants activation checkpointing applied first)"],
-              "selective": ["selective recomputation: checkpoint_wrapper on every block with a "
-                            "create_selective_checkpoint_contexts policy that recomputes only the attention "
-                            "ops and saves every other result (with flash attention, which stores no s x s "
-                            "scores, it saves about as much as no recomputation)"]}[c.recompute]
+    if c.recomputes:
+        notes.append(f"{c.recompute} recomputation: checkpoint_wrapper on every block, before sharding")
     return FSDP2Equivalent(c, api, kwargs, mesh_shape, mesh_names, "\n".join(lines) + "\n", exact,
                            tuple(notes))
-
-
-def _train_snippet(codes: list, steps: int) -> list:
-    """On each rank, per snippet: the course GPT, wrapped by the snippet, trained; the global losses."""
-    device, out = rank_device(), []
-    for code in codes:
-        ns = {"model": build_model(COURSE_CONFIG, seed=0, device=device)}
-        exec(code, ns)  # noqa: S102 - running the generated snippet is the point
-        model, optimizer = ns["model"], ns["optimizer"]
-        data = SyntheticData(COURSE_CONFIG, global_batch=GLOBAL_BATCH, seed=0)
-        out.append([loss for _, loss, _ in train(model, optimizer, data, steps, device=device)])
-        del model, optimizer, ns
-    return out
-
-
-def run_equivalent(choices, world_size: int = 2, *, steps: int = 2, precision: str = "fp32",
-                   gpus_per_node: int | None = None, nodes: int | None = None,
-                   timeout_s: float = 120) -> list[dict]:
-    """Train the course GPT with :func:`fsdp2_equivalent`'s code per choice, in one launch; per choice ``{"choice",
-    "where", "code", "losses", "single", "max_rel_diff"}`` against one process. HSDP: default 2 "nodes"."""
-    choices = choices if isinstance(choices, list) else [choices]
-    if not choices:
-        raise ValueError("choices is empty: pass a choice such as 'ZeRO-3', or a list of them")
-    check_int("world_size", world_size, 2, what="ranks")
-    rows_per_rank(GLOBAL_BATCH, world_size)
-    check_int("steps", steps, 1, what="training steps")
-    backend = resolve_backend(world_size)
-    device_type = "cuda" if backend == "nccl" else "cpu"
-    if nodes is None and gpus_per_node is None:
-        nodes, gpus_per_node = 2 - world_size % 2, world_size // (2 - world_size % 2)
-    elif nodes is None or gpus_per_node is None:
-        raise ValueError("give both nodes and gpus_per_node (or neither)")
-    if nodes * gpus_per_node != world_size:
-        raise ValueError(f"nodes x gpus_per_node = {nodes} x {gpus_per_node} must equal world_size ({world_size})")
-    eqs = [fsdp2_equivalent(c, gpus_per_node=gpus_per_node, nodes=nodes, precision=precision,
-                            device_type=device_type) for c in choices]
-    per_rank = launch(_train_snippet, world_size, [e.code for e in eqs], steps, quiet=True,
-                      timeout_s=timeout_s)
-    single = run("single", 1, steps=steps, quiet=True)[0].losses
-    where = f"{world_size} {'gloo ranks on CPU' if backend == 'gloo' else 'ranks, ' + backend_label(backend)}"
-    return [{"choice": e.choice.label(), "where": where, "code": e.code, "losses": losses, "single": single,
-             "max_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, single))}
-            for e, losses in zip(eqs, per_rank[0])]
-
-
-def side_by_side(plan_row_or_choice, **kwargs) -> str:
-    """Planner choice, DeepSpeed config and torch equivalent side by side; ``kwargs`` go to :func:`deepspeed_config`."""
-    c = as_choice(plan_row_or_choice)
-    row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
-    if row is not None and row.recipe == "torch-amp" and kwargs.get("recipe") is None:
-        kwargs = {**kwargs, "recipe": "mixed"}    # a torch plan's row: DeepSpeed's own layout
-    cfg = deepspeed_config(plan_row_or_choice, **kwargs)
-    gpn = kwargs.get("gpus_per_node", row.gpus_per_node if row else None)
-    world = kwargs.get("world_size", row.world_size if row else None)
-    recipe = kwargs.get("recipe") or (row.recipe if row else "mixed")
-    fs = fsdp2_equivalent(c, gpus_per_node=gpn, nodes=(world // gpn) if (gpn and world) else None,
-                          precision=kwargs.get("precision") or ("fp32" if recipe == "fp32" else "bf16"),
-                          recipe=recipe)
-    zero = cfg["zero_optimization"]
-    what = {0: "nothing", 1: "optimizer states", 2: "optimizer states + gradients",
-            3: "optimizer states + gradients + parameters"}[c.stage]
-    if c.strategy == "HSDP":
-        what += f" inside a node of {gpn}, replicated across nodes"
-    fs_shard = (f"fully_shard(reshard_after_forward={fs.kwargs.get('reshard_after_forward')})"
-                if fs.api == "fully_shard" else fs.api)
-    ds_off = ", ".join(f"{k}={zero[k]['device']}" for k in ("offload_optimizer", "offload_param")
-                       if k in zero) or "none"
-    fs_off = "CPUOffloadPolicy(pin_memory=...)" if "offload_policy" in fs.kwargs else "none"
-    mp = fs.kwargs.get("mp_policy")
-    fs_prec = (f"MixedPrecisionPolicy({mp.param_dtype}, reduce {mp.reduce_dtype})" if mp is not None
-               else ("autocast" if fs.api != "fully_shard" and "bf16" in cfg else "fp32"))
-    ds_prec = "bf16" if "bf16" in cfg else ("fp16 + loss scaling" if "fp16" in cfg else "fp32")
-    rows = [
-        ("", "planner", "DeepSpeed", "torch equivalent"),   # not "FSDP2": DDP for DDP and ZeRO-1
-        ("what", c.label(), f"zero_optimization.stage = {zero['stage']}", fs_shard),
-        ("sharded", what, "", ""),
-        ("offload", c.offload, ds_off, fs_off),
-        ("precision", f"recipe {recipe}", ds_prec + (", fp32 grad accumulation" if "data_types" in cfg else ""), fs_prec),
-        ("recompute", c.recompute,
-         {"none": "-", "full": "activation_checkpointing section + checkpoint() around every block",
-          "selective": "activation_checkpointing section + checkpoint() around each attention core"}[c.recompute],
-         {"none": "-", "full": "checkpoint_wrapper(block) on every block",
-          "selective": "checkpoint_wrapper(block, context_fn=selective policy)"}[c.recompute]),
-        ("multi-node", f"{c.strategy}", f"zero_hpz_partition_size={zero['zero_hpz_partition_size']}"
-         if "zero_hpz_partition_size" in zero else "flat over all GPUs",
-         f"DeviceMesh {fs.mesh_shape} {fs.mesh_dim_names}" if fs.mesh_shape else
-         ("1-D mesh over all GPUs" if fs.api == "fully_shard" else "one process group of all GPUs")),
-        ("batch", f"micro-batch {cfg['train_micro_batch_size_per_gpu']} x "
-         f"{cfg['gradient_accumulation_steps']} accumulation", f"{cfg['train_batch_size']} = {cfg['train_micro_batch_size_per_gpu']} x "
-         f"{cfg['gradient_accumulation_steps']} x {world} GPUs", "your data loader and accumulation loop"),
-    ]
-    w = [max(len(str(r[i])) for r in rows) for i in range(4)]
-    out = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}".rstrip() for r in rows]
-    return "\n".join(out[:1] + ["-" * (sum(w) + 6)] + out[1:] + [
-        f"torch {'matches DeepSpeed' if fs.exact else 'differs from DeepSpeed'}:"] + [f"  - {n}" for n in fs.notes])

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from numbers import Real
 
 from ..checks import check_bool, check_int, check_number
 from .memory import GB, STAGE_NAMES, GiB, model_states
 
-__all__ = ["deepspeed_zero2", "deepspeed_zero3", "deepspeed_printout",
+__all__ = ["deepspeed_zero2", "deepspeed_zero3",
            "ACCELERATE_DTYPES", "accelerate_training_usage", "accelerate_peak",
-           "accelerate_total_size", "accelerate_convert_bytes",
            "Row", "compare", "table", "plot", "why_nvidia_smi_differs"]
 
 
@@ -91,39 +89,8 @@ def deepspeed_zero3(num_params, largest_layer_params=None, *, gpus_per_node: int
     return int(gpu_mem), int(cpu_mem)
 
 
-def deepspeed_printout(num_params, largest_layer_params=None, *, stage: int = 3,
-                       gpus_per_node: int = 1, nodes: int = 1,
-                       additional_buffer_factor: float = 1.5) -> str:
-    """The table ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` prints (its "GB" are GiB)."""
-    if stage not in (2, 3) or isinstance(stage, bool):
-        raise ValueError(f"stage must be 2 or 3 (DeepSpeed has estimators for ZeRO-2 and ZeRO-3), got {stage!r}")
-    num_params, largest_layer_params = _resolve(num_params, largest_layer_params,
-                                                need_largest=(stage == 3))
-    _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
-    cpu_str = f"{'cpu':4}"
-    sw = f"SW: Model with {int(num_params / 1e6)}M total params"
-    if stage == 3:
-        sw += f", {int(largest_layer_params / 1e6)}M largest layer params"
-    lines = ["Estimated memory needed for params, optim states and gradients for a:",
-             f"HW: Setup with {nodes} node{'s' * (nodes > 1)}, {gpus_per_node} GPU{'s' * (gpus_per_node > 1)} per node.",
-             sw + ".", "  per CPU  |  per GPU |   Options"]
-    kw = dict(gpus_per_node=gpus_per_node, nodes=nodes, additional_buffer_factor=additional_buffer_factor)
-    if stage == 2:
-        cases = [(deepspeed_zero2(num_params, cpu_offload=off, **kw), f"offload_optimizer={cpu_str if off else 'none'}")
-                 for off in (True, False)]
-    else:
-        cases = [(deepspeed_zero3(num_params, largest_layer_params, cpu_offload=off, cpu_offload_params=off_params,
-                                  zero_init=zi, **kw),
-                  f"offload_param={cpu_str if off_params else 'none'}, "
-                  f"offload_optimizer={cpu_str if off else 'none'}, zero_init={int(zi)}")
-                 for off, off_params in ((True, True), (True, False), (False, False)) for zi in (True, False)]
-    lines += [f" {cpu / 2**30:7.2f}GB | {gpu / 2**30:6.2f}GB | {opts}" for (gpu, cpu), opts in cases]
-    return "\n".join(lines)
-
-
 #: dtypes ``estimate_training_usage`` understands ("fp8": without MS-AMP)
 ACCELERATE_DTYPES = ("float32", "float16", "bfloat16", "fp8", "int8", "int4")
-_LOAD_DIVISOR = {"float32": 1, "float16": 2, "bfloat16": 1, "fp8": 1, "int8": 4, "int4": 8}
 
 
 def _check_dtype(dtype) -> None:
@@ -159,25 +126,6 @@ def accelerate_peak(num_params, *, dtype: str = "float32", buffer_bytes: int = 0
         raise ValueError(f"accelerate reports no training estimate for {dtype} (it prints N/A); "
                          "use dtype='float32', 'float16' or 'bfloat16'")
     return max(accelerate_training_usage(_fp32_model_bytes(num_params, buffer_bytes), dtype).values())
-
-
-def accelerate_total_size(num_params, *, dtype: str = "float32", buffer_bytes: int = 0):
-    """The CLI's "Total Size" column (the weights only, divided per dtype as ``gather_data`` does)."""
-    _check_dtype(dtype)
-    size = _fp32_model_bytes(num_params, buffer_bytes)
-    div = _LOAD_DIVISOR[dtype]
-    return size / div if div > 1 else size
-
-
-def accelerate_convert_bytes(size) -> str:
-    """accelerate's ``convert_bytes``: divide by 1024 until below 1024; "GB" there means GiB."""
-    if isinstance(size, bool) or not isinstance(size, Real) or size < 0:
-        raise ValueError(f"size must be a number of bytes >= 0, got {size!r}")
-    for unit in ["bytes", "KB", "MB", "GB", "TB"]:
-        if size < 1024.0:
-            return f"{round(size, 2)} {unit}"
-        size /= 1024.0
-    return f"{round(size, 2)} PB"
 
 
 @dataclasses.dataclass(frozen=True)

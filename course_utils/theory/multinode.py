@@ -19,7 +19,7 @@ from .memory import model_states
 from .text import table
 
 __all__ = ["flat_ring_wire", "cross_node_wire", "HybridCost", "hsdp_vs_fsdp_time", "crossovers",
-           "crossover_inter_bw", "crossover_summary", "crossover_table", "plot_crossover",
+           "crossover_inter_bw", "crossover_table", "plot_crossover",
            "DEFAULT_NIC_BWS"]
 
 
@@ -156,45 +156,9 @@ def crossover_inter_bw(num_params, gpus_per_node: int, nodes: int, intra_bw: flo
 DEFAULT_NIC_BWS = (3.125e9, 6.25e9, 12.5e9, 25e9, 50e9, 100e9, 200e9)
 
 
-def _gbs(bw: float) -> str:
-    return f"{bw / 1e9:.1f} GB/s"
-
-
-def _where_full_wins(found: tuple) -> str:
-    if not found:
-        return "HSDP is faster at every bandwidth"
-    if len(found) == 1:
-        return f"full sharding is faster above {_gbs(found[0])} per NIC, HSDP below"
-    return (f"full sharding is faster between {_gbs(found[0])} and {_gbs(found[1])} per NIC "
-            "(its ring is NVLink-bound above that), HSDP outside")
-
-
-def crossover_summary(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9,
-                      nic_bw: float = 25e9, *, nics_per_node: int | None = None, **model) -> str:
-    """Where the strategies cross, then both at ``nic_bw``: times, bytes, latency, states."""
-    c = hsdp_vs_fsdp_time(num_params, gpus_per_node, nodes, intra_bw, nic_bw, nics_per_node=nics_per_node,
-                          **model)
-    found = crossovers(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
-    world = gpus_per_node * nodes
-    return "\n".join([
-        f"{num_params / 1e9:g}B parameters, {nodes} nodes x {gpus_per_node} GPUs, NVLink "
-        f"{intra_bw / 1e9:g} GB/s per GPU, {c.nics_per_node} NIC(s) per node",
-        _where_full_wins(found),
-        f"at {nic_bw / 1e9:g} GB/s per NIC: full sharding {c.fsdp_s:.3f} s, HSDP {c.hsdp_s:.3f} s per step "
-        f"({c.faster} faster, {max(c.speedup, 1 / c.speedup):.2f}x)",
-        f"bytes across nodes per step: per NIC full sharding {c.fsdp_nic_bytes / 1e9:.2f} GB, HSDP "
-        f"{c.hsdp_nic_bytes / 1e9:.3f} GB; per node {c.fsdp_node_bytes / 1e9:.2f} GB vs "
-        f"{c.hsdp_node_bytes / 1e9:.2f} GB",
-        f"latency per step (one message per pass): full sharding {c.fsdp_latency_s * 1e3:.3f} ms, "
-        f"HSDP {c.hsdp_latency_s * 1e3:.3f} ms",
-        f"model states per GPU (mixed precision): full sharding over {world} GPUs "
-        f"{c.states_fsdp / 1e9:.2f} GB, HSDP over {gpus_per_node} GPUs {c.states_hsdp / 1e9:.2f} GB",
-    ])
-
-
 def crossover_table(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9,
                     nic_bws=DEFAULT_NIC_BWS, *, nics_per_node: int | None = None, **model) -> str:
-    """:func:`hsdp_vs_fsdp_time` over per-NIC bandwidths, then :func:`crossover_summary`."""
+    """:func:`hsdp_vs_fsdp_time` over per-NIC bandwidths, then :func:`crossovers`."""
     if not nic_bws:
         raise ValueError("nic_bws must list at least one bandwidth (bytes/s per NIC)")
     rows = [("GB/s per NIC", "full shard s", "HSDP s", "HSDP speedup", "faster")]
@@ -203,8 +167,9 @@ def crossover_table(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intr
                                  nics_per_node=nics_per_node, **model)
         rows.append((f"{bw / 1e9:g}", f"{cost.fsdp_s:.4f}", f"{cost.hsdp_s:.4f}",
                      f"{cost.speedup:.2f}x", cost.faster))
-    summary = crossover_summary(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
-    return table(rows[0], rows[1:], left=(0, 4), notes=["", summary])
+    found = crossovers(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
+    return table(rows[0], rows[1:], left=(0, 4),
+                 notes=["", "crossovers (GB/s per NIC): " + (", ".join(f"{b / 1e9:.1f}" for b in found) or "none")])
 
 
 def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9, *,

@@ -21,7 +21,7 @@ from .memory import ATTENTION, CROSS_ENTROPY, GB, RECIPES, RECOMPUTE, per_gpu, r
 from .multinode import cross_node_wire, flat_ring_wire
 
 __all__ = [
-    "STRATEGIES", "OFFLOADS", "RECOMPUTE", "FRAMEWORKS", "TORCH_NAMES", "TORCH_CALLS", "Choice",
+    "STRATEGIES", "OFFLOADS", "RECOMPUTE", "FRAMEWORKS", "TORCH_NAMES", "Choice",
     "as_choice", "matmul_weights", "Assumptions", "PlanRow", "Plan", "plan",
     "table", "Recommendation", "recommend", "plot", "DEFAULT_OVERHEAD_GB",
     "DEFAULT_ACTIVATION_SLACK", "NEAR_TIE", "GPT2XL_BENCHMARK", "megatron_param_count",
@@ -43,24 +43,6 @@ _STAGE, _OFFLOADS_OF, _TORCH_OFFLOADS_OF, TORCH_NAMES, _TORCH_SHORT = (
     {k: v[i] for k, v in _SPEC.items()} for i in range(5))
 #: whose memory layout and messages a plan models (see the module docstring)
 FRAMEWORKS = ("deepspeed", "torch")
-#: the torch calls each row of a torch plan means (printed under its table)
-TORCH_CALLS = {
-    "DDP": "DistributedDataParallel(model, gradient_as_bucket_view=True), forward under "
-           "torch.autocast('cuda', dtype=torch.bfloat16), torch.optim.AdamW",
-    "ZeRO-1": "the same DDP with ZeroRedundancyOptimizer(model.parameters(), "
-              "optimizer_class=torch.optim.AdamW)",
-    "ZeRO-2": "fully_shard(block, reshard_after_forward=False, mp_policy=MixedPrecisionPolicy("
-              "param_dtype=torch.bfloat16, reduce_dtype=torch.float32)) on every block, then "
-              "fully_shard(model, mp_policy=...)",
-    "ZeRO-3": "the same with reshard_after_forward=True (the default)",
-    "HSDP": "the same with mesh=init_device_mesh('cuda', (nodes, gpus_per_node), "
-            "mesh_dim_names=('replicate', 'shard'))",
-    "optimizer+params": "offload_policy=CPUOffloadPolicy(pin_memory=True) in every fully_shard call",
-    "selective": "checkpoint_wrapper(block, context_fn=...) with "
-                 "create_selective_checkpoint_contexts: recompute the attention ops, save the rest",
-    "full": "checkpoint_wrapper(block) on every block before fully_shard / DDP",
-}
-
 #: GB per GPU outside states, activations and comm buffers (CUDA context, workspaces,
 #: allocator cache); fitted to the benchmark's R1 (33321 MiB at batch 1) in test_planner.py.
 DEFAULT_OVERHEAD_GB = 3.6
@@ -266,24 +248,14 @@ class Assumptions:
             f"optimizer per parameter (memory.RECIPES); ZeRO shards the analytic share (memory.model_states)",
         ]
         if torch:
-            lines.append(
-                "copies (GB per GPU, held from forward to backward): "
-                + ("DDP under autocast: the bf16 cast of every matmul weight, which autograd saves "
-                   "for backward (measured with saved_tensors_hooks) and autocast's weight cache "
-                   "holds until the forward's autocast region exits, whatever the recompute policy (2 B per matmul parameter); "
-                   if self.amp else "")
-                + f"FSDP2 with reshard_after_forward=False: every unit's gathered parameters "
-                  f"({gather_b} B per parameter)")
-            lines.append("torch calls: " + "; ".join(
-                f"{TORCH_NAMES[k]} = {TORCH_CALLS[k]}" for k in STRATEGIES if k != "HSDP" or self.nodes > 1)
-                + f"; + CPUOffloadPolicy = {TORCH_CALLS['optimizer+params']}; + full recompute = "
-                f"{TORCH_CALLS['full']}" + (f"; + selective recompute = {TORCH_CALLS['selective']}"
-                                            if selective else ""))
+            lines.append("copies (held from forward to backward): "
+                         + ("DDP under autocast: every matmul weight cast to bf16 (2 B per parameter); " if self.amp else "")
+                         + f"FSDP2 with reshard_after_forward=False: every unit's gathered parameters ({gather_b} B)")
         lines += [
             acts,
             f"buffer allowance per GPU: {self.overhead_gb:g} GB runtime (CUDA context, workspaces, "
             f"allocator cache) + comm buffers: {bufs}",
-            f"compute: 6 x params x tokens FLOPs (8 x with full recomputation"
+            "compute: 6 x params x tokens FLOPs (8 x with full recomputation"
             + ("; selective recomputation re-runs only the attention core, whose s^2 FLOPs this "
                "count leaves out, so 6 x" if selective else "")
             + f") at {self.gpu_flops / 1e12:g} TFLOP/s x MFU {self.mfu:g}; attention's s^2 FLOPs ignored",
@@ -295,18 +267,14 @@ class Assumptions:
                f"each leaving a node once: a node's NICs carry what one rank sends, 1/{self.nics_per_node} "
                f"each, while NVLink carries the hops inside the node at the same time")
             + f"; params gathered in {gather_b} B, grads reduced in {reduce_b} B"
-            + (f" (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32); DDP "
-               f"all-reduces the fp32 gradients; ZeroRedundancyOptimizer adds a broadcast of every "
-               f"updated parameter in {p} B, modelled as an all-gather: 1.5x DDP's bytes, as appendix 10 §6 "
-               f"measured)" if torch else "")
+            + (f"; ZeroRedundancyOptimizer adds a broadcast of every updated parameter in {p} B"
+               if torch else "")
             + ("" if self.nodes == 1 else
                f"; HSDP: ZeRO-3 inside the node + all-reduce of a 1/{self.gpus_per_node} gradient "
                f"shard across nodes over the node's NICs"),
-            ("accumulation: DDP and ZeroRedundancyOptimizer reduce once per step (no_sync() until "
-             "the last micro-batch); FSDP2 all-gathers twice per micro-batch (once with "
-             "reshard_after_forward=False) and reduce-scatters every micro-batch (its default); "
-             "HSDP's cross-node all-reduce once per "
-             "step (set_requires_all_reduce(False) until the last micro-batch)" if torch else
+            ("accumulation: DDP and ZeroRedundancyOptimizer reduce once per step; FSDP2 all-gathers "
+             "twice per micro-batch (once with reshard_after_forward=False) and reduce-scatters every "
+             "micro-batch; HSDP's cross-node all-reduce once per step" if torch else
              "accumulation: DDP and ZeRO-1 reduce once per step; ZeRO-2 reduce-scatters every "
              "micro-batch; ZeRO-3/HSDP gather and reduce-scatter every micro-batch (HSDP's "
              "cross-node all-reduce once per step)"),
@@ -316,8 +284,7 @@ class Assumptions:
             f"{self.host_adam_params_per_s / 1e9:g}e9 params/s per node; transfers not overlapped"
             + (f"; host memory {self.host_mem_gb:g} GB per node" if self.host_mem_gb is not None
                else "; host memory not checked")
-            + ("; torch offloads only with FSDP2 (CPUOffloadPolicy: parameters, gradients and "
-               "AdamW on the host)" if torch else ""),
+            + ("; torch offloads only with FSDP2's CPUOffloadPolicy" if torch else ""),
             "micro-batch: " + (f"{self.micro_batch} for every option" if self.micro_batch is not None
                                else f"the largest that fits (at most {self.max_micro_batch})")
             + "; global batch " + (f"{self.global_batch} sequences per step (accumulation fills it)"
