@@ -9,7 +9,7 @@ import pytest
 from course_utils.theory.config import PRESETS, TransformerConfig
 from course_utils.theory.estimators import (
     ACCELERATE_DTYPES, Row, accelerate_peak, accelerate_training_usage, compare, deepspeed_zero2,
-    deepspeed_zero3, plot, table, why_nvidia_smi_differs)
+    deepspeed_zero3, plot, table)
 from course_utils.theory.memory import GB, GiB, model_states
 
 # Exact parameter counts behind the documented examples. The docs print only "2851M" etc.;
@@ -275,7 +275,7 @@ def test_compare_rows_relate_to_model_states():
     assert rows["accelerate estimate-memory (float32)"].stage is None
     assert rows["DeepSpeed ZeRO-3 + offload_param+opt"].cpu_bytes == int(p * 18 * 1.5)
     for r in rows.values():
-        assert isinstance(r, Row) and r.counts and r.ignores and "\n" not in r.counts + r.ignores
+        assert isinstance(r, Row)
         assert ("GiB" in r.unit_note) != (r.unit_note == "GB = 1e9 bytes")
 
 
@@ -308,8 +308,6 @@ def test_table_shows_both_units():
     assert 'their "GB" = GiB' in text and "GB = 1e9 bytes" in text
     assert len(text.splitlines()) == len(rows) + 3
     assert all(line == line.rstrip() for line in text.splitlines())
-    detailed = table(rows, details=True)
-    assert "counts:" in detailed and "ignores:" in detailed
     assert "GPU MiB" in table(rows, unit="MB")
     r = next(r for r in rows if r.name == "ZeRO paper, K=12: DDP")
     assert f"{r.gpu_bytes / GB:10.2f}  {r.gpu_bytes / GiB:10.2f}" in text
@@ -326,16 +324,6 @@ def test_plot_has_one_bar_per_estimator():
     assert "GB" in ax.get_xlabel() and ax.get_title() == "llama-2-7b, 8 GPUs"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ZeRO paper", "fp32 grads",
                                                                    "DeepSpeed", "accelerate"]
-
-
-def test_why_nvidia_smi_differs():
-    reasons = why_nvidia_smi_differs()
-    assert 6 <= len(reasons) <= 12
-    assert all(isinstance(s, str) and "\n" not in s and len(s) <= 160 for s in reasons)
-    joined = " ".join(reasons)
-    for word in ("CUDA context", "memory_reserved", "512", "2 MiB", "Fragmentation", "Activations",
-                 "all-gather", "NCCL", "GiB"):
-        assert word in joined, word
 
 
 @pytest.mark.parametrize("call, exc, words", [

@@ -13,7 +13,7 @@ from .memory import GB, STAGE_NAMES, GiB, model_states
 
 __all__ = ["deepspeed_zero2", "deepspeed_zero3",
            "ACCELERATE_DTYPES", "accelerate_training_usage", "accelerate_peak",
-           "Row", "compare", "table", "plot", "why_nvidia_smi_differs"]
+           "Row", "compare", "table", "plot"]
 
 
 def _resolve(model, largest_layer_params=None, *, need_largest: bool = False):
@@ -135,13 +135,7 @@ class Row:
     stage: int | None          # ZeRO stage it models (None: no sharding at all)
     gpu_bytes: int | float     # per GPU
     unit_note: str             # which "GB" its own printout uses
-    counts: str                # what it counts, one line
-    ignores: str               # what it leaves out, one line
     cpu_bytes: int | float = 0  # host memory per node (offload rows), else 0
-
-
-_SHARDED = {0: "nothing sharded", 1: "optimizer states sharded",
-            2: "optimizer states + grads sharded", 3: "optimizer states + grads + params sharded"}
 
 
 def compare(model, world_size: int, *, largest_layer_params=None,
@@ -157,37 +151,20 @@ def compare(model, world_size: int, *, largest_layer_params=None,
                          f"({gpus_per_node}): DeepSpeed counts whole nodes")
     nodes = world_size // gpus_per_node
     rows = []
-    for recipe, label, what in (
-            ("mixed", "ZeRO paper, K=12", "2 B fp16 params + 2 B fp16 grads + 12 B fp32 master/m/v"),
-            ("mixed-fp32-grads", "fp32 grads (18 B)", "2 B fp16 params + 4 B fp32 grads + 12 B fp32 master/m/v")):
+    for recipe, label in (("mixed", "ZeRO paper, K=12"), ("mixed-fp32-grads", "fp32 grads (18 B)")):
         for stage in (0, 1, 2, 3):
             ms = model_states(num_params, world_size=world_size, stage=stage, recipe=recipe)
-            rows.append(Row(f"{label}: {STAGE_NAMES[stage]}", stage, ms.total, "GB = 1e9 bytes",
-                            f"{what}; {_SHARDED[stage]}",
-                            "activations, comm buffers, CUDA context, allocator caching, padding"))
+            rows.append(Row(f"{label}: {STAGE_NAMES[stage]}", stage, ms.total, "GB = 1e9 bytes"))
     kw = dict(gpus_per_node=gpus_per_node, nodes=nodes)
-    for stage, offload, counts, ignores in (
-            (2, {}, "2 B fp16 params replicated + 18 B/param sharded (fp16+fp32 grads, master, m, v)",
-             "activations, reduce buckets, CUDA context; its CPU figure is init-time only"),
-            (2, {"cpu_offload": True}, "2 B fp16 params on GPU; fp32 states and grads in host RAM (x1.5 buffer)",
-             "activations, fp16 grad buckets on GPU, pinned-memory limits"),
-            (3, {}, "4 B x largest layer (gathered fp16 param + grad) + 18 B/param sharded",
-             "activations, prefetch/all-gather buckets beyond one layer, CUDA context"),
-            (3, {"cpu_offload": True}, "4 B x largest layer + 2 B/param fp16 shard on GPU; 16 B/param in host RAM",
-             "activations, prefetch buckets, CUDA context"),
-            (3, {"cpu_offload": True, "cpu_offload_params": True},
-             "only 4 B x largest layer on GPU; 18 B/param in host RAM",
-             "activations, prefetch buckets, CUDA context, PCIe traffic")):
+    for stage, offload in ((2, {}), (2, {"cpu_offload": True}), (3, {}), (3, {"cpu_offload": True}),
+                           (3, {"cpu_offload": True, "cpu_offload_params": True})):
         gpu, cpu = (deepspeed_zero2(num_params, **kw, **offload) if stage == 2
                     else deepspeed_zero3(num_params, largest, **kw, **offload))
         name = f"DeepSpeed ZeRO-{stage}" + {0: "", 1: " + offload_optimizer", 2: " + offload_param+opt"}[len(offload)]
-        rows.append(Row(name, stage, gpu, 'their "GB" = GiB', counts, ignores, cpu))
-    for dtype, what in (("float32", "max over stages; fp32 step = 4 B weights + 4 grads + 8 Adam"),
-                        ("float16", "max over stages; mixed peak = 8 B Adam states alone")):
+        rows.append(Row(name, stage, gpu, 'their "GB" = GiB', cpu))
+    for dtype in ("float32", "float16"):      # the peak over a step's phases, the whole model on one GPU
         rows.append(Row(f"accelerate estimate-memory ({dtype})", None,
-                        accelerate_peak(int(num_params), dtype=dtype), 'their "GB" = GiB (/1024 steps)',
-                        f"{what}; whole model on one GPU",
-                        "world size and sharding, activations; stages are not summed"))
+                        accelerate_peak(int(num_params), dtype=dtype), 'their "GB" = GiB (/1024 steps)'))
     return rows
 
 
@@ -201,7 +178,7 @@ def _rows(rows, caller: str) -> list:
 _TABLE_UNITS = {"GB": ("GB", GB, "GiB", GiB), "MB": ("MB", 10**6, "MiB", 2**20)}
 
 
-def table(rows, unit: str = "GB", *, details: bool = False) -> str:
+def table(rows, unit: str = "GB") -> str:
     """:func:`compare` rows as a text table in ``unit`` ("GB" or "MB") and its binary twin."""
     if unit not in _TABLE_UNITS:
         raise ValueError(f"unit must be 'GB' or 'MB' (the table shows it next to GiB/MiB), got {unit!r}")
@@ -217,7 +194,6 @@ def table(rows, unit: str = "GB", *, details: bool = False) -> str:
         cpu = f"{r.cpu_bytes / bin_b:10.2f}" if r.cpu_bytes else f"{'':>10}"
         out.append(f"{r.name:<{name_w}}  {stage:>5}  {r.gpu_bytes / dec_b:10.2f}  "
                    f"{r.gpu_bytes / bin_b:10.2f}  {cpu}  {r.unit_note:<{note_w}}".rstrip())
-        out += [f"    counts:  {r.counts}", f"    ignores: {r.ignores}"] if details else []
     out.append(f"{dec} = 10**{round(math.log10(dec_b))} bytes; {binu} = 2**{int(math.log2(bin_b))} bytes. "
                f"CPU = host memory per node (DeepSpeed rows).")
     return "\n".join(out)
@@ -257,29 +233,3 @@ def plot(rows, *, title: str = ""):
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
-
-
-def why_nvidia_smi_differs() -> list[str]:
-    """Why a model-states estimate is not what ``nvidia-smi`` shows, one line each."""
-    return [
-        "CUDA context: each process using the GPU holds driver state and loaded kernels "
-        "(cuBLAS, cuDNN, NCCL) worth a few hundred MiB before any tensor exists.",
-        "Caching allocator: PyTorch keeps freed blocks for reuse, so nvidia-smi sees "
-        "torch.cuda.memory_reserved(), not memory_allocated().",
-        "Rounding: requests are rounded up to a multiple of 512 B and served from segments of "
-        "2 MiB (up to 1 MiB), 20 MiB (1-10 MiB) or a multiple of 2 MiB.",
-        "Fragmentation: free pieces scattered over segments cannot serve one large "
-        "request, so reserved memory grows past what live tensors need.",
-        "Activations: tensors saved for backward grow with batch x sequence and can "
-        "exceed the model states; no estimator here counts them.",
-        "Temporary buffers: gradient buckets, ZeRO all-gather/reduce-scatter and prefetch "
-        "buffers, and fp32 copies made for the optimizer step come and go each step.",
-        "NCCL buffers: NCCL allocates its own communication buffers per communicator "
-        "and channel, outside PyTorch's allocator and its statistics.",
-        "Padding: flat ZeRO/FSDP buffers are padded to a multiple of the world size "
-        "and of an alignment, a little more than num_params x bytes.",
-        "Units: nvidia-smi prints MiB; 1 GB = 1e9 bytes is 0.93 GiB, and DeepSpeed and "
-        "accelerate print GiB labelled \"GB\".",
-        "Whole device: nvidia-smi counts every process on the GPU (other ranks, a "
-        "notebook kernel), not only the one you estimated.",
-    ]

@@ -16,11 +16,9 @@ from ..checks import check_int, check_positive
 from .alpha_beta import predict_time, ring_steps
 from .comm import collective_bytes
 from .memory import model_states
-from .text import table
 
 __all__ = ["flat_ring_wire", "cross_node_wire", "HybridCost", "hsdp_vs_fsdp_time", "crossovers",
-           "crossover_inter_bw", "crossover_table", "plot_crossover",
-           "DEFAULT_NIC_BWS"]
+           "crossover_inter_bw", "plot_crossover"]
 
 
 def _nics(nics_per_node, gpus_per_node: int) -> int:
@@ -150,26 +148,6 @@ def crossover_inter_bw(num_params, gpus_per_node: int, nodes: int, intra_bw: flo
     """The first of :func:`crossovers` (``math.inf``: HSDP is faster at every bandwidth)."""
     found = crossovers(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
     return found[0] if found else math.inf
-
-
-#: Per-NIC bandwidths (bytes/s) of :func:`crossover_table`: 25 Gb/s Ethernet up to 1.6 Tb/s.
-DEFAULT_NIC_BWS = (3.125e9, 6.25e9, 12.5e9, 25e9, 50e9, 100e9, 200e9)
-
-
-def crossover_table(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9,
-                    nic_bws=DEFAULT_NIC_BWS, *, nics_per_node: int | None = None, **model) -> str:
-    """:func:`hsdp_vs_fsdp_time` over per-NIC bandwidths, then :func:`crossovers`."""
-    if not nic_bws:
-        raise ValueError("nic_bws must list at least one bandwidth (bytes/s per NIC)")
-    rows = [("GB/s per NIC", "full shard s", "HSDP s", "HSDP speedup", "faster")]
-    for bw in nic_bws:
-        cost = hsdp_vs_fsdp_time(num_params, gpus_per_node, nodes, intra_bw, bw,
-                                 nics_per_node=nics_per_node, **model)
-        rows.append((f"{bw / 1e9:g}", f"{cost.fsdp_s:.4f}", f"{cost.hsdp_s:.4f}",
-                     f"{cost.speedup:.2f}x", cost.faster))
-    found = crossovers(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
-    return table(rows[0], rows[1:], left=(0, 4),
-                 notes=["", "crossovers (GB/s per NIC): " + (", ".join(f"{b / 1e9:.1f}" for b in found) or "none")])
 
 
 def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9, *,
