@@ -46,7 +46,7 @@ def test_check_ops_and_table():
     assert not Check("c", 1.2, 1.0, op="~", rel_tol=0.1).ok
     assert Check("d", 1, 0, op=">").ok and Check("e", 2, 2, op=">=").ok
     assert Check("f", None, None).ok is None
-    r = OptionResult("opt", "2 ranks, gloo on CPU", [Check("x", 1, 1), Check("y", 1, 2)], {}, "note")
+    r = OptionResult("opt", "2 ranks, gloo on CPU", [Check("x", 1, 1), Check("y", 1, 2)], {})
     assert not r.ok and "DIFFERS" in repr(r) and "2 ranks, gloo on CPU" in r.table()
     assert r.check("x").ok
     with pytest.raises(KeyError):

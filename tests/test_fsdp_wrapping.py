@@ -126,7 +126,7 @@ def test_fsdp1_auto_wrap_equals_fsdp2_per_block(autowrap):
     kw, no_partial = autowrap.errors.values()
     assert kw.startswith("TypeError") and "transformer_layer_cls" in kw
     assert no_partial.startswith("TypeError") and "transformer_layer_cls" in no_partial
-    assert "functools.partial" in autowrap.right_form and "functools.partial" in autowrap.table()
+    assert "transformer_layer_cls" in autowrap.table()
 
 
 # ----------------------------------------------------- 3. ShardingStrategy table
@@ -198,7 +198,6 @@ def test_issue_oom(granularity):
     assert rep.after["first event over budget"] is None
     tight = fw.issue_oom(granularity, budget_bytes=granularity.row("per-block")["peak_total"] - 1)
     assert tight.after["fits"] is False
-    assert "limit_all_gathers" in rep.table()
     assert rep.brief().splitlines() == [       # what notebook 07 prints
         f"root-only: peak {granularity.row('root-only')['peak_total']:,} B of unsharded parameters + "
         f"buffers, budget {rep.before['budget (B)']:,} B: out of memory at 'copied out (root)'",
@@ -214,9 +213,8 @@ def test_issue_slow(granularity, strategies):
     rep = fw.issue_slow(granularity, strategies)
     assert rep.before["all-gathers/step"] == 67 and rep.after["all-gathers/step"] == 9
     assert rep.before["reduce-scatters/step"] == 34 and rep.after["reduce-scatters/step"] == 5
-    assert "SHARD_GRAD_OP: 5 all-gathers/step" in rep.after["vs SHARD_GRAD_OP"]
-    assert any("FULL_SHARD 9 all-gathers/step, SHARD_GRAD_OP 5" in n for n in rep.notes)
-    assert "(varies)" not in rep.table() and "step ms (varies)" in rep.table(include_time=True)
+    assert rep.after["SHARD_GRAD_OP"]["all-gathers/step"] == 5
+    assert rep.after["FSDP1 all-gathers/step, FULL_SHARD and SHARD_GRAD_OP"] == (9, 5)
     brief = rep.brief().splitlines()
     assert len(brief) == 3 and "= 101 calls/step" in brief[0] and "= 14 calls/step" in brief[1]
     assert brief[2].startswith("per-block-zero2 (SHARD_GRAD_OP): 5 all-gathers")
@@ -232,7 +230,7 @@ def test_issue_inconsistent_init(seeding):
     assert seeding.after["sync_module_states broadcasts"] == 5      # one per FSDP1 unit
     # the gathered embedding: rank 0's rows 0-50 and rank 1's rows 51-100
     assert seeding.before["tok_emb rows each rank's init supplies"] == "rank 0: 51, rank 1: 50 (of 101)"
-    assert any("ValueError" in n for n in seeding.notes)
+    assert seeding.after["sync_module_states=True on CPU modules"].startswith("ValueError")
     brief = seeding.brief().splitlines()
     assert len(brief) == 3 and brief[0].endswith(" %)") and " % off " in brief[0]
     assert all(line.count("≤ 1e-6 ✓") == want for line, want in zip(brief[1:], (1, 2)))

@@ -35,7 +35,7 @@ from .fsdp_api import _check_model
 __all__ = ["GRANULARITIES", "UnshardedProbe", "predict_unsharded_peak", "measure_granularity",
            "GranularityReport", "compare_autowrap", "AutowrapReport", "STRATEGY_MAP", "strategy_table",
            "predict_strategy", "StrategyReport", "IssueReport", "issue_oom", "issue_slow",
-           "issue_inconsistent_init", "LIMIT_ALL_GATHERS_NOTE"]
+           "issue_inconsistent_init"]
 
 #: name -> (unit types given to :func:`course_utils.theory.sharding.fsdp_units` (None: the blocks;
 #: (): none), reshard_after_forward of the units, what it is).
@@ -47,17 +47,6 @@ GRANULARITIES = {
     "per-block-zero2": (None, False, "per-block with reshard_after_forward=False "
                                      "(FSDP1's SHARD_GRAD_OP)"),
 }
-
-#: Why FSDP2 has no ``limit_all_gathers`` (checked against the torch docs and source).
-LIMIT_ALL_GATHERS_NOTE = (
-    "limit_all_gathers is an FSDP1 knob: a CPU rate limiter that blocks the CPU thread until "
-    "an older all-gather's memory is freed, because FSDP1's buffers are freed through "
-    "Tensor.record_stream, which lets a CPU running ahead pile up all-gather memory. FSDP2 has "
-    "no such argument and needs none: it avoids record_stream (the fully_shard docs: "
-    "'deterministic and expected memory usage', no CPU blocking) and bounds what is in flight "
-    "itself: at most two all-gather buffers in forward (the unit just copied out, kept until "
-    "the next copy-out, and the next unit's) and one prefetched unit in backward, as "
-    "UnshardedProbe measures.")
 
 _VIEW_WARNING = r"FSDP2-wrapped module .* returned a view tensor"
 
@@ -366,8 +355,6 @@ class AutowrapReport:
     errors: dict
     single_losses: list
     where: str
-    right_form: str = ("FullyShardedDataParallel(model, auto_wrap_policy=functools.partial("
-                       "transformer_auto_wrap_policy, transformer_layer_cls={Block}), ...)")
 
     def table(self) -> str:
         header = ["wrapping", "units", "AG/step", "RS/step", "sent B/step", "= predicted",
@@ -379,8 +366,7 @@ class AutowrapReport:
                 for name, m in self.runs.items()]
         notes = ([f"fp32, per rank and step, {self.where}."]
                  + [f"{name}: CommLedger saw {', '.join(m['functions'])}" for name, m in self.runs.items()]
-                 + [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()]
-                 + [f"the right form: {self.right_form}"])
+                 + [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()])
         return table(header, rows, notes=notes)
 
 
@@ -400,18 +386,10 @@ def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
 
 # ================================================================ 3. ShardingStrategy table
 
-#: FSDP1 ShardingStrategy -> (FSDP2 form, ZeRO stage, mesh: "1-D" over all ranks,
-#: "2-D" (replicate, shard) = (2, N/2), "N x 1" (replicate over all, shard size 1)).
-STRATEGY_MAP = {
-    "FULL_SHARD": ("fully_shard(block); fully_shard(model)  [reshard_after_forward=True]", 3, "1-D"),
-    "SHARD_GRAD_OP": ("fully_shard(block, reshard_after_forward=False); fully_shard(model)", 2, "1-D"),
-    "NO_SHARD": ("fully_shard(..., mesh=init_device_mesh(dev, (N, 1), "
-                 "('replicate', 'shard'))); or replicate_with_fsdp.replicate, or DDP", 0, "N x 1"),
-    "HYBRID_SHARD": ("fully_shard(..., mesh=2-D (replicate, shard) mesh), reshard_after_forward=True",
-                     3, "2-D"),
-    "_HYBRID_SHARD_ZERO2": ("fully_shard(..., mesh=2-D (replicate, shard) mesh), "
-                            "reshard_after_forward=False", 2, "2-D"),
-}
+#: FSDP1 ShardingStrategy -> (ZeRO stage, mesh: "1-D" over all ranks, "2-D" (replicate, shard) =
+#: (2, N/2), "N x 1" (replicate over all, shard size 1)); the FSDP2 form of each: notebook 10's table.
+STRATEGY_MAP = {"FULL_SHARD": (3, "1-D"), "SHARD_GRAD_OP": (2, "1-D"), "NO_SHARD": (0, "N x 1"),
+                "HYBRID_SHARD": (3, "2-D"), "_HYBRID_SHARD_ZERO2": (2, "2-D")}
 _TABLE_ROWS = tuple(STRATEGY_MAP) + ("HYBRID_SHARD (no mesh)",)
 #: the APIs a row of :func:`strategy_table` may measure ("replicate": NO_SHARD only,
 #: ``torch.distributed._composable.replicate_with_fsdp.replicate`` per block and root)
@@ -439,7 +417,7 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
     for name in names:
         row = out[name] = {}
         base, mesh_less = name.split(" ")[0], name.endswith("(no mesh)")
-        _, stage, kind = STRATEGY_MAP[base]
+        stage, kind = STRATEGY_MAP[base]
         shards = _mesh_shape(kind, dist.get_world_size())[1]
         mesh = fsdp.make_mesh(device.type, shards=shards) if kind == "2-D" and not mesh_less else None
         with warnings.catch_warnings(record=True) as caught:
@@ -474,7 +452,7 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
     check_choice("strategy", strategy, STRATEGY_MAP, kind="strategy", kinds="strategies")
     check_choice("flavour", flavour, ("fsdp1", "fsdp2"), kind="flavour", kinds="flavours")
     check_int("world_size", world_size, 2)
-    _, stage, kind = STRATEGY_MAP[strategy]
+    stage, kind = STRATEGY_MAP[strategy]
     if kind == "2-D" and world_size % 2:
         raise ValueError(f"{strategy} uses a (2, N/2) mesh: world_size must be even, got {world_size}")
     R, S = _mesh_shape(kind, world_size)
@@ -520,7 +498,6 @@ class StrategyReport(_Rows):
         notes = [f"fp32, per rank and step, {self.where}, {self.steps} steps; mesh = "
                  "replicate x shard; AG/RS/AR = all-gather/reduce-scatter/all-reduce calls; "
                  "= predicted: calls, bytes and rank 0's state bytes (predict_strategy)."]
-        notes += [f"{r['strategy']}: FSDP2 = {r['fsdp2_form']}" for r in self.rows]
         return table(header, rows, notes=notes)
 
 
@@ -537,11 +514,9 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
     rows = []
     for name in names:
         base, mesh_less = name.split(" ")[0], "no mesh" in name
-        form, stage, kind = STRATEGY_MAP[base]
+        stage, kind = STRATEGY_MAP[base]
         row = {"strategy": name, "zero_stage": None if mesh_less else stage,
-               "mesh": _mesh_shape(kind, world_size),
-               "fsdp2_form": "fully_shard without a mesh shards over all ranks: FULL_SHARD's row"
-               if mesh_less else form}
+               "mesh": _mesh_shape(kind, world_size)}
         for api in _APIS:
             m = results[0][name].get(api)
             row[api] = None if m is None else dict(
@@ -557,24 +532,17 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
 
 @dataclasses.dataclass
 class IssueReport:
-    """A tutorial's "Common issue", reproduced (``before``) and fixed (``after``); :meth:`brief` prints ``summary``."""
+    """A tutorial's "Common issue", reproduced (``before``) and fixed (``after``); :meth:`brief` prints
+    ``summary``, its computed lines (notebook 10's markdown says what they mean)."""
 
     issue: str
     before: dict
     after: dict
     where: str
-    notes: list
-    summary: list = dataclasses.field(default_factory=list)
+    summary: list
 
     def brief(self) -> str:
         return "\n".join(self.summary)
-
-    def table(self, *, include_time: bool = False) -> str:
-        keys = [k for k in dict.fromkeys(list(self.before) + list(self.after))
-                if include_time or "(varies)" not in k]
-        rows = [[k, self.before.get(k), self.after.get(k)] for k in keys]
-        return table([self.issue, "before", "after"], rows,
-                     notes=[f"measured on {self.where}"] + list(self.notes))
 
 
 def _require(report, names, world_size: int) -> GranularityReport:
@@ -613,11 +581,7 @@ def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
     summary = [f"{coarse['granularity']}: peak {coarse['peak_total']:,} B of unsharded parameters + "
                f"buffers, budget {budget_bytes:,} B: " + verdict(before),
                f"{fine['granularity']}: peak {fine['peak_total']:,} B: " + verdict(after)]
-    return IssueReport("OOM with FSDP", before, after, report.where,
-                       ["fix: wrap each transformer block (fully_shard per block, or FSDP1's "
-                        "auto_wrap_policy); the root then holds only the embeddings",
-                        "the tutorial's other fix, limit_all_gathers=True, is an FSDP1 knob "
-                        "(LIMIT_ALL_GATHERS_NOTE says why FSDP2 has none)"], summary)
+    return IssueReport("OOM with FSDP", before, after, report.where, summary)
 
 
 def issue_slow(report: GranularityReport | None = None, strategies: StrategyReport | None = None,
@@ -644,23 +608,15 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
                 f"{c['reduce_scatter']} reduce-scatters = {sum(c.values())} calls/step for "
                 f"{sum(r['bytes'].values()):,} B")
 
-    before, after = side(leaf), side(block)
-    before["vs SHARD_GRAD_OP"] = "FULL_SHARD (reshard_after_forward=True)"
-    zero2_sent = f"{zero2['calls']['all_gather']} all-gathers/step, {sum(zero2['bytes'].values()):,} B/step"
-    after["vs SHARD_GRAD_OP"] = f"SHARD_GRAD_OP: {zero2_sent}, unsharded peak {zero2['peak_total']:,} B"
-    notes = [f"per-leaf issues {sum(leaf['calls'].values())} collective calls per step, per-block "
-             f"{sum(block['calls'].values())}: each call pays a fixed latency, so small messages "
-             f"are latency-bound; step times vary between runs"]
+    before, after = side(leaf), dict(side(block), SHARD_GRAD_OP=side(zero2))
     if strategies is not None:
-        full, grad_op = strategies.row("FULL_SHARD"), strategies.row("SHARD_GRAD_OP")
-        notes.append(f"FSDP1 on {strategies.where}: FULL_SHARD {full['fsdp1']['calls']['all_gather']} "
-                     f"all-gathers/step, SHARD_GRAD_OP {grad_op['fsdp1']['calls']['all_gather']}")
+        after["FSDP1 all-gathers/step, FULL_SHARD and SHARD_GRAD_OP"] = tuple(
+            strategies.row(n)["fsdp1"]["calls"]["all_gather"] for n in ("FULL_SHARD", "SHARD_GRAD_OP"))
     summary = [calls(leaf), calls(block),
                f"{zero2['granularity']} (SHARD_GRAD_OP): {zero2['calls']['all_gather']} all-gathers, "
                f"{sum(zero2['bytes'].values()):,} B/step, but an unsharded peak of "
                f"{zero2['peak_total']:,} B instead of {block['peak_total']:,} B"]
-    return IssueReport("Slow training (too much communication)", before, after, report.where, notes,
-                       summary)
+    return IssueReport("Slow training (too much communication)", before, after, report.where, summary)
 
 
 def _losses(model, steps: int, seed: int) -> list:
@@ -738,11 +694,8 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
     before["tok_emb rows each rank's init supplies"] = f"{mix} (of {r0['rows']})"
     after = {f"{key}: {k}": x for key in fixes for k, x in v[key].items()}
     after["sync_module_states broadcasts"] = r0["sync broadcasts"]
-    notes = [f"FSDP1 sync_module_states=True on {r0['device'].upper()} modules: "
-             f"{r0['sync_module_states error']}"]
-    if r0["guard lifted"]:
-        notes.append("on CPU that check was patched out for the demo so that FSDP1's own "
-                     "broadcast (torch's _sync_module_params_and_buffers) ran over gloo")
+    after[f"sync_module_states=True on {r0['device'].upper()} modules"] = r0["sync_module_states error"]
+    after["check lifted for the demo (CPU)"] = r0["guard lifted"]
     diff = {key: v[key]["max rel. diff from single"] for key in v}
     summary = [
         f"manual_seed(seed + rank), then fully_shard: losses {v['seed+rank, FSDP2']['losses']}, one "
@@ -754,4 +707,4 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
         f"{diff['seed+rank, broadcast_from_rank0, FSDP2']}; fix 3, FSDP1's "
         f"sync_module_states=True: {diff['seed+rank, FSDP1 sync_module_states=True']}"]
     return IssueReport("Inconsistent results (per-rank seed before building)", before, after,
-                       where(results), notes, summary)
+                       where(results), summary)
