@@ -106,18 +106,18 @@ def test_mixed_precision_halves_all_gathers_keeps_fp32_state():
     r = fo.measure_mixed_precision(n, steps=2)
     assert r.ok, r.table()
     assert r.where == "3 ranks, gloo on CPU"
-    d = r.details
+    fp, bf = r.details["fp32"], r.details["bf16"]
     fp32 = ring(n, 4 * (M_ROOT[n] + 2 * LAYERS * M_BLOCK[n]))
-    assert d["comm_fp32"]["all_gather"] == fp32 == 681_952
-    assert d["comm_bf16"]["all_gather"] == fp32 / 2
-    assert d["comm_bf16"]["reduce_scatter"] == d["comm_fp32"]["reduce_scatter"] \
+    assert fp["comm"]["all_gather"] == fp32 == 681_952
+    assert bf["comm"]["all_gather"] == fp32 / 2
+    assert bf["comm"]["reduce_scatter"] == fp["comm"]["reduce_scatter"] \
         == ring(n, 4 * (M_ROOT[n] + LAYERS * M_BLOCK[n]))
-    assert d["same_bytes_every_step"]
-    assert d["stored_bf16"] == {"param": ["float32"], "grad": ["float32"], "optimizer": ["float32"]}
-    assert d["inside_forward_bf16"] == {"weight": "bfloat16", "input": "bfloat16"}
-    assert d["inside_forward_fp32"] == {"weight": "float32", "input": "float32"}
-    diffs = d["loss_differences"]
-    assert 0 < max(diffs) and max(a / b for a, b in zip(diffs, d["losses_fp32"])) < 2 ** -8
+    assert fp["same_every_step"] and bf["same_every_step"]
+    assert bf["stored"] == {"param": ["float32"], "grad": ["float32"], "optimizer": ["float32"]}
+    assert bf["inside_forward"] == {"weight": "bfloat16", "input": "bfloat16"}
+    assert fp["inside_forward"] == {"weight": "float32", "input": "float32"}
+    diffs = r.details["loss_differences"]
+    assert 0 < max(diffs) and max(a / b for a, b in zip(diffs, fp["losses"])) < 2 ** -8
 
 
 # ------------------------------------------------------------------ 2. CPU offload
@@ -126,10 +126,11 @@ def test_cpu_offload_same_losses_states_on_cpu():
     r = fo.measure_cpu_offload(2, steps=2)
     assert r.ok, r.table()
     d = r.details
-    assert d["losses_offload"] == d["losses"]                  # bit for bit
+    off, base = d["CPUOffloadPolicy"], d["no offload"]
+    assert off["losses"] == base["losses"]                     # bit for bit
     for key in ("param", "grad", "optimizer"):
-        assert d["stored_offload"][key] == ["cpu"]
-    assert d["stored_offload"]["bytes"] == d["stored_no_offload"]["bytes"]
+        assert off["stored"][key] == ["cpu"]
+    assert off["stored"]["bytes"] == base["stored"]["bytes"]
     assert d["device"] == "cpu" and r.check("device B saved (measured on GPUs only)").measured is None
     if not torch.cuda.is_available():
         assert d["pin_memory=True"].startswith("RuntimeError")

@@ -21,7 +21,7 @@ from ..harness.model import Block, SyntheticData, build_model
 from ..impl import fsdp
 from ..theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
 from ..runtime import compat
-from ..runtime.fmt import num, plural, table
+from ..runtime.fmt import num, table
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG
@@ -156,10 +156,6 @@ def _per_step(ledger: CommLedger) -> dict:
     return out
 
 
-def _calls(counts: dict) -> str:
-    return f"{counts['all_gather']} AG, {counts['reduce_scatter']} RS, {counts['all_reduce']} AR"
-
-
 # ================================================================== 1. mixed precision
 
 def _local(t, attr: str = "dtype") -> str:
@@ -213,7 +209,7 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
               fp32_bytes["reduce_scatter"]),
         Check("all-gather bf16 / fp32", Fraction(bf["comm"]["all_gather"], fp["comm"]["all_gather"]),
               Fraction(1, 2)),
-        Check("collectives per step, bf16 vs fp32", _calls(bf["counts"]), _calls(fp["counts"])),
+        Check("collectives per step, bf16 vs fp32", bf["counts"], fp["counts"]),
         *(Check(what, ",".join(bf["stored"][key]), "float32") for what, key in (
             ("sharded param dtype", "param"), ("sharded grad dtype", "grad"),
             ("optimizer state dtype", "optimizer"))),
@@ -223,13 +219,8 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
         Check("max relative loss difference", max_rel_diff(bf["losses"], fp["losses"]),
               bf16_unit, op="<="),
     ]
-    details = {"losses_fp32": fp["losses"], "losses_bf16": bf["losses"], "loss_differences": diffs,
-               "comm_fp32": fp["comm"], "comm_bf16": bf["comm"],
-               "same_bytes_every_step": fp["same_every_step"] and bf["same_every_step"],
-               "inside_forward_fp32": fp["inside_forward"], "inside_forward_bf16": bf["inside_forward"],
-               "stored_bf16": bf["stored"]}
     return OptionResult("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)", where(res),
-                        checks, details)
+                        checks, {**res[0], "loss_differences": diffs})
 
 
 # ================================================================== 2. CPU offload
@@ -280,16 +271,13 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
         *(Check(f"rank {rank}: {key} B, offload", v["CPUOffloadPolicy"]["stored"]["bytes"][key],
                 states[rank][key]) for rank, v in enumerate(res) for key in ("params", "grads", "optimizer")),
     ]
-    details = {"losses": base["losses"], "losses_offload": off["losses"],
-               "stored_offload": off["stored"], "stored_no_offload": base["stored"],
-               "pin_memory=True": r["pin_memory=True"], "device": r["device"]}
     if r["device"] == "cuda":   # each allocation rounds up (512 B blocks): at least the state bytes
         saved = base["stored"]["device_bytes"] - off["stored"]["device_bytes"]
         checks.append(Check("rank 0: device B saved >= its state B", saved, sum(states[0].values()),
                             op=">="))
     else:
         checks.append(Check("device B saved (measured on GPUs only)", None, None))
-    return OptionResult("CPUOffloadPolicy(pin_memory=False)", where(res), checks, details)
+    return OptionResult("CPUOffloadPolicy(pin_memory=False)", where(res), checks, r)
 
 
 # ================================================================== 3. reshard_after_forward
@@ -330,19 +318,6 @@ def _reshard_prediction(setting, world_size: int) -> dict:
             "group_sizes": [world_size] * (1 + layers) + [k] * layers}
 
 
-def _group_sizes(sizes: list) -> str:
-    """'5 over 4 ranks, 4 over 2 ranks': how many collectives ran on groups of each size."""
-    counts = {n: sizes.count(n) for n in sorted(set(sizes), reverse=True)}
-    return ", ".join(f"{c} over {plural(n, 'rank')}" for n, c in counts.items())
-
-
-def _groups(groups: list) -> str:
-    """'0,1 | 0,1 | 2,3 | 2,3': the ranks of each rank's group; 'none' for no group."""
-    if all(g is None for g in groups):
-        return "none"
-    return " | ".join(",".join(map(str, g)) if g is not None else "none" for g in groups)
-
-
 def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False, 2),
                                   steps: int = 2) -> OptionResult:
     """``reshard_after_forward`` on the blocks, one run per entry of ``settings`` (True, False or an int)."""
@@ -360,12 +335,11 @@ def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False,
         p = _reshard_prediction(s, world_size)
         checks += [
             Check(f"{s!r}: all-gathers/step", m["counts"]["all_gather"], p["calls"]),
-            Check(f"{s!r}: all-gathers, over how many ranks", _group_sizes([w for _, w in m["gathers"]]),
-                  _group_sizes(p["group_sizes"])),
+            Check(f"{s!r}: all-gathers, over how many ranks", sorted(w for _, w in m["gathers"]),
+                  sorted(p["group_sizes"])),
             Check(f"{s!r}: all-gather B/step", m["totals"]["all_gather"], p["bytes"]),
             Check(f"{s!r}: backward all-gather ranks, by rank",
-                  _groups([v[repr(s)]["backward_group"] for v in res]),
-                  _groups(p["groups"])),
+                  [v[repr(s)]["backward_group"] for v in res], p["groups"]),
             Check(f"{s!r}: unsharded param B held fwd->bwd", max(m["held"]), p["held"]),
         ] + ([Check(f"{s!r}: max |loss diff| vs {settings[0]!r}", max_abs_diff(m["losses"], first), 0.0)]
              if i else [])
@@ -435,8 +409,7 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
                 1 + min(layers, 1 + d))        # the root + the current block + d prefetched blocks
           for label, run, ds in (("default", default, (0, 1)), (f"{depth} ahead", explicit, (depth, depth)))
           for phase, d in zip(("forward", "backward"), ds)),
-        Check("collectives per step, explicit vs default", _calls(explicit["counts"]),
-              _calls(default["counts"])),
+        Check("collectives per step, explicit vs default", explicit["counts"], default["counts"]),
         Check(f"max |loss diff| over {steps} steps",
               max_abs_diff(explicit["losses"], default["losses"]), 0.0),
     ]
@@ -536,7 +509,7 @@ def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> 
             Check(f"{method}: block forwards/step", m["block_forwards"]["step"], 2 * COURSE_CONFIG.layers),
             Check(f"{method}: matmul FLOPs/step", m["matmul_flops"],
                   matmul_flops_per_step(b, checkpointed=True)),
-            Check(f"{method}: collectives/step", _calls(m["counts"]), _calls(r["none"]["counts"])),
+            Check(f"{method}: collectives/step", m["counts"], r["none"]["counts"]),
             Check(f"{method}: max relative loss difference",
                   max_rel_diff(m["losses"], r["none"]["losses"]), 1e-6, op="<="),
         ]

@@ -495,10 +495,7 @@ class StrategyReport(_Rows):
                  all(m[k] == m["predicted"][k] for k in ("calls", "bytes", "state_bytes")),
                  sum(m["state_bytes"].values()), m["max_rel_loss_diff"] <= 1e-6, m["replicas_agree"]]
                 for r in self.rows for api in _APIS if (m := r.get(api)) is not None]
-        notes = [f"fp32, per rank and step, {self.where}, {self.steps} steps; mesh = "
-                 "replicate x shard; AG/RS/AR = all-gather/reduce-scatter/all-reduce calls; "
-                 "= predicted: calls, bytes and rank 0's state bytes (predict_strategy)."]
-        return table(header, rows, notes=notes)
+        return table(header, rows, notes=[f"fp32, per rank and step, {self.where}, {self.steps} steps."])
 
 
 def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
