@@ -591,21 +591,13 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
         raise TypeError("strategies must be the StrategyReport of strategy_table(...) or None")
     block, leaf, zero2 = (report.row(n) for n in needed)
 
-    def side(r):
-        c = r["calls"]
-        return {"wrapping": r["granularity"], "units": r["units"],
-                "all-gathers/step": c["all_gather"], "reduce-scatters/step": c["reduce_scatter"],
-                "bytes sent/step": sum(r["bytes"].values()),
-                "step ms (varies)": round(1e3 * r["step_time_s"], 1),
-                "unsharded peak (B)": r["peak_total"]}
-
     def calls(r):
         c = r["calls"]
         return (f"{r['granularity']}: {r['units']} units, {c['all_gather']} all-gathers + "
                 f"{c['reduce_scatter']} reduce-scatters = {sum(c.values())} calls/step for "
                 f"{sum(r['bytes'].values()):,} B")
 
-    before, after = side(leaf), dict(side(block), SHARD_GRAD_OP=side(zero2))
+    before, after = leaf, dict(block, SHARD_GRAD_OP=zero2)          # the granularity rows
     if strategies is not None:
         after["FSDP1 all-gathers/step, FULL_SHARD and SHARD_GRAD_OP"] = tuple(
             strategies.row(n)["fsdp1"]["calls"]["all_gather"] for n in ("FULL_SHARD", "SHARD_GRAD_OP"))
