@@ -222,11 +222,11 @@ def test_issue_slow(granularity, strategies):
 
 def test_issue_inconsistent_init(seeding):
     for key in ("seed+rank, FSDP2", "seed+rank, FSDP1"):
-        assert seeding.before[f"{key}: = single"] is False
-        assert seeding.before[f"{key}: max rel. diff from single"].endswith(" %")   # 4.4 %, 2.7 %
+        assert seeding.before[key]["= single"] is False
+        assert seeding.before[key]["max rel. diff from single"].endswith(" %")   # 4.4 %, 2.7 %
     for key in ("same seed for the model, FSDP2", "seed+rank, broadcast_from_rank0, FSDP2",
                 "seed+rank, FSDP1 sync_module_states=True"):
-        assert seeding.after[f"{key}: = single"] is True, key
+        assert seeding.after[key]["= single"] is True, key
     assert seeding.after["sync_module_states broadcasts"] == 5      # one per FSDP1 unit
     # the gathered embedding: rank 0's rows 0-50 and rank 1's rows 51-100
     assert seeding.before["tok_emb rows each rank's init supplies"] == "rank 0: 51, rank 1: 50 (of 101)"

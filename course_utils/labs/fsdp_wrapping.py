@@ -38,15 +38,10 @@ __all__ = ["GRANULARITIES", "UnshardedProbe", "predict_unsharded_peak", "measure
            "issue_inconsistent_init"]
 
 #: name -> (unit types given to :func:`course_utils.theory.sharding.fsdp_units` (None: the blocks;
-#: (): none), reshard_after_forward of the units, what it is).
-GRANULARITIES = {
-    "root-only": ((), True, "fully_shard(model) only: one unit, the whole model"),
-    "per-block": (None, True, "fully_shard(block) for each block, then fully_shard(model)"),
-    "per-leaf": ((nn.Linear, nn.LayerNorm), True,
-                 "fully_shard on every nn.Linear and nn.LayerNorm, then fully_shard(model)"),
-    "per-block-zero2": (None, False, "per-block with reshard_after_forward=False "
-                                     "(FSDP1's SHARD_GRAD_OP)"),
-}
+#: (): none, fully_shard(model) only), reshard_after_forward of the units); each wrapping is then
+#: finished by fully_shard(model). What each is: notebook 07 §3.
+GRANULARITIES = {"root-only": ((), True), "per-block": (None, True),
+                 "per-leaf": ((nn.Linear, nn.LayerNorm), True), "per-block-zero2": (None, False)}
 
 _VIEW_WARNING = r"FSDP2-wrapped module .* returned a view tensor"
 
@@ -166,7 +161,7 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
     padded unit sizes: ``{"params", "total", "units" (with the root), "forward_order", "timeline"}``."""
     granularity = _check_names("granularity", granularity, GRANULARITIES)[0]
     check_int("world_size", world_size, 1)
-    unit_types, reshard, _ = GRANULARITIES[granularity]
+    unit_types, reshard = GRANULARITIES[granularity]
     model = build_model(config, device="meta")                 # checks config
     root, *sizes = sharding.message_numels(model, world_size, unit_types)   # padded, per unit
     size = {id(u): 4 * s for u, s in zip(sharding.fsdp_units(model, unit_types), sizes)}
@@ -207,7 +202,7 @@ def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -
     data = SyntheticData(config, global_batch=experiments.GLOBAL_BATCH, seed=seed)
     out = {}
     for name in names:
-        unit_types, reshard, _ = GRANULARITIES[name]
+        unit_types, reshard = GRANULARITIES[name]
         wrap = fsdp.wrap_torch_fsdp if reshard else fsdp.wrap_torch_fsdp_zero2
         model, optimizer = wrap(build_model(config, seed=seed, device=device),
                                 experiments.make_adamw, unit_types=unit_types)
@@ -279,15 +274,14 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
     model = build_model(config, device="meta")
     rows = []
     for name in names:
-        unit_types, reshard, description = GRANULARITIES[name]
+        unit_types, reshard = GRANULARITIES[name]
         r = dict(results[0][name])
         if any(results[k][name]["peak_total"] != r["peak_total"] for k in range(world_size)):
             raise RuntimeError(f"{name}: the ranks measured different peaks: this should not happen")
         pred = predict_unsharded_peak(name, world_size, config=config)
         pred_bytes = sharding.comm_bytes_per_step(model, world_size, reshard_after_forward=reshard,
                                                   unit_types=unit_types)
-        r.update(granularity=name, description=description,
-                 predicted_params=pred["params"], predicted_total=pred["total"],
+        r.update(granularity=name, predicted_params=pred["params"], predicted_total=pred["total"],
                  predicted_forward_order=pred["forward_order"],
                  predicted_calls=sharding.calls_per_step(len(sharding.fsdp_units(model, unit_types)),
                                                          reshard_after_forward=reshard),
@@ -677,11 +671,10 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
     fixes = ("same seed for the model, FSDP2", "seed+rank, broadcast_from_rank0, FSDP2",
              "seed+rank, FSDP1 sync_module_states=True")
     v = {key: verdict(key) for key in bugs + fixes}
-    before = {"single (torch.manual_seed(seed); GPT())": nums(single)}
-    before.update({f"{key}: {k}": x for key in bugs for k, x in v[key].items()})
     mix = ", ".join(f"rank {k}: {results[k]['rows_from_this_rank']}" for k in range(world_size))
-    before["tok_emb rows each rank's init supplies"] = f"{mix} (of {r0['rows']})"
-    after = {f"{key}: {k}": x for key in fixes for k, x in v[key].items()}
+    before = {"single (torch.manual_seed(seed); GPT())": nums(single), **{key: v[key] for key in bugs},
+              "tok_emb rows each rank's init supplies": f"{mix} (of {r0['rows']})"}
+    after = {key: v[key] for key in fixes}
     after["sync_module_states broadcasts"] = r0["sync broadcasts"]
     after[f"sync_module_states=True on {r0['device'].upper()} modules"] = r0["sync_module_states error"]
     after["check lifted for the demo (CPU)"] = r0["guard lifted"]
