@@ -572,10 +572,7 @@ def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> 
         Check("largest local shard norm (wrong way)", max(locals_), ref_norm, op="<="),
         Check("FSDP2 module has clip_grad_norm_", r["has_clip_method"], False),
     ]
-    details = {"max_norm": max_norm, "total_norm": r["total_norm"], "reference_norm": ref_norm,
-               "total_norm_type": r["total_norm_type"], "local_shard_norms": locals_,
-               "clip_coefficient": min(1.0, max_norm / (ref_norm + 1e-6)),
-               "grad_max_rel_diff": grad_diff, "comm": r["totals"]}
+    details = {**r, "reference_norm": ref_norm, "local_shard_norms": locals_, "grad_max_rel_diff": grad_diff}
     return OptionResult(f"clip_grad_norm_(max_norm={max_norm:g}) on sharded gradients", where(res),
                         checks, details)
 
