@@ -1,8 +1,8 @@
 """course_utils.labs.fsdp_wrapping: wrapping granularity, FSDP1 -> FSDP2, seed 001's common issues.
 
-Four launches, shared by the tests through module-scoped fixtures: the granularity run
-(2 ranks, four wrappings), the FSDP1 auto-wrap comparison (2 ranks), the ShardingStrategy
-table (4 ranks: the 101-row embedding, 50- and 200-row weights and FSDP1's flat units of
+Three launches, shared by the tests through module-scoped fixtures: the granularity run
+(2 ranks, four wrappings), the ShardingStrategy table with FULL_SHARD under both FSDP1
+auto-wrap policies (4 ranks: the 101-row embedding, 50- and 200-row weights and FSDP1's flat units of
 6,750 / 30,650 elements are not multiples of 4) and the seeding issue (2 ranks).
 
 What the tests pin (fp32, course GPT): every measured peak of unsharded bytes equals the
@@ -32,11 +32,6 @@ ALL = tuple(fw.GRANULARITIES)
 @pytest.fixture(scope="module")
 def granularity():
     return fw.measure_granularity(2, granularities=ALL, steps=3)
-
-
-@pytest.fixture(scope="module")
-def autowrap():
-    return fw.compare_autowrap(2, steps=2)
 
 
 @pytest.fixture(scope="module")
@@ -112,21 +107,22 @@ def test_prediction_on_an_uneven_world_and_validation():
 
 # ----------------------------------------------------------- 2. FSDP1 auto-wrap
 
-def test_fsdp1_auto_wrap_equals_fsdp2_per_block(autowrap):
-    fsdp2 = autowrap.runs["fsdp2"]
-    for key in ("fsdp1-module", "fsdp1-transformer"):
-        m = autowrap.runs[key]
+def test_fsdp1_auto_wrap_equals_fsdp2_per_block(strategies):
+    row = strategies.row("FULL_SHARD")
+    fsdp2 = row["fsdp2"]
+    for key in ("fsdp1", "fsdp1-transformer"):          # ModuleWrapPolicy, transformer_auto_wrap_policy
+        m = row[key]
         assert m["units"] == fsdp2["units"] == 5
-        assert m["max_rel_loss_diff"] <= REL and fsdp2["max_rel_loss_diff"] <= REL
+        assert m["max_rel_loss_diff"] <= REL and fsdp2["max_rel_loss_diff"] <= REL and m["replicas_agree"]
         assert m["calls"] == fsdp2["calls"] == {"all_reduce": 0, "reduce_scatter": 5, "all_gather": 9}
         # the ledger saw every FSDP1 collective: exactly the bytes of its flat units
-        assert m["bytes"] == fw.predict_strategy("FULL_SHARD", 2, flavour="fsdp1")["bytes"]
+        assert m["bytes"] == fw.predict_strategy("FULL_SHARD", 4, flavour="fsdp1")["bytes"]
         assert set(m["functions"]) <= {"all_gather", compat.ALL_GATHER_NAME, compat.REDUCE_SCATTER_NAME}
-    assert fsdp2["bytes"] == fw.predict_strategy("FULL_SHARD", 2)["bytes"]
-    kw, no_partial = autowrap.errors.values()
+    assert fsdp2["bytes"] == fw.predict_strategy("FULL_SHARD", 4)["bytes"]
+    kw, no_partial = strategies.errors.values()
     assert kw.startswith("TypeError") and "transformer_layer_cls" in kw
     assert no_partial.startswith("TypeError") and "transformer_layer_cls" in no_partial
-    assert "transformer_layer_cls" in autowrap.table()
+    assert "fsdp1-transformer" in strategies.table()
 
 
 # ----------------------------------------------------- 3. ShardingStrategy table

@@ -1,6 +1,6 @@
 """Notebook 07's wrapping experiments on launched ranks, each next to its prediction: 1. wrapping
-granularity; 2. FSDP1 auto-wrap == FSDP2 per block (the block class is an argument of the
-*policy*); 3. FSDP1's ShardingStrategy -> FSDP2 (HYBRID_SHARD without a mesh silently trains
+granularity; 2./3. FSDP1's ShardingStrategy -> FSDP2, FULL_SHARD also with FSDP1's other auto-wrap
+policy (the block class is an argument of the *policy*; HYBRID_SHARD without a mesh silently trains
 unsynchronised ranks on CPU); 4. a tutorial's "Common issues", reproduced and fixed.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..theory.layout import padded_numel as flat_padded_numel
 from .fsdp_api import _check_model
 
 __all__ = ["GRANULARITIES", "UnshardedProbe", "predict_unsharded_peak", "measure_granularity",
-           "GranularityReport", "compare_autowrap", "AutowrapReport", "STRATEGY_MAP", "strategy_table",
+           "GranularityReport", "STRATEGY_MAP", "strategy_table",
            "predict_strategy", "StrategyReport", "IssueReport", "issue_oom", "issue_slow",
            "issue_inconsistent_init"]
 
@@ -320,64 +320,6 @@ def _error_of(fn) -> str:
     return "no error"
 
 
-def _autowrap_rank(policies, steps: int, seed: int) -> dict:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy as policy
-
-    device = rank_device()
-    data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
-    out = {"errors": {     # what the tutorial's two spellings of the auto-wrap policy do
-        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy, transformer_layer_cls={Block})":
-            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy,
-                                   transformer_layer_cls={Block}, device_id=device)),
-        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy)":
-            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy, device_id=device))}}
-    for policy_name in policies:
-        model = _fsdp1(build_model(seed=seed, device=device), device, policy=policy_name)
-        out[f"fsdp1-{policy_name}"] = _run_api(model, experiments.make_adamw(model.parameters()),
-                                               data, steps, device, "fsdp1")
-    model, opt = fsdp.wrap_torch_fsdp(build_model(seed=seed, device=device), experiments.make_adamw)
-    out["fsdp2"] = _run_api(model, opt, data, steps, device, "fsdp2")
-    return out
-
-
-@dataclasses.dataclass
-class AutowrapReport:
-    """What :func:`compare_autowrap` measured: ``runs`` (wrapping -> measures), ``errors`` (spelling -> raised)."""
-
-    runs: dict
-    errors: dict
-    single_losses: list
-    where: str
-
-    def table(self) -> str:
-        header = ["wrapping", "units", "AG/step", "RS/step", "sent B/step", "= predicted",
-                  "= single"]
-        rows = [[name, m["units"], m["calls"]["all_gather"], m["calls"]["reduce_scatter"],
-                 sum(m["bytes"].values()),
-                 m["calls"] == m["predicted"]["calls"] and m["bytes"] == m["predicted"]["bytes"],
-                 m["max_rel_loss_diff"] <= 1e-6]
-                for name, m in self.runs.items()]
-        notes = ([f"fp32, per rank and step, {self.where}."]
-                 + [f"{name}: CommLedger saw {', '.join(m['functions'])}" for name, m in self.runs.items()]
-                 + [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()])
-        return table(header, rows, notes=notes)
-
-
-def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
-                     timeout_s: float = 120.0) -> AutowrapReport:
-    """FSDP1 auto-wrap (both policies) vs FSDP2 per block, against :func:`predict_strategy`, and the
-    errors the tutorial's two spellings raise."""
-    _check_run(world_size, steps, seed)
-    single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
-    results = launch(_autowrap_rank, world_size, ("module", "transformer"), steps, seed,
-                     quiet=True, timeout_s=timeout_s)
-    runs = {key: dict(results[0][key], max_rel_loss_diff=max_rel_diff(results[0][key]["losses"], single),
-                      predicted=predict_strategy("FULL_SHARD", world_size, flavour=key[:5]))
-            for key in ("fsdp1-module", "fsdp1-transformer", "fsdp2")}
-    return AutowrapReport(runs, results[0]["errors"], single, where(results))
-
-
 # ================================================================ 3. ShardingStrategy table
 
 #: FSDP1 ShardingStrategy -> (ZeRO stage, mesh: "1-D" over all ranks, "2-D" (replicate, shard) =
@@ -385,9 +327,10 @@ def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
 STRATEGY_MAP = {"FULL_SHARD": (3, "1-D"), "SHARD_GRAD_OP": (2, "1-D"), "NO_SHARD": (0, "N x 1"),
                 "HYBRID_SHARD": (3, "2-D"), "_HYBRID_SHARD_ZERO2": (2, "2-D")}
 _TABLE_ROWS = tuple(STRATEGY_MAP) + ("HYBRID_SHARD (no mesh)",)
-#: the APIs a row of :func:`strategy_table` may measure ("replicate": NO_SHARD only,
+#: the APIs a row of :func:`strategy_table` may measure ("fsdp1-transformer": FULL_SHARD only, FSDP1
+#: with ``transformer_auto_wrap_policy``; "replicate": NO_SHARD only,
 #: ``torch.distributed._composable.replicate_with_fsdp.replicate`` per block and root)
-_APIS = ("fsdp1", "fsdp2", "replicate")
+_APIS = ("fsdp1", "fsdp1-transformer", "fsdp2", "replicate")
 
 
 def _mesh_shape(kind: str, world: int) -> tuple[int, int]:
@@ -395,19 +338,25 @@ def _mesh_shape(kind: str, world: int) -> tuple[int, int]:
 
 
 def _strategy_rank(names, steps: int, seed: int) -> dict:
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy as policy
 
     device = rank_device()
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
+    out = {"errors": {     # what a tutorial's two spellings of the transformer policy do
+        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy, transformer_layer_cls={Block})":
+            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy,
+                                   transformer_layer_cls={Block}, device_id=device)),
+        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy)":
+            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy, device_id=device))}}
 
     def digest(model, api):             # of the full parameters this rank would train
         if api == "fsdp1":
-            with FullyShardedDataParallel.summon_full_params(model, writeback=False):
+            with FSDP.summon_full_params(model, writeback=False):
                 return experiments.param_digest({n: p.detach().cpu().clone()
                                                  for n, p in model.named_parameters()})
         return experiments.param_digest(experiments.full_parameters(model))
 
-    out = {}
     for name in names:
         row = out[name] = {}
         base, mesh_less = name.split(" ")[0], name.endswith("(no mesh)")
@@ -422,6 +371,10 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
         row["fsdp1"]["warnings"] = sorted({str(w.message) for w in caught
                                            if "FSDP" in str(w.message) or "NO_SHARD" in str(w.message)})
         row["fsdp1"]["digest"] = digest(model, "fsdp1")
+        if name == "FULL_SHARD":        # the same units, found by the other policy
+            model = _fsdp1(build_model(seed=seed, device=device), device, policy="transformer")
+            row["fsdp1-transformer"] = dict(_run_api(model, experiments.make_adamw(model.parameters()), data,
+                                                     steps, device, "fsdp1"), digest=digest(model, "fsdp1"))
         if not mesh_less:
             if kind != "1-D" and mesh is None:
                 mesh = fsdp.make_mesh(device.type, shards=shards)
@@ -475,8 +428,10 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
 
 @dataclasses.dataclass
 class StrategyReport(_Rows):
-    """What :func:`strategy_table` measured: one row per FSDP1 strategy, one entry per API of :data:`_APIS`."""
+    """What :func:`strategy_table` measured: one row per FSDP1 strategy, one entry per API of :data:`_APIS`;
+    ``errors``: what a tutorial's two spellings of FSDP1's transformer policy raise."""
 
+    errors: dict = dataclasses.field(default_factory=dict)
     _key = "strategy"
 
     def table(self) -> str:
@@ -514,9 +469,9 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
                 m, replicas_agree=len({results[k][name][api]["digest"] for k in range(world_size)}) == 1,
                 max_rel_loss_diff=max_rel_diff(m["losses"], single),
                 predicted=None if mesh_less else predict_strategy(
-                    base, world_size, flavour="fsdp1" if api == "fsdp1" else "fsdp2"))
+                    base, world_size, flavour="fsdp1" if api.startswith("fsdp1") else "fsdp2"))
         rows.append(row)
-    return StrategyReport(rows, world_size, steps, where(results), single)
+    return StrategyReport(rows, world_size, steps, where(results), single, results[0]["errors"])
 
 
 # =================================================================== 4. common issues
