@@ -291,7 +291,7 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
     return GranularityReport(rows, world_size, steps, where(results), single)
 
 
-# =========================================================== 2. FSDP1 auto-wrap vs FSDP2
+# ============================================= 2. FSDP1 (both auto-wrap policies), run and measured
 
 def _fsdp1(model, device, *, policy="module", strategy="FULL_SHARD", mesh=None, **kwargs):
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
