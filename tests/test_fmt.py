@@ -77,14 +77,12 @@ def test_plural_says_1_rank_and_2_ranks():
 def test_labels_that_count_ranks_say_1_rank():
     """Where a printed label counts ranks, GPUs or nodes, 1 is singular ("zero1, 1 ranks" was not)."""
     from course_utils.course.exercises.nb08 import CAPSTONE_SCENARIOS
-    from course_utils.labs.fsdp_options import _group_sizes
     from course_utils.runtime.launch import where
 
     assert where(1, "gloo") == "1 rank, gloo on CPU" and where(3, "gloo") == "3 ranks, gloo on CPU"
     assert where(1, "gloo", backend_first=True) == "1 gloo rank on CPU"
     assert where(2, "gloo", backend_first=True) == "2 gloo ranks on CPU"
     assert where(1, "nccl", backend_first=True) == "1 NCCL rank, one GPU each"
-    assert _group_sizes([4, 4, 1]) == "2 over 4 ranks, 1 over 1 rank"
     one_gpu = [s for s in CAPSTONE_SCENARIOS if s.gpus == 1]
     assert one_gpu and all("N = 1 GPU (1 node x 1)" in s.numbers() for s in one_gpu)
 

@@ -46,7 +46,7 @@ def test_check_ops_and_table():
     assert not Check("c", 1.2, 1.0, op="~", rel_tol=0.1).ok
     assert Check("d", 1, 0, op=">").ok and Check("e", 2, 2, op=">=").ok
     assert Check("f", None, None).ok is None
-    r = OptionResult("opt", "2 ranks, gloo on CPU", [Check("x", 1, 1), Check("y", 1, 2)], {}, "note")
+    r = OptionResult("opt", "2 ranks, gloo on CPU", [Check("x", 1, 1), Check("y", 1, 2)], {})
     assert not r.ok and "DIFFERS" in repr(r) and "2 ranks, gloo on CPU" in r.table()
     assert r.check("x").ok
     with pytest.raises(KeyError):
@@ -106,18 +106,18 @@ def test_mixed_precision_halves_all_gathers_keeps_fp32_state():
     r = fo.measure_mixed_precision(n, steps=2)
     assert r.ok, r.table()
     assert r.where == "3 ranks, gloo on CPU"
-    d = r.details
+    fp, bf = r.details["fp32"], r.details["bf16"]
     fp32 = ring(n, 4 * (M_ROOT[n] + 2 * LAYERS * M_BLOCK[n]))
-    assert d["comm_fp32"]["all_gather"] == fp32 == 681_952
-    assert d["comm_bf16"]["all_gather"] == fp32 / 2
-    assert d["comm_bf16"]["reduce_scatter"] == d["comm_fp32"]["reduce_scatter"] \
+    assert fp["comm"]["all_gather"] == fp32 == 681_952
+    assert bf["comm"]["all_gather"] == fp32 / 2
+    assert bf["comm"]["reduce_scatter"] == fp["comm"]["reduce_scatter"] \
         == ring(n, 4 * (M_ROOT[n] + LAYERS * M_BLOCK[n]))
-    assert d["same_bytes_every_step"]
-    assert d["stored_bf16"] == {"param": ["float32"], "grad": ["float32"], "optimizer": ["float32"]}
-    assert d["inside_forward_bf16"] == {"weight": "bfloat16", "input": "bfloat16"}
-    assert d["inside_forward_fp32"] == {"weight": "float32", "input": "float32"}
-    diffs = d["loss_differences"]
-    assert 0 < max(diffs) and max(a / b for a, b in zip(diffs, d["losses_fp32"])) < 2 ** -8
+    assert fp["same_every_step"] and bf["same_every_step"]
+    assert bf["stored"] == {"param": ["float32"], "grad": ["float32"], "optimizer": ["float32"]}
+    assert bf["inside_forward"] == {"weight": "bfloat16", "input": "bfloat16"}
+    assert fp["inside_forward"] == {"weight": "float32", "input": "float32"}
+    diffs = r.details["loss_differences"]
+    assert 0 < max(diffs) and max(a / b for a, b in zip(diffs, fp["losses"])) < 2 ** -8
 
 
 # ------------------------------------------------------------------ 2. CPU offload
@@ -126,10 +126,11 @@ def test_cpu_offload_same_losses_states_on_cpu():
     r = fo.measure_cpu_offload(2, steps=2)
     assert r.ok, r.table()
     d = r.details
-    assert d["losses_offload"] == d["losses"]                  # bit for bit
+    off, base = d["CPUOffloadPolicy"], d["no offload"]
+    assert off["losses"] == base["losses"]                     # bit for bit
     for key in ("param", "grad", "optimizer"):
-        assert d["stored_offload"][key] == ["cpu"]
-    assert d["stored_offload"]["bytes"] == d["stored_no_offload"]["bytes"]
+        assert off["stored"][key] == ["cpu"]
+    assert off["stored"]["bytes"] == base["stored"]["bytes"]
     assert d["device"] == "cpu" and r.check("device B saved (measured on GPUs only)").measured is None
     if not torch.cuda.is_available():
         assert d["pin_memory=True"].startswith("RuntimeError")
@@ -208,7 +209,7 @@ def test_clip_grad_norm_on_sharded_grads_equals_one_process(n):
     local = d["local_shard_norms"]                           # the wrong way
     assert len(local) == n and len(set(local)) == n and max(local) < d["reference_norm"]
     assert math.isclose(math.sqrt(sum(x * x for x in local)), d["reference_norm"], rel_tol=1e-6)
-    assert d["comm"]["all_reduce"] == pytest.approx(float(2 * ring(n, 4 * TENSORS)))  # 68 floats
+    assert d["totals"]["all_reduce"] == pytest.approx(float(2 * ring(n, 4 * TENSORS)))  # 68 floats
     assert d["reference_norm"] > 0.5                        # clipping really scaled
 
 

@@ -155,7 +155,7 @@ def _chunk_data_bytes(meta, index) -> int:
 
 
 def describe_checkpoint(path) -> list[dict]:
-    """One row per file of a DCP checkpoint directory: what it stores and its bytes. DCP frames each
+    """One row per file of a DCP checkpoint directory: the chunks it stores and its bytes. DCP frames each
     chunk with ~1.5 kB (a 4-byte ``step`` takes 1,577 B); ``.metadata`` holds the path."""
     path = _check_path(path)
     meta = _read_metadata(path)
@@ -172,18 +172,10 @@ def describe_checkpoint(path) -> list[dict]:
     rows = []
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
-        if not os.path.isfile(full):
-            continue
-        if name == METADATA_FILE:
-            counts = dict(totals, payload_bytes=0, data_bytes=0)
-            role = (f"index: {len(meta.state_dict_metadata)} keys, their global shapes and "
-                    f"where each of {len(meta.storage_data)} stored items lies")
-        elif name in per_file:
-            counts = per_file[name]
-            role = f"the items rank {name[2:].split('_')[0] if name.startswith('__') else '?'} wrote"
-        else:
-            counts, role = dict(empty), "not part of this checkpoint"
-        rows.append({"file": name, "bytes": os.path.getsize(full), **counts, "role": role})
+        if os.path.isfile(full):          # .metadata counts every item (it indexes them all), no payload
+            counts = (dict(totals, payload_bytes=0, data_bytes=0) if name == METADATA_FILE
+                      else per_file.get(name, empty))
+            rows.append({"file": name, "bytes": os.path.getsize(full), **counts})
     return rows
 
 

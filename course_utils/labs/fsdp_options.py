@@ -8,7 +8,6 @@ import dataclasses
 import gc
 import math
 import operator
-import textwrap
 from fractions import Fraction
 
 import torch
@@ -22,7 +21,7 @@ from ..harness.model import Block, SyntheticData, build_model
 from ..impl import fsdp
 from ..theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
 from ..runtime import compat
-from ..runtime.fmt import num, plural, sci, table
+from ..runtime.fmt import num, table
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.config import COURSE_CONFIG
@@ -42,7 +41,6 @@ TIMEOUT_S = 180     #: per launch; 4 CPU ranks on 2 shared cores take a few seco
 # ------------------------------------------------------------------ results
 
 _OPS = {"==": operator.eq, "<=": operator.le, ">=": operator.ge, ">": operator.gt, "~": None}
-_SYMBOL = {"<=": "≤", ">=": "≥", ">": ">"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,21 +76,15 @@ def _fmt(v) -> str:
     return num(v) if isinstance(v, float) else str(v)
 
 
-def _fmt_bound(v) -> str:
-    """A bound the code chose (``1e-6``, ``2**-8``) prints exactly; a measured value as :func:`_fmt`."""
-    exact = isinstance(v, float) and v > 0 and (float(f"{v:.1g}") == v or math.log2(v).is_integer())
-    return sci(v) if exact else _fmt(v)
-
-
 @dataclasses.dataclass(repr=False)
 class OptionResult:
-    """What a ``measure_*`` function returns: ``checks``, ``details`` (raw measurements), a ``note``."""
+    """What a ``measure_*`` function returns: ``checks`` and ``details`` (raw measurements). What each
+    option does and why the numbers are what they are: notebooks 07 and 10, in words."""
 
     option: str
     where: str
     checks: list
     details: dict
-    note: str = ""
 
     @property
     def ok(self) -> bool:
@@ -105,16 +97,11 @@ class OptionResult:
         return named[quantity]
 
     def table(self) -> str:
-        # a measured float meeting a bound prints as the bound (its last digits vary by machine)
-        rows = [(c.quantity, f"{_SYMBOL[c.op]} {_fmt_bound(c.predicted)}"
-                 if isinstance(c.measured, float) and c.op in _SYMBOL and c.ok else _fmt(c.measured),
-                 "" if c.predicted is None else c.op if c.op != "~" else f"~ (±{c.rel_tol:g})",
-                 _fmt_bound(c.predicted) if c.op in _SYMBOL else _fmt(c.predicted),
-                 {True: "ok", False: "DIFFERS", None: ""}[c.ok])
-                for c in self.checks]
-        notes = [textwrap.fill(par, 100) for par in self.note.split("\n")] if self.note else []
+        rows = [(c.quantity, _fmt(c.measured), "" if c.predicted is None else
+                 c.op if c.op != "~" else f"~ (±{c.rel_tol:g})", _fmt(c.predicted),
+                 {True: "ok", False: "DIFFERS", None: ""}[c.ok]) for c in self.checks]
         return f"{self.option}: {self.where}\n" + table(
-            ["quantity", "measured", "", "predicted", ""], rows, notes=notes, left=(0, 2, 4))
+            ["quantity", "measured", "", "predicted", ""], rows, left=(0, 2, 4))
 
     __repr__ = table
 
@@ -167,10 +154,6 @@ def _per_step(ledger: CommLedger) -> dict:
            "records": [(r.op, r.message_bytes, r.world_size) for r in ledger.records]}
     ledger.reset()
     return out
-
-
-def _calls(counts: dict) -> str:
-    return f"{counts['all_gather']} AG, {counts['reduce_scatter']} RS, {counts['all_reduce']} AR"
 
 
 # ================================================================== 1. mixed precision
@@ -226,7 +209,7 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
               fp32_bytes["reduce_scatter"]),
         Check("all-gather bf16 / fp32", Fraction(bf["comm"]["all_gather"], fp["comm"]["all_gather"]),
               Fraction(1, 2)),
-        Check("collectives per step, bf16 vs fp32", _calls(bf["counts"]), _calls(fp["counts"])),
+        Check("collectives per step, bf16 vs fp32", bf["counts"], fp["counts"]),
         *(Check(what, ",".join(bf["stored"][key]), "float32") for what, key in (
             ("sharded param dtype", "param"), ("sharded grad dtype", "grad"),
             ("optimizer state dtype", "optimizer"))),
@@ -236,17 +219,8 @@ def measure_mixed_precision(world_size: int = 2, *, steps: int = 3) -> OptionRes
         Check("max relative loss difference", max_rel_diff(bf["losses"], fp["losses"]),
               bf16_unit, op="<="),
     ]
-    details = {"losses_fp32": fp["losses"], "losses_bf16": bf["losses"], "loss_differences": diffs,
-               "comm_fp32": fp["comm"], "comm_bf16": bf["comm"],
-               "same_bytes_every_step": fp["same_every_step"] and bf["same_every_step"],
-               "inside_forward_fp32": fp["inside_forward"], "inside_forward_bf16": bf["inside_forward"],
-               "stored_bf16": bf["stored"]}
-    note = ("FSDP2 casts each unit's fp32 shard to bf16 before the all-gather (half the bytes) and "
-            "computes in bf16; gradients go back to fp32 for the reduce-scatter, so the optimizer "
-            "updates fp32 shards with fp32 states. The losses differ (the matmuls round to 8 "
-            "significant bits) by far less than bf16's unit roundoff 2^-8 (half its epsilon 2^-7).")
     return OptionResult("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)", where(res),
-                        checks, details, note)
+                        checks, {**res[0], "loss_differences": diffs})
 
 
 # ================================================================== 2. CPU offload
@@ -297,25 +271,13 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
         *(Check(f"rank {rank}: {key} B, offload", v["CPUOffloadPolicy"]["stored"]["bytes"][key],
                 states[rank][key]) for rank, v in enumerate(res) for key in ("params", "grads", "optimizer")),
     ]
-    details = {"losses": base["losses"], "losses_offload": off["losses"],
-               "stored_offload": off["stored"], "stored_no_offload": base["stored"],
-               "pin_memory=True": r["pin_memory=True"], "device": r["device"]}
     if r["device"] == "cuda":   # each allocation rounds up (512 B blocks): at least the state bytes
         saved = base["stored"]["device_bytes"] - off["stored"]["device_bytes"]
         checks.append(Check("rank 0: device B saved >= its state B", saved, sum(states[0].values()),
                             op=">="))
-        note = ("Measured on GPUs: with offload the shards, gradients and AdamW states live in host "
-                "memory; each unit is copied to the GPU for its all-gather and the optimizer steps "
-                "on the CPU.")
     else:
         checks.append(Check("device B saved (measured on GPUs only)", None, None))
-        note = ("Measured on CPU, where every tensor already lives in host memory: the policy runs "
-                "the same code path (shards copied 'to the device' before each all-gather, the "
-                "optimizer step on the CPU), the same losses bit for bit, but saves no device memory "
-                "(on GPUs: the state bytes above, by torch.cuda.memory_allocated). The default "
-                "pin_memory=True needs an accelerator (pinned memory speeds up copies to a GPU): "
-                f"here it raises {r['pin_memory=True'].split(':')[0]}.")
-    return OptionResult("CPUOffloadPolicy(pin_memory=False)", where(res), checks, details, note)
+    return OptionResult("CPUOffloadPolicy(pin_memory=False)", where(res), checks, r)
 
 
 # ================================================================== 3. reshard_after_forward
@@ -356,19 +318,6 @@ def _reshard_prediction(setting, world_size: int) -> dict:
             "group_sizes": [world_size] * (1 + layers) + [k] * layers}
 
 
-def _group_sizes(sizes: list) -> str:
-    """'5 over 4 ranks, 4 over 2 ranks': how many collectives ran on groups of each size."""
-    counts = {n: sizes.count(n) for n in sorted(set(sizes), reverse=True)}
-    return ", ".join(f"{c} over {plural(n, 'rank')}" for n, c in counts.items())
-
-
-def _groups(groups: list) -> str:
-    """'0,1 | 0,1 | 2,3 | 2,3': the ranks of each rank's group; 'none' for no group."""
-    if all(g is None for g in groups):
-        return "none"
-    return " | ".join(",".join(map(str, g)) if g is not None else "none" for g in groups)
-
-
 def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False, 2),
                                   steps: int = 2) -> OptionResult:
     """``reshard_after_forward`` on the blocks, one run per entry of ``settings`` (True, False or an int)."""
@@ -386,27 +335,16 @@ def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False,
         p = _reshard_prediction(s, world_size)
         checks += [
             Check(f"{s!r}: all-gathers/step", m["counts"]["all_gather"], p["calls"]),
-            Check(f"{s!r}: all-gathers, over how many ranks", _group_sizes([w for _, w in m["gathers"]]),
-                  _group_sizes(p["group_sizes"])),
+            Check(f"{s!r}: all-gathers, over how many ranks", sorted(w for _, w in m["gathers"]),
+                  sorted(p["group_sizes"])),
             Check(f"{s!r}: all-gather B/step", m["totals"]["all_gather"], p["bytes"]),
             Check(f"{s!r}: backward all-gather ranks, by rank",
-                  _groups([v[repr(s)]["backward_group"] for v in res]),
-                  _groups(p["groups"])),
+                  [v[repr(s)]["backward_group"] for v in res], p["groups"]),
             Check(f"{s!r}: unsharded param B held fwd->bwd", max(m["held"]), p["held"]),
         ] + ([Check(f"{s!r}: max |loss diff| vs {settings[0]!r}", max_abs_diff(m["losses"], first), 0.0)]
              if i else [])
-    ints = [s for s in settings if not isinstance(s, bool)]
-    note = ("True frees every block after its forward and gathers it again in backward (ZeRO-3); "
-            "False keeps it gathered (ZeRO-2-like: fewer all-gathers, the whole model held until "
-            "backward). ")
-    if ints:
-        k = ints[0]
-        note += (f"An int k={k}: after forward each rank keeps its 1/{k} slice of the gathered "
-                 f"parameters (no communication); backward re-gathers within its group of {k} "
-                 f"consecutive ranks (a ({world_size // k}, {k}) mesh view, like HSDP): a ({k}-1)/{k} "
-                 f"ring factor instead of ({world_size}-1)/{world_size}, 1/{k} of the parameters held.")
     return OptionResult("reshard_after_forward", where(res), checks,
-                        {repr(s): res[0][repr(s)] for s in settings}, note)
+                        {repr(s): res[0][repr(s)] for s in settings})
 
 
 # ================================================================== 4. explicit prefetching
@@ -471,22 +409,12 @@ def measure_prefetch(world_size: int = 2, *, depth: int = 2, steps: int = 2) -> 
                 1 + min(layers, 1 + d))        # the root + the current block + d prefetched blocks
           for label, run, ds in (("default", default, (0, 1)), (f"{depth} ahead", explicit, (depth, depth)))
           for phase, d in zip(("forward", "backward"), ds)),
-        Check("collectives per step, explicit vs default", _calls(explicit["counts"]),
-              _calls(default["counts"])),
+        Check("collectives per step, explicit vs default", explicit["counts"], default["counts"]),
         Check(f"max |loss diff| over {steps} steps",
               max_abs_diff(explicit["losses"], default["losses"]), 0.0),
     ]
-    timelines = "".join(f"\n{label}, {phase}: {', '.join(events)}"
-                        for label, run in (("default", default), (f"{depth} ahead", explicit))
-                        for phase, events in zip(("forward", "backward"), run.pop("timeline")))
-    note = ("A unit counts as gathered from its all-gather's issue to its reshard; the root stays "
-            "gathered. By default the CPU issues a block's forward all-gather when the block starts "
-            "(on a GPU the CPU runs ahead of the kernels, so it still overlaps the previous block's "
-            f"compute) and prefetches one block in backward. {depth} ahead issues them earlier and "
-            f"holds root + 1 + {depth} units: the same collectives, the same losses. Measured order "
-            "(fwd i: block i's forward starts; bwd: pre-backward; AG/RS issued):" + timelines)
     return OptionResult(f"explicit prefetching, {depth} blocks ahead", where(res), checks,
-                        {"default": default, "explicit": explicit}, note)
+                        {"default": default, "explicit": explicit})
 
 
 # ================================================================== 5. activation checkpointing
@@ -581,20 +509,14 @@ def measure_activation_checkpointing(world_size: int = 2, *, steps: int = 2) -> 
             Check(f"{method}: block forwards/step", m["block_forwards"]["step"], 2 * COURSE_CONFIG.layers),
             Check(f"{method}: matmul FLOPs/step", m["matmul_flops"],
                   matmul_flops_per_step(b, checkpointed=True)),
-            Check(f"{method}: collectives/step", _calls(m["counts"]), _calls(r["none"]["counts"])),
+            Check(f"{method}: collectives/step", m["counts"], r["none"]["counts"]),
             Check(f"{method}: max relative loss difference",
                   max_rel_diff(m["losses"], r["none"]["losses"]), 1e-6, op="<="),
         ]
     details = {**r, "predicted_no_checkpointing": no_ac, "predicted_checkpointed": ac,
                "saved_ratio": r["composable"]["saved"]["activations"] / r["none"]["saved"]["activations"],
                "flops_ratio": r["composable"]["matmul_flops"] / r["none"]["matmul_flops"]}
-    note = (f"Per block, {no_ac['per_block']:,} B saved without checkpointing, {ac['per_block']:,} B "
-            f"(its input) with it; {no_ac['outside']:,} B outside the blocks either way. The "
-            "recomputation runs inside each block's backward, after FSDP2's pre-backward hook has "
-            "gathered it: no extra all-gathers. Parameters referenced by saved tensors "
-            "(unsharded weights, freed after forward and gathered again) are not activations "
-            "and are left out.")
-    return OptionResult("activation checkpointing of every block", where(res), checks, details, note)
+    return OptionResult("activation checkpointing of every block", where(res), checks, details)
 
 
 # ================================================================== 6. gradient clipping
@@ -650,16 +572,9 @@ def measure_gradient_clipping(world_size: int = 2, *, max_norm: float = 0.5) -> 
         Check("largest local shard norm (wrong way)", max(locals_), ref_norm, op="<="),
         Check("FSDP2 module has clip_grad_norm_", r["has_clip_method"], False),
     ]
-    details = {"max_norm": max_norm, "total_norm": r["total_norm"], "reference_norm": ref_norm,
-               "total_norm_type": r["total_norm_type"], "local_shard_norms": locals_,
-               "clip_coefficient": min(1.0, max_norm / (ref_norm + 1e-6)),
-               "grad_max_rel_diff": grad_diff, "comm": r["totals"]}
-    note = ("clip_grad_norm_ sees DTensor gradients: one all-reduce of the squared norms (one "
-            "float per tensor) completes each partial norm, so every rank scales its shards by the "
-            "same global factor. Local shard norms differ per rank and are too small (wrong factors). "
-            "A tutorial's model.clip_grad_norm_ is FSDP1's; FSDP2 has no such method and needs none.")
+    details = {**r, "reference_norm": ref_norm, "local_shard_norms": locals_, "grad_max_rel_diff": grad_diff}
     return OptionResult(f"clip_grad_norm_(max_norm={max_norm:g}) on sharded gradients", where(res),
-                        checks, details, note)
+                        checks, details)
 
 
 # ================================================================== 7. gradient accumulation
@@ -717,10 +632,5 @@ def measure_gradient_accumulation(world_size: int = 2, *, micro_batches: int = 3
     ]
     details = {"no_sync": mb, "sync": smb, "grad_max_rel_diff_no_sync": diff_nosync,
                "grad_max_rel_diff_sync": diff_sync, "num_params": psi}
-    note = (f"Tolerance: max gradient difference from one process / max gradient <= 1e-6 (fp32, "
-            f"another summation order). Without sync each rank holds full-size gradients (4 B x "
-            f"{psi:,}) between micro-batches instead of its shard ({sharded:,} B on {world_size} ranks) "
-            f"and saves {k - 1} of {k} rounds of reduce-scatters; parameters are still gathered for "
-            "every micro-batch (reshard_after_backward stays True).")
     return OptionResult(f"set_requires_gradient_sync(False), {k} micro-batches", where(res),
-                        checks, details, note)
+                        checks, details)

@@ -1,6 +1,6 @@
 """Notebook 07's wrapping experiments on launched ranks, each next to its prediction: 1. wrapping
-granularity; 2. FSDP1 auto-wrap == FSDP2 per block (the block class is an argument of the
-*policy*); 3. FSDP1's ShardingStrategy -> FSDP2 (HYBRID_SHARD without a mesh silently trains
+granularity; 2./3. FSDP1's ShardingStrategy -> FSDP2, FULL_SHARD also with FSDP1's other auto-wrap
+policy (the block class is an argument of the *policy*; HYBRID_SHARD without a mesh silently trains
 unsynchronised ranks on CPU); 4. a tutorial's "Common issues", reproduced and fixed.
 """
 from __future__ import annotations
@@ -33,31 +33,15 @@ from ..theory.layout import padded_numel as flat_padded_numel
 from .fsdp_api import _check_model
 
 __all__ = ["GRANULARITIES", "UnshardedProbe", "predict_unsharded_peak", "measure_granularity",
-           "GranularityReport", "compare_autowrap", "AutowrapReport", "STRATEGY_MAP", "strategy_table",
+           "GranularityReport", "STRATEGY_MAP", "strategy_table",
            "predict_strategy", "StrategyReport", "IssueReport", "issue_oom", "issue_slow",
-           "issue_inconsistent_init", "LIMIT_ALL_GATHERS_NOTE"]
+           "issue_inconsistent_init"]
 
 #: name -> (unit types given to :func:`course_utils.theory.sharding.fsdp_units` (None: the blocks;
-#: (): none), reshard_after_forward of the units, what it is).
-GRANULARITIES = {
-    "root-only": ((), True, "fully_shard(model) only: one unit, the whole model"),
-    "per-block": (None, True, "fully_shard(block) for each block, then fully_shard(model)"),
-    "per-leaf": ((nn.Linear, nn.LayerNorm), True,
-                 "fully_shard on every nn.Linear and nn.LayerNorm, then fully_shard(model)"),
-    "per-block-zero2": (None, False, "per-block with reshard_after_forward=False "
-                                     "(FSDP1's SHARD_GRAD_OP)"),
-}
-
-#: Why FSDP2 has no ``limit_all_gathers`` (checked against the torch docs and source).
-LIMIT_ALL_GATHERS_NOTE = (
-    "limit_all_gathers is an FSDP1 knob: a CPU rate limiter that blocks the CPU thread until "
-    "an older all-gather's memory is freed, because FSDP1's buffers are freed through "
-    "Tensor.record_stream, which lets a CPU running ahead pile up all-gather memory. FSDP2 has "
-    "no such argument and needs none: it avoids record_stream (the fully_shard docs: "
-    "'deterministic and expected memory usage', no CPU blocking) and bounds what is in flight "
-    "itself: at most two all-gather buffers in forward (the unit just copied out, kept until "
-    "the next copy-out, and the next unit's) and one prefetched unit in backward, as "
-    "UnshardedProbe measures.")
+#: (): none, fully_shard(model) only), reshard_after_forward of the units); each wrapping is then
+#: finished by fully_shard(model). What each is: notebook 07 §3.
+GRANULARITIES = {"root-only": ((), True), "per-block": (None, True),
+                 "per-leaf": ((nn.Linear, nn.LayerNorm), True), "per-block-zero2": (None, False)}
 
 _VIEW_WARNING = r"FSDP2-wrapped module .* returned a view tensor"
 
@@ -177,7 +161,7 @@ def predict_unsharded_peak(granularity: str = "per-block", world_size: int = 2, 
     padded unit sizes: ``{"params", "total", "units" (with the root), "forward_order", "timeline"}``."""
     granularity = _check_names("granularity", granularity, GRANULARITIES)[0]
     check_int("world_size", world_size, 1)
-    unit_types, reshard, _ = GRANULARITIES[granularity]
+    unit_types, reshard = GRANULARITIES[granularity]
     model = build_model(config, device="meta")                 # checks config
     root, *sizes = sharding.message_numels(model, world_size, unit_types)   # padded, per unit
     size = {id(u): 4 * s for u, s in zip(sharding.fsdp_units(model, unit_types), sizes)}
@@ -218,7 +202,7 @@ def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -
     data = SyntheticData(config, global_batch=experiments.GLOBAL_BATCH, seed=seed)
     out = {}
     for name in names:
-        unit_types, reshard, _ = GRANULARITIES[name]
+        unit_types, reshard = GRANULARITIES[name]
         wrap = fsdp.wrap_torch_fsdp if reshard else fsdp.wrap_torch_fsdp_zero2
         model, optimizer = wrap(build_model(config, seed=seed, device=device),
                                 experiments.make_adamw, unit_types=unit_types)
@@ -290,15 +274,14 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
     model = build_model(config, device="meta")
     rows = []
     for name in names:
-        unit_types, reshard, description = GRANULARITIES[name]
+        unit_types, reshard = GRANULARITIES[name]
         r = dict(results[0][name])
         if any(results[k][name]["peak_total"] != r["peak_total"] for k in range(world_size)):
             raise RuntimeError(f"{name}: the ranks measured different peaks: this should not happen")
         pred = predict_unsharded_peak(name, world_size, config=config)
         pred_bytes = sharding.comm_bytes_per_step(model, world_size, reshard_after_forward=reshard,
                                                   unit_types=unit_types)
-        r.update(granularity=name, description=description,
-                 predicted_params=pred["params"], predicted_total=pred["total"],
+        r.update(granularity=name, predicted_params=pred["params"], predicted_total=pred["total"],
                  predicted_forward_order=pred["forward_order"],
                  predicted_calls=sharding.calls_per_step(len(sharding.fsdp_units(model, unit_types)),
                                                          reshard_after_forward=reshard),
@@ -308,7 +291,7 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
     return GranularityReport(rows, world_size, steps, where(results), single)
 
 
-# =========================================================== 2. FSDP1 auto-wrap vs FSDP2
+# ============================================= 2. FSDP1 (both auto-wrap policies), run and measured
 
 def _fsdp1(model, device, *, policy="module", strategy="FULL_SHARD", mesh=None, **kwargs):
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
@@ -337,85 +320,17 @@ def _error_of(fn) -> str:
     return "no error"
 
 
-def _autowrap_rank(policies, steps: int, seed: int) -> dict:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy as policy
-
-    device = rank_device()
-    data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
-    out = {"errors": {     # what the tutorial's two spellings of the auto-wrap policy do
-        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy, transformer_layer_cls={Block})":
-            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy,
-                                   transformer_layer_cls={Block}, device_id=device)),
-        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy)":
-            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy, device_id=device))}}
-    for policy_name in policies:
-        model = _fsdp1(build_model(seed=seed, device=device), device, policy=policy_name)
-        out[f"fsdp1-{policy_name}"] = _run_api(model, experiments.make_adamw(model.parameters()),
-                                               data, steps, device, "fsdp1")
-    model, opt = fsdp.wrap_torch_fsdp(build_model(seed=seed, device=device), experiments.make_adamw)
-    out["fsdp2"] = _run_api(model, opt, data, steps, device, "fsdp2")
-    return out
-
-
-@dataclasses.dataclass
-class AutowrapReport:
-    """What :func:`compare_autowrap` measured: ``runs`` (wrapping -> measures), ``errors`` (spelling -> raised)."""
-
-    runs: dict
-    errors: dict
-    single_losses: list
-    where: str
-    right_form: str = ("FullyShardedDataParallel(model, auto_wrap_policy=functools.partial("
-                       "transformer_auto_wrap_policy, transformer_layer_cls={Block}), ...)")
-
-    def table(self) -> str:
-        header = ["wrapping", "units", "AG/step", "RS/step", "sent B/step", "= predicted",
-                  "= single"]
-        rows = [[name, m["units"], m["calls"]["all_gather"], m["calls"]["reduce_scatter"],
-                 sum(m["bytes"].values()),
-                 m["calls"] == m["predicted"]["calls"] and m["bytes"] == m["predicted"]["bytes"],
-                 m["max_rel_loss_diff"] <= 1e-6]
-                for name, m in self.runs.items()]
-        notes = ([f"fp32, per rank and step, {self.where}."]
-                 + [f"{name}: CommLedger saw {', '.join(m['functions'])}" for name, m in self.runs.items()]
-                 + [f"a tutorial's {call}  ->  {error}" for call, error in self.errors.items()]
-                 + [f"the right form: {self.right_form}"])
-        return table(header, rows, notes=notes)
-
-
-def compare_autowrap(world_size: int = 2, *, steps: int = 3, seed: int = 0,
-                     timeout_s: float = 120.0) -> AutowrapReport:
-    """FSDP1 auto-wrap (both policies) vs FSDP2 per block, against :func:`predict_strategy`, and the
-    errors the tutorial's two spellings raise."""
-    _check_run(world_size, steps, seed)
-    single = experiments.run("single", 1, steps=steps, seed=seed, quiet=True)[0].losses
-    results = launch(_autowrap_rank, world_size, ("module", "transformer"), steps, seed,
-                     quiet=True, timeout_s=timeout_s)
-    runs = {key: dict(results[0][key], max_rel_loss_diff=max_rel_diff(results[0][key]["losses"], single),
-                      predicted=predict_strategy("FULL_SHARD", world_size, flavour=key[:5]))
-            for key in ("fsdp1-module", "fsdp1-transformer", "fsdp2")}
-    return AutowrapReport(runs, results[0]["errors"], single, where(results))
-
-
 # ================================================================ 3. ShardingStrategy table
 
-#: FSDP1 ShardingStrategy -> (FSDP2 form, ZeRO stage, mesh: "1-D" over all ranks,
-#: "2-D" (replicate, shard) = (2, N/2), "N x 1" (replicate over all, shard size 1)).
-STRATEGY_MAP = {
-    "FULL_SHARD": ("fully_shard(block); fully_shard(model)  [reshard_after_forward=True]", 3, "1-D"),
-    "SHARD_GRAD_OP": ("fully_shard(block, reshard_after_forward=False); fully_shard(model)", 2, "1-D"),
-    "NO_SHARD": ("fully_shard(..., mesh=init_device_mesh(dev, (N, 1), "
-                 "('replicate', 'shard'))); or replicate_with_fsdp.replicate, or DDP", 0, "N x 1"),
-    "HYBRID_SHARD": ("fully_shard(..., mesh=2-D (replicate, shard) mesh), reshard_after_forward=True",
-                     3, "2-D"),
-    "_HYBRID_SHARD_ZERO2": ("fully_shard(..., mesh=2-D (replicate, shard) mesh), "
-                            "reshard_after_forward=False", 2, "2-D"),
-}
+#: FSDP1 ShardingStrategy -> (ZeRO stage, mesh: "1-D" over all ranks, "2-D" (replicate, shard) =
+#: (2, N/2), "N x 1" (replicate over all, shard size 1)); the FSDP2 form of each: notebook 10's table.
+STRATEGY_MAP = {"FULL_SHARD": (3, "1-D"), "SHARD_GRAD_OP": (2, "1-D"), "NO_SHARD": (0, "N x 1"),
+                "HYBRID_SHARD": (3, "2-D"), "_HYBRID_SHARD_ZERO2": (2, "2-D")}
 _TABLE_ROWS = tuple(STRATEGY_MAP) + ("HYBRID_SHARD (no mesh)",)
-#: the APIs a row of :func:`strategy_table` may measure ("replicate": NO_SHARD only,
+#: the APIs a row of :func:`strategy_table` may measure ("fsdp1-transformer": FULL_SHARD only, FSDP1
+#: with ``transformer_auto_wrap_policy``; "replicate": NO_SHARD only,
 #: ``torch.distributed._composable.replicate_with_fsdp.replicate`` per block and root)
-_APIS = ("fsdp1", "fsdp2", "replicate")
+_APIS = ("fsdp1", "fsdp1-transformer", "fsdp2", "replicate")
 
 
 def _mesh_shape(kind: str, world: int) -> tuple[int, int]:
@@ -423,23 +338,29 @@ def _mesh_shape(kind: str, world: int) -> tuple[int, int]:
 
 
 def _strategy_rank(names, steps: int, seed: int) -> dict:
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy as policy
 
     device = rank_device()
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
+    out = {"errors": {     # what a tutorial's two spellings of the transformer policy do
+        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy, transformer_layer_cls={Block})":
+            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy,
+                                   transformer_layer_cls={Block}, device_id=device)),
+        "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy)":
+            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy, device_id=device))}}
 
     def digest(model, api):             # of the full parameters this rank would train
         if api == "fsdp1":
-            with FullyShardedDataParallel.summon_full_params(model, writeback=False):
+            with FSDP.summon_full_params(model, writeback=False):
                 return experiments.param_digest({n: p.detach().cpu().clone()
                                                  for n, p in model.named_parameters()})
         return experiments.param_digest(experiments.full_parameters(model))
 
-    out = {}
     for name in names:
         row = out[name] = {}
         base, mesh_less = name.split(" ")[0], name.endswith("(no mesh)")
-        _, stage, kind = STRATEGY_MAP[base]
+        stage, kind = STRATEGY_MAP[base]
         shards = _mesh_shape(kind, dist.get_world_size())[1]
         mesh = fsdp.make_mesh(device.type, shards=shards) if kind == "2-D" and not mesh_less else None
         with warnings.catch_warnings(record=True) as caught:
@@ -450,6 +371,10 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
         row["fsdp1"]["warnings"] = sorted({str(w.message) for w in caught
                                            if "FSDP" in str(w.message) or "NO_SHARD" in str(w.message)})
         row["fsdp1"]["digest"] = digest(model, "fsdp1")
+        if name == "FULL_SHARD":        # the same units, found by the other policy
+            model = _fsdp1(build_model(seed=seed, device=device), device, policy="transformer")
+            row["fsdp1-transformer"] = dict(_run_api(model, experiments.make_adamw(model.parameters()), data,
+                                                     steps, device, "fsdp1"), digest=digest(model, "fsdp1"))
         if not mesh_less:
             if kind != "1-D" and mesh is None:
                 mesh = fsdp.make_mesh(device.type, shards=shards)
@@ -474,7 +399,7 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
     check_choice("strategy", strategy, STRATEGY_MAP, kind="strategy", kinds="strategies")
     check_choice("flavour", flavour, ("fsdp1", "fsdp2"), kind="flavour", kinds="flavours")
     check_int("world_size", world_size, 2)
-    _, stage, kind = STRATEGY_MAP[strategy]
+    stage, kind = STRATEGY_MAP[strategy]
     if kind == "2-D" and world_size % 2:
         raise ValueError(f"{strategy} uses a (2, N/2) mesh: world_size must be even, got {world_size}")
     R, S = _mesh_shape(kind, world_size)
@@ -503,8 +428,10 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
 
 @dataclasses.dataclass
 class StrategyReport(_Rows):
-    """What :func:`strategy_table` measured: one row per FSDP1 strategy, one entry per API of :data:`_APIS`."""
+    """What :func:`strategy_table` measured: one row per FSDP1 strategy, one entry per API of :data:`_APIS`;
+    ``errors``: what a tutorial's two spellings of FSDP1's transformer policy raise."""
 
+    errors: dict = dataclasses.field(default_factory=dict)
     _key = "strategy"
 
     def table(self) -> str:
@@ -517,11 +444,7 @@ class StrategyReport(_Rows):
                  all(m[k] == m["predicted"][k] for k in ("calls", "bytes", "state_bytes")),
                  sum(m["state_bytes"].values()), m["max_rel_loss_diff"] <= 1e-6, m["replicas_agree"]]
                 for r in self.rows for api in _APIS if (m := r.get(api)) is not None]
-        notes = [f"fp32, per rank and step, {self.where}, {self.steps} steps; mesh = "
-                 "replicate x shard; AG/RS/AR = all-gather/reduce-scatter/all-reduce calls; "
-                 "= predicted: calls, bytes and rank 0's state bytes (predict_strategy)."]
-        notes += [f"{r['strategy']}: FSDP2 = {r['fsdp2_form']}" for r in self.rows]
-        return table(header, rows, notes=notes)
+        return table(header, rows, notes=[f"fp32, per rank and step, {self.where}, {self.steps} steps."])
 
 
 def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
@@ -537,44 +460,35 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
     rows = []
     for name in names:
         base, mesh_less = name.split(" ")[0], "no mesh" in name
-        form, stage, kind = STRATEGY_MAP[base]
+        stage, kind = STRATEGY_MAP[base]
         row = {"strategy": name, "zero_stage": None if mesh_less else stage,
-               "mesh": _mesh_shape(kind, world_size),
-               "fsdp2_form": "fully_shard without a mesh shards over all ranks: FULL_SHARD's row"
-               if mesh_less else form}
+               "mesh": _mesh_shape(kind, world_size)}
         for api in _APIS:
             m = results[0][name].get(api)
             row[api] = None if m is None else dict(
                 m, replicas_agree=len({results[k][name][api]["digest"] for k in range(world_size)}) == 1,
                 max_rel_loss_diff=max_rel_diff(m["losses"], single),
                 predicted=None if mesh_less else predict_strategy(
-                    base, world_size, flavour="fsdp1" if api == "fsdp1" else "fsdp2"))
+                    base, world_size, flavour="fsdp1" if api.startswith("fsdp1") else "fsdp2"))
         rows.append(row)
-    return StrategyReport(rows, world_size, steps, where(results), single)
+    return StrategyReport(rows, world_size, steps, where(results), single, results[0]["errors"])
 
 
 # =================================================================== 4. common issues
 
 @dataclasses.dataclass
 class IssueReport:
-    """A tutorial's "Common issue", reproduced (``before``) and fixed (``after``); :meth:`brief` prints ``summary``."""
+    """A tutorial's "Common issue", reproduced (``before``) and fixed (``after``); :meth:`brief` prints
+    ``summary``, its computed lines (notebook 10's markdown says what they mean)."""
 
     issue: str
     before: dict
     after: dict
     where: str
-    notes: list
-    summary: list = dataclasses.field(default_factory=list)
+    summary: list
 
     def brief(self) -> str:
         return "\n".join(self.summary)
-
-    def table(self, *, include_time: bool = False) -> str:
-        keys = [k for k in dict.fromkeys(list(self.before) + list(self.after))
-                if include_time or "(varies)" not in k]
-        rows = [[k, self.before.get(k), self.after.get(k)] for k in keys]
-        return table([self.issue, "before", "after"], rows,
-                     notes=[f"measured on {self.where}"] + list(self.notes))
 
 
 def _require(report, names, world_size: int) -> GranularityReport:
@@ -613,11 +527,7 @@ def issue_oom(report: GranularityReport | None = None, *, world_size: int = 2,
     summary = [f"{coarse['granularity']}: peak {coarse['peak_total']:,} B of unsharded parameters + "
                f"buffers, budget {budget_bytes:,} B: " + verdict(before),
                f"{fine['granularity']}: peak {fine['peak_total']:,} B: " + verdict(after)]
-    return IssueReport("OOM with FSDP", before, after, report.where,
-                       ["fix: wrap each transformer block (fully_shard per block, or FSDP1's "
-                        "auto_wrap_policy); the root then holds only the embeddings",
-                        "the tutorial's other fix, limit_all_gathers=True, is an FSDP1 knob "
-                        "(LIMIT_ALL_GATHERS_NOTE says why FSDP2 has none)"], summary)
+    return IssueReport("OOM with FSDP", before, after, report.where, summary)
 
 
 def issue_slow(report: GranularityReport | None = None, strategies: StrategyReport | None = None,
@@ -630,37 +540,21 @@ def issue_slow(report: GranularityReport | None = None, strategies: StrategyRepo
         raise TypeError("strategies must be the StrategyReport of strategy_table(...) or None")
     block, leaf, zero2 = (report.row(n) for n in needed)
 
-    def side(r):
-        c = r["calls"]
-        return {"wrapping": r["granularity"], "units": r["units"],
-                "all-gathers/step": c["all_gather"], "reduce-scatters/step": c["reduce_scatter"],
-                "bytes sent/step": sum(r["bytes"].values()),
-                "step ms (varies)": round(1e3 * r["step_time_s"], 1),
-                "unsharded peak (B)": r["peak_total"]}
-
     def calls(r):
         c = r["calls"]
         return (f"{r['granularity']}: {r['units']} units, {c['all_gather']} all-gathers + "
                 f"{c['reduce_scatter']} reduce-scatters = {sum(c.values())} calls/step for "
                 f"{sum(r['bytes'].values()):,} B")
 
-    before, after = side(leaf), side(block)
-    before["vs SHARD_GRAD_OP"] = "FULL_SHARD (reshard_after_forward=True)"
-    zero2_sent = f"{zero2['calls']['all_gather']} all-gathers/step, {sum(zero2['bytes'].values()):,} B/step"
-    after["vs SHARD_GRAD_OP"] = f"SHARD_GRAD_OP: {zero2_sent}, unsharded peak {zero2['peak_total']:,} B"
-    notes = [f"per-leaf issues {sum(leaf['calls'].values())} collective calls per step, per-block "
-             f"{sum(block['calls'].values())}: each call pays a fixed latency, so small messages "
-             f"are latency-bound; step times vary between runs"]
+    before, after = leaf, dict(block, SHARD_GRAD_OP=zero2)          # the granularity rows
     if strategies is not None:
-        full, grad_op = strategies.row("FULL_SHARD"), strategies.row("SHARD_GRAD_OP")
-        notes.append(f"FSDP1 on {strategies.where}: FULL_SHARD {full['fsdp1']['calls']['all_gather']} "
-                     f"all-gathers/step, SHARD_GRAD_OP {grad_op['fsdp1']['calls']['all_gather']}")
+        after["FSDP1 all-gathers/step, FULL_SHARD and SHARD_GRAD_OP"] = tuple(
+            strategies.row(n)["fsdp1"]["calls"]["all_gather"] for n in ("FULL_SHARD", "SHARD_GRAD_OP"))
     summary = [calls(leaf), calls(block),
                f"{zero2['granularity']} (SHARD_GRAD_OP): {zero2['calls']['all_gather']} all-gathers, "
                f"{sum(zero2['bytes'].values()):,} B/step, but an unsharded peak of "
                f"{zero2['peak_total']:,} B instead of {block['peak_total']:,} B"]
-    return IssueReport("Slow training (too much communication)", before, after, report.where, notes,
-                       summary)
+    return IssueReport("Slow training (too much communication)", before, after, report.where, summary)
 
 
 def _losses(model, steps: int, seed: int) -> list:
@@ -732,17 +626,13 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
     fixes = ("same seed for the model, FSDP2", "seed+rank, broadcast_from_rank0, FSDP2",
              "seed+rank, FSDP1 sync_module_states=True")
     v = {key: verdict(key) for key in bugs + fixes}
-    before = {"single (torch.manual_seed(seed); GPT())": nums(single)}
-    before.update({f"{key}: {k}": x for key in bugs for k, x in v[key].items()})
     mix = ", ".join(f"rank {k}: {results[k]['rows_from_this_rank']}" for k in range(world_size))
-    before["tok_emb rows each rank's init supplies"] = f"{mix} (of {r0['rows']})"
-    after = {f"{key}: {k}": x for key in fixes for k, x in v[key].items()}
+    before = {"single (torch.manual_seed(seed); GPT())": nums(single), **{key: v[key] for key in bugs},
+              "tok_emb rows each rank's init supplies": f"{mix} (of {r0['rows']})"}
+    after = {key: v[key] for key in fixes}
     after["sync_module_states broadcasts"] = r0["sync broadcasts"]
-    notes = [f"FSDP1 sync_module_states=True on {r0['device'].upper()} modules: "
-             f"{r0['sync_module_states error']}"]
-    if r0["guard lifted"]:
-        notes.append("on CPU that check was patched out for the demo so that FSDP1's own "
-                     "broadcast (torch's _sync_module_params_and_buffers) ran over gloo")
+    after[f"sync_module_states=True on {r0['device'].upper()} modules"] = r0["sync_module_states error"]
+    after["check lifted for the demo (CPU)"] = r0["guard lifted"]
     diff = {key: v[key]["max rel. diff from single"] for key in v}
     summary = [
         f"manual_seed(seed + rank), then fully_shard: losses {v['seed+rank, FSDP2']['losses']}, one "
@@ -754,4 +644,4 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
         f"{diff['seed+rank, broadcast_from_rank0, FSDP2']}; fix 3, FSDP1's "
         f"sync_module_states=True: {diff['seed+rank, FSDP1 sync_module_states=True']}"]
     return IssueReport("Inconsistent results (per-rank seed before building)", before, after,
-                       where(results), notes, summary)
+                       where(results), summary)
