@@ -20,7 +20,7 @@ The subpackages, each allowed to import only those above it in this list:
     ``strategies`` table, ``experiments`` (``wrap``, ``run``, the training loop),
     ``precision``, ``checkpoint``, ``train`` (the torchrun script), ``grading``.
 ``labs``
-    the experiments of notebooks 02 and 05-08: ``overlap``, ``accumulation``, ``fsdp_options``,
+    the experiments of notebooks 02 and 05-08: ``overlap``, ``accumulation``,
     ``fsdp_api``, ``fsdp_wrapping``, ``comparison``, ``hsdp_lab``, ``hangs``, ``deepspeed_config``.
 ``course``
     the course around them: ``quiz``, ``questions``, ``quizbank``, ``exercises`` (one

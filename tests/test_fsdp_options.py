@@ -1,4 +1,4 @@
-"""course_utils.labs.fsdp_options: FSDP2's options run on gloo ranks, measured against predictions.
+"""tests/fsdp_checks.py: FSDP2's options run on gloo ranks, measured against predictions.
 
 Each option is run for real (2-4 gloo ranks) and checked against numbers derived by hand
 below, independently of the module's own prediction code:
@@ -22,8 +22,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from course_utils.labs import fsdp_options as fo
-from course_utils.labs.fsdp_options import Check, OptionResult
+import fsdp_checks as fo
+from fsdp_checks import Check, OptionResult
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 

@@ -1,4 +1,4 @@
-"""Measuring tools for notebook 07's FSDP2 cells, used inside a launched rank (``fsdp_options`` checks them)."""
+"""Measuring tools for notebook 07's FSDP2 cells, used inside a launched rank (``tests/fsdp_checks.py`` checks them)."""
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,5 @@
-"""FSDP2's options, each run on N ranks and measured against a prediction computed by code (notebook
-07's option cells, checked): each ``measure_*`` launches the course GPT sharded as ``"torch-fsdp"``
+"""FSDP2's options, each run on N ranks and measured against a prediction computed by code: the
+facts notebook 07 §5 teaches, checked (tests/test_fsdp_options.py). Each ``measure_*`` launches the course GPT sharded as ``"torch-fsdp"``
 (:func:`shard_model`) and returns an :class:`OptionResult`.
 """
 from __future__ import annotations
@@ -14,20 +14,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_int, check_positive, require_process_group
-from ..harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
+from course_utils.checks import check_int, check_positive, require_process_group
+from course_utils.harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
                                    local_tensor, reference_grads, state_bytes, train)
-from ..harness.model import Block, SyntheticData, build_model
-from ..impl import fsdp
-from ..theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
-from ..runtime import compat
-from ..runtime.fmt import num, table
-from ..runtime.launch import launch, rank_device, where
-from ..runtime.ledger import CommLedger
-from ..theory.config import COURSE_CONFIG
-from ..theory.memory import activation_bytes
-from .fsdp_api import EventOrder, HeldParams, SavedActivations, _check_model, batch
-from .fsdp_wrapping import _check_run, _error_of, _exact
+from course_utils.harness.model import Block, SyntheticData, build_model
+from course_utils.impl import fsdp
+from course_utils.theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
+from course_utils.runtime import compat
+from course_utils.runtime.fmt import num, table
+from course_utils.runtime.launch import launch, rank_device, where
+from course_utils.runtime.ledger import CommLedger
+from course_utils.theory.config import COURSE_CONFIG
+from course_utils.theory.memory import activation_bytes
+from course_utils.labs.fsdp_api import EventOrder, HeldParams, SavedActivations, _check_model, batch
+from course_utils.labs.fsdp_wrapping import _check_run, _error_of, _exact
 
 __all__ = ["Check", "OptionResult", "shard_model", "measure_mixed_precision",
            "measure_cpu_offload", "measure_reshard_after_forward", "measure_prefetch",
