@@ -126,8 +126,9 @@ def quiz_03() -> Quiz:
                             f"the other 14 bytes: {whole7.params / GB:g} + {(whole7.total - whole7.params) / GB:g} / N "
                             f"<= {small} needs N >= {z2_gpus}. ZeRO-1 never gets there: it keeps parameters and "
                             f"gradients whole, {(whole7.params + whole7.grads) / GB:g} GB on every GPU."),
-        SingleChoice("A tutorial draws DDP for 7B parameters as 14 + 14 + 56 = 84 GB per GPU, then "
-                     "tabulates 112 GB. What does the 84 GB drawing leave out?",
+        SingleChoice("A drawing of DDP for 7B parameters counts 14 + 14 + 56 = 84 GB per GPU (16-bit "
+                     "weights and gradients, Adam's m and v); section 3 tabulates 112 GB. What does the "
+                     "84 GB leave out?",
                      ["The activations", "The fp32 master copy of the weights (4 bytes/param)",
                       "The CUDA context", "Nothing: both are right for different GPUs"],
                      "b",
@@ -141,8 +142,9 @@ def quiz_03() -> Quiz:
                     "ZeRO shards model states, not activations: each rank's activations come from its "
                     "own data and are not redundant. Recomputation, flash attention and smaller "
                     "micro-batches all shrink them.", kind="explain"),
-        Numeric("gpt2-xl, micro-batch 1, standard (not fused) attention: predict by what factor its "
-                "activations grow when the sequence doubles from 1024 to 2048 tokens.",
+        Numeric(f"gpt2-xl (h = {PRESETS['gpt2-xl'].config.hidden}, a = {PRESETS['gpt2-xl'].config.heads} heads), micro-batch 1, "
+                "standard (not fused) attention: predict by what factor its activations grow when the "
+                "sequence doubles from 1024 to 2048 tokens.",
                 grow, tol=0.05, minimum=0, kind="predict",
                 explanation=f"{act['standard', 1024] / GB:.2f} -> {act['standard', 2048] / GB:.2f} GB, "
                             f"{grow:.2f}x: most terms are linear in s, but the s x s attention scores "
@@ -471,7 +473,7 @@ def quiz_05() -> Quiz:
                         "whatever the number of GPUs.", printed="09"),
         Numeric(
             "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
-            "fp32 Adam states (Megatron). A published benchmark measured 79 -> 65 GB when sharding was turned on. "
+            "fp32 Adam states (Megatron). Appendix 09's published runs measured 79 -> 65 GB with sharding on. "
             "How many GB does sharding the optimizer states alone save (12 bytes per parameter, sharded 4 ways)?",
             (ddp.total - z1.total) / GB, unit="GB", tol=0.2, minimum=0, kind="explain",
             explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the benchmark's "
