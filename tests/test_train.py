@@ -105,10 +105,13 @@ MULTINODE = ("torch-hsdp", "torch-fsdp")
 MULTINODE_REL = 1e-5   # float32 losses; measured gap to one process: < 2e-7 relative
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports of 127.0.0.1 (all held open until all are chosen)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def _run_all(cmds: dict, env: dict, logs, timeout: float) -> dict:
@@ -154,8 +157,7 @@ def two_nodes(tmp_path_factory):
         env["GLOO_SOCKET_IFNAME"] = lo            # gloo's sockets on loopback too
     train = ["-m", "course_utils.harness.train", "--steps", "3", "--timeout", "60"]
     cmds = {"single": [sys.executable, *train, "--strategy", "single", "--json", str(tmp / "single.json")]}
-    for strategy in MULTINODE:
-        port = _free_port()
+    for strategy, port in zip(MULTINODE, _free_ports(len(MULTINODE))):
         for node in (0, 1):
             cmds[f"{strategy}-{node}"] = [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
