@@ -124,3 +124,23 @@ def test_state_bytes_and_gathers_equal_the_prediction(world_size, train_norm):
 def test_lora_gpt_starts_as_the_base_model():
     x, y = SyntheticData(global_batch=2, seed=0).shard(0, 0, 1)
     assert torch.equal(lora_gpt()(x, y), build_model(seed=0)(x, y))
+
+
+def test_model_states_trainable_fraction():
+    from course_utils.theory.memory import model_states
+    full = model_states(1000, world_size=4, stage=3, recipe="mixed")
+    lora = model_states(1000, world_size=4, stage=3, recipe="mixed", trainable=0.25)
+    assert (lora.params, lora.grads, lora.optimizer) == (full.params, full.grads / 4, full.optimizer / 4)
+    assert model_states(1000, recipe="fp32", trainable=1).total == 16_000
+    for bad in (0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="trainable"):
+            model_states(1000, trainable=bad)
+    # the course GPT with rank-4 adapters, fp32 + AdamW on 2 ranks: the strategies that lay
+    # nothing out per tensor hold model_states plus AdamW's step counters (48 tensors, 1 bucket)
+    model = lora_gpt()
+    T = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    F = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    for setup, stage, counters in (("ddp", 0, 48), ("zero1", 1, 1), ("zero2", 2, 1)):
+        predicted = sum(predicted_state_bytes(model, setup, 2, 0).values())
+        ms = model_states(F + T, world_size=2, stage=stage, recipe="fp32", trainable=T / (F + T))
+        assert predicted == ms.total + 4 * counters, setup
