@@ -38,7 +38,8 @@ NOTEBOOKS = [
      "torch's in full, more hangs."),
     ("12_appendix_zero3_in_depth.ipynb", "Appendix: ZeRO-3 in depth",
      "Optional: ZeRO-3's bytes unit by unit and on gloo's wire, the root freed after forward, a 7B "
-     "model's count, gradient accumulation, and ZeRO-3 next to tensor parallelism."),
+     "model's count, gradient accumulation, ZeRO-3 next to tensor parallelism, and LoRA on a frozen "
+     "base: its bytes per rank under each strategy, and what sharding the base costs in gathers."),
     ("13_appendix_claims.ipynb", "Appendix: claims you will meet, checked",
      "Optional: widely repeated figures about ZeRO and FSDP, each with the right figure and the cell "
      "that computes it."),

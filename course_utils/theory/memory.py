@@ -53,8 +53,10 @@ class ModelStates:
 
 
 def model_states(num_params, *, world_size: int = 1, stage: int = 0,
-                 recipe: str = "mixed") -> ModelStates:
-    """Bytes of params, grads and optimizer states one rank holds (stage 0: DDP).
+                 recipe: str = "mixed", trainable: float = 1) -> ModelStates:
+    """Bytes of params, grads and optimizer states one rank holds (stage 0: DDP). ``trainable``:
+    the fraction that trains (LoRA: ~0.01); the frozen rest holds params only, sharded by stage 3
+    as FSDP2 does (the course's ``Zero3`` keeps them whole: notebook 12 §6).
 
     >>> model_states(7e9, world_size=4, stage=3).total / 1e9
     28.0
@@ -65,11 +67,12 @@ def model_states(num_params, *, world_size: int = 1, stage: int = 0,
         raise ValueError(f"stage must be 0 (DDP), 1, 2 or 3 (ZeRO stages), got {stage!r}")
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
+    check_number("trainable", trainable, above=0, maximum=1, example="0.01")
     bp, bg, bo = RECIPES[recipe]
-    n = world_size
+    n, trained = world_size, num_params * trainable
     params = num_params * bp / (n if stage >= 3 else 1)
-    grads = num_params * bg / (n if stage >= 2 else 1)
-    optimizer = num_params * bo / (n if stage >= 1 else 1)
+    grads = trained * bg / (n if stage >= 2 else 1)
+    optimizer = trained * bo / (n if stage >= 1 else 1)
     return ModelStates(_exact(params), _exact(grads), _exact(optimizer),
                        _exact(num_params), n, stage, recipe)
 
