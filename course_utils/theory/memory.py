@@ -112,9 +112,9 @@ ATTENTION = ("standard", "flash")
 RECOMPUTE = ("none", "selective", "full")
 #: torch's op-level selective checkpointing (``create_selective_checkpoint_contexts``, a policy saying
 #: which ops' outputs are saved; the rest is recomputed in backward): every k-th matmul saved.
-#: "op-selective": ``aten.mm`` and the fused attention kernels, as torch's docstring example;
+#: "op-selective": every ``aten.mm`` (torch's docstring example) and the fused attention kernels;
 #: "torchtitan": its ``_save_list`` (torchtitan 9dec370, torchtitan/parallelisms/parallelize_llama.py
-#: l. 214-264, the Table 1 run's commit): the same with every second ``aten.mm`` recomputed (its
+#: l. 214-276, the Table 1 run's commit): the same with every second ``aten.mm`` recomputed (its
 #: reduce_scatter, abs and max run in no bf16 1-D FSDP block). activation_bytes(recompute=...) only.
 OP_SELECTIVE = {"op-selective": 1, "torchtitan": 2}
 CROSS_ENTROPY = ("torch", "fused")
