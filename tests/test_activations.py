@@ -5,12 +5,19 @@ Hand counts below are written out independently of the module: per layer, 16-bit
 activations (2 bytes), s tokens, b sequences, h hidden, a heads, kv = kv_heads x head_dim,
 f the FFN width, V the vocabulary.
 """
+import weakref
+from collections import defaultdict
+from functools import partial
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from course_utils.harness.model import build_model
 from course_utils.theory.config import PRESETS, TransformerConfig
-from course_utils.theory.memory import GB, activation_bytes, block_terms, per_gpu
+from course_utils.theory.memory import GB, OP_SELECTIVE, activation_bytes, block_terms, op_selective_terms, per_gpu
 
 TINY_LLAMA = TransformerConfig(hidden=64, layers=2, heads=4, kv_heads=2, vocab=1000, seq=16, ffn=96,
                                tied_embeddings=False, bias=False, norm="rmsnorm", mlp="swiglu",
@@ -145,37 +152,35 @@ def test_one_real_block_saves_what_block_terms_counts():
     assert sum(terms.values()) == 81_024
 
 
+class Live(TorchDispatchMode):
+    """Bytes of the storages ops create that are still alive (``now``) and their peak."""
+    def __init__(self):
+        super().__init__()
+        self.live, self.now, self.peak = {}, 0, 0
+
+    def _free(self, key):
+        self.now -= self.live.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            st = t.untyped_storage() if isinstance(t, torch.Tensor) else None
+            if st is not None and st._cdata not in before and st._cdata not in self.live:
+                self.live[st._cdata] = st.nbytes()
+                self.now += st.nbytes()
+                weakref.finalize(st, self._free, st._cdata)
+        self.peak = max(self.peak, self.now)
+        return out
+
+
 def test_the_loss_peaks_at_12_bytes_per_logit():
     """Live bytes during F.cross_entropy's forward and backward on bf16 logits, tracked
     op by op: after forward the fp32 log-probabilities (4·b·s·V) remain; the peak, in
     log-softmax's backward, is those plus two more fp32 buffers (12·b·s·V): Activations'
     logits + loss_grads."""
-    import weakref
-
     import torch.nn.functional as F
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    class Live(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.live, self.now, self.peak = {}, 0, 0
-
-        def _free(self, key):
-            self.now -= self.live.pop(key)
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            before = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
-                      if isinstance(t, torch.Tensor)}
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                st = t.untyped_storage() if isinstance(t, torch.Tensor) else None
-                if st is not None and st._cdata not in before and st._cdata not in self.live:
-                    self.live[st._cdata] = st.nbytes()
-                    self.now += st.nbytes()
-                    weakref.finalize(st, self._free, st._cdata)
-            self.peak = max(self.peak, self.now)
-            return out
 
     n, h, V = 48, 64, 1000                                 # b·s = 48 tokens
     gen = torch.Generator().manual_seed(0)
@@ -204,3 +209,72 @@ def test_planner_uses_the_same_activation_model():
     assert plain.activations - fused.activations == 8 * 4096 * 32000
     with pytest.raises(ValueError, match="cross_entropy must be"):
         planner.plan("llama-2-7b", cross_entropy="chunked", **kw)
+
+
+# ------------------------------------------------------------------ op-level selective checkpointing
+
+aten = torch.ops.aten
+#: torchtitan's _save_list (9dec370, torchtitan/parallelisms/parallelize_llama.py l. 214-223) plus the
+#: CPU's name for the flash kernel, which a CPU runs in its place
+SAVE_LIST = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
+             aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+             torch.ops._c10d_functional.reduce_scatter_tensor.default, aten.abs.default, aten.max.default}
+
+
+def sac_context(every):
+    """torchtitan's policy (l. 250-270 there), every k-th mm saved: torch's SAC contexts for one block."""
+    count = defaultdict(int)
+
+    def policy(ctx, op, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        count[mode] += op == aten.mm.default
+        save = op in SAVE_LIST and not (op == aten.mm.default and (count[mode] - 1) % every)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
+
+
+def kept_by_checkpoint(block, x0, context_fn):
+    """Bytes alive after ``checkpoint(block)``'s forward besides its output (the input included:
+    made here, only the checkpoint holds it), then backward runs the recompute for real."""
+    with Live() as live:
+        x = x0 * 1
+        y = checkpoint(block, x, use_reentrant=False, context_fn=context_fn, preserve_rng_state=False)
+        del x
+        kept = live.now - y.untyped_storage().nbytes()
+        y.float().sum().backward()
+    return kept
+
+
+TINY_GPT = TransformerConfig(hidden=64, layers=2, heads=4, vocab=1000, seq=16, ffn=256, bias=True)
+
+
+@pytest.mark.parametrize("cfg, expected", [(TINY_LLAMA, {"op-selective": 56_064, "torchtitan": 37_632}),
+                                           (TINY_GPT, {"op-selective": 13_056, "torchtitan": 13_056})])
+def test_op_selective_checkpointing_keeps_what_the_model_counts(cfg, expected):
+    """A bf16 block of the course model under torch's SAC with torchtitan's save list: what stays
+    alive is the model's count to the byte (Llama: q, v, gate, down saved under torchtitan; GPT:
+    its biased projections run as addmm, which the list does not name: none saved)."""
+    b, s = 3, 16
+    block = build_model(cfg, dtype=torch.bfloat16).blocks[0]
+    x0 = torch.randn(b, s, cfg.hidden, dtype=torch.bfloat16, requires_grad=True)
+    for policy, every in OP_SELECTIVE.items():
+        terms = op_selective_terms(cfg, micro_batch=b, seq=s, policy=policy)
+        assert kept_by_checkpoint(block, x0, partial(sac_context, every)) == sum(terms.values()) == expected[policy]
+        act = activation_bytes(cfg, micro_batch=b, seq=s, attention="flash", recompute=policy)
+        assert act.per_layer == expected[policy] and act.recompute == policy
+    full = activation_bytes(cfg, micro_batch=b, seq=s, attention="flash", recompute="full")
+    assert kept_by_checkpoint(block, x0, lambda: sac_context(1)) > full.per_layer == 2 * b * s * cfg.hidden
+
+
+def test_torchtitans_table_1_run_predicted():
+    """Llama 3.1 8B, 8 GPUs, FSDP (fp32 states sharded: 16 B/param / 8), local batch 2, seq 8192,
+    torchtitan's selective AC: 63,616 bytes per token and block (of 168,072 without AC)."""
+    kw = dict(world_size=8, stage=3, recipe="torch-amp", micro_batch=2, seq=8192, attention="flash")
+    tt = per_gpu("llama-3.1-8b", recompute="torchtitan", **kw)
+    t, h, kv, f = 2 * 8192, 4096, 1024, 14336
+    assert tt.activation_detail.per_layer == t * (2 * (h + h + kv + f + h + h) + 4 * 32) == t * 63_616
+    assert sum(block_terms("llama-3.1-8b", micro_batch=2, seq=8192, attention="flash").values()) == t * 168_072
+    assert round(tt.total / 2 ** 30, 1) == 69.8
+    assert per_gpu("llama-3.1-8b", recompute="selective", **kw).total > 120 * 2 ** 30 > tt.total
+    with pytest.raises(ValueError, match="policy must be one of"):
+        op_selective_terms("llama-3.1-8b", micro_batch=1, policy="megatron")

@@ -415,7 +415,7 @@ def test_selective_recompute_between_none_and_full_and_it_can_win():
     rows = plan("llama-2-7b", attention="standard", global_batch=64, **DGX)
     assert len(rows) == 24                             # none / selective / full for every option
     none, sel, full = (rows.row(("ZeRO-1", "none", rc)) for rc in ("none", "selective", "full"))
-    assert sel.label() == "ZeRO-1 + selective recompute" and full.label() == "ZeRO-1 + full recompute"
+    assert sel.label() == "ZeRO-1 + selective recompute (attention core)" and full.label() == "ZeRO-1 + full recompute"
     b1 = dict(attention="standard", micro_batch=1, **H100)
     a = [plan("llama-2-7b", choices=[("ZeRO-3", "none", rc)], **b1)[0].activations
          for rc in ("none", "selective", "full")]

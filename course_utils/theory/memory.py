@@ -15,7 +15,7 @@ from .text import GB, UNITS, GiB, fmt_bytes, to_unit  # noqa: F401 (re-exported)
 
 __all__ = ["RECIPES", "ModelStates", "model_states", "GB", "GiB", "fmt_bytes", "to_unit",
            "Placement", "placement", "Activations", "activation_bytes", "block_terms",
-           "recompute_policy", "GpuMemory", "per_gpu", "STAGE_NAMES"]
+           "recompute_policy", "GpuMemory", "per_gpu", "STAGE_NAMES", "OP_SELECTIVE", "op_selective_terms"]
 
 #: bytes per parameter for (params, grads, optimizer states)
 RECIPES: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12),
@@ -111,8 +111,15 @@ def placement(states: ModelStates, *, offload_optimizer: bool = False,
 
 
 ATTENTION = ("standard", "flash")
-#: recomputation policies: none, selective (the attention core), full (every block)
+#: recomputation policies: none, selective (Korthikanti et al.: the attention core), full (every block)
 RECOMPUTE = ("none", "selective", "full")
+#: torch's op-level selective checkpointing (``create_selective_checkpoint_contexts``, a policy saying
+#: which ops' outputs are saved; the rest is recomputed in backward): every k-th matmul saved.
+#: "op-selective": every ``aten.mm`` (torch's docstring example) and the fused attention kernels;
+#: "torchtitan": its ``_save_list`` (torchtitan 9dec370, torchtitan/parallelisms/parallelize_llama.py
+#: l. 214-276, the Table 1 run's commit): the same with every second ``aten.mm`` recomputed (its
+#: reduce_scatter, abs and max run in no bf16 1-D FSDP block). activation_bytes(recompute=...) only.
+OP_SELECTIVE = {"op-selective": 1, "torchtitan": 2}
 CROSS_ENTROPY = ("torch", "fused")
 _S2_TERM = "attention scores"    # the s²-scaling term: what flash never stores, selective recomputes
 
@@ -195,6 +202,28 @@ def _seq_batch(cfg, micro_batch, seq) -> tuple[int, int]:
     return seq, micro_batch
 
 
+def op_selective_terms(model, *, micro_batch: int, seq: int | None = None, attention: str = "flash",
+                       policy: str = "torchtitan") -> dict[str, int]:
+    """Bytes one block keeps under an :data:`OP_SELECTIVE` policy: its input (the checkpoint holds it),
+    the saved matmul outputs (bias-free projections run as ``aten.mm``; a bias makes them
+    ``aten.addmm``, which neither list names) and a fused attention kernel's output and fp32
+    logsumexp (standard attention runs as bmm and softmax: recomputed). tests/test_activations.py
+    checks it to the byte on CPU blocks under torch's SAC."""
+    cfg = _config_of(model)
+    s, b = _seq_batch(cfg, micro_batch, seq)
+    if policy not in OP_SELECTIVE:
+        raise ValueError(f"policy must be one of {tuple(OP_SELECTIVE)}, got {policy!r}")
+    h, f, kv = cfg.hidden, cfg.ffn_, cfg.kv_heads_ * cfg.head_dim
+    mlp = [("gate", f), ("up", f)] if cfg.mlp == "swiglu" else [("up", f)]
+    mms = [("q", h), ("k", kv), ("v", kv), ("out-proj", h), *mlp, ("down", h)]
+    terms = {"block input": 2 * s * b * h}
+    terms.update({f"{n} output": 2 * s * b * w for i, (n, w) in enumerate(mms)
+                  if not cfg.bias and i % OP_SELECTIVE[policy] == 0})
+    if attention == "flash":
+        terms.update({"attention output": 2 * s * b * h, "logsumexp": 4 * cfg.heads * s * b})
+    return terms
+
+
 def recompute_policy(recompute) -> str:
     """``"none"``, ``"selective"`` or ``"full"``; ``False``/``True`` are read as none/full."""
     if isinstance(recompute, bool):
@@ -208,12 +237,13 @@ def recompute_policy(recompute) -> str:
 def activation_bytes(model, *, micro_batch: int, seq: int | None = None,
                      attention: str = "standard", recompute: str = "none",
                      cross_entropy: str = "torch") -> Activations:
-    """Activations at the peak of a step: :func:`block_terms` per layer under ``recompute``, the
+    """Activations at the peak of a step: :func:`block_terms` per layer under ``recompute`` (or
+    :func:`op_selective_terms` under an :data:`OP_SELECTIVE` policy), the
     output layer's inputs and fp32 log-probs, plus the larger of the loss's fp32 gradients
     (8·s·b·V, "fused": 0) and one block's recompute (H200: the loss peaks at 12·s·b·V)."""
     cfg = _config_of(model)
     s, b = _seq_batch(cfg, micro_batch, seq)
-    recompute = recompute_policy(recompute)
+    recompute = recompute if isinstance(recompute, str) and recompute in OP_SELECTIVE else recompute_policy(recompute)
     if cross_entropy not in CROSS_ENTROPY:
         raise ValueError(f"cross_entropy must be one of {CROSS_ENTROPY} ('torch': F.cross_entropy; "
                          f"'fused': an in-place loss such as Megatron-LM's), got {cross_entropy!r}")
@@ -224,6 +254,10 @@ def activation_bytes(model, *, micro_batch: int, seq: int | None = None,
         per_layer, peak = 2 * sbh, full_block - 2 * sbh
     elif recompute == "selective":
         per_layer, peak = full_block - terms[_S2_TERM], terms[_S2_TERM]
+    elif recompute in OP_SELECTIVE:     # peak: at most the block again (cached outputs are not redone)
+        per_layer = sum(op_selective_terms(cfg, micro_batch=b, seq=s, attention=attention,
+                                           policy=recompute).values())
+        peak = full_block - 2 * sbh
     else:
         per_layer, peak = full_block, 0
     logits = 4 * s * b * cfg.vocab

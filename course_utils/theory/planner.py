@@ -102,7 +102,7 @@ class Choice:
                      "CPUOffloadPolicy" if self.offload_params else off and off + " (no torch API)"]
         else:
             parts = [self.strategy, off]
-        parts.append("" if self.recompute == "none" else f"{self.recompute} recompute")
+        parts.append({"none": "", "selective": "selective recompute (attention core)"}.get(self.recompute, "full recompute"))
         return " + ".join(p for p in parts if p)
 
     def short(self, framework: str = "deepspeed") -> str:
