@@ -12,8 +12,8 @@ padded for a shard group of 2 the root has 6,800 elements (the 101-row embedding
 * reduce-scatters: 5·K = 20, or 5 without gradient sync; HSDP's all-reduces across the
   2 replicas: 20, or 5 with ``set_requires_all_reduce(False)`` or without sync.
 * held after the first micro-batch: the gathered model 4·(6,800 + 4·30,650) = 517,600 B;
-  unsharded gradients 4·129,350 = 517,400 B; HSDP's shards waiting for the all-reduce
-  517,600 / 2 = 258,800 B.
+  unsharded gradients 4·129,350 = 517,400 B; the gradient shards (``p.grad``), or HSDP's
+  shards waiting for the all-reduce, 517,600 / 2 = 258,800 B.
 """
 import pytest
 import torch
@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from course_utils.harness.model import SyntheticData, build_model
-from course_utils.labs.fsdp_api import HeldParams, unsharded_grad_bytes
+from course_utils.labs.fsdp_api import HeldParams, grad_bytes, unsharded_grad_bytes
 from course_utils.runtime.compat import fsdp2_param_groups
 from course_utils.runtime.launch import launch
 from course_utils.runtime.ledger import CommLedger
@@ -30,12 +30,19 @@ from course_utils.runtime.ledger import CommLedger
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
 K, M_ROOT, M_BLOCK, PSI = 4, 6_800, 30_650, 129_350
-GATHERED, UNSHARDED, WAITING = 4 * (M_ROOT + 4 * M_BLOCK), 4 * PSI, 4 * (M_ROOT + 4 * M_BLOCK) // 2
+GATHERED, UNSHARDED = 4 * (M_ROOT + 4 * M_BLOCK), 4 * PSI
+SHARD = GATHERED // 2          # a gradient shard, or HSDP's shards waiting for the all-reduce
 
 
 def _waiting(model) -> int:
     return sum(g._partial_reduce_output.nbytes for g in fsdp2_param_groups(model).values()
                if g._partial_reduce_output is not None)
+
+
+def _shards(model) -> int:
+    grads = (fp.sharded_param.grad.to_local() for group in fsdp2_param_groups(model).values()
+             for fp in group.fsdp_params if fp.sharded_param.grad is not None)   # gathered: not model.parameters()
+    return sum({g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in grads}.values())
 
 
 def _rank(runs, hsdp: bool) -> dict:
@@ -61,7 +68,8 @@ def _rank(runs, hsdp: bool) -> dict:
                 micro.backward()
                 loss += micro.detach()
                 if i == 0:
-                    between = (held(), unsharded_grad_bytes(model), _waiting(model))
+                    between = (held(), unsharded_grad_bytes(model), _shards(model), _waiting(model))
+                    assert between[1:] == tuple(grad_bytes(model).values())
         dist.all_reduce(loss)
         grad_diff = max((p.grad.full_tensor() - q.grad).abs().max().item()
                         for p, q in zip(model.parameters(), one.parameters()))
@@ -88,17 +96,17 @@ def test_gradient_sync_and_reshard_after_backward_on_2_ranks():
             ("keep_raf_false", ["set_reshard_after_backward"], False),
             ("both", ["set_reshard_after_backward", "set_requires_gradient_sync"], False))
     res = launch(_rank, 2, runs, False, quiet=True, timeout_s=180)
-    _check(res, {"default": (36, 20, 0, (0, 0, 0)),
-                 "no_sync": (36, 5, 0, (0, UNSHARDED, 0)),
-                 "keep": (21, 20, 0, (GATHERED, 0, 0)),
-                 "keep_raf_false": (5, 20, 0, (GATHERED, 0, 0)),
-                 "both": (5, 5, 0, (GATHERED, UNSHARDED, 0))})
+    _check(res, {"default": (36, 20, 0, (0, 0, SHARD, 0)),
+                 "no_sync": (36, 5, 0, (0, UNSHARDED, 0, 0)),
+                 "keep": (21, 20, 0, (GATHERED, 0, SHARD, 0)),
+                 "keep_raf_false": (5, 20, 0, (GATHERED, 0, SHARD, 0)),
+                 "both": (5, 5, 0, (GATHERED, UNSHARDED, 0, 0))})
 
 
 def test_requires_all_reduce_on_a_2x2_mesh():
     runs = (("default", [], True), ("no_all_reduce", ["set_requires_all_reduce"], True),
             ("no_sync", ["set_requires_gradient_sync"], True))
     res = launch(_rank, 4, runs, True, quiet=True, timeout_s=180)
-    _check(res, {"default": (36, 20, 20, (0, 0, 0)),
-                 "no_all_reduce": (36, 20, 5, (0, 0, WAITING)),
-                 "no_sync": (36, 5, 5, (0, UNSHARDED, 0))})
+    _check(res, {"default": (36, 20, 20, (0, 0, SHARD, 0)),
+                 "no_all_reduce": (36, 20, 5, (0, 0, 0, SHARD)),
+                 "no_sync": (36, 5, 5, (0, UNSHARDED, 0, 0))})
