@@ -14,7 +14,7 @@ from ..runtime.launch import rank_device
 from ..runtime.ledger import CommLedger
 
 __all__ = ["batch", "HeldParams", "SavedActivations", "EventOrder", "unsharded_grad_bytes",
-           "state_digest", "digest"]
+           "grad_bytes", "state_digest", "digest"]
 
 
 def _check_model(model) -> nn.Module:
@@ -130,6 +130,19 @@ class EventOrder:
 def unsharded_grad_bytes(model: nn.Module) -> int:
     """Bytes of the unsharded gradients FSDP2 holds now (0 once reduce-scattered)."""
     return compat.fsdp2_unsharded_grad_bytes(_check_model(model))
+
+
+def grad_bytes(model: nn.Module) -> dict:
+    """Gradient bytes FSDP2 holds now, each storage once (appendix 10 §3.5): ``unsharded`` (sync off),
+    ``shards`` (the sharded parameters' ``.grad``; while a unit is gathered its module holds the
+    unsharded parameters, so they are read from FSDP2's ``sharded_param``) and ``waiting`` (HSDP with
+    ``set_requires_all_reduce(False)``: reduce-scattered, summed until the all-reduce)."""
+    groups = compat.fsdp2_param_groups(_check_model(model)).values()
+    shards = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in
+              (fp.sharded_param.grad.to_local() for group in groups for fp in group.fsdp_params
+               if fp.sharded_param.grad is not None)}
+    waiting = sum(g._partial_reduce_output.nbytes for g in groups if g._partial_reduce_output is not None)
+    return {"unsharded": unsharded_grad_bytes(model), "shards": sum(shards.values()), "waiting": waiting}
 
 
 def digest(tensors: dict) -> str:
