@@ -521,8 +521,9 @@ def _memory(choice: Choice, a: Assumptions, model_arg, config, shard_size: int, 
     acts, (pb, gb), torch, copies = mem.activations, a.wire_bytes, a.framework == "torch", 0
     if choice.stage == 3:   # two gathered units + one unit of grads (torch: + its reduce-scatter input)
         comm_buf = a.unit_params * (2 * pb + (pb if torch else 0) + gb)
-        _, p, kept = a.ds_terms     # DeepSpeed: persistent tensors whole on the GPU; kept ones + the next unit
-        mem = dataclasses.replace(mem, params=mem.params + p * pb * (1 - (not choice.offload_params) / shard_size))
+        _, p, kept = a.ds_terms     # DeepSpeed: persistent tensors whole (and, offloaded, their shard:
+        # partition_parameters.py L1801) on the GPU; the kept ones + the next unit gathered
+        mem = dataclasses.replace(mem, params=mem.params + p * pb * (1 + (-1, 1)[choice.offload_params] / shard_size))
         comm_buf += max(0, kept - a.unit_params) * pb
     elif torch and choice.stage == 2:
         comm_buf, copies = a.unit_params * (pb + gb), a.num_params * pb
