@@ -14,7 +14,8 @@ from ..checks import check_bool, check_choice, check_int, check_number
 from ..harness.experiments import BETAS, LR, WEIGHT_DECAY
 from ..theory.planner import Choice, PlanRow, as_choice
 
-__all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "STAGE3_KEYS", "FSDP2_COUNTERPARTS", "deepspeed_config", "validate_deepspeed_config",
+__all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "STAGE3_KEYS", "FSDP2_COUNTERPARTS",
+           "deepspeed_config", "validate_deepspeed_config",
            "FSDP2Equivalent", "fsdp2_equivalent"]
 
 PRECISIONS = ("bf16", "fp16", "fp32")

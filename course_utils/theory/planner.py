@@ -23,7 +23,8 @@ from .multinode import cross_node_wire, flat_ring_wire
 __all__ = [
     "STRATEGIES", "OFFLOADS", "RECOMPUTE", "FRAMEWORKS", "TORCH_NAMES", "Choice",
     "as_choice", "matmul_weights", "Assumptions", "PlanRow", "Plan", "plan",
-    "table", "Recommendation", "DS_PERSISTENCE_THRESHOLD", "DS_MAX_REUSE_DISTANCE", "deepspeed_zero3_terms", "recommend", "plot", "DEFAULT_OVERHEAD_GB",
+    "table", "Recommendation", "recommend", "plot", "DEFAULT_OVERHEAD_GB",
+    "DS_PERSISTENCE_THRESHOLD", "DS_MAX_REUSE_DISTANCE", "deepspeed_zero3_terms",
     "DEFAULT_ACTIVATION_SLACK", "NEAR_TIE", "GPT2XL_BENCHMARK", "megatron_param_count",
     "megatron_weight_and_optimizer_bytes", "benchmark_config", "benchmark_plan",
     "linear_model_bounds", "BenchmarkRow", "benchmark_comparison", "benchmark_table",
@@ -326,7 +327,7 @@ class Assumptions:
                                    "= ranks x micro-batch (no accumulation)"),
         ]
         count, p, kept = self.ds_terms
-        lines.append("ZeRO-3 as FSDP2 and the course's run it: every tensor sharded (16Ψ/N, 1.5x DDP)" if torch else
+        lines.append("ZeRO-3 as FSDP2 (and the course's Zero3) runs it: every tensor sharded, 16Ψ/N, 1.5x DDP" if torch else
                      f"ZeRO-3/HSDP as DeepSpeed runs it: {count} tensors ({p:,} elements) <= "
                      f"stage3_param_persistence_threshold {self.persistence_threshold:.3g} whole on every GPU, "
                      f"gathered once per step; stage3_max_reuse_distance {self.max_reuse_distance:.3g} keeps "
