@@ -53,6 +53,19 @@ def test_bucket_sizes_follow_the_hidden_size(rows):
     assert not any(k.startswith("stage3_") for k in z1)
 
 
+def test_every_stage3_key_is_explained_and_the_defaults_are_deepspeeds(rows):
+    from course_utils.theory.planner import DS_MAX_REUSE_DISTANCE, DS_PERSISTENCE_THRESHOLD
+    z3 = D.deepspeed_config(rows.row("ZeRO-3"))["zero_optimization"]
+    assert {k for k in z3 if k.startswith("stage3_")} | {"sub_group_size"} == set(D.STAGE3_KEYS)
+    assert set(D.STAGE3_KEYS) <= D._ZERO_KEYS and "1e9" in D.STAGE3_KEYS["stage3_max_reuse_distance"]
+    assert all("zero_to_fp32" in k or "zero.Init" in k or "16bit" in k for k in D.FSDP2_COUNTERPARTS)
+    assert any("to_empty" in v for v in D.FSDP2_COUNTERPARTS.values())
+    assert any("full_state_dict=True" in v for v in D.FSDP2_COUNTERPARTS.values())
+    zero = pytest.importorskip("deepspeed.runtime.zero.config").DeepSpeedZeroConfig()
+    assert (zero.param_persistence_threshold, zero.max_reuse_distance) == (DS_PERSISTENCE_THRESHOLD,
+                                                                           DS_MAX_REUSE_DISTANCE)
+
+
 def test_zero_infinity_on_nvme_and_precisions():
     cfg = D.deepspeed_config(("ZeRO-3", "optimizer+params"), world_size=8, micro_batch=1, grad_accum=4,
                              offload_device="nvme", nvme_path="/local_nvme", precision="fp16")
@@ -257,7 +270,7 @@ def test_deepspeed_estimators_agree_with_the_planner(ds):
 
     cfg = preset("llama-2-13b").config
     psi, largest = cfg.num_params(), cfg.largest_layer_params()
-    rows = plan(cfg, recipe="mixed-fp32-grads", **CLUSTER)
+    rows = plan(cfg, recipe="mixed-fp32-grads", persistence_threshold=0, **CLUSTER)  # its estimator shards every tensor
     n = 16
     _, gpu = estimate_zero2_model_states_mem_needs(psi, 8, 2, cpu_offload=False)
     assert gpu == int(rows.row("ZeRO-2").states + 2 * psi / n)     # + DeepSpeed's fp16 grad shard
@@ -282,3 +295,55 @@ def test_capstone_answers_become_valid_deepspeed_configs():
         D.validate_deepspeed_config(cfg, world_size=best.world_size)
         assert cfg["train_batch_size"] == sc.global_batch
         assert best.total <= sc.gpu_mem_gb * GB
+
+
+def _deepspeed_zero3_on_ranks(settings, rank=0, world_size=1):
+    """DeepSpeed's ZeRO-3 on the course GPT, per (threshold, reuse distance): all-gathered elements in a
+    steady-state step (the third: the first records the trace), parameters held whole after forward
+    and after the step."""
+    import deepspeed
+    import deepspeed.comm.comm as dcomm
+    from course_utils.harness.model import GPT
+    deepspeed.init_distributed(dist_backend="gloo")
+    gathered, real, results = [], dcomm.cdb.all_gather_into_tensor, []
+
+    def counting(*a, **k):
+        gathered.append((a[0] if a else next(iter(k.values()))).numel())
+        return real(*a, **k)
+    dcomm.cdb.all_gather_into_tensor = counting
+    x = torch.randint(0, COURSE_CONFIG.vocab, (2, COURSE_CONFIG.seq), generator=torch.Generator().manual_seed(0))
+    for threshold, reuse in settings:
+        torch.manual_seed(0)
+        model = GPT(COURSE_CONFIG)
+        zero = {"stage": 3, "stage3_param_persistence_threshold": threshold, "stage3_max_reuse_distance": reuse,
+                "stage3_prefetch_bucket_size": 0}      # no prefetch: it also keeps what it fetched ahead
+        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                          config={"train_batch_size": 2 * world_size, "zero_optimization": zero,
+                                                  "zero_allow_untested_optimizer": True})
+        for _ in range(3):
+            gathered.clear()
+            loss = engine(x, x)
+            held = sum(p.data.numel() for p in engine.module.parameters())
+            engine.backward(loss)
+            engine.step()
+        results.append({"gathered": sum(gathered), "held_after_forward": held,
+                        "held_after_step": sum(p.data.numel() for p in engine.module.parameters()),
+                        "persistent": sum(p.ds_persist for p in engine.module.parameters())})
+    return results
+
+
+def test_deepspeed_zero3_gathers_and_holds_what_the_planner_models(ds):
+    """DeepSpeed itself on 2 gloo ranks: every course-GPT tensor is under the default persistence
+    threshold (gathered once, after the step); with threshold 0 the default reuse distance keeps
+    every parameter gathered into backward (Ψ per step), reuse distance 0 gathers twice (2Ψ). On 3
+    ranks each tensor is gathered padded to a multiple of 3 (5050 -> 5052): 129,444 for 129,350."""
+    import math
+    from course_utils.theory.planner import deepspeed_zero3_terms
+    psi, settings = COURSE_CONFIG.num_params(), [(100_000, 10**9), (0, 10**9), (0, 0)]
+    for n in (2, 3):
+        padded = sum(math.ceil(e / n) * n for e in COURSE_CONFIG.param_numels())   # each case: all or none
+        for rank in launch(_deepspeed_zero3_on_ranks, n, settings, quiet=True, timeout_s=300):
+            for (threshold, reuse), r in zip(settings, rank):
+                count, p, kept = deepspeed_zero3_terms(COURSE_CONFIG, threshold, reuse)
+                assert r["persistent"] == count and r["gathered"] * psi == (2 * (psi - p) - kept + p) * padded, r
+                assert (r["held_after_forward"], r["held_after_step"]) == (kept + p, p)

@@ -98,7 +98,7 @@ def test_seed003_step_times():
 
 
 def test_states_equal_memory_model_states_without_offload():
-    rows = plan("llama-2-7b", nodes=2, **H100)
+    rows = plan("llama-2-7b", nodes=2, persistence_threshold=0, max_reuse_distance=0, **H100)  # ZeRO-3 as FSDP2 runs it
     for r in rows:
         if r.choice.offload != "none":
             continue
@@ -115,7 +115,8 @@ def test_offload_moves_bytes_to_the_host():
         assert opt.states < none.states and opt.host_bytes_per_node > 0 == none.host_bytes_per_node
         assert opt.optimizer == 0 and opt.offload_s > 0
     full = rows.row(("ZeRO-3", "optimizer+params"))
-    assert full.states == 0 and full.host_bytes_per_node > rows.row(("ZeRO-3", "optimizer")).host_bytes_per_node
+    persistent = planner.deepspeed_zero3_terms(preset("llama-2-13b").config)[1]     # stays on the GPU, whole + shard
+    assert full.states == pytest.approx(2 * persistent * (1 + 1 / 8)) and full.host_bytes_per_node > rows.row(("ZeRO-3", "optimizer")).host_bytes_per_node
 
 
 def test_more_gpus_never_hurt_zero3_and_hsdp_fits():
@@ -152,8 +153,8 @@ def test_comm_time_follows_the_bandwidth():
     assert t1 - t2 == pytest.approx(2 * (t2 - t4))          # t = latency + bytes / bandwidth
     # across nodes the NICs bound flat collectives (here, below NVLink's bound); HSDP only
     # sends a shard across
-    slow, fast, faster = (plan("llama-2-7b", nodes=4, global_batch=64, micro_batch=1,
-                               **dict(H100, inter_bw_gbps=bw)) for bw in (12.5, 25, 50))
+    slow, fast, faster = (plan("llama-2-7b", nodes=4, global_batch=64, micro_batch=1, persistence_threshold=0,
+                               max_reuse_distance=0, **dict(H100, inter_bw_gbps=bw)) for bw in (12.5, 25, 50))
     z = [p.row("ZeRO-3").comm_s for p in (slow, fast, faster)]
     assert z[0] > z[1] > z[2] and z[0] - z[1] == pytest.approx(2 * (z[1] - z[2]))
     psi = preset("llama-2-7b").num_params
@@ -182,7 +183,8 @@ def test_nics_per_node_scale_the_cross_node_bandwidth():
 
 
 def test_accumulation_repeats_zero2_and_zero3_collectives_only():
-    rows = plan("llama-2-7b", micro_batch=1, global_batch=32, **H100)     # 4 micro-batches
+    rows = plan("llama-2-7b", micro_batch=1, global_batch=32, persistence_threshold=0, max_reuse_distance=0,
+                **H100)     # 4 micro-batches; ZeRO-3 sharding every tensor, releasing after every use
     psi = preset("llama-2-7b").num_params
     one_rs = comm_volume(psi, world_size=8, stage=2)["reduce_scatter"]
     assert rows.row("ZeRO-1").comm_detail["intra"] == comm_volume(psi, world_size=8, stage=1)["total"]
@@ -197,7 +199,7 @@ def test_planner_states_match_deepspeed_estimators_where_they_count_the_same():
     largest layer (gathered fp16 params and grads: a buffer, not a model state)."""
     cfg = preset("llama-2-7b").config
     psi = cfg.num_params()
-    rows = plan(cfg, recipe="mixed-fp32-grads", **H100)
+    rows = plan(cfg, recipe="mixed-fp32-grads", persistence_threshold=0, **H100)  # its estimator shards every tensor
     z2, z2off = rows.row("ZeRO-2"), rows.row(("ZeRO-2", "optimizer"))
     assert deepspeed_zero2(cfg, gpus_per_node=8)[0] == int(z2.states + 2 * psi / 8)
     assert deepspeed_zero2(cfg, gpus_per_node=8, cpu_offload=True)[0] == z2off.states
@@ -349,7 +351,8 @@ def test_torch_layout_keeps_fp32_params_and_grads_whole_under_zero_redundancy_op
     assert (zro.params, zro.grads, zro.optimizer) == (4 * psi, 4 * psi, 8 * psi / 8)
     assert (round(zro.states / GB, 1), round(z1.states / GB, 1)) == (60.6, 37.1)
     assert t.row("DDP").states == 16 * psi and t.row("DDP").label() == "DDP + autocast"
-    assert t.row("ZeRO-3").states == 16 * psi / 8 == ds.row("ZeRO-3").states   # fully sharded: the same
+    persistent = planner.deepspeed_zero3_terms(cfg)[1]     # DeepSpeed keeps these whole on every GPU
+    assert t.row("ZeRO-3").states == 16 * psi / 8 == pytest.approx(ds.row("ZeRO-3").states - 2 * persistent * 7 / 8)
     # reshard_after_forward=False shards every fp32 state too; it holds the bf16 gather on top
     assert t.row("ZeRO-2").states == 16 * psi / 8
     # bf16 copies held from forward to backward: autocast's cast of every matmul weight (DDP),
@@ -378,7 +381,7 @@ def test_torch_messages_in_torch_dtypes():
     the fp32 parameters: 1.5x DDP."""
     psi = preset("llama-2-7b").num_params
     rows = plan("llama-2-7b", framework="torch", micro_batch=1, global_batch=32, **H100)   # 4 micro-batches
-    ds = plan("llama-2-7b", micro_batch=1, global_batch=32, **H100)
+    ds = plan("llama-2-7b", micro_batch=1, global_batch=32, persistence_threshold=0, max_reuse_distance=0, **H100)
     ag2 = comm_volume(psi, world_size=8, stage=3, bytes_per_elem=2)["all_gather"]          # two gathers
     rs4 = comm_volume(psi, world_size=8, stage=3, bytes_per_elem=4)["reduce_scatter"]
     assert rows.row("ZeRO-3").comm_detail["intra"] == 4 * (ag2 + rs4)
@@ -467,3 +470,50 @@ def test_autocast_saves_a_bf16_copy_of_every_matmul_weight_as_the_torch_layout_c
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
         model(*SyntheticData(COURSE_CONFIG, global_batch=3, seed=0).batch(0))
     assert sum(saved.values()) == planner.matmul_weights(COURSE_CONFIG, COURSE_CONFIG.num_params()) == 125_050
+
+
+def test_param_numels_are_the_gpts_parameters_in_order():
+    import torch
+    from course_utils.harness.model import GPT
+    from course_utils.theory.config import COURSE_CONFIG, PRESETS, _llama
+    for cfg in (COURSE_CONFIG, _llama(64, 2, 4, 96, kv_heads=2, vocab=50, seq=16)):
+        torch.manual_seed(0)
+        assert cfg.param_numels() == [p.numel() for p in GPT(cfg).parameters()]
+    for p in PRESETS.values():
+        assert p.config is None or sum(p.config.param_numels()) == p.num_params
+
+
+def test_deepspeed_zero3_terms_by_hand():
+    """llama-2-7b: 2 RMSNorm weights per block + the final one persist (<= 1e5 elements); the reuse
+    distance keeps lm_head, block 31 and block 30 from down_proj back to v_proj (k_proj's elements
+    after it, 502,284,288, times two reach 1e9). The course GPT: every tensor persists."""
+    from course_utils.theory.config import COURSE_CONFIG
+    cfg, h = preset("llama-2-7b").config, 4096
+    block = 2 * h + 4 * h * h + 3 * h * 11008
+    kept = 32000 * h + (block - 2 * h) + 3 * h * 11008 + 2 * h * h
+    assert planner.deepspeed_zero3_terms(cfg) == (65, 65 * h, kept) == (65, 266_240, 502_267_904)
+    assert 2 * (32000 * h + h + block + 3 * h * 11008 + h + h * h) < 10**9 <= 2 * (
+        32000 * h + h + block + 3 * h * 11008 + h + 2 * h * h)
+    assert planner.deepspeed_zero3_terms(cfg, 0, 0) == (0, 0, 0)
+    assert planner.deepspeed_zero3_terms(cfg, max_reuse_distance=10**12)[2] == cfg.num_params() - 65 * h
+    assert planner.deepspeed_zero3_terms(COURSE_CONFIG) == (68, COURSE_CONFIG.num_params(), 0)
+    with pytest.raises(ValueError, match="persistence_threshold"):
+        planner.deepspeed_zero3_terms(cfg, -1)
+
+
+def test_deepspeed_zero3_memory_and_gathers_as_deepspeed_runs_it():
+    psi, n, k = preset("llama-2-7b").num_params, 8, 4
+    kw = dict(micro_batch=1, global_batch=32, choices=["ZeRO-3"], **H100)
+    ds, ideal = plan("llama-2-7b", **kw).row("ZeRO-3"), plan("llama-2-7b", persistence_threshold=0,
+                                                               max_reuse_distance=0, **kw).row("ZeRO-3")
+    count, p, kept = planner.deepspeed_zero3_terms(preset("llama-2-7b").config)
+    assert ds.params - ideal.params == pytest.approx(2 * p * (n - 1) / n)          # whole on every GPU
+    assert ds.buffers - ideal.buffers == pytest.approx(2 * (kept - 2 * 32000 * 4096))  # kept + the next unit
+    rs = comm_volume(psi, world_size=n, stage=3)["reduce_scatter"]
+    gathered = k * (2 * (psi - p) - kept) + p          # per step: not the persistent, not the kept twice
+    assert ds.comm_detail["intra"] == pytest.approx(k * rs + 2 * gathered * (n - 1) / n)
+    assert ideal.comm_detail["intra"] == pytest.approx(k * comm_volume(psi, world_size=n, stage=3)["total"])
+    assert "16Ψ/N and 1.5x DDP are FSDP2's and the course's ZeRO-3" in table(plan("llama-2-7b", **kw))
+    torch_row = plan("llama-2-7b", framework="torch", **kw).row("ZeRO-3")
+    assert torch_row.comm_detail["intra"] == k * comm_volume(psi, world_size=n, stage=3, bytes_per_elem=2)[
+        "all_gather"] + k * comm_volume(psi, world_size=n, stage=3, bytes_per_elem=4)["reduce_scatter"]

@@ -14,13 +14,38 @@ from ..checks import check_bool, check_choice, check_int, check_number
 from ..harness.experiments import BETAS, LR, WEIGHT_DECAY
 from ..theory.planner import Choice, PlanRow, as_choice
 
-__all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "deepspeed_config", "validate_deepspeed_config",
+__all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "STAGE3_KEYS", "FSDP2_COUNTERPARTS",
+           "deepspeed_config", "validate_deepspeed_config",
            "FSDP2Equivalent", "fsdp2_equivalent"]
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 OFFLOAD_DEVICES = ("cpu", "nvme")
 DEFAULT_BUCKET_ELEMS = 50_000_000     # the planner's default bucket (100 MB of bf16 gradients)
 _ADAMW = f"lr={LR}, betas={BETAS}, weight_decay={WEIGHT_DECAY}"   # the course's make_adamw
+
+#: What each stage-3 key the config writes does. DeepSpeed 0.19.6 (commit edaa722): runtime/zero/config.py
+#: L175, L215-255; read in parameter_offload.py L311-329 and partitioned_param_coordinator.py L440-460, L634-662.
+STAGE3_KEYS = {
+    "stage3_prefetch_bucket_size": "elements all-gathered ahead of their use (0.9·h², HF's 'auto'; default 5e7)",
+    "stage3_param_persistence_threshold": "a tensor of at most this many elements is never partitioned: whole on "
+    "every GPU, gathered once per step after the optimizer step, not per micro-batch (10·h; default 1e5)",
+    "stage3_max_live_parameters": "gathered elements per GPU beyond which prefetching stops (default 1e9)",
+    "stage3_max_reuse_distance": "a parameter used again within this many elements is not released: 1e9 (the "
+    "default) keeps forward's last 5e8 elements gathered into backward, which skips their re-gather (1 GB of "
+    "bf16 for llama-2-7b); 0 releases every parameter after use, as FSDP2 does below its root",
+    "stage3_gather_16bit_weights_on_model_save": "engine.save_16bit_model(dir) gathers the whole bf16 model "
+    "into one file (engine.py L5567); without it a ZeRO-3 checkpoint holds shards only",
+    "sub_group_size": "elements the optimizer steps at a time (the fp32 master split into sub-groups; default 1e9)",
+}
+#: DeepSpeed's ZeRO-3 tools and what FSDP2 does instead.
+FSDP2_COUNTERPARTS = {
+    "deepspeed.zero.Init(config_dict_or_path=cfg) (partition_parameters.py L940)":
+        "build under torch.device('meta'), fully_shard, then model.to_empty(device=...) and reset_parameters()",
+    "stage3_gather_16bit_weights_on_model_save + engine.save_16bit_model(dir)":
+        "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))",
+    "engine.save_checkpoint(dir), then zero_to_fp32.py (utils/zero_to_fp32.py L563, L628)":
+        "dcp.save(sharded state dict), then torch.distributed.checkpoint.format_utils.dcp_to_torch_save",
+}
 
 _TOP_KEYS = set("""
     train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps gradient_clipping

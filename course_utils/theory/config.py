@@ -85,6 +85,16 @@ class TransformerConfig:
         """Exact parameter count Ψ (tied weights counted once)."""
         return self.embedding_params() + self.layers * self.block_params() + self._norm_params()
 
+    def param_numels(self) -> list[int]:
+        """Each parameter tensor's numel in forward order: the course GPT's ``parameters()``."""
+        h, kv, f, b = self.hidden, self.kv_heads_ * self.head_dim, self.ffn_, self.bias
+        norm = [h, h] if (self.norm == "layernorm" and b) else [h]
+        lin = lambda i, o: [i * o] + [o] * b                                       # noqa: E731
+        mlp = (lin(h, f) * 2 if self.mlp == "swiglu" else lin(h, f)) + lin(f, h)
+        block = norm + lin(h, h) + lin(h, kv) * 2 + lin(h, h) + norm + mlp
+        return ([self.vocab * h] + [self.seq * h] * (self.position == "learned") + block * self.layers
+                + norm + [self.vocab * h] * (not self.tied_embeddings))
+
     def largest_layer_params(self) -> int:
         """Parameters of the largest single module (what DeepSpeed's ZeRO-3 estimator gathers at once)."""
         linears = [self.hidden * self.hidden, self.hidden * self.ffn_,

@@ -69,7 +69,8 @@ def deepspeed_zero2(num_params, *, gpus_per_node: int = 1, nodes: int = 1,
 def deepspeed_zero3(num_params, largest_layer_params=None, *, gpus_per_node: int = 1,
                     nodes: int = 1, cpu_offload: bool = False, cpu_offload_params: bool = False,
                     zero_init: bool = True, additional_buffer_factor: float = 1.5):
-    """DeepSpeed's ZeRO-3 estimate, ``(gpu_bytes, cpu_bytes)`` (4L: the largest layer's fp16 params + grads)."""
+    """DeepSpeed's ZeRO-3 estimate, ``(gpu_bytes, cpu_bytes)`` (4L: the largest layer's fp16 params + grads).
+    It shards every tensor; DeepSpeed's training keeps small ones whole (planner.deepspeed_zero3_terms)."""
     num_params, largest_layer_params = _resolve(num_params, largest_layer_params, need_largest=True)
     _check_cluster(gpus_per_node, nodes, additional_buffer_factor)
     for name in ("cpu_offload", "cpu_offload_params", "zero_init"):

@@ -24,6 +24,7 @@ __all__ = [
     "STRATEGIES", "OFFLOADS", "RECOMPUTE", "FRAMEWORKS", "TORCH_NAMES", "Choice",
     "as_choice", "matmul_weights", "Assumptions", "PlanRow", "Plan", "plan",
     "table", "Recommendation", "recommend", "plot", "DEFAULT_OVERHEAD_GB",
+    "DS_PERSISTENCE_THRESHOLD", "DS_MAX_REUSE_DISTANCE", "deepspeed_zero3_terms",
     "DEFAULT_ACTIVATION_SLACK", "NEAR_TIE", "GPT2XL_BENCHMARK", "megatron_param_count",
     "megatron_weight_and_optimizer_bytes", "benchmark_config", "benchmark_plan",
     "linear_model_bounds", "BenchmarkRow", "benchmark_comparison", "benchmark_table",
@@ -43,6 +44,9 @@ _STAGE, _OFFLOADS_OF, _TORCH_OFFLOADS_OF, TORCH_NAMES, _TORCH_SHORT = (
     {k: v[i] for k, v in _SPEC.items()} for i in range(5))
 #: whose memory layout and messages a plan models (see the module docstring)
 FRAMEWORKS = ("deepspeed", "torch")
+#: DeepSpeed's ZeRO-3 defaults (0.19.6, commit edaa722, deepspeed/runtime/zero/config.py L221, L244):
+#: ``stage3_param_persistence_threshold`` and ``stage3_max_reuse_distance``, in elements.
+DS_PERSISTENCE_THRESHOLD, DS_MAX_REUSE_DISTANCE = 100_000, 1_000_000_000
 #: GB per GPU outside states, activations and comm buffers (CUDA context, workspaces,
 #: allocator cache); fitted to the benchmark's R1 (33321 MiB at batch 1) in test_planner.py.
 DEFAULT_OVERHEAD_GB = 3.6
@@ -144,6 +148,29 @@ def as_choice(value) -> Choice:
                     f"(strategy, offload, recompute); got {type(value).__name__}")
 
 
+def deepspeed_zero3_terms(config: TransformerConfig, persistence_threshold: int = DS_PERSISTENCE_THRESHOLD,
+                          max_reuse_distance: int = DS_MAX_REUSE_DISTANCE) -> tuple[int, int, int]:
+    """ZeRO-3 as DeepSpeed runs it: (persistent tensors, their elements, elements kept gathered from
+    forward into backward). A tensor of <= threshold elements is never partitioned: whole on every GPU,
+    gathered once per step after the optimizer step, not per micro-batch (parameter_offload.py
+    L311-329, stage3.py L2571). A released parameter stays gathered if the trace reaches its next
+    use within ``max_reuse_distance`` elements (partitioned_param_coordinator.py L634-662): in
+    forward, the rest of forward plus backward back to it, twice the elements after it; backward
+    re-gathers none of these. Per tensor (DeepSpeed walks modules); a tied embedding at the head.
+    FSDP2 and the course's ZeRO-3 shard every tensor and keep nothing: 16Ψ/N, 1.5x DDP."""
+    check_int("persistence_threshold", persistence_threshold, 0, what="elements")
+    check_int("max_reuse_distance", max_reuse_distance, 0, what="elements")
+    numels = config.param_numels()
+    trace = numels[1:] + numels[:1] if config.tied_embeddings else numels
+    persistent = [n for n in numels if n <= persistence_threshold]
+    kept = after = 0
+    for n in reversed(trace):
+        if 2 * after >= max_reuse_distance:
+            break
+        kept, after = kept + n * (n > persistence_threshold), after + n
+    return len(persistent), sum(persistent), kept
+
+
 def _all_choices(nodes: int, framework: str = "deepspeed", attention: str = "flash") -> list[Choice]:
     # with flash attention no s x s scores are stored: "selective" would keep what "none" keeps
     offloads = _TORCH_OFFLOADS_OF if framework == "torch" else _OFFLOADS_OF
@@ -187,6 +214,14 @@ class Assumptions:
     has_architecture: bool
     framework: str = "deepspeed"
     recompute_options: tuple = ("none", "full")     # the policies among the plan's rows
+    persistence_threshold: int = DS_PERSISTENCE_THRESHOLD   # DeepSpeed's ZeRO-3 (deepspeed_zero3_terms)
+    max_reuse_distance: int = DS_MAX_REUSE_DISTANCE
+    ds_terms: tuple = (0, 0, 0)     # deepspeed_zero3_terms(...) (zeros: torch, or a bare count)
+
+    def gather_share(self, k: int) -> float:
+        """DeepSpeed ZeRO-3's all-gathered elements per step over the ideal 2Ψ per micro-batch."""
+        _, p, kept = self.ds_terms
+        return (k * (2 * (self.num_params - p) - kept) + p) / (2 * k * self.num_params)
 
     @property
     def world_size(self) -> int:
@@ -291,6 +326,13 @@ class Assumptions:
                                    if self.global_batch is not None else
                                    "= ranks x micro-batch (no accumulation)"),
         ]
+        count, p, kept = self.ds_terms
+        lines.append("ZeRO-3 as FSDP2 (and the course's Zero3) runs it: every tensor sharded, 16Ψ/N, 1.5x DDP" if torch else
+                     f"ZeRO-3/HSDP as DeepSpeed runs it: {count} tensors ({p:,} elements) <= "
+                     f"stage3_param_persistence_threshold {self.persistence_threshold:.3g} whole on every GPU, "
+                     f"gathered once per step; stage3_max_reuse_distance {self.max_reuse_distance:.3g} keeps "
+                     f"{kept:,} elements gathered from forward into backward (not re-gathered). 16Ψ/N and "
+                     "1.5x DDP are FSDP2's and the course's ZeRO-3")
         if self.nodes == 1:
             lines.append("HSDP rows left out: on one node HSDP is ZeRO-3")
         if self.has_architecture and not selective and self.attention == "flash":
@@ -420,7 +462,7 @@ def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
     if choice.strategy == "HSDP":
         rs = comm_volume(psi, world_size=g, stage=3, bytes_per_elem=gb)
         ag = comm_volume(psi, world_size=g, stage=3, bytes_per_elem=pb)
-        sent_in = k * (ag["all_gather"] + rs["reduce_scatter"])
+        sent_in = k * (ag["all_gather"] * a.gather_share(k) + rs["reduce_scatter"])
         t_in = 0.0
         if g > 1:
             t_in = k * (_latency_s("all_gather", g, 2 * units, al_in)
@@ -443,7 +485,7 @@ def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
         ag = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=pb)
         if stage == 3 or torch:     # FSDP2 without reshard (torch's stage 2) gathers once per micro-batch
             parts = [("all_gather", k * (2 if stage == 3 else 1) * units), ("reduce_scatter", k * units)]
-            sent = k * (ag["all_gather"] + rs["reduce_scatter"])
+            sent = k * (ag["all_gather"] * (a.gather_share(k) if stage == 3 else 1) + rs["reduce_scatter"])
         else:
             rs_times = k if stage == 2 else 1
             parts = [("reduce_scatter", rs_times * calls), ("all_gather", calls)]
@@ -480,6 +522,10 @@ def _memory(choice: Choice, a: Assumptions, model_arg, config, shard_size: int, 
     acts, (pb, gb), torch, copies = mem.activations, a.wire_bytes, a.framework == "torch", 0
     if choice.stage == 3:   # two gathered units + one unit of grads (torch: + its reduce-scatter input)
         comm_buf = a.unit_params * (2 * pb + (pb if torch else 0) + gb)
+        _, p, kept = a.ds_terms     # DeepSpeed: persistent tensors whole (and, offloaded, their shard:
+        # partition_parameters.py L1801) on the GPU; the kept ones + the next unit gathered
+        mem = dataclasses.replace(mem, params=mem.params + p * pb * (1 + (-1, 1)[choice.offload_params] / shard_size))
+        comm_buf += max(0, kept - a.unit_params) * pb
     elif torch and choice.stage == 2:
         comm_buf, copies = a.unit_params * (pb + gb), a.num_params * pb
     else:
@@ -553,12 +599,14 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
          overhead_gb: float = DEFAULT_OVERHEAD_GB, activation_slack: float = DEFAULT_ACTIVATION_SLACK,
          bucket_elems: int = 50_000_000, bucket_buffers: int = 2, pcie_gbps: float = 25.0,
          host_adam_params_per_s: float = 2e9, host_mem_gb: float | None = None,
-         max_micro_batch: int = 256, choices: Sequence | None = None) -> Plan:
+         max_micro_batch: int = 256, choices: Sequence | None = None,
+         persistence_threshold: int = DS_PERSISTENCE_THRESHOLD, max_reuse_distance: int = DS_MAX_REUSE_DISTANCE) -> Plan:
     """Every option for ``model`` (preset, TransformerConfig or parameter count) on
     ``nodes`` x ``gpus_per_node`` GPUs. GB = 1e9 bytes; ``*_bw_gbps``: GB/s one GPU sends over
     NVLink / one NIC between nodes; ``micro_batch`` None: the largest that fits (dividing
     ``global_batch`` / GPUs); ``recipe`` None: "mixed" (deepspeed) or "torch-amp" (torch);
-    ``bucket_buffers=0`` when buckets are views of one gradient buffer."""
+    ``bucket_buffers=0`` when buckets are views of one gradient buffer; ``persistence_threshold``,
+    ``max_reuse_distance``: DeepSpeed's stage3_* keys (:func:`deepspeed_zero3_terms`)."""
     label, num_params, config = _resolve_model(model)
     optional = ("micro_batch", "global_batch", "host_mem_gb")     # None: not given
     for name, example in (("gpu_mem_gb", "80"), ("intra_bw_gbps", "450 (NVLink 4)"),
@@ -621,7 +669,9 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
                    unit_params=(math.ceil(num_params / 32) if config is None else
                                 max(config.block_params(), config.embedding_params())),
                    units=config.layers + 1 if config is not None else 32,
-                   recompute_options=tuple(r for r in RECOMPUTE if any(c.recompute == r for c in wanted)))
+                   recompute_options=tuple(r for r in RECOMPUTE if any(c.recompute == r for c in wanted)),
+                   ds_terms=(deepspeed_zero3_terms(config, persistence_threshold, max_reuse_distance)
+                             if framework == "deepspeed" and config is not None else (0, 0, 0)))
     given = locals()    # every other field of Assumptions is an argument of plan() of the same name
     a = Assumptions(**derived, **{f.name: given[f.name] for f in dataclasses.fields(Assumptions)
                                   if f.name not in derived})

@@ -67,7 +67,8 @@ def reference_plan(scenario: Scenario, micro_batch: int | None = None) -> Plan:
         raise TypeError("reference_plan() takes one of CAPSTONE_SCENARIOS")
     kw = {f.name: getattr(scenario, f.name) for f in dataclasses.fields(scenario)
           if f.name not in ("name", "story", "model")}
-    return plan(scenario.model, **kw, micro_batch=micro_batch, recipe="mixed")
+    return plan(scenario.model, **kw, micro_batch=micro_batch, recipe="mixed",    # the course's ZeRO-3:
+                persistence_threshold=0, max_reuse_distance=0)                   # every tensor sharded
 
 
 @functools.lru_cache(maxsize=None)
