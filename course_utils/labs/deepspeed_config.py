@@ -317,12 +317,6 @@ class FSDP2Equivalent:
     notes: tuple
 
 
-#: the ops torch's selective policy recomputes: the attention core (SDPA's kernels; softmax by hand)
-_SAC_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-            "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-            "_softmax")
-
-
 def _recompute_code(recompute: str, blocks: str, where: str) -> tuple[list[str], list[str]]:
     """The imports and the code that wrap every block for ``recompute`` ("none": nothing)."""
     if recompute == "none":
@@ -331,15 +325,9 @@ def _recompute_code(recompute: str, blocks: str, where: str) -> tuple[list[str],
     head = f"for i, block in enumerate({blocks}):  # {recompute} recompute{':' if where else ''}{where}"
     if recompute == "full":
         return imports, [head, f"    {blocks}[i] = checkpoint_wrapper(block)"]
-    return imports + ["from functools import partial",
-                      "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts"], [
-        f"attention_ops = {{getattr(torch.ops.aten, n).default for n in {_SAC_OPS!r}",
-        "                 if hasattr(torch.ops.aten, n)}  # recompute these, save the rest",
-        "def policy(ctx, op, *args, **kwargs):",
-        "    return (CheckpointPolicy.PREFER_RECOMPUTE if op in attention_ops",
-        "            else CheckpointPolicy.MUST_SAVE)",
-        head, f"    {blocks}[i] = checkpoint_wrapper(",
-        "        block, context_fn=partial(create_selective_checkpoint_contexts, policy))"]
+    # "selective" is the attention core's recomputation (Korthikanti et al.): fused attention (SDPA)
+    # already recomputes it in backward. torch's op-level policy is another trade (recompute="torchtitan").
+    return [], ["# selective recompute: SDPA already recomputes the attention core in backward: nothing to wrap"]
 
 
 def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | None = None,
@@ -428,7 +416,12 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
                  + [f"# mixed precision: run forward under torch.autocast({device_type!r}, dtype=torch.{dtype})"]
                  * bool(dtype) + [f"optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class="
                                   f"torch.optim.AdamW, {_ADAMW})" if zero1 else adamw])
-    if c.recomputes:
-        notes.append(f"{c.recompute} recomputation: checkpoint_wrapper on every block, before sharding")
+    if c.recompute == "full":
+        notes.append("full recomputation: checkpoint_wrapper on every block, before sharding")
+    elif c.recomputes:
+        notes.append("selective recomputation: fused attention (SDPA) already recomputes the attention core, "
+                     "so there is nothing to wrap; torch's op-level selective checkpointing "
+                     "(create_selective_checkpoint_contexts, torchtitan's policy) saves more and is "
+                     "modelled as memory.per_gpu(recompute='torchtitan')")
     return FSDP2Equivalent(c, api, kwargs, mesh_shape, mesh_names, "\n".join(lines) + "\n", exact,
                            tuple(notes))
