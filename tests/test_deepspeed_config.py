@@ -304,7 +304,7 @@ def _deepspeed_zero3_on_ranks(settings, rank=0, world_size=1):
     import deepspeed
     import deepspeed.comm.comm as dcomm
     from course_utils.harness.model import GPT
-    deepspeed.init_distributed(dist_backend="gloo")
+    D.init_deepspeed_on_gloo()
     gathered, real, results = [], dcomm.cdb.all_gather_into_tensor, []
 
     def counting(*a, **k):

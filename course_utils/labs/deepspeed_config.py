@@ -425,3 +425,12 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
                      "modelled as memory.per_gpu(recompute='torchtitan')")
     return FSDP2Equivalent(c, api, kwargs, mesh_shape, mesh_names, "\n".join(lines) + "\n", exact,
                            tuple(notes))
+
+
+def init_deepspeed_on_gloo() -> None:
+    """``deepspeed.init_distributed`` on gloo CPU ranks, without the C++ shared-memory all-reduce
+    DeepSpeed would JIT-compile first (a minute and a compiler; gloo's all-reduce does the job)."""
+    import deepspeed
+    import deepspeed.comm.torch as ds_torch
+    ds_torch.build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
