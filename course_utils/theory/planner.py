@@ -22,7 +22,7 @@ from .multinode import cross_node_wire, flat_ring_wire
 
 __all__ = [
     "STRATEGIES", "OFFLOADS", "RECOMPUTE", "FRAMEWORKS", "TORCH_NAMES", "Choice",
-    "as_choice", "matmul_weights", "Assumptions", "PlanRow", "Plan", "plan",
+    "as_choice", "matmul_weights", "recomputed_weights", "Assumptions", "PlanRow", "Plan", "plan",
     "table", "Recommendation", "recommend", "plot", "DEFAULT_OVERHEAD_GB",
     "DS_PERSISTENCE_THRESHOLD", "DS_MAX_REUSE_DISTANCE", "deepspeed_zero3_terms",
     "DEFAULT_ACTIVATION_SLACK", "NEAR_TIE", "GPT2XL_BENCHMARK", "megatron_param_count",
