@@ -347,3 +347,14 @@ def test_deepspeed_zero3_gathers_and_holds_what_the_planner_models(ds):
                 count, p, kept = deepspeed_zero3_terms(COURSE_CONFIG, threshold, reuse)
                 assert r["persistent"] == count and r["gathered"] * psi == (2 * (psi - p) - kept + p) * padded, r
                 assert (r["held_after_forward"], r["held_after_step"]) == (kept + p, p)
+
+
+def test_torchtitan_sac_code_trains_on_two_ranks_and_deepspeed_refuses_it():
+    """recompute='torchtitan': checkpoint_wrapper with torchtitan's op-level policy on every block, before
+    fully_shard; its losses are one process's. A DeepSpeed config has no op-level SAC: a clear error."""
+    (r,) = _run_equivalent([("ZeRO-3", "none", "torchtitan")])
+    assert "create_selective_checkpoint_contexts" in r["code"] and "% 2 == 0" in r["code"]
+    assert r["max_rel_diff"] < 1e-5, r
+    with pytest.raises(ValueError, match="op-level selective checkpointing"):
+        D.deepspeed_config(("ZeRO-3", "none", "torchtitan"), world_size=8, micro_batch=1, grad_accum=1)
+    assert any("deepspeed_config refuses" in n for n in D.fsdp2_equivalent(("ZeRO-1", "none", "torchtitan")).notes)

@@ -517,3 +517,46 @@ def test_deepspeed_zero3_memory_and_gathers_as_deepspeed_runs_it():
     torch_row = plan("llama-2-7b", framework="torch", **kw).row("ZeRO-3")
     assert torch_row.comm_detail["intra"] == k * comm_volume(psi, world_size=n, stage=3, bytes_per_elem=2)[
         "all_gather"] + k * comm_volume(psi, world_size=n, stage=3, bytes_per_elem=4)["reduce_scatter"]
+
+
+def test_trainable_fraction_by_hand_one_row_per_strategy():
+    """1e9 parameters, 10% trainable, 4 GPUs, DeepSpeed's mixed layout: the frozen 90% keep their bf16
+    parameters only (sharded by ZeRO-3 alone); gradients are reduced and updated parameters gathered for
+    the trainable 10% only, ZeRO-3 still all-gathers every parameter (twice per micro-batch)."""
+    psi, n, t = 10**9, 4, 0.1
+    rows = plan(psi, gpu_mem_gb=80, gpus_per_node=n, intra_bw_gbps=450, inter_bw_gbps=50, seq_len=1024,
+                trainable=t, choices=["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"])
+    ring = (n - 1) / n
+    want = {"DDP": ((2 * psi, 2 * t * psi, 12 * t * psi), 2 * ring * 2 * t * psi),
+            "ZeRO-1": ((2 * psi, 2 * t * psi, 12 * t * psi / n), ring * 2 * t * psi * 2),
+            "ZeRO-2": ((2 * psi, 2 * t * psi / n, 12 * t * psi / n), ring * 2 * t * psi * 2),
+            "ZeRO-3": ((2 * psi / n, 2 * t * psi / n, 12 * t * psi / n), 2 * ring * 2 * psi + ring * 2 * t * psi)}
+    for r in rows:
+        (p, g, o), sent = want[r.strategy]
+        assert (r.params, r.grads, r.optimizer) == pytest.approx((p, g, o), rel=1e-12), r.strategy
+        assert r.comm_detail["intra"] == pytest.approx(sent, rel=1e-12), r.strategy
+    full = plan(psi, gpu_mem_gb=80, gpus_per_node=n, intra_bw_gbps=450, inter_bw_gbps=50, seq_len=1024,
+                choices=["DDP"])[0]
+    assert rows[0].compute_s == pytest.approx(full.compute_s * (4 + 2 * t) / 6)   # frozen: no dW matmuls
+    assert any("trainable 0.1" in line for line in rows.assumptions.lines())
+    for bad in (0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="trainable"):
+            plan(psi, gpu_mem_gb=80, gpus_per_node=n, intra_bw_gbps=450, inter_bw_gbps=50, seq_len=1024,
+                 trainable=bad)
+
+
+def test_torchtitan_sac_rows_memory_and_recomputed_matmuls():
+    """recompute='torchtitan' (torch only): activations are memory's op-level count; compute adds 2 FLOPs
+    per token for each weight of the matmuls its policy recomputes (k, out-proj and up of every block)."""
+    from course_utils.theory.memory import per_gpu
+    kw = dict(gpu_mem_gb=80, gpus_per_node=8, intra_bw_gbps=450, inter_bw_gbps=50, seq_len=8192, micro_batch=2)
+    rows = plan("llama-3.1-8b", framework="torch", choices=[("ZeRO-3", "none", r) for r in ("none", "torchtitan")], **kw)
+    cfg = preset("llama-3.1-8b").config
+    assert rows[1].activations == per_gpu(cfg, world_size=8, stage=3, recipe="torch-amp", micro_batch=2, seq=8192,
+                                          attention="flash", recompute="torchtitan").activations < rows[0].activations
+    redone = cfg.layers * cfg.hidden * (cfg.kv_heads_ * cfg.head_dim + cfg.hidden + cfg.ffn_)
+    assert planner.recomputed_weights(cfg, "torchtitan", cfg.num_params()) == redone
+    assert rows[1].compute_s / rows[0].compute_s == pytest.approx((6 * cfg.num_params() + 2 * redone) / (6 * cfg.num_params()))
+    assert rows[1].label() == "FSDP2 + torchtitan's op-level SAC" and rows[1].short() == "FSDP2 +tt-sac"
+    with pytest.raises(ValueError, match="op-level"):
+        plan("llama-3.1-8b", choices=[("ZeRO-3", "none", "torchtitan")], **kw)

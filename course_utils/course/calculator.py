@@ -33,6 +33,7 @@ class Setting:
     attention: str = "flash"
     recompute: str = "none"
     gpu_memory: str = "80 GB"
+    trainable: float = 1.0       # the fraction that trains (LoRA: 0.01); frozen weights keep params only
 
     def __post_init__(self):
         if self.model != CUSTOM and self.model not in PRESETS:
@@ -59,7 +60,7 @@ def rows(s: Setting) -> list[tuple[int, GpuMemory]]:
     """Per-GPU memory for stages 0-3; offload only where the stage allows it (memory.placement)."""
     return [(stage, per_gpu(s.model_arg(), world_size=s.gpus, stage=stage, recipe=s.recipe,
                             micro_batch=s.micro_batch if s.has_architecture else None, seq=s.seq,
-                            attention=s.attention, recompute=s.recompute,
+                            attention=s.attention, recompute=s.recompute, trainable=s.trainable,
                             offload_optimizer=(s.offload_optimizer or s.offload_params) and stage >= 1,
                             offload_params=s.offload_params and stage == 3))
             for stage in (0, 1, 2, 3)]
@@ -70,7 +71,8 @@ def table(setting: Setting) -> str:
     cap = GPU_MEMORY[setting.gpu_memory]
     acts = "activations" if setting.has_architecture else "activations (n/a: no architecture)"
     head = (f"{setting.label()}; micro-batch {setting.micro_batch}, seq {setting.seq}, "
-            f"{setting.attention} attention, recompute {setting.recompute}")
+            f"{setting.attention} attention, recompute {setting.recompute}"
+            + (f", trainable {setting.trainable:g}" if setting.trainable < 1 else ""))
     off = [n for n, on in (("optimizer", setting.offload_optimizer or setting.offload_params),
                            ("params", setting.offload_params)) if on]
     host = bool(off)   # the host's column only when needed: narrow beside a side panel
@@ -184,7 +186,8 @@ class Calculator(_Form):
             "micro_batch": w.IntSlider(value=s.micro_batch, min=1, max=64, description="micro-batch", style=style),
             "seq": dd("seq", [512, 1024, 2048, 4096, 8192, 16384], "sequence length"),
             "attention": dd("attention", ["standard", "flash"], "attention"),
-            "recompute": dd("recompute", ["none", "selective", "full"], "recomputation"),
+            "recompute": dd("recompute", ["none", "selective", "torchtitan", "full"], "recomputation"),
+            "trainable": dd("trainable", [1.0, 0.1, 0.01], "trainable fraction"),
             "gpu_memory": w.ToggleButtons(options=list(GPU_MEMORY), value=s.gpu_memory,
                                           description="GPU memory", style={**style, "button_width": "80px"}),
         }

@@ -12,6 +12,7 @@ from numbers import Real
 
 from ..checks import check_bool, check_choice, check_int, check_number
 from ..harness.experiments import BETAS, LR, WEIGHT_DECAY
+from ..theory.memory import OP_SELECTIVE
 from ..theory.planner import Choice, PlanRow, as_choice
 
 __all__ = ["PRECISIONS", "OFFLOAD_DEVICES", "DEFAULT_BUCKET_ELEMS", "STAGE3_KEYS", "FSDP2_COUNTERPARTS",
@@ -121,6 +122,10 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
     "mixed-fp32-grads" accumulates in fp32; "nvme" is ZeRO-Infinity; ``bucket_elems``: default h² or 5e7."""
     row = plan_row_or_choice if isinstance(plan_row_or_choice, PlanRow) else None
     choice = as_choice(plan_row_or_choice)
+    if choice.recompute in OP_SELECTIVE:
+        raise ValueError(f"recompute={choice.recompute!r} is torch's op-level selective checkpointing: a DeepSpeed "
+                         "config has none (activation_checkpointing recomputes the modules the model wraps whole): "
+                         "use recompute='full', or fsdp2_equivalent(...) for torch's code")
     config = row.config if row is not None else None
     if row is not None:
         micro_batch = row.micro_batch if micro_batch is None else micro_batch
@@ -325,6 +330,19 @@ def _recompute_code(recompute: str, blocks: str, where: str) -> tuple[list[str],
     head = f"for i, block in enumerate({blocks}):  # {recompute} recompute{':' if where else ''}{where}"
     if recompute == "full":
         return imports, [head, f"    {blocks}[i] = checkpoint_wrapper(block)"]
+    if recompute in OP_SELECTIVE:    # torchtitan's _save_list and _custom_policy (notebook 09 §7), k-th mm saved
+        return imports + ["from collections import Counter", "from functools import partial", "from torch.utils."
+                          "checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts"], [
+            "aten = torch.ops.aten", "save_list = {aten.mm.default, aten._scaled_dot_product_efficient_attention."
+            "default, aten._scaled_dot_product_flash_attention.default,", "             aten._scaled_dot_product_"
+            "flash_attention_for_cpu.default, aten.abs.default, aten.max.default,",
+            "             torch.ops._c10d_functional.reduce_scatter_tensor.default}",
+            "def policy(count, ctx, op, *args, **kwargs):  # save the listed ops' outputs, recompute the rest",
+            "    mode = 'recompute' if ctx.is_recompute else 'forward'", "    count[mode] += op == aten.mm.default",
+            f"    keep = op in save_list and (op != aten.mm.default or (count[mode] - 1) % {OP_SELECTIVE[recompute]} == 0)",
+            "    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE", head,
+            f"    {blocks}[i] = checkpoint_wrapper(block, context_fn=lambda: create_selective_checkpoint_contexts("
+            "partial(policy, Counter())))"]
     # "selective" is the attention core's recomputation (Korthikanti et al.): fused attention (SDPA)
     # already recomputes it in backward. torch's op-level policy is another trade (recompute="torchtitan").
     return [], ["# selective recompute: SDPA already recomputes the attention core in backward: nothing to wrap"]
@@ -418,6 +436,9 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
                                   f"torch.optim.AdamW, {_ADAMW})" if zero1 else adamw])
     if c.recompute == "full":
         notes.append("full recomputation: checkpoint_wrapper on every block, before sharding")
+    elif c.recompute in OP_SELECTIVE:
+        notes.append(f"{c.recompute} op-level selective checkpointing: checkpoint_wrapper with a policy on every block "
+                     "(memory.op_selective_terms); a DeepSpeed config has no such thing (deepspeed_config refuses it)")
     elif c.recomputes:
         notes.append("selective recomputation: fused attention (SDPA) already recomputes the attention core, "
                      "so there is nothing to wrap; torch's op-level selective checkpointing "

@@ -290,15 +290,16 @@ def per_gpu(model, *, world_size: int = 1, stage: int = 0, recipe: str = "mixed"
             offload_optimizer: bool = False, offload_params: bool = False,
             micro_batch: int | None = 1, seq: int | None = None,
             attention: str = "standard", recompute: str = "none",
-            cross_entropy: str = "torch") -> GpuMemory:
-    """Model states on this GPU after offload plus activations (``micro_batch=None``: none)."""
+            cross_entropy: str = "torch", trainable: float = 1) -> GpuMemory:
+    """Model states on this GPU after offload plus activations (``micro_batch=None``: none);
+    ``trainable``: as in :func:`model_states`."""
     from .config import Preset, TransformerConfig, preset
 
     if isinstance(model, str):
         model = preset(model)
     num_params = (model.num_params if isinstance(model, Preset) else
                   model.num_params() if isinstance(model, TransformerConfig) else model)
-    states = model_states(num_params, world_size=world_size, stage=stage, recipe=recipe)
+    states = model_states(num_params, world_size=world_size, stage=stage, recipe=recipe, trainable=trainable)
     where = placement(states, offload_optimizer=offload_optimizer, offload_params=offload_params)
     acts = None
     if micro_batch is not None:

@@ -17,12 +17,12 @@ from ..checks import check_int, check_number
 from .alpha_beta import ring_steps
 from .comm import comm_volume
 from .config import PRESETS, Preset, TransformerConfig, preset
-from .memory import ATTENTION, CROSS_ENTROPY, GB, RECIPES, RECOMPUTE, per_gpu, recompute_policy
+from .memory import ATTENTION, CROSS_ENTROPY, GB, OP_SELECTIVE, RECIPES, RECOMPUTE, per_gpu, recompute_policy
 from .multinode import cross_node_wire, flat_ring_wire
 
 __all__ = [
     "STRATEGIES", "OFFLOADS", "RECOMPUTE", "FRAMEWORKS", "TORCH_NAMES", "Choice",
-    "as_choice", "matmul_weights", "Assumptions", "PlanRow", "Plan", "plan",
+    "as_choice", "matmul_weights", "recomputed_weights", "Assumptions", "PlanRow", "Plan", "plan",
     "table", "Recommendation", "recommend", "plot", "DEFAULT_OVERHEAD_GB",
     "DS_PERSISTENCE_THRESHOLD", "DS_MAX_REUSE_DISTANCE", "deepspeed_zero3_terms",
     "DEFAULT_ACTIVATION_SLACK", "NEAR_TIE", "GPT2XL_BENCHMARK", "megatron_param_count",
@@ -56,6 +56,10 @@ DEFAULT_ACTIVATION_SLACK = 0.15
 #: Options within this fraction of the fastest step are a near tie (the MFU and bandwidth
 #: assumptions are not more accurate than that).
 NEAR_TIE = 0.05
+#: every recompute policy a Choice takes, least recomputation first, with its labels (long, short)
+_POLICIES = {"none": ("", ""), "selective": ("selective recompute (attention core)", " +sel-rc"),
+             "op-selective": ("op-level SAC (every matmul saved)", " +op-sac"),
+             "torchtitan": ("torchtitan's op-level SAC", " +tt-sac"), "full": ("full recompute", " +full-rc")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +83,8 @@ class Choice:
         if not isinstance(self.recompute, (bool, str)):
             raise TypeError(f"recompute must be one of {RECOMPUTE} (or True/False for full/none), "
                             f"got {self.recompute!r}")
-        object.__setattr__(self, "recompute", recompute_policy(self.recompute))
+        if self.recompute not in OP_SELECTIVE:
+            object.__setattr__(self, "recompute", recompute_policy(self.recompute))
 
     @property
     def stage(self) -> int:
@@ -106,7 +111,7 @@ class Choice:
                      "CPUOffloadPolicy" if self.offload_params else off and off + " (no torch API)"]
         else:
             parts = [self.strategy, off]
-        parts.append({"none": "", "selective": "selective recompute (attention core)"}.get(self.recompute, "full recompute"))
+        parts.append(_POLICIES[self.recompute][0])
         return " + ".join(p for p in parts if p)
 
     def short(self, framework: str = "deepspeed") -> str:
@@ -116,8 +121,7 @@ class Choice:
         name = self.strategy
         if framework == "torch":
             name, off = _TORCH_SHORT[self.strategy], (" +cpu" if self.offload_params else off)
-        rc = {"none": "", "selective": " +sel-rc", "full": " +full-rc"}[self.recompute]
-        return f"{name}{off}{rc}"
+        return f"{name}{off}{_POLICIES[self.recompute][1]}"
 
 
 def _check_framework(framework) -> None:
@@ -217,6 +221,7 @@ class Assumptions:
     persistence_threshold: int = DS_PERSISTENCE_THRESHOLD   # DeepSpeed's ZeRO-3 (deepspeed_zero3_terms)
     max_reuse_distance: int = DS_MAX_REUSE_DISTANCE
     ds_terms: tuple = (0, 0, 0)     # deepspeed_zero3_terms(...) (zeros: torch, or a bare count)
+    trainable: float = 1            # the fraction of the parameters that trains (memory.model_states)
 
     def gather_share(self, k: int) -> float:
         """DeepSpeed ZeRO-3's all-gathered elements per step over the ideal 2Ψ per micro-batch."""
@@ -255,6 +260,9 @@ class Assumptions:
         gather_b, reduce_b = self.wire_bytes
         torch = self.framework == "torch"
         selective = "selective" in self.recompute_options
+        op_sac = ("; op-level SAC keeps each block's input and the outputs its policy saves (memory."
+                  "op_selective_terms) and re-runs the matmuls it does not save: + 2 x their weights x tokens "
+                  "FLOPs (recomputed_weights)") if set(OP_SELECTIVE) & set(self.recompute_options) else ""
         loss = ("F.cross_entropy's two fp32 gradients at its backward" if self.cross_entropy == "torch"
                 else "an in-place (fused) loss")
         acts = (f"activations: memory.activation_bytes (Korthikanti et al. for GPT blocks, a Llama "
@@ -292,7 +300,7 @@ class Assumptions:
             f"allocator cache) + comm buffers: {bufs}",
             "compute: 6 x params x tokens FLOPs (8 x with full recomputation"
             + ("; selective recomputation re-runs only the attention core, whose s^2 FLOPs this "
-               "count leaves out, so 6 x" if selective else "")
+               "count leaves out, so 6 x" if selective else "") + op_sac
             + f") at {self.gpu_flops / 1e12:g} TFLOP/s x MFU {self.mfu:g}; attention's s^2 FLOPs ignored",
             f"communication: ring alpha-beta model, {self.intra_bw_gbps:g} GB/s per GPU inside a node "
             f"(alpha {self.alpha_intra_us:g} us/step)"
@@ -333,6 +341,10 @@ class Assumptions:
                      f"gathered once per step; stage3_max_reuse_distance {self.max_reuse_distance:.3g} keeps "
                      f"{kept:,} elements gathered from forward into backward (not re-gathered). 16Ψ/N and "
                      "1.5x DDP are FSDP2's and the course's ZeRO-3")
+        if self.trainable < 1:
+            lines.append(f"trainable {self.trainable:g} of the parameters: the frozen rest keeps its parameters only "
+                         "(sharded by ZeRO-3/FSDP2, still gathered), reduces no gradient, gathers no update and "
+                         f"skips its weight-gradient matmuls: (4 + 2 x {self.trainable:g}) x params x tokens FLOPs")
         if self.nodes == 1:
             lines.append("HSDP rows left out: on one node HSDP is ZeRO-3")
         if self.has_architecture and not selective and self.attention == "flash":
@@ -445,14 +457,33 @@ def matmul_weights(config: TransformerConfig | None, num_params: int) -> int:
     return config.layers * block + config.vocab * h
 
 
+def recomputed_weights(config: TransformerConfig | None, recompute: str, num_params: int) -> int:
+    """Weights whose forward matmul backward re-runs (2 FLOPs each per token, on top of 6Ψ; the
+    elementwise ops recomputed count as free): "full" every one (8Ψ); an :data:`OP_SELECTIVE` policy
+    the block matmuls it does not save: torchtitan saves every second ``aten.mm`` (q, v, gate, down of a
+    Llama block), so k, out-proj and up re-run, 37% of llama-3.1-8b's block matmul FLOPs (a bias makes
+    them ``addmm``: none saved); "selective" re-runs only the s² part 6Ψ leaves out. A bare count:
+    1 - 1/k of it."""
+    if recompute not in OP_SELECTIVE:
+        return num_params if recompute == "full" else 0
+    k = OP_SELECTIVE[recompute]
+    if config is None:
+        return round(num_params * (1 - 1 / k))
+    h, kv, f = config.hidden, config.kv_heads_ * config.head_dim, config.ffn_
+    mms = [h * h, h * kv, h * kv, h * h] + [h * f] * (2 if config.mlp == "swiglu" else 1) + [f * h]
+    return config.layers * sum(w for i, w in enumerate(mms) if config.bias or i % k)
+
+
 def _latency_s(op: str, world: int, calls: int, alpha_s: float) -> float:
     """Alpha part of ``calls`` ring collectives over ``world`` ranks."""
     return calls * ring_steps(op, world) * alpha_s
 
 
 def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
-    """(comm seconds per step, {"intra": NVLink bytes of the busiest GPU, "inter": bytes per NIC})."""
-    psi = a.num_params
+    """(comm seconds per step, {"intra": NVLink bytes of the busiest GPU, "inter": bytes per NIC}). Frozen
+    parameters (``a.trainable`` < 1) have no gradients: reductions and DDP/ZeRO-1/2's gathers of updated
+    parameters carry the trainable part; ZeRO-3/HSDP and FSDP2 still gather every parameter."""
+    psi, t = a.num_params, a.trainable
     pb, gb = a.wire_bytes
     torch = a.framework == "torch"
     n, g, nodes, nics = a.world_size, a.gpus_per_node, a.nodes, a.nics_per_node
@@ -460,29 +491,29 @@ def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
     al_in, al_out = a.alpha_intra_us * 1e-6, a.alpha_inter_us * 1e-6
     units, bucket = a.units, a.bucket_elems
     if choice.strategy == "HSDP":
-        rs = comm_volume(psi, world_size=g, stage=3, bytes_per_elem=gb)
+        rs = comm_volume(psi * t, world_size=g, stage=3, bytes_per_elem=gb)
         ag = comm_volume(psi, world_size=g, stage=3, bytes_per_elem=pb)
         sent_in = k * (ag["all_gather"] * a.gather_share(k) + rs["reduce_scatter"])
         t_in = 0.0
         if g > 1:
             t_in = k * (_latency_s("all_gather", g, 2 * units, al_in)
                         + _latency_s("reduce_scatter", g, units, al_in)) + sent_in / intra
-        shard = psi / g
+        shard = psi * t / g
         ar = comm_volume(shard, world_size=nodes, stage=0, bytes_per_elem=gb)
         wire, per_nic = cross_node_wire(ar["all_reduce"], g, nodes, nic_bw, nics)
         t_out = _latency_s("all_reduce", nodes, max(1, math.ceil(shard / bucket)), al_out) + wire
         return t_in + t_out, {"intra": sent_in, "inter": per_nic}
     stage = choice.stage
-    calls = max(1, math.ceil(psi / bucket))
+    calls = max(1, math.ceil(psi * t / bucket))
     if stage == 0 or (torch and stage == 1):
         parts = [("all_reduce", calls)]
-        sent = comm_volume(psi, world_size=n, stage=0, bytes_per_elem=gb)["all_reduce"]
+        sent = comm_volume(psi * t, world_size=n, stage=0, bytes_per_elem=gb)["all_reduce"]
         if stage == 1:      # ZeroRedundancyOptimizer: + every rank broadcasts its updated shard (stored dtype)
             parts.append(("all_gather", calls))
-            sent += comm_volume(psi, world_size=n, stage=1, bytes_per_elem=RECIPES[a.recipe][0])["all_gather"]
+            sent += comm_volume(psi * t, world_size=n, stage=1, bytes_per_elem=RECIPES[a.recipe][0])["all_gather"]
     else:
-        rs = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=gb)
-        ag = comm_volume(psi, world_size=n, stage=stage, bytes_per_elem=pb)
+        rs = comm_volume(psi * t, world_size=n, stage=stage, bytes_per_elem=gb)
+        ag = comm_volume(psi * (1 if stage == 3 or torch else t), world_size=n, stage=stage, bytes_per_elem=pb)
         if stage == 3 or torch:     # FSDP2 without reshard (torch's stage 2) gathers once per micro-batch
             parts = [("all_gather", k * (2 if stage == 3 else 1) * units), ("reduce_scatter", k * units)]
             sent = k * (ag["all_gather"] * (a.gather_share(k) if stage == 3 else 1) + rs["reduce_scatter"])
@@ -502,12 +533,12 @@ def _offload_s(choice: Choice, a: Assumptions, shard_size: int, k: int) -> float
     if choice.offload == "none":
         return 0.0
     pb, gb, _ = RECIPES[a.recipe]
-    shard = a.num_params / shard_size
+    shard, t = a.num_params / shard_size, a.trainable     # frozen parameters: no grads, no update
     if choice.offload_params:   # every micro-batch: params up for forward and backward, grads down
-        moved = k * shard * (2 * pb + gb)
-    else:                       # grads down (every micro-batch from stage 2 on), params up once
-        moved = (k if choice.stage >= 2 else 1) * shard * gb + shard * pb
-    return moved / (a.pcie_gbps * 1e9) + shard * a.gpus_per_node / a.host_adam_params_per_s
+        moved = k * shard * (2 * pb + t * gb)
+    else:                       # grads down (every micro-batch from stage 2 on), updated params up once
+        moved = (k if choice.stage >= 2 else 1) * shard * t * gb + shard * t * pb
+    return moved / (a.pcie_gbps * 1e9) + shard * t * a.gpus_per_node / a.host_adam_params_per_s
 
 
 def _memory(choice: Choice, a: Assumptions, model_arg, config, shard_size: int, mb: int):
@@ -518,7 +549,7 @@ def _memory(choice: Choice, a: Assumptions, model_arg, config, shard_size: int, 
                   offload_optimizer=choice.offload_optimizer, offload_params=choice.offload_params,
                   micro_batch=mb if config is not None else None, seq=a.seq_len,
                   attention=a.attention, recompute=choice.recompute,
-                  cross_entropy=a.cross_entropy)
+                  cross_entropy=a.cross_entropy, trainable=a.trainable)
     acts, (pb, gb), torch, copies = mem.activations, a.wire_bytes, a.framework == "torch", 0
     if choice.stage == 3:   # two gathered units + one unit of grads (torch: + its reduce-scatter input)
         comm_buf = a.unit_params * (2 * pb + (pb if torch else 0) + gb)
@@ -575,8 +606,8 @@ def _row(choice: Choice, a: Assumptions, model_arg, config) -> PlanRow:
         why.append(f"host needs {host / GB:.0f} GB > {a.host_mem_gb:g} GB per node")
 
     tokens = mb * k * a.seq_len                     # per GPU per optimizer step
-    # full recompute: 8 FLOPs per param and token; selective re-runs only the s^2 part 6·Ψ omits
-    compute = (8 if choice.recompute == "full" else 6) * a.num_params * tokens / (a.gpu_flops * a.mfu)
+    flops = (4 + 2 * a.trainable) * a.num_params + 2 * recomputed_weights(config, choice.recompute, a.num_params)
+    compute = flops * tokens / (a.gpu_flops * a.mfu)
     comm, detail = _comm(choice, a, k)
     off = _offload_s(choice, a, shard_size, k)
     step = compute + off + max(0.0, comm - a.overlap * compute)
@@ -600,13 +631,15 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
          bucket_elems: int = 50_000_000, bucket_buffers: int = 2, pcie_gbps: float = 25.0,
          host_adam_params_per_s: float = 2e9, host_mem_gb: float | None = None,
          max_micro_batch: int = 256, choices: Sequence | None = None,
-         persistence_threshold: int = DS_PERSISTENCE_THRESHOLD, max_reuse_distance: int = DS_MAX_REUSE_DISTANCE) -> Plan:
+         persistence_threshold: int = DS_PERSISTENCE_THRESHOLD, max_reuse_distance: int = DS_MAX_REUSE_DISTANCE,
+         trainable: float = 1) -> Plan:
     """Every option for ``model`` (preset, TransformerConfig or parameter count) on
     ``nodes`` x ``gpus_per_node`` GPUs. GB = 1e9 bytes; ``*_bw_gbps``: GB/s one GPU sends over
     NVLink / one NIC between nodes; ``micro_batch`` None: the largest that fits (dividing
     ``global_batch`` / GPUs); ``recipe`` None: "mixed" (deepspeed) or "torch-amp" (torch);
     ``bucket_buffers=0`` when buckets are views of one gradient buffer; ``persistence_threshold``,
-    ``max_reuse_distance``: DeepSpeed's stage3_* keys (:func:`deepspeed_zero3_terms`)."""
+    ``max_reuse_distance``: DeepSpeed's stage3_* keys (:func:`deepspeed_zero3_terms`); ``trainable``: the
+    fraction that trains (LoRA ~0.01; the frozen rest has no gradients, optimizer states or dW matmuls)."""
     label, num_params, config = _resolve_model(model)
     optional = ("micro_batch", "global_batch", "host_mem_gb")     # None: not given
     for name, example in (("gpu_mem_gb", "80"), ("intra_bw_gbps", "450 (NVLink 4)"),
@@ -650,6 +683,7 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
         if value not in options:
             raise ValueError(f"{name} must be one of {options}, got {value!r}")
     check_number("mfu", mfu, above=0, maximum=1, example="0.4")
+    check_number("trainable", trainable, above=0, maximum=1, example="0.01 (1% trains, as with LoRA)")
     check_number("overlap", overlap, minimum=0, maximum=1, example="0.5")
     check_number("overhead_gb", overhead_gb, minimum=0, example="3.6")
     check_number("activation_slack", activation_slack, minimum=0, example="0.15")
@@ -665,11 +699,15 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
                 raise ValueError(f"{c.label()} has no torch form: torch offloads only with FSDP2's "
                                  "CPUOffloadPolicy (parameters, gradients and optimizer states): use "
                                  "offload='optimizer+params' with ZeRO-3 or HSDP, or framework='deepspeed'")
+            if framework == "deepspeed" and c.recompute in OP_SELECTIVE:
+                raise ValueError(f"recompute={c.recompute!r} is torch's op-level selective checkpointing "
+                                 "(create_selective_checkpoint_contexts); DeepSpeed checkpoints whole modules: "
+                                 "use framework='torch', or recompute='full'")
     derived = dict(model=label, num_params=num_params, has_architecture=config is not None,
                    unit_params=(math.ceil(num_params / 32) if config is None else
                                 max(config.block_params(), config.embedding_params())),
                    units=config.layers + 1 if config is not None else 32,
-                   recompute_options=tuple(r for r in RECOMPUTE if any(c.recompute == r for c in wanted)),
+                   recompute_options=tuple(r for r in _POLICIES if any(c.recompute == r for c in wanted)),
                    ds_terms=(deepspeed_zero3_terms(config, persistence_threshold, max_reuse_distance)
                              if framework == "deepspeed" and config is not None else (0, 0, 0)))
     given = locals()    # every other field of Assumptions is an argument of plan() of the same name
@@ -720,7 +758,7 @@ class Recommendation:
 
 
 def _simplicity(r: PlanRow) -> tuple:
-    return (OFFLOADS.index(r.choice.offload), RECOMPUTE.index(r.choice.recompute), STRATEGIES.index(r.strategy))
+    return (OFFLOADS.index(r.choice.offload), list(_POLICIES).index(r.choice.recompute), STRATEGIES.index(r.strategy))
 
 
 def recommend(rows: Plan, *, near_tie: float = NEAR_TIE) -> Recommendation:
