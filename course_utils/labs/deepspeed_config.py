@@ -451,7 +451,9 @@ def fsdp2_equivalent(choice, *, gpus_per_node: int | None = None, nodes: int | N
 def init_deepspeed_on_gloo() -> None:
     """``deepspeed.init_distributed`` on gloo CPU ranks, without the C++ shared-memory all-reduce
     DeepSpeed would JIT-compile first (a minute and a compiler; gloo's all-reduce does the job)."""
+    import importlib
+
     import deepspeed
-    import deepspeed.comm.torch as ds_torch
-    ds_torch.build_shm_op = lambda: None
+    # by module name: the attribute deepspeed.comm.torch is the torch package itself
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
