@@ -141,8 +141,8 @@ def grad_bytes(model: nn.Module) -> dict:
     shards = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in
               (fp.sharded_param.grad.to_local() for group in groups for fp in group.fsdp_params
                if fp.sharded_param.grad is not None)}
-    waiting = sum(g._partial_reduce_output.nbytes for g in groups if g._partial_reduce_output is not None)
-    return {"unsharded": unsharded_grad_bytes(model), "shards": sum(shards.values()), "waiting": waiting}
+    return {"unsharded": unsharded_grad_bytes(model), "shards": sum(shards.values()),
+            "waiting": compat.fsdp2_waiting_grad_bytes(groups)}
 
 
 def digest(tensors: dict) -> str:

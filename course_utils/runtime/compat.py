@@ -19,7 +19,7 @@ __all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "HAS_SINGLE_NAMES"
            "ALL_GATHER_NAME", "REDUCE_SCATTER_NAME", "fsdp2_replicate",
            "MIN_TORCH", "require_supported_torch",
            "fsdp2_param_group", "fsdp2_param_groups", "fsdp2_training_state", "fsdp2_is_gathered",
-           "fsdp2_unsharded_bytes", "fsdp2_unsharded_grad_bytes", "watch_fsdp2", "queue_backward_callback", "storage_key",
+           "fsdp2_unsharded_bytes", "fsdp2_unsharded_grad_bytes", "fsdp2_waiting_grad_bytes", "watch_fsdp2", "queue_backward_callback", "storage_key",
            "resolve_process_group", "functional_collectives", "mem_tracker",
            "checkpoint_functions", "fsdp1_allow_cpu_sync_module_states", "tree_flatten", "DDP_BUFFER_BROADCAST",
            "release_forkserver_pipe", "stop_resource_tracker"]
@@ -151,6 +151,12 @@ def fsdp2_unsharded_grad_bytes(model) -> int:
              for g in (getattr(fp, "unsharded_accumulated_grad", None),
                        getattr(getattr(fp, "_unsharded_param", None), "grad", None)) if g is not None)
     return _bytes_once(grads, set())
+
+
+def fsdp2_waiting_grad_bytes(groups) -> int:
+    """Bytes of reduce-scattered gradients an HSDP group keeps summing while
+    ``set_requires_all_reduce(False)`` defers the all-reduce (``_partial_reduce_output``)."""
+    return sum(g._partial_reduce_output.nbytes for g in groups if g._partial_reduce_output is not None)
 
 
 @contextlib.contextmanager

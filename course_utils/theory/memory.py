@@ -225,12 +225,13 @@ def op_selective_terms(model, *, micro_batch: int, seq: int | None = None, atten
 
 
 def recompute_policy(recompute) -> str:
-    """``"none"``, ``"selective"`` or ``"full"``; ``False``/``True`` are read as none/full."""
+    """``"none"``, ``"selective"``, ``"full"`` or an :data:`OP_SELECTIVE` policy; ``False``/``True``
+    are read as none/full."""
     if isinstance(recompute, bool):
         return "full" if recompute else "none"
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE} (or False/True for none/full), "
-                         f"got {recompute!r}")
+    if recompute not in (*RECOMPUTE, *OP_SELECTIVE):
+        raise ValueError(f"recompute must be one of {RECOMPUTE + tuple(OP_SELECTIVE)} (or False/True "
+                         f"for none/full), got {recompute!r}")
     return recompute
 
 
@@ -243,7 +244,7 @@ def activation_bytes(model, *, micro_batch: int, seq: int | None = None,
     (8·s·b·V, "fused": 0) and one block's recompute (H200: the loss peaks at 12·s·b·V)."""
     cfg = _config_of(model)
     s, b = _seq_batch(cfg, micro_batch, seq)
-    recompute = recompute if isinstance(recompute, str) and recompute in OP_SELECTIVE else recompute_policy(recompute)
+    recompute = recompute_policy(recompute)
     if cross_entropy not in CROSS_ENTROPY:
         raise ValueError(f"cross_entropy must be one of {CROSS_ENTROPY} ('torch': F.cross_entropy; "
                          f"'fused': an in-place loss such as Megatron-LM's), got {cross_entropy!r}")

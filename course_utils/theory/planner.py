@@ -83,8 +83,7 @@ class Choice:
         if not isinstance(self.recompute, (bool, str)):
             raise TypeError(f"recompute must be one of {RECOMPUTE} (or True/False for full/none), "
                             f"got {self.recompute!r}")
-        if self.recompute not in OP_SELECTIVE:
-            object.__setattr__(self, "recompute", recompute_policy(self.recompute))
+        object.__setattr__(self, "recompute", recompute_policy(self.recompute))
 
     @property
     def stage(self) -> int:

@@ -1,6 +1,7 @@
 """Solutions on demand: :func:`solution` prints the course's answer to a small exercise
-(``solutions/NN.k.py``) or the reference of a build's shape; :func:`yours` is the class the cells after a build run: the learner's once it passed
-its check in this kernel, else the reference (one line says which)."""
+(``solutions/NN.k.py``) or the reference of a build's shape; :func:`yours` is the class the
+cells after a build run: the learner's once it passed its check in this kernel, else the
+reference (one line says which)."""
 import importlib
 import inspect
 from pathlib import Path
