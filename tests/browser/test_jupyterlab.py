@@ -626,7 +626,7 @@ def narrow_03(b: Browser, model: dict, check: Checks):
         b.viewport(width)
         box = _calc(b, model)
         lay = d.execute_script(JS_LAYOUT, box)
-        ok = lay["left_panel"] and lay["controls"] == 12 and not lay["cut"] and not lay["scroll"]
+        ok = lay["left_panel"] and lay["controls"] == 13 and not lay["cut"] and not lay["scroll"]
         check(f"03: calculator at {width} px, file browser open: no control cut off", ok,
               f"{lay['controls']} controls, output {lay['output_width']} px wide beside a "
               f"{lay['sidebar_width']} px side panel, columns {'wrapped' if lay['wrapped'] else 'side by side'}"
