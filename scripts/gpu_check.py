@@ -7,7 +7,9 @@ and exits non-zero if any check failed; a check that raises is a FAIL row, the o
 still run. Without a CUDA GPU it lists what it would run and exits 0. With GPUs (see
 :func:`plan`): all-reduces on NCCL ranks, every strategy's losses against one process's
 on min(N, 4) NCCL ranks, the launcher's forkserver after a backward or CUDA init here,
-and the memory of one ``mixed`` training step against ``memory.per_gpu``.
+the memory of one ``mixed`` training step against ``memory.per_gpu``, what one Llama 3.1 8B
+block keeps under op-level selective checkpointing against ``memory.op_selective_terms``, and
+torch's FSDP2 layout against the planner (``scripts/gpu_torch_layout.py``).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from course_utils.runtime.env import gpu_names
 from course_utils.runtime.fmt import LOSS_RTOL, sci, table as text_table
 from course_utils.theory.sharding import DEFAULT_SHARDS
 from course_utils.runtime.launch import gpu_count, launch, where
-from course_utils.theory.memory import fmt_bytes, per_gpu
+from course_utils.theory.memory import OP_SELECTIVE, fmt_bytes, op_selective_terms, per_gpu
 
 STEPS = 3                     # training steps of every loss comparison
 MAX_RANKS = 4                 # the most NCCL ranks a strategy runs on
@@ -45,6 +47,14 @@ MEMORY_WARMUP_STEPS = 2
 HELD_RTOL, HELD_ATOL = 0.01, 64 * 2**20
 #: The measured peak of a step may differ from per_gpu's total by this fraction.
 PEAK_RTOL = 0.10
+
+
+#: One block of torchtitan's published Llama 3.1 8B run (local batch 2, seq 8192; appendix 09 §7)
+#: under torch's op-level selective checkpointing: what it keeps vs ``memory.op_selective_terms``.
+SAC_MODEL, SAC_MICRO_BATCH, SAC_SEQ = "llama-3.1-8b", 2, 8192
+#: memory_allocated rounds each tensor up to 512 B: the flash kernel's RNG seed and offset (16 + 8 B
+#: on the GPU, kept with its output) add 1,024 B (H200, torch 2.11); anything larger would show here.
+SAC_ATOL = 64 * 2**10
 
 
 class NotRun(Exception):
@@ -100,7 +110,7 @@ def bytes_row(check: str, where_: str, measured, predicted, *, rtol: float = 0.0
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     gap = measured - predicted
     ok = abs(gap) <= atol + rtol * predicted
-    parts = ([f"{rtol:.0%}"] if rtol else []) + ([fmt_bytes(atol, "MiB", 0)] if atol else [])
+    parts = ([f"{rtol:.0%}"] if rtol else []) + ([fmt_bytes(atol, "auto", 0, largest="MiB")] if atol else [])
     tolerance = "± " + " + ".join(parts) if parts else "exact"
     share = f" ({gap / predicted:+.1%})" if predicted else ""
     note = f"gap {_signed(gap)}{share}, tolerance {tolerance}" + (f"; {why}" if why else "")
@@ -352,6 +362,72 @@ def check_memory() -> list[Row]:
     return memory_rows(measure_memory())
 
 
+def measure_op_selective(model: str = SAC_MODEL, micro_batch: int = SAC_MICRO_BATCH, seq: int = SAC_SEQ,
+                         *, device_index: int = 0) -> dict:
+    """Bytes one bf16 block keeps after ``checkpoint(block, x, context_fn=sac_context(k))``'s
+    forward (its output left out; the input, made inside, counted), for each :data:`OP_SELECTIVE`
+    policy, read from ``memory_allocated`` after a warm-up pass (the first matmul allocates cuBLAS's
+    32 MiB workspace); backward then runs the recompute for real."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.checkpoint import checkpoint
+
+    from course_utils.harness.model import Block
+    from course_utils.harness.recompute import sac_context
+    from course_utils.theory.config import preset
+
+    config = preset(model).config
+    device = torch.device("cuda", device_index)
+    torch.cuda.set_device(device)
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        raise NotRun("needs bf16 flash attention (compute capability 8.0 or newer)")
+    torch.manual_seed(0)
+    with torch.device(device):
+        block = Block(config).to(torch.bfloat16)
+        x0 = torch.randn(micro_batch, seq, config.hidden, dtype=torch.bfloat16, requires_grad=True)
+    kept = {}
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):     # torchtitan's runs: the flash kernel
+        for policy, every in (("warm-up", 1), *OP_SELECTIVE.items()):   # warm-up: cuBLAS's workspace
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            x = x0 * 1
+            y = checkpoint(block, x, use_reentrant=False, preserve_rng_state=False,
+                           context_fn=functools.partial(sac_context, every))
+            del x
+            torch.cuda.synchronize(device)
+            kept[policy] = torch.cuda.memory_allocated(device) - before - y.untyped_storage().nbytes()
+            y.float().sum().backward()
+            del y
+            x0.grad = None
+            block.zero_grad(set_to_none=True)
+    kept.pop("warm-up")
+    name = torch.cuda.get_device_name(device)
+    del block, x0
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"kept": kept, "device": name, "model": model, "micro_batch": micro_batch, "seq": seq}
+
+
+def op_selective_rows(m: dict) -> list[Row]:
+    """Each policy's kept bytes against ``op_selective_terms`` (flash attention)."""
+    place = f"this process, GPU 0 ({m['device']})"
+    rows = []
+    for policy, kept in m["kept"].items():
+        terms = op_selective_terms(m["model"], micro_batch=m["micro_batch"], seq=m["seq"],
+                                   attention="flash", policy=policy)
+        rows.append(bytes_row(
+            f"op-level SAC ({policy!r}): what one {m['model']} block keeps, micro-batch "
+            f"{m['micro_batch']} x {m['seq']} tokens, bf16, flash", place, kept, sum(terms.values()),
+            atol=SAC_ATOL, why=f"measured {kept:,} B, predicted {sum(terms.values()):,} B "
+                               "(memory.op_selective_terms: " + ", ".join(terms) + "; the flash "
+                               "kernel's RNG seed and offset, 512 B each as allocated, are not in it)"))
+    return rows
+
+
+def check_op_selective() -> list[Row]:
+    return op_selective_rows(measure_op_selective())
+
+
 def check_torch_layout() -> list[Row]:
     """torch's layout (``planner.plan(..., framework="torch")``) on one NCCL rank, to the
     byte (``scripts/gpu_torch_layout.py``, which also runs on its own)."""
@@ -400,6 +476,8 @@ def plan(gpus: int) -> list[Planned]:
     checks.append(Planned(
         f"memory of a training step, course GPT at {MEMORY_CONFIG.num_params() / 1e6:.0f}M "
         "parameters (mixed) vs memory.per_gpu", "this process, GPU 0", check_memory))
+    checks.append(Planned(f"op-level selective checkpointing of one {SAC_MODEL} block vs "
+                          "memory.op_selective_terms", "this process, GPU 0", check_op_selective))
     checks.append(Planned("torch's layout: FSDP2 states and gathered blocks vs planner(framework='torch')",
                           "this process, GPU 0 (1 NCCL rank)", check_torch_layout))
     checks += [Planned(name + losses, on(2, "gloo", " next to a visible GPU" + served + " (CUDA initialised here)"),

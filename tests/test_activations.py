@@ -6,16 +6,16 @@ activations (2 bytes), s tokens, b sequences, h hidden, a heads, kv = kv_heads x
 f the FFN width, V the vocabulary.
 """
 import weakref
-from collections import defaultdict
 from functools import partial
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint
 
 from course_utils.harness.model import build_model
+from course_utils.harness.recompute import sac_context
 from course_utils.theory.config import PRESETS, TransformerConfig
 from course_utils.theory.memory import GB, OP_SELECTIVE, activation_bytes, block_terms, op_selective_terms, per_gpu
 
@@ -212,26 +212,6 @@ def test_planner_uses_the_same_activation_model():
 
 
 # ------------------------------------------------------------------ op-level selective checkpointing
-
-aten = torch.ops.aten
-#: torchtitan's _save_list (9dec370, torchtitan/parallelisms/parallelize_llama.py l. 214-223) plus the
-#: CPU's name for the flash kernel, which a CPU runs in its place
-SAVE_LIST = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
-             aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
-             torch.ops._c10d_functional.reduce_scatter_tensor.default, aten.abs.default, aten.max.default}
-
-
-def sac_context(every):
-    """torchtitan's policy (l. 250-270 there), every k-th mm saved: torch's SAC contexts for one block."""
-    count = defaultdict(int)
-
-    def policy(ctx, op, *args, **kwargs):
-        mode = "recompute" if ctx.is_recompute else "forward"
-        count[mode] += op == aten.mm.default
-        save = op in SAVE_LIST and not (op == aten.mm.default and (count[mode] - 1) % every)
-        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
-    return create_selective_checkpoint_contexts(policy)
-
 
 def kept_by_checkpoint(block, x0, context_fn):
     """Bytes alive after ``checkpoint(block)``'s forward besides its output (the input included:

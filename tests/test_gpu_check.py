@@ -56,8 +56,8 @@ def test_plan_follows_the_gpu_count(gpu_check):
     assert one[0] == ("all-reduce of rank + 1 on 1 rank",
                       "1 NCCL rank, one GPU each, forked from this process")
     assert one[1][1].startswith("2 gloo ranks on CPU after a backward here, forked from the forkserver")
-    assert [w for _, w in one[2:4]] == ["this process, GPU 0", "this process, GPU 0 (1 NCCL rank)"]
-    assert [c.split(":")[0] for c, _ in one[4:-1]] == list(gpu_check.GLOO_NEXT_TO_GPU)
+    assert [w for _, w in one[2:5]] == ["this process, GPU 0"] * 2 + ["this process, GPU 0 (1 NCCL rank)"]
+    assert [c.split(":")[0] for c, _ in one[5:-1]] == list(gpu_check.GLOO_NEXT_TO_GPU)
     # last: 1 NCCL rank from the forkserver once CUDA is initialised here (its preload must not)
     assert one[-1] == ("all-reduce of rank + 1 on 1 rank after CUDA was initialised here",
                        "1 NCCL rank, one GPU each, forked from the forkserver")
@@ -165,6 +165,20 @@ def test_memory_rows_with_fake_numbers(gpu_check):
     assert not states.ok and "the parts differ" in states.note
     assert not gpu_check.memory_rows(_fake_measurement(cfg, b, peak=int(predicted.total * 1.2)))[2].ok
     assert not gpu_check.memory_rows(_fake_measurement(cfg, b, allocated=predicted.states.total * 2))[1].ok
+
+
+def test_op_selective_rows_with_fake_numbers(gpu_check):
+    """torchtitan's policy keeps q, v, gate, down, the attention output, its logsumexp and the
+    input: 2·t·(h + h + kv + f + h + h) + 4·a·t bytes (t tokens); every mm: + k, out-proj, up."""
+    t, h, kv, f, a = 2 * 8192, 4096, 1024, 14336, 32
+    want = {"torchtitan": 2 * t * (4 * h + kv + f) + 4 * a * t,
+            "op-selective": 2 * t * (5 * h + 2 * kv + 2 * f) + 4 * a * t}
+    m = {"kept": dict(want), "device": "a fake GPU", "model": "llama-3.1-8b", "micro_batch": 2, "seq": 8192}
+    rows = gpu_check.op_selective_rows(m)
+    assert [r.ok for r in rows] == [True, True] and "'torchtitan'" in rows[0].check
+    assert "logsumexp" in rows[0].note and rows[0].where == "this process, GPU 0 (a fake GPU)"
+    off = dict(m, kept={k: v + gpu_check.SAC_ATOL + 512 for k, v in want.items()})
+    assert [r.ok for r in gpu_check.op_selective_rows(off)] == [False, False]
 
 
 def test_peak_gap_terms(gpu_check):
