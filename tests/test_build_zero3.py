@@ -1,5 +1,5 @@
 """Exercise 06.2 (build ZeRO-3): the course's FlatUnit (what Zero3 is made of) passes the
-grader as it is; the notebook's scaffold, completed as its TODOs say, passes; planted mistakes fail
+grader as it is; the notebook's scaffold, completed as its TODOs say (``solution("zero3")``), passes; planted mistakes fail
 with the message that names them."""
 import torch
 import torch.distributed as dist
@@ -10,78 +10,11 @@ from course_utils.course.exercises.nb12 import zero3_step_bytes
 from course_utils.harness.grading import PASSED, first_problem
 from course_utils.course.exercises.nb06 import units_on_rank, zero3_on_rank
 from course_utils.impl.zero3 import FlatUnit
-from course_utils.impl.common import alloc_storage, free_storage
-from course_utils.theory.layout import padded_numel
-from course_utils.runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 from course_utils.runtime.launch import launch
+from toys import answer
 
 
-class Solution(nn.Module):
-    """The notebook's ``MyFlatUnit`` with its four TODOs done."""
-
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-        self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        self.params = [p for p in module.parameters() if p.requires_grad]
-        self.padded = padded_numel(sum(p.numel() for p in self.params), self.world)
-        with torch.no_grad():                                   # TODO 1
-            self.full = torch.zeros(self.padded)
-            offsets = [0]
-            for p in self.params:
-                self.full[offsets[-1]:offsets[-1] + p.numel()] = p.reshape(-1)
-                offsets.append(offsets[-1] + p.numel())
-            size = self.padded // self.world
-            self.shard = nn.Parameter(self.full[self.rank * size:(self.rank + 1) * size].clone())
-            for p, off in zip(self.params, offsets):
-                p.data = self.full[off:off + p.numel()].view(p.shape)
-        self.free()
-        self.ready = 0
-        for p in self.params:
-            p.register_post_accumulate_grad_hook(self._grad_ready)
-
-    def gather(self):                                           # TODO 2
-        alloc_storage(self.full)
-        all_gather_into_tensor(self.full, self.shard.detach())
-
-    def free(self):
-        free_storage(self.full)
-
-    def forward(self, *args):                                   # TODO 3
-        self.gather()
-        out = self.module(*args)
-        self.free()
-        out.register_hook(self._before_backward)
-        return out
-
-    def _before_backward(self, grad):
-        self.gather()
-        return grad
-
-    @torch.no_grad()
-    def _grad_ready(self, p):                                   # TODO 4
-        self.ready += 1
-        if self.ready == len(self.params):
-            self.reduce_scatter()
-
-    @torch.no_grad()
-    def reduce_scatter(self):
-        self.ready = 0
-        flat = torch.zeros(self.padded)
-        offset = 0
-        for q in self.params:
-            if q.grad is not None:
-                flat[offset:offset + q.numel()] = q.grad.reshape(-1)
-            q.grad = None
-            offset += q.numel()
-        mine = torch.empty(self.padded // self.world)
-        self._reduce_scatter(mine, flat)
-        mine /= self.world
-        self.shard.grad = mine if self.shard.grad is None else self.shard.grad + mine
-        self.free()
-
-    def _reduce_scatter(self, mine, flat):
-        reduce_scatter_tensor(mine, flat)
+Solution = answer("zero3")[0]["MyFlatUnit"]     # the notebook's MyFlatUnit with its four TODOs done
 
 
 class NoPadding(Solution):
@@ -101,9 +34,19 @@ class KeepsChunk0(Solution):
 
 
 class AllReduces(Solution):
-    def _reduce_scatter(self, mine, flat):
+    @torch.no_grad()
+    def reduce_scatter(self):
+        flat = torch.zeros(self.padded)
+        offset = 0
+        for q in self.params:
+            if q.grad is not None:
+                flat[offset:offset + q.numel()] = q.grad.reshape(-1)
+            q.grad = None
+            offset += q.numel()
         dist.all_reduce(flat)
-        mine.copy_(flat.view(self.world, -1)[self.rank])
+        self.shard.grad = flat.view(self.world, -1)[self.rank] / self.world
+        self.ready = 0
+        self.free()
 
 
 class NoDivide(Solution):
@@ -166,7 +109,7 @@ def test_the_course_zero3_passes(capsys):
 
 def test_the_completed_scaffold_passes_and_planted_mistakes_are_named():
     found = launch(_planted, 2, quiet=True)
-    assert first_problem([per["Solution"] for per in found]) is None
+    assert first_problem([per[Solution.__name__] for per in found]) is None
     for cls, message in PLANTED.items():
         first = first_problem([per[cls.__name__] for per in found])
         assert first and message in first[1], (cls.__name__, first)

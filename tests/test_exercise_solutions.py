@@ -1,15 +1,17 @@
 """Every small exercise's answer in ``solutions/`` passes its check, and ``solution("NN.k")``
-prints it: the notebooks show a pointer, not the answer."""
+prints it: the notebooks show a pointer, not the answer. (The builds' answers, ``ddp.py`` ...
+``zero3.py``, are graded in tests/test_solutions.py and tests/test_build_zero3.py.)"""
 import pytest
 from toys import answer
 
 from course_utils.course.exercises import solution
 from course_utils.course.exercises.solutions import SOLUTIONS
 
-FILES = sorted(SOLUTIONS.glob("*.py"))
+FILES = sorted(p for p in SOLUTIONS.glob("*.py") if "." in p.stem)     # the builds: by name
 
 
 def test_every_core_exercise_has_its_answer():
+    assert sorted(p.stem for p in SOLUTIONS.glob("*.py") if p not in FILES) == ["ddp", "zero1", "zero2", "zero3"]
     names = [p.stem for p in FILES]
     assert names == ["00.1", "00.2", "01.1", "01.2", "02.1", "03.1", "03.2", "04.1", "04.2", "05.1",
                      "07.1", "07.2", "07.3", "08.1", "08.2"]
@@ -43,7 +45,7 @@ def test_the_notebooks_point_to_the_answers():
     from course_utils.course.badges import ROOT
     text = "".join((ROOT / "notebooks").joinpath(p).read_text(encoding="utf-8")
                    for p in sorted(n.name for n in (ROOT / "notebooks").glob("0[0-8]_*.ipynb")))
-    for path in FILES:
+    for path in SOLUTIONS.glob("*.py"):
         assert f'solution(\\"{path.stem}\\")' in text, f"no notebook points to solution({path.stem!r})"
     for p in (ROOT / "notebooks").glob("0[0-8]_*.ipynb"):
         cells = json.loads(p.read_text(encoding="utf-8"))["cells"]

@@ -1,0 +1,57 @@
+# Exercise 02.2: build DDP. The skeleton filled in, as a learner would.
+import torch
+import torch.distributed as dist
+from torch import nn
+from course_utils.course.exercises import check_ddp
+from course_utils.runtime.compat import queue_backward_callback
+
+
+class MyDDP(nn.Module):
+    def __init__(self, module, bucket_bytes=25 * 2**20):
+        super().__init__()
+        self.module = module
+        params = [p for p in module.parameters() if p.requires_grad]
+        for t in list(module.parameters()) + list(module.buffers()):      # TODO 1
+            dist.broadcast(t.data, src=0)
+        self.buckets, current, size = [], [], 0                            # TODO 2
+        for p in params[::-1]:
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= bucket_bytes:
+                self.buckets.append(current)
+                current, size = [], 0
+        self.buckets += [current] if current else []
+        self.next, self.ready, self.pending, self.queued = 0, set(), [], False
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def _on_grad(self, p):                                                 # TODO 3
+        if not self.queued:
+            queue_backward_callback(self._finish)
+            self.queued = True
+        self.ready.add(p)
+        while self.next < len(self.buckets) and all(q in self.ready for q in self.buckets[self.next]):
+            self._launch()
+
+    def _launch(self):                  # the next bucket: its grads flattened, all-reduced async
+        bucket = self.buckets[self.next]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        self.pending.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
+        self.next += 1
+
+    @torch.no_grad()
+    def _finish(self):                                                     # TODO 4
+        while self.next < len(self.buckets):
+            self._launch()
+        for bucket, flat, work in self.pending:
+            work.wait()
+            flat /= dist.get_world_size()
+            for p, avg in zip(bucket, flat.split([p.numel() for p in bucket])):
+                p.grad = avg.view_as(p).clone()
+        self.next, self.ready, self.pending, self.queued = 0, set(), [], False
+
+
+check_ddp(MyDDP)
