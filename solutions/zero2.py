@@ -25,7 +25,7 @@ class MyZero2(torch.optim.Optimizer):
         self.inner = optimizer_class(inner_groups, **defaults)
         self.bucket_of = {id(p): b for b in self.buckets for p in b["params"]}
         self.next, self.queued = 0, False
-        for b in self.buckets:                                            # TODO 1
+        for b in self.buckets:               # given: MyDDP's hooks, on these buckets
             for p in b["params"]:
                 p.register_post_accumulate_grad_hook(self._on_grad)
 
@@ -42,7 +42,7 @@ class MyZero2(torch.optim.Optimizer):
         return {"params": params, "flat": flat, "lo": lo, "hi": hi, "shard": shard,
                 "ready": set(), "message": None, "work": None}
 
-    def _on_grad(self, p):                                                # TODO 2
+    def _on_grad(self, p):                   # given: MyDDP's, in order
         if not self.queued:
             queue_backward_callback(self._finish)
             self.queued = True
@@ -53,7 +53,7 @@ class MyZero2(torch.optim.Optimizer):
             self.next += 1
 
     @torch.no_grad()
-    def _launch(self, bucket):                                            # TODO 3
+    def _launch(self, bucket):                                            # TODO 1
         bucket["message"] = flatten_and_pad([p.grad if p.grad is not None else torch.zeros_like(p)
                                              for p in bucket["params"]], self.n)
         for p in bucket["params"]:
@@ -62,7 +62,7 @@ class MyZero2(torch.optim.Optimizer):
         bucket["work"] = reduce_scatter_tensor(bucket["message"][lo:hi], bucket["message"], async_op=True)
 
     @torch.no_grad()
-    def _finish(self):                                                    # TODO 4
+    def _finish(self):                                                    # TODO 2
         while self.next < len(self.buckets):
             self._launch(self.buckets[self.next])
             self.next += 1
