@@ -560,3 +560,10 @@ def test_torchtitan_sac_rows_memory_and_recomputed_matmuls():
     assert rows[1].label() == "FSDP2 + torchtitan's op-level SAC" and rows[1].short() == "FSDP2 +tt-sac"
     with pytest.raises(ValueError, match="op-level"):
         plan("llama-3.1-8b", choices=[("ZeRO-3", "none", "torchtitan")], **kw)
+    # the default torch plan has the policy between none and full for every option; DeepSpeed's and a
+    # bare parameter count's (no architecture to count a block's matmuls) have none of it
+    default = plan("llama-3.1-8b", framework="torch", **kw)
+    assert [r.choice.recompute for r in default if r.choice.strategy == "ZeRO-3" and r.choice.offload == "none"] == [
+        "none", "torchtitan", "full"]
+    assert not any(r.choice.recompute == "torchtitan" for r in plan("llama-3.1-8b", **kw))
+    assert not any(r.choice.recompute == "torchtitan" for r in plan(8e9, framework="torch", **dict(kw, micro_batch=None)))

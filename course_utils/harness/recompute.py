@@ -9,6 +9,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ..checks import check_int
+from ..runtime.compat import functional_reduce_scatter_op
 
 __all__ = ["save_list", "sac_context"]
 
@@ -20,7 +21,7 @@ def save_list() -> set:
     return {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
             aten._scaled_dot_product_flash_attention.default,
             aten._scaled_dot_product_flash_attention_for_cpu.default,
-            torch.ops._c10d_functional.reduce_scatter_tensor.default, aten.abs.default, aten.max.default}
+            functional_reduce_scatter_op(), aten.abs.default, aten.max.default}
 
 
 def sac_context(every: int = 2):

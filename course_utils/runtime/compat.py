@@ -202,6 +202,12 @@ def functional_collectives():
     return funcol
 
 
+def functional_reduce_scatter_op():
+    """``torch.ops._c10d_functional.reduce_scatter_tensor.default``: the op FSDP2's DTensors call
+    (torchtitan's selective-checkpointing policy names it)."""
+    return torch.ops._c10d_functional.reduce_scatter_tensor.default
+
+
 def mem_tracker():
     """PyTorch's ``MemTracker`` class (memory by category: parameters, gradients, ...)."""
     from torch.distributed._tools.mem_tracker import MemTracker

@@ -174,10 +174,14 @@ def deepspeed_zero3_terms(config: TransformerConfig, persistence_threshold: int 
     return len(persistent), sum(persistent), kept
 
 
-def _all_choices(nodes: int, framework: str = "deepspeed", attention: str = "flash") -> list[Choice]:
-    # with flash attention no s x s scores are stored: "selective" would keep what "none" keeps
+def _all_choices(nodes: int, framework: str = "deepspeed", attention: str = "flash",
+                 architecture: bool = True) -> list[Choice]:
+    # with flash attention no s x s scores are stored: "selective" would keep what "none" keeps;
+    # torch's op-level policy (torchtitan's) saves a block's matmul outputs: it needs the architecture
     offloads = _TORCH_OFFLOADS_OF if framework == "torch" else _OFFLOADS_OF
     recompute = RECOMPUTE if attention == "standard" else ("none", "full")
+    if framework == "torch" and architecture:
+        recompute = (*recompute[:-1], "torchtitan", "full")
     return [Choice(s, o, r) for s in STRATEGIES if s != "HSDP" or nodes > 1
             for o in offloads[s] for r in recompute]
 
@@ -688,7 +692,7 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
     check_number("activation_slack", activation_slack, minimum=0, example="0.15")
     check_int("bucket_buffers", bucket_buffers, minimum=0, what="bucket-sized temporary buffers")
     if choices is None:
-        wanted = _all_choices(nodes, framework, attention)
+        wanted = _all_choices(nodes, framework, attention, config is not None)
     else:
         wanted = [as_choice(c) for c in choices]
         if any(c.strategy == "HSDP" for c in wanted) and nodes == 1:
