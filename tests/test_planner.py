@@ -309,6 +309,9 @@ def test_widget_bundle_and_interaction():
     w.controls["nodes"].value = 1
     assert w.setting.nodes == 1 and "HSDP rows left out" in w.out.outputs[1]["text"]
     assert w.out.outputs[0]["data"]["image/png"]
+    w.controls["trainable"].value = 0.01         # LoRA-like: the frozen weights keep their parameters only
+    assert w.setting.trainable == 0.01 and "trainable 0.01" in w.out.outputs[1]["text"]
+    w.controls["trainable"].value = 1.0
     w.controls["global_batch"].value = 63        # not a multiple of 8 GPUs
     assert "Change the inputs" in w.out.outputs[0]["text"] and w.setting.global_batch == 128
     with pytest.raises(ValueError, match="model must be one of"):

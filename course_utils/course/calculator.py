@@ -224,6 +224,7 @@ class PlannerSetting:
     recipe: str = "mixed"
     mfu: float = 0.4
     overlap: float = 0.0
+    trainable: float = 1.0               # the fraction that trains (LoRA: ~0.01)
 
     def __post_init__(self):
         if self.model not in PRESETS or PRESETS[self.model].config is None:
@@ -240,7 +241,7 @@ class PlannerSetting:
                     nodes=self.nodes, intra_bw_gbps=self.intra_bw_gbps, inter_bw_gbps=self.inter_bw_gbps,
                     nics_per_node=self.nics_per_node or None,
                     seq_len=self.seq_len, global_batch=self.global_batch, recipe=self.recipe,
-                    mfu=self.mfu, overlap=self.overlap)
+                    mfu=self.mfu, overlap=self.overlap, trainable=self.trainable)
 
     def text(self) -> str:
         rows = self.plan()
@@ -290,6 +291,7 @@ class PlannerWidget(_Form):
             "mfu": w.FloatSlider(value=s.mfu, min=0.1, max=0.8, step=0.05, description="MFU", style=style),
             "overlap": w.FloatSlider(value=s.overlap, min=0.0, max=1.0, step=0.1,
                                      description="comm overlap", style=style),
+            "trainable": dd("trainable", [1.0, 0.1, 0.01], "trainable fraction"),
         }
         self._start()
 
