@@ -4,6 +4,7 @@ mistakes fail with the message that names them."""
 from course_utils.course.exercises import check_ddp
 from course_utils.course.exercises.nb02 import _ddp_on_rank, first_problem
 from course_utils.impl.ddp import DataParallel
+from course_utils.runtime.compat import queue_backward_callback
 from course_utils.runtime.launch import launch
 
 
@@ -28,10 +29,20 @@ class IgnoresBuckets(DataParallel):
         super().__init__(module, bucket_bytes=0)
 
 
+class SendsAfterBackward(DataParallel):
+    """Marks each gradient but launches nothing until backward ends: right numbers, no overlap."""
+    def _on_grad(self, p):
+        if not self.queued:
+            queue_backward_callback(self._finish)
+            self.queued = True
+        self.ready.add(id(p))
+
+
 PLANTED = {NoDivide: "SUM over the 2 ranks: divide by the world size",
            NoBroadcast: "weights differ from rank 0's: broadcast",
            AveragesInStep: "still this rank's own",
-           IgnoresBuckets: "all-reduces in one backward with bucket_bytes=26214400, expected 1"}
+           IgnoresBuckets: "all-reduces in one backward with bucket_bytes=26214400, expected 1",
+           SendsAfterBackward: "every all-reduce started after the last gradient arrived"}
 
 
 def _planted(rank, world_size):

@@ -85,14 +85,19 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                        "parameter and buffer from rank 0 in __init__")
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
         ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.5)
+        now, issued = {}, []            # all-reduces issued when each gradient arrived (after yours ran)
+        spies = [p.register_post_accumulate_grad_hook(
+            lambda _: issued.append(now["ledger"].counts().get("all_reduce", 0)))
+            for p in model.parameters() if p.requires_grad]
         for step in range(steps):       # every rank runs every step (a rank that stopped early
             x, y = data.shard(step, rank, world)    # would leave the others in a collective)
             local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
             local(x, y).backward()
-            with CommLedger() as ledger:
+            issued.clear()
+            with CommLedger() as now["ledger"]:
                 loss = ddp(x, y)
                 loss.backward()
-            calls = ledger.counts().get("all_reduce", 0)
+            calls = now["ledger"].counts().get("all_reduce", 0)
             seen["calls"] = calls
             ref_loss = ref(*data.batch(step))
             ref_loss.backward()
@@ -102,11 +107,17 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                            f"expected {expected_calls}: " + ("one per trainable parameter"
                                                              if bucket_bytes == 0 else
                                                              "one bucket holds the whole model"))
+            if not problem and calls and not issued[-1]:
+                problem = ("every all-reduce started after the last gradient arrived: nothing overlapped "
+                           "backward; launch each bucket from _on_grad as soon as it is complete, in "
+                           "backward's order (buckets from params[::-1])")
             seen["losses"].append(global_loss(loss))
             seen["ref_losses"].append(ref_loss.item())
             for o in (opt, ref_opt):
                 o.step()
                 o.zero_grad()
+        for spy in spies:
+            spy.remove()
         if hasattr(ddp, "remove_hooks"):
             ddp.remove_hooks()
         out.append((problem, seen))
