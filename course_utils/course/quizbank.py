@@ -175,7 +175,7 @@ def quiz_03() -> Quiz:
                                  f"{grow:.2f}x: most terms are linear in s, but the s x s attention scores "
                                  f"grow 4x. With flash attention there are no scores: exactly "
                                  f"{act['flash', 2048] / act['flash', 1024]:g}x. (4x: every term taken as "
-                                 "quadratic; 1x: the micro-batch taken as what sets them.)"),
+                                 "quadratic; 1x: activations taken to depend on the micro-batch only.)"),
         SingleChoice(
             f"7B parameters on 4 GPUs of {budget} GB: with DeepSpeed's layout ZeRO-2 fits. With "
             "torch's mixed-precision layout (torch-amp: fp32 parameters and gradients, 16-bit only "
@@ -470,8 +470,8 @@ def quiz_05() -> Quiz:
                         f"{k} x {one:,} + {one:,} = {acc[k]:,} bytes. Section 6 "
                         f"printed {acc[4]:,} for 4 micro-batches, and {nosync:,.0f} for DDP with no_sync, which "
                         f"stays {nosync:,.0f} whatever k: ZeRO-2 pays for its smaller gradients in traffic. "
-                        f"(The others: the all-gather forgotten; one reduce-scatter per step, as with "
-                        f"no_sync; the (N-1)/N forgotten.)",
+                        f"({k * one:,}: the all-gather forgotten; {2 * one:,}: one reduce-scatter per "
+                        f"step, as with no_sync; {2 * acc[k]:,}: the (N-1)/N forgotten.)",
             printed="05"),
         Numeric(
             f"Course GPT (Ψ = {psi:,}), fp32: section 3 measured the gradient bytes each of 4 ranks keeps "
@@ -517,19 +517,20 @@ def quiz_05() -> Quiz:
                         f"{act / GB:.2f} GB of activations (flash attention, fused cross-entropy), so about "
                         f"{freed / act:.0f} more sequences fit per GPU. Appendix 09 §5's calculator printed "
                         f"{ddp_mb} -> {z2_mb} on 8 GPUs of 80 GB. DDP's batch per GPU stays {ddp_mb} "
-                        "whatever the number of GPUs. (The others: the 7/8 forgotten; the 12 optimizer "
-                        "bytes only, ZeRO-1; the 1/8 each GPU keeps.)", printed="09"),
+                        f"whatever the number of GPUs. ({16 * xl / GB:.1f}: the 7/8 forgotten; "
+                        f"{12 * xl * 7 / 8 / GB:.1f}: the 12 optimizer bytes only, ZeRO-1; "
+                        f"{16 * xl / 8 / GB:.1f}: the 1/8 each GPU keeps.)", printed="09"),
         NumberChoice(
             "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
             "fp32 Adam states (Megatron). Appendix 09's published runs measured 79 -> 65 GB with sharding on. "
             "How many GB does sharding the optimizer states alone save (12 bytes per parameter, sharded 4 ways)?",
-            (ddp.total - z1.total) / GB, [8 * xl * 3 / 4 / GB, 12 * xl / GB, 12 * xl / 4 / GB], "{:.1f} GB",
+            (ddp.total - z1.total) / GB, [8 * xl * 3 / 4 / GB, 12 * xl / GB, 18 * xl / GB], "{:.1f} GB",
             kind="explain",
             explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the benchmark's "
                         "14 GB drop matches ZeRO-1's saving; sharding the fp32 gradients too would "
                         f"save {(z1.total - z2.total) / GB:.1f} GB more. ({8 * xl * 3 / 4 / GB:.1f}: m and v "
                         f"only, the fp32 master copy forgotten; {12 * xl / GB:.1f}: the 3/4 forgotten; "
-                        f"{12 * xl / 4 / GB:.1f}: the quarter each GPU keeps.)"),
+                        f"{18 * xl / GB:.1f}: all 18 bytes, what DDP holds.)"),
     ])
 
 
@@ -577,7 +578,7 @@ def quiz_06() -> Quiz:
                                  f"{16 * 7:g} / {enough} = {16 * 7 / enough:.2f} GB: {enough} GPUs. No other "
                                  "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on "
                                  f"every GPU. ({enough - 1}: {16 * 7 / target:g} rounded down; {few}: 12 bytes "
-                                 f"counted, not 16; {more}: 18, with fp32 gradients.)"),
+                                 f"counted, not 16; {more}: 18 bytes counted, fp32 gradients.)"),
         SingleChoice("Why does backward need the parameters gathered again?",
                      ["To recompute the activations that forward freed",
                       "The gradient of a layer's input is grad_output @ W: backward needs W, which "
