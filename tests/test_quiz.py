@@ -167,9 +167,11 @@ def test_every_course_quiz_accepts_its_own_answer_key(key):
 def test_quiz_00_numbers_come_from_the_calculator():
     from course_utils.theory.memory import GB, model_states
 
-    assert quiz.get("00").question(1).answer == model_states(7e9, world_size=4, stage=0).total / GB == 112
+    assert model_states(7e9, world_size=8, stage=0).total / GB == 112
+    assert quiz.check("00", 1, "112 GB").correct and not quiz.check("00", 1, "14 GB").correct
     # the least N with 16 x 13e9 / N <= 80 GB: 208 / 3 = 69.3
     assert quiz.check("00", 2, "3").correct and not quiz.check("00", 2, "2").correct
+    assert quiz.check("00", 3, "6").correct and not quiz.check("00", 3, "10").correct   # section 4's example
     assert quiz.check("00", 4, "a").correct                      # %%ranks: one result per rank
 
 
@@ -181,24 +183,46 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.get("03").question(6).answer == {"abcd"[fits[0]]} == {"d"}  # torch's layout: only ZeRO-3 fits
     assert quiz.check("03", 1, "d").correct                                   # 4 -> 8 GPUs: ZeRO-3 drops most
     assert quiz.check("03", 2, "10").correct and not quiz.check("03", 2, "9").correct   # 14 + 98 / N <= 24
-    assert quiz.check("03", 7, 2 * PRESETS["gpt2-xl"].num_params / 4 / GB).correct
+    assert quiz.check("03", 7, f"{2 * PRESETS['gpt2-xl'].num_params / 4 / GB:.2f} GB").correct
+    assert quiz.check("03", 5, "3.31x").correct and not quiz.check("03", 5, "4.00x").correct
     assert quiz.check("04", 5, "129356").correct                                # 8 x 129,352 / 8 + 4
-    assert quiz.check("04", 2, "1.5").correct and quiz.check("04", 4, "1.5").correct
-    assert quiz.check("04", 6, "26.67").correct                                 # 4 zeros on 6 ranks
+    assert quiz.check("04", 2, "1.50").correct and quiz.check("04", 4, "1.50").correct
+    assert quiz.check("04", 6, "26.67 bytes").correct                           # 4 zeros on 6 ranks
     q6 = quiz.get("05").question(6)
-    assert quiz.check("05", 6, "21.8").correct and "calculator printed 17 -> 25" in q6.explanation
-    assert quiz.check("05", 2, "2328300").correct                               # 8 RS + 1 AG of 258,700
+    assert quiz.check("05", 6, "21.8 GB").correct and "calculator printed 17 -> 25" in q6.explanation
+    assert quiz.check("05", 2, "2,328,300 bytes").correct                       # 8 RS + 1 AG of 258,700
     assert quiz.check("05", 3, "64676").correct and quiz.check("05", 5, "7").correct
+    assert quiz.check("05", 7, "14.0 GB").correct and not quiz.check("05", 7, "9.3 GB").correct
     assert quiz.check("06", 4, "12").correct and not quiz.check("06", 4, "11").correct  # 112 / N <= 10
     assert quiz.check("08", 1, "3.06").correct                                  # HSDP per NIC, 8 nodes
-    assert quiz.check("08", 3, "26").correct                                    # 16 x 13e9 / 8
-    assert quiz.check("02", 3, "4527250").correct and quiz.check("02", 5, "3104400").correct
+    assert quiz.check("08", 3, "26 GB").correct                                 # 16 x 13e9 / 8
+    assert quiz.check("02", 3, "4527250").correct and quiz.check("02", 5, "3,104,400 bytes").correct
     assert quiz.check("01", 1, "30").correct and quiz.check("01", 2, "a").correct      # 3 ranks; 2 ranks
-    assert quiz.check("01", 3, "1.97").correct and quiz.check("01", 4, "0.875").correct  # 2 x 63/64; 7/8
-    assert quiz.check("06", 2, "17").correct and quiz.check("06", 3, "1.5").correct     # 2 x 8 + 1; any N
+    assert quiz.check("01", 3, "1.97").correct and quiz.check("01", 4, "0.875 GB").correct  # 2 x 63/64; 7/8
+    assert quiz.check("06", 2, "17").correct and quiz.check("06", 3, "1.50").correct    # 2 x 8 + 1; any N
     assert quiz.check("06", 6, "a").correct                                      # prefetch: peak up
     assert quiz.check("07", 1, "25").correct and quiz.check("07", 2, "13").correct     # 12 blocks
     assert quiz.check("07", 6, "5").correct                                      # accumulation
+
+
+def test_at_most_one_typed_in_number_per_quiz():
+    """Issue 27, learner time: a typed-in number takes minutes by hand, so each quiz keeps at most
+    one; the others are NumberChoice: four distinct options computed in code, the right one not
+    always in the same place."""
+    from course_utils.course.quizbank import NumberChoice
+
+    places = set()
+    for key in QUIZZES:
+        questions = quiz.get(key).questions
+        assert sum(isinstance(q, Numeric) for q in questions) <= 1, key
+        for i, q in enumerate(questions, 1):
+            if isinstance(q, NumberChoice):
+                assert len(q.options) == len(set(q.options)) == 4, (key, i, q.options)
+                places |= q.answer
+    assert len(places) >= 3
+    assert NumberChoice("q?", 2, [1, 3, 4]).options == NumberChoice("q?", 2, [1, 3, 4]).options
+    with pytest.raises(ValueError, match="distinct"):
+        NumberChoice("q?", 1.001, [1.0, 2.0, 3.0], "{:.1f}")   # the same text twice
 
 
 def test_every_question_says_what_it_asks():

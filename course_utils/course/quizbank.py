@@ -5,8 +5,25 @@ Each entry builds its :class:`~course_utils.course.questions.Quiz` on demand:
 """
 from __future__ import annotations
 
+import random
+import zlib
+
 from ..theory.memory import GB, model_states
 from .questions import MultiChoice, Numeric, Quiz, SingleChoice
+
+
+class NumberChoice(SingleChoice):
+    """A number to pick, not to type (issue 27: at most one typed-in number per quiz): the right
+    value and wrong ones, each what a typical mistake gives, shown with ``fmt``. The order is
+    shuffled by the prompt's CRC: the same on every run, the right one not always first."""
+
+    def __init__(self, prompt, right, wrong, fmt="{:,}", explanation="", **kw):
+        values = [right, *wrong]
+        random.Random(zlib.crc32(prompt.encode())).shuffle(values)
+        options = [fmt.format(v) for v in values]
+        if len(set(values)) != len(values) or len(set(options)) != len(options):
+            raise ValueError(f"the options must be distinct numbers: {options}")
+        super().__init__(prompt, options, values.index(right), explanation, **kw)
 
 
 def quiz_00() -> Quiz:
@@ -16,25 +33,33 @@ def quiz_00() -> Quiz:
     gpus = next(n for n in range(1, 1000)
                 if model_states(13e9, world_size=n, stage=3, recipe="mixed").total / GB <= budget)
     whole = model_states(13e9, world_size=1, stage=0, recipe="mixed").total / GB
+    grads_too = 4 * 7e9 / GB                   # 2 + 2: weights and gradients only
+    opt_only = next(n for n in range(1, 1000)  # only the optimizer's 12 bytes split (ZeRO-1)
+                    if model_states(13e9, world_size=n, stage=1, recipe="mixed").total / GB <= budget)
     return Quiz("00 orientation", [
-        Numeric(
+        NumberChoice(
             "The course map drew a 7B-parameter model with mixed-precision Adam (2 + 2 + 12 bytes "
             "per parameter) on 4 GPUs. Predict plain data parallelism (DDP) on 8 GPUs instead: GB of "
             "model states per GPU?",
-            ddp8.total / GB, unit="GB", tol=0.5, minimum=0, kind="predict",
+            ddp8.total / GB, [everything8.total / GB, ddp8.total / GB / 2, grads_too], "{:g} GB",
+            kind="predict",
             explanation=f"DDP keeps a full copy on every GPU: 16 bytes x 7e9 = {ddp8.total / GB:g} GB, "
                         f"whatever the number of GPUs: more GPUs buy speed, not memory. Only splitting "
-                        f"the 16 bytes (the map's last column) profits from 8 GPUs: {everything8.total / GB:g} GB.",
+                        f"the 16 bytes (the map's last column) profits from 8 GPUs: {everything8.total / GB:g} GB. "
+                        f"({ddp8.total / GB / 2:g}: the 4-GPU figure halved; {grads_too:g}: the 2 + 2 "
+                        "bytes of weights and gradients only.)",
         ),
-        Numeric(
+        NumberChoice(
             f"If all 16 bytes per parameter are split evenly over the GPUs (the map's last column), "
             f"how many {budget} GB GPUs does a 13B-parameter model need, at least, for its model "
             "states alone?",
-            gpus, tol=0, minimum=1, kind="predict",
+            gpus, [gpus - 1, 1, opt_only], "{}", kind="predict",
             explanation=f"16 x 13e9 = {whole:g} GB in all; {whole:g} / {gpus - 1} = "
                         f"{whole / (gpus - 1):.1f} GB is over {budget}, {whole:g} / {gpus} = "
                         f"{whole / gpus:.1f} GB fits: {gpus} GPUs, with what is left for activations "
-                        f"and buffers. Plain DDP fits on no number of them: {whole:g} GB on every GPU.",
+                        f"and buffers. Plain DDP fits on no number of them: {whole:g} GB on every GPU. "
+                        f"({gpus - 1}: {whole / budget:.1f} rounded down; 1: only the 2 + 2 bytes of weights "
+                        f"and gradients; {opt_only}: only the optimizer's 12 bytes split.)",
         ),
         Numeric(
             "Section 3's hello() on 3 ranks instead of 4: each rank puts rank + 1 in a tensor and "
@@ -142,14 +167,15 @@ def quiz_03() -> Quiz:
                     "ZeRO shards model states, not activations: each rank's activations come from its "
                     "own data and are not redundant. Recomputation, flash attention and smaller "
                     "micro-batches all shrink them.", kind="explain"),
-        Numeric(f"gpt2-xl (h = {PRESETS['gpt2-xl'].config.hidden}, a = {PRESETS['gpt2-xl'].config.heads} heads), micro-batch 1, "
-                "standard (not fused) attention: predict by what factor its activations grow when the "
-                "sequence doubles from 1024 to 2048 tokens.",
-                grow, tol=0.05, minimum=0, kind="predict",
-                explanation=f"{act['standard', 1024] / GB:.2f} -> {act['standard', 2048] / GB:.2f} GB, "
-                            f"{grow:.2f}x: most terms are linear in s, but the s x s attention scores "
-                            f"grow 4x. With flash attention there are no scores: exactly "
-                            f"{act['flash', 2048] / act['flash', 1024]:g}x."),
+        NumberChoice(f"gpt2-xl (h = {PRESETS['gpt2-xl'].config.hidden}, a = {PRESETS['gpt2-xl'].config.heads} heads), micro-batch 1, "
+                     "standard (not fused) attention: predict by what factor its activations grow when the "
+                     "sequence doubles from 1024 to 2048 tokens.",
+                     grow, [1, 2, 4], "{:.2f}x", kind="predict",
+                     explanation=f"{act['standard', 1024] / GB:.2f} -> {act['standard', 2048] / GB:.2f} GB, "
+                                 f"{grow:.2f}x: most terms are linear in s, but the s x s attention scores "
+                                 f"grow 4x. With flash attention there are no scores: exactly "
+                                 f"{act['flash', 2048] / act['flash', 1024]:g}x. (4x: every term taken as "
+                                 "quadratic; 1x: activations taken to depend on the micro-batch only.)"),
         SingleChoice(
             f"7B parameters on 4 GPUs of {budget} GB: with DeepSpeed's layout ZeRO-2 fits. With "
             "torch's mixed-precision layout (torch-amp: fp32 parameters and gradients, 16-bit only "
@@ -160,12 +186,14 @@ def quiz_03() -> Quiz:
             + f". The same 16 bytes, but 8 of them sit in the fp32 parameters and gradients: ZeRO-1 "
             f"keeps both whole, ZeRO-2 the parameters; only {names[torch_fit]}, which shards everything, fits.",
             kind="compare"),
-        Numeric(f"gpt2-xl ({xl:,} parameters) with ZeRO-2 on 4 GPUs. Megatron-LM keeps the gradients "
-                "in fp32 (2 + 4 + 12 bytes) instead of bf16 (2 + 2 + 12): predict how many GB per GPU "
-                "that costs.", fp32_grads / GB, unit="GB", tol=0.02, minimum=0, kind="predict",
-                explanation=f"2 more bytes per parameter, but ZeRO-2 shards the gradients: 2 x {xl:,} / 4 = "
-                            f"{fp32_grads / GB:.2f} GB per GPU, where unsharded (DDP) it costs "
-                            f"{2 * xl / GB:.2f} GB."),
+        NumberChoice(f"gpt2-xl ({xl:,} parameters) with ZeRO-2 on 4 GPUs. Megatron-LM keeps the gradients "
+                     "in fp32 (2 + 4 + 12 bytes) instead of bf16 (2 + 2 + 12): predict how many GB per GPU "
+                     "that costs.", fp32_grads / GB, [2 * xl / GB, 4 * xl / 4 / GB, 2 * xl * 3 / 4 / GB],
+                     "{:.2f} GB", kind="predict",
+                     explanation=f"2 more bytes per parameter, but ZeRO-2 shards the gradients: 2 x {xl:,} / 4 = "
+                                 f"{fp32_grads / GB:.2f} GB per GPU, where unsharded (DDP) it costs "
+                                 f"{2 * xl / GB:.2f} GB. ({4 * xl / 4 / GB:.2f}: all 4 bytes counted, not the 2 "
+                                 f"more; {2 * xl * 3 / 4 / GB:.2f}: 3/4 of them, the part sharding saves.)"),
     ])
 
 
@@ -180,11 +208,13 @@ def quiz_01() -> Quiz:
     summed = [a + b for a, b in zip(*start)]
     keeps = summed[4:]                                                # rank 1's half of the sum
     return Quiz("01 collectives", [
-        Numeric("Section 1.2's all-reduce on 3 ranks instead of 4 (rank r starts with [10r, 10r+1, "
-                "...]): rank 2's first element afterwards?",
-                sum(10 * r for r in range(3)), tol=0, kind="predict",
-                explanation=f"Every rank gets the elementwise sum, not only rank 0: 0 + 10 + 20 = "
-                            f"{sum(10 * r for r in range(3))}."),
+        NumberChoice("Section 1.2's all-reduce on 3 ranks instead of 4 (rank r starts with [10r, 10r+1, "
+                     "...]): rank 2's first element afterwards?",
+                     sum(10 * r for r in range(3)), [20, sum(10 * r for r in range(4)), 10], "{}",
+                     kind="predict",
+                     explanation=f"Every rank gets the elementwise sum, not only rank 0: 0 + 10 + 20 = "
+                                 f"{sum(10 * r for r in range(3))}. (20: rank 2's own value, as if only "
+                                 "rank 0 received the sum; 60: the sum over 4 ranks; 10: the mean.)"),
         SingleChoice("Section 1.3's reduce-scatter on 2 ranks (rank r holds [10r, ..., 10r+7]): "
                      "what does rank 1 keep?",
                      [str(keeps), str(summed[:4]), str(start[1][4:]), "all 8 sums"],
@@ -196,11 +226,13 @@ def quiz_01() -> Quiz:
                 explanation=f"2(N-1)/N x M = 2 x 63/64 GB = {collective_bytes('all_reduce', m, 64) / 1e9:.2f} "
                             "GB: just under 2M however many ranks; each rank's share of the work "
                             "hardly grows with N.", kind="predict"),
-        Numeric("And a reduce-scatter of the same 1 GB on 8 ranks?",
-                collective_bytes("reduce_scatter", m, 8) / 1e9, unit="GB", tol=0.01, minimum=0,
-                explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N. gloo's wire "
-                            "shows twice that (section 3.2): it runs a reduce-scatter as an all-reduce.",
-                            kind="predict"),
+        NumberChoice("And a ring reduce-scatter of the same 1 GB on 8 ranks: GB sent per rank?",
+                     collective_bytes("reduce_scatter", m, 8) / 1e9,
+                     [collective_bytes("all_reduce", m, 8) / 1e9, m / 1e9, m / 8 / 1e9], "{:g} GB",
+                     explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N. gloo's wire "
+                                 "shows twice that (section 3.2): it runs a reduce-scatter as an all-reduce. "
+                                 "(1.75: an all-reduce's bytes; 1: the (N-1)/N forgotten; 0.125: the "
+                                 "chunk a rank keeps.)", kind="predict"),
         MultiChoice("In the alpha-beta model t = alpha x steps + bytes / bandwidth, which are true?",
                     ["Small messages are dominated by the latency term alpha",
                      "Large messages are dominated by the bandwidth term",
@@ -256,14 +288,16 @@ def quiz_02() -> Quiz:
                           f"printed {sent[4] / steps:,.0f} bytes per step for every bucket size on 4 ranks. Smaller "
                           "buckets pay alpha more often and start communicating sooner.",
                      kind="predict", printed="02"),
-        Numeric(f"Section 7 accumulated k micro-batches per step. Course GPT on 4 ranks, 4 micro-batches "
-                "per step, DDP without `no_sync()`: predict the bytes rank 0 sends per optimizer step, "
-                "in the ring model.", k * sent[4] / steps, unit="bytes", rel_tol=0.001, minimum=0,
-                kind="predict",
-                explanation=f"Every backward all-reduces every gradient: {k} x {sent[4] / steps:,.0f} = "
-                            f"{k * sent[4] / steps:,.0f} bytes. With `no_sync()` the first {k - 1} backwards "
-                            f"only add into .grad and the last sends the sum once: {sent[4] / steps:,.0f} "
-                            "bytes, the same result for a quarter of the traffic."),
+        NumberChoice(f"Section 7 accumulated k micro-batches per step. Course GPT on 4 ranks, 4 micro-batches "
+                     "per step, DDP without `no_sync()`: predict the bytes rank 0 sends per optimizer step, "
+                     "in the ring model.", k * sent[4] / steps,
+                     [sent[4] / steps, k * 8 * psi, k * sent[4] / steps / 2], "{:,.0f} bytes", kind="predict",
+                     explanation=f"Every backward all-reduces every gradient: {k} x {sent[4] / steps:,.0f} = "
+                                 f"{k * sent[4] / steps:,.0f} bytes. With `no_sync()` the first {k - 1} backwards "
+                                 f"only add into .grad and the last sends the sum once: {sent[4] / steps:,.0f} "
+                                 f"bytes, the same result for a quarter of the traffic. ({k * 8 * psi:,}: "
+                                 f"2 x 4 bytes x Ψ per all-reduce, the (N-1)/N forgotten; "
+                                 f"{k * sent[4] / steps / 2:,.0f}: (N-1)/N x M, a reduce-scatter's bytes.)"),
         SingleChoice("DDP adds the same gradient all-reduce to every step. Going from 1 to 15 sequences "
                      "per GPU, what happens to the all-reduce's share of the step time?",
                      ["It falls: the all-reduce sends the same bytes whatever the batch, while the "
@@ -316,14 +350,17 @@ def quiz_04() -> Quiz:
             f"on 4 GPUs it saves 3/4 x 12 x 7 = {ms['mixed', 0] - ms['mixed', 1]:g} GB against "
             f"3/4 x 8 x 7 = {ms['fp32', 0] - ms['fp32', 1]:g} GB. Section 1 printed {ms['mixed', 1]:.1f} and "
             f"{ms['fp32', 1]:.1f} GB.", kind="explain", printed="04"),
-        Numeric(
+        NumberChoice(
             "Section 6 measured ZeRO-1's wire bytes on gloo at 1.50x DDP's on 2 and 4 ranks. Predict "
             "the ratio on 8 ranks.",
-            (ar8 + ag8) / ar8, tol=0.01, minimum=0, kind="predict",
+            (ar8 + ag8) / ar8, [1, 2, (ar8 + m8) / ar8], "{:.2f}",
+            kind="predict",
             explanation=f"gloo runs the reduce-scatter as a full all-reduce, so ZeRO-1 sends an all-reduce "
                         f"plus an all-gather: on 8 ranks (2 x 7/8 + 7/8) / (2 x 7/8) = "
                         f"{(ar8 + ag8) / ar8:g}, whatever N, because every term carries the same (N-1)/N. "
-                        f"NCCL's ring reduce-scatter sends half an all-reduce, and the ratio becomes 1.",
+                        f"NCCL's ring reduce-scatter sends half an all-reduce, and the ratio becomes 1. "
+                        f"(2: the all-gather counted as an all-reduce; {(ar8 + m8) / ar8:.2f}: its (N-1)/N "
+                        "forgotten.)",
         ),
         SingleChoice(
             "On 2 ranks, section 7's torch ZeroRedundancyOptimizer and the course's Zero1 give the same "
@@ -340,14 +377,16 @@ def quiz_04() -> Quiz:
             "reduce-scatter hands each rank only the gradients it steps; torch's all-reduce hands every "
             "rank all of them, and it still has to send the updated parameters.",
             kind="compare", printed="04"),
-        Numeric(
+        NumberChoice(
             "Instead of a reduce-scatter, the variant of section 3 all-reduces the gradient and keeps "
             "its slice, then all-gathers as Zero1 does. On 4 ranks with the course GPT in fp32, ring "
             "model: predict the variant's bytes per step divided by Zero1's.",
-            (ar + ag) / (rs + ag), tol=0.01, minimum=0, kind="predict",
+            (ar + ag) / (rs + ag), [1, ar / rs, (rs + ag) / (ar + ag)], "{:.2f}", kind="predict",
             explanation=f"Variant: all-reduce {ar:,.0f} + all-gather {ag:,.0f}; Zero1: reduce-scatter "
                         f"{rs:,.0f} + all-gather {ag:,.0f}: {(ar + ag) / (rs + ag):g}x. On gloo's wire the "
-                        "two cost the same, because gloo's reduce-scatter is itself an all-reduce.",
+                        "two cost the same, because gloo's reduce-scatter is itself an all-reduce. "
+                        f"(1: gloo's wire, not the ring model; {ar / rs:g}: the all-gathers left out; "
+                        f"{(rs + ag) / (ar + ag):.2f}: the ratio upside down.)",
         ),
         Numeric(
             "Section 6 measured ZeRO-1's optimizer bytes per rank on 1, 2 and 4 ranks. Predict them on 8 "
@@ -357,14 +396,16 @@ def quiz_04() -> Quiz:
                         f"rank; AdamW's m and v take 8 bytes per element, plus its 4-byte step counter of the one "
                         f"shard parameter: 8 x {padded_numel(psi, 8) // 8:,} + 4 = {z1_8:,} bytes.",
         ),
-        Numeric(
+        NumberChoice(
             f"Padding: on 4 ranks the course GPT's buffer got 2 zeros, and ZeRO-1 sent 12 bytes per step "
             f"more than DDP. Predict the extra bytes per step on {n6} ranks (ring model, fp32).",
-            extra6, unit="bytes", tol=0.1, minimum=0, kind="predict",
+            extra6, [2 * 4 * pad6, extra6 / 2, 4 * pad6], "{:.2f} bytes", kind="predict",
             explanation=f"{psi:,} padded to a multiple of {n6} is {padded_numel(psi, n6):,}: {pad6} zeros, "
                         f"{4 * pad6} bytes, and the reduce-scatter and the all-gather each send "
                         f"({n6}-1)/{n6} of them: 2 x {n6 - 1}/{n6} x {4 * pad6} = {extra6:.1f} bytes. Tiny, "
-                        f"but why the padding exists: both collectives need equal chunks on every rank.",
+                        f"but why the padding exists: both collectives need equal chunks on every rank. "
+                        f"({2 * 4 * pad6}: the (N-1)/N forgotten; {extra6 / 2:.2f}: one collective only; "
+                        f"{4 * pad6}: the zeros' bytes once.)",
         ),
     ])
 
@@ -400,12 +441,14 @@ def quiz_05() -> Quiz:
     ddp_mb, z2_mb = largest_batch(0), largest_batch(2)
     k = 8                                                  # micro-batches, 2 ranks (notebook 05 §6: 4)
     acc = {m: sum(expected_comm_bytes([psi], 2, micro_batches=m).values()) for m in (4, k)}
+    one = acc[k] // (k + 1)                                # one reduce-scatter or all-gather
     nosync = collective_bytes("all_reduce", 4 * psi, 2)         # one all-reduce per step
     tensors = len({id(p) for p in build_model(device="meta").parameters()})
     single = 16 * psi + 4 * tensors                        # fp32 AdamW, one process (notebook 05 §5)
     per_row = activation_bytes(COURSE_CONFIG, micro_batch=1).total
     budget = single + 4 * per_row
-    rows = {n: (budget - sum(expected_state_bytes([psi], n, 2).values())) // per_row for n in (4, 8)}
+    rows = {(n, st): (budget - sum(expected_state_bytes([psi], n, st).values())) // per_row
+            for n in (4, 8) for st in (0, 2, 3)}
     return Quiz("05 ZeRO-2", [
         SingleChoice(
             "Why can ZeRO-1 not free the full gradients during backward, while ZeRO-2 can?",
@@ -419,14 +462,16 @@ def quiz_05() -> Quiz:
                  "step() needs the whole flat gradient as input; ZeRO-2 moves the same reduce-scatter "
                  "into backward, bucket by bucket, so a bucket's full gradients can go once it is sent.",
             kind="explain"),
-        Numeric(
+        NumberChoice(
             f"Section 6 accumulated 4 micro-batches on 2 ranks. Predict ZeRO-2's bytes per optimizer "
             f"step with {k} micro-batches, in the ring model (one rank, the course GPT in fp32).",
-            acc[k], unit="bytes", tol=0.5, minimum=0, kind="predict",
+            acc[k], [k * one, 2 * one, 2 * acc[k]], "{:,} bytes", kind="predict",
             explanation=f"One reduce-scatter per micro-batch and one all-gather per step: "
-                        f"{k} x {acc[k] // (k + 1):,} + {acc[k] // (k + 1):,} = {acc[k]:,} bytes. Section 6 "
+                        f"{k} x {one:,} + {one:,} = {acc[k]:,} bytes. Section 6 "
                         f"printed {acc[4]:,} for 4 micro-batches, and {nosync:,.0f} for DDP with no_sync, which "
-                        f"stays {nosync:,.0f} whatever k: ZeRO-2 pays for its smaller gradients in traffic.",
+                        f"stays {nosync:,.0f} whatever k: ZeRO-2 pays for its smaller gradients in traffic. "
+                        f"({k * one:,}: the all-gather forgotten; {2 * one:,}: one reduce-scatter per "
+                        f"step, as with no_sync; {2 * acc[k]:,}: the (N-1)/N forgotten.)",
             printed="05"),
         Numeric(
             f"Course GPT (Ψ = {psi:,}), fp32: section 3 measured the gradient bytes each of 4 ranks keeps "
@@ -450,35 +495,42 @@ def quiz_05() -> Quiz:
             "peak falls towards the shard. How gloo sends changes the bytes on the wire, not the "
             f"gradient bytes a rank holds, and there is no padding on 2 ranks ({psi:,} is even).",
             kind="explain"),
-        Numeric(
+        NumberChoice(
             "Section 5's miniature gave each rank a fixed budget and counted the rows of the batch that "
             "fit next to the model states (DDP 4 rows per rank, ZeRO-2 7 on 4 ranks). Predict ZeRO-2's "
             "rows per rank on 8 ranks.",
-            rows[8], tol=0, minimum=0, kind="predict",
+            rows[8, 2], [rows[8, 0], 2 * rows[4, 2], rows[8, 3]], "{}", kind="predict",
             explanation=f"Section 5 printed a budget of {budget:,} bytes and {per_row:,} bytes of activations "
                         f"per row. On 8 ranks ZeRO-2 holds {sum(expected_state_bytes([psi], 8, 2).values()):,} "
-                        f"bytes of model states, so ({budget:,} - that) // {per_row:,} = {rows[8]} rows, as on "
+                        f"bytes of model states, so ({budget:,} - that) // {per_row:,} = {rows[8, 2]} rows, as on "
                         "4 ranks: the 4-byte parameters stay whole, and most of the sharded 12 bytes were "
-                        "already gone at N = 4. The global batch still grows with N.",
+                        "already gone at N = 4. The global batch still grows with N. "
+                        f"({rows[8, 0]}: nothing sharded, DDP; {2 * rows[4, 2]}: rows taken to double with N; "
+                        f"{rows[8, 3]}: the parameters sharded too, ZeRO-3.)",
             printed="05"),
-        Numeric(
+        NumberChoice(
             f"gpt2-xl (Ψ = {xl:,}) with fp32 gradients (2 + 4 + 12 bytes per parameter) on 8 GPUs: "
             "how many GB per GPU does ZeRO-2 free for activations, compared with DDP?",
-            freed / GB, unit="GB", tol=0.2, minimum=0, kind="predict",
+            freed / GB, [16 * xl / GB, 12 * xl * 7 / 8 / GB, 16 * xl / 8 / GB], "{:.1f} GB", kind="predict",
             explanation=f"ZeRO-2 shards the gradients and the optimizer states, 4 + 12 = 16 bytes: "
                         f"16 x Ψ x 7/8 = {freed / GB:.1f} GB. A sequence of 1024 tokens costs "
                         f"{act / GB:.2f} GB of activations (flash attention, fused cross-entropy), so about "
                         f"{freed / act:.0f} more sequences fit per GPU. Appendix 09 §5's calculator printed "
                         f"{ddp_mb} -> {z2_mb} on 8 GPUs of 80 GB. DDP's batch per GPU stays {ddp_mb} "
-                        "whatever the number of GPUs.", printed="09"),
-        Numeric(
+                        f"whatever the number of GPUs. ({16 * xl / GB:.1f}: the 7/8 forgotten; "
+                        f"{12 * xl * 7 / 8 / GB:.1f}: the 12 optimizer bytes only, ZeRO-1; "
+                        f"{16 * xl / 8 / GB:.1f}: the 1/8 each GPU keeps.)", printed="09"),
+        NumberChoice(
             "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
             "fp32 Adam states (Megatron). Appendix 09's published runs measured 79 -> 65 GB with sharding on. "
             "How many GB does sharding the optimizer states alone save (12 bytes per parameter, sharded 4 ways)?",
-            (ddp.total - z1.total) / GB, unit="GB", tol=0.2, minimum=0, kind="explain",
+            (ddp.total - z1.total) / GB, [8 * xl * 3 / 4 / GB, 12 * xl / GB, 18 * xl / GB], "{:.1f} GB",
+            kind="explain",
             explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the benchmark's "
                         "14 GB drop matches ZeRO-1's saving; sharding the fp32 gradients too would "
-                        f"save {(z1.total - z2.total) / GB:.1f} GB more."),
+                        f"save {(z1.total - z2.total) / GB:.1f} GB more. ({8 * xl * 3 / 4 / GB:.1f}: m and v "
+                        f"only, the fp32 master copy forgotten; {12 * xl / GB:.1f}: the 3/4 forgotten; "
+                        f"{18 * xl / GB:.1f}: all 18 bytes, what DDP holds.)"),
     ])
 
 
@@ -495,8 +547,7 @@ def quiz_06() -> Quiz:
     peak = {p: max(e["alive_bytes"] for e in predicted_timeline(2, prefetch=p)) for p in (False, True)}
     states = model_states(7e9, world_size=4, stage=3, recipe="mixed")
     target = 10                                # GB of model states per GPU
-    enough = next(n for n in range(1, 1000)
-                  if model_states(7e9, world_size=n, stage=3, recipe="mixed").total / GB <= target)
+    enough, few, more = (next(n for n in range(1, 1000) if b * 7e9 / n / GB <= target) for b in (16, 12, 18))
     return Quiz("06 ZeRO-3", [
         SingleChoice(
             "In ZeRO-3, when does a rank hold a layer's full parameters?",
@@ -512,18 +563,22 @@ def quiz_06() -> Quiz:
                 explanation=f"2L + 1 with L = 8: each block in forward and again in backward, the root "
                             f"once: {deeper['all_gather']}, and {deeper['reduce_scatter']} reduce-scatters "
                             "(one per unit). Section 7's 9 was L = 4."),
-        Numeric("Section 7's ZeRO-3 / DDP volume was about 1.5 on 2 and 4 ranks. On 64 ranks, in the "
-                "ring model?", wide[3] / wide[0], tol=0.05, minimum=0, kind="predict",
-                explanation=f"{wide[3] / wide[0]:g}: both volumes carry the same (N-1)/N x M factor, "
-                            "3 of them (two all-gathers, one reduce-scatter) against 2 (the all-reduce), "
-                            "so the ratio does not depend on N."),
-        Numeric(f"7B parameters, mixed-precision Adam: ZeRO-3 on 4 GPUs holds {states.total / GB:g} GB "
-                f"per GPU. How many GPUs at least bring that to {target} GB or less?", enough, tol=0,
-                minimum=1, kind="predict",
-                explanation=f"ZeRO-3 splits all 16 bytes: 16 x 7e9 / N = {16 * 7:g} / N GB. "
-                            f"{16 * 7:g} / {enough - 1} = {16 * 7 / (enough - 1):.1f} GB is over {target}; "
-                            f"{16 * 7:g} / {enough} = {16 * 7 / enough:.2f} GB: {enough} GPUs. No other "
-                            "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on every GPU."),
+        NumberChoice("Section 7's ZeRO-3 / DDP volume was about 1.5 on 2 and 4 ranks. On 64 ranks, in the "
+                     "ring model?", wide[3] / wide[0], [1, 2, wide[0] / wide[3]], "{:.2f}", kind="predict",
+                     explanation=f"{wide[3] / wide[0]:g}: both volumes carry the same (N-1)/N x M factor, "
+                                 "3 of them (two all-gathers, one reduce-scatter) against 2 (the all-reduce), "
+                                 "so the ratio does not depend on N. (1: backward's second all-gather "
+                                 "forgotten; 2: the gradients all-reduced, not reduce-scattered; "
+                                 f"{wide[0] / wide[3]:.2f}: the ratio upside down.)"),
+        NumberChoice(f"7B parameters, mixed-precision Adam: ZeRO-3 on 4 GPUs holds {states.total / GB:g} GB "
+                     f"per GPU. How many GPUs at least bring that to {target} GB or less?",
+                     enough, [enough - 1, few, more], "{}", kind="predict",
+                     explanation=f"ZeRO-3 splits all 16 bytes: 16 x 7e9 / N = {16 * 7:g} / N GB. "
+                                 f"{16 * 7:g} / {enough - 1} = {16 * 7 / (enough - 1):.1f} GB is over {target}; "
+                                 f"{16 * 7:g} / {enough} = {16 * 7 / enough:.2f} GB: {enough} GPUs. No other "
+                                 "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on "
+                                 f"every GPU. ({enough - 1}: {16 * 7 / target:g} rounded down; {few}: 12 bytes "
+                                 f"counted, not 16; {more}: 18 bytes counted, fp32 gradients.)"),
         SingleChoice("Why does backward need the parameters gathered again?",
                      ["To recompute the activations that forward freed",
                       "The gradient of a layer's input is grad_output @ W: backward needs W, which "
@@ -561,12 +616,14 @@ def quiz_07() -> Quiz:
                 explanation=f"Each block twice (forward, then again for backward), the root once: "
                             f"2 x {blocks} + 1 = {full['all_gather']}; the course GPT's 4 blocks: "
                             f"{course['all_gather']}, as the course's zero3."),
-        Numeric("The same with reshard_after_forward=False on the blocks (FSDP1's SHARD_GRAD_OP)?",
-                zero2["all_gather"], tol=0, minimum=0, kind="compare",
-                explanation=f"Once per unit: {zero2['all_gather']}. The all-gather bytes drop by almost "
-                            "half (each block gathered once instead of twice); all the bytes, with the "
-                            "reduce-scatters, by about a third (1.47x DDP to 1x in the ring model). The "
-                            "price: the gathered blocks stay alive until their backward."),
+        NumberChoice("The same with reshard_after_forward=False on the blocks (FSDP1's SHARD_GRAD_OP)?",
+                     zero2["all_gather"], [blocks, full["all_gather"], 2 * (blocks + 1)], "{}", kind="compare",
+                     explanation=f"Once per unit: {zero2['all_gather']}. The all-gather bytes drop by almost "
+                                 "half (each block gathered once instead of twice); all the bytes, with the "
+                                 "reduce-scatters, by about a third (1.47x DDP to 1x in the ring model). The "
+                                 f"price: the gathered blocks stay alive until their backward. ({blocks}: the "
+                                 f"root forgotten; {full['all_gather']}: the flag taken to change nothing; "
+                                 f"{2 * (blocks + 1)}: every unit, root included, gathered twice.)"),
         SingleChoice("You call fully_shard on the course GPT's root only, not on its 4 blocks. What "
                      "changes, compared with one fully_shard per block and then the root?",
                      ["Nothing: fully_shard finds the blocks by itself",
@@ -601,12 +658,14 @@ def quiz_07() -> Quiz:
                      "c", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
                           "sync_module_states=True). Build the same initial model on every rank, or "
                           "broadcast from rank 0 before sharding.", kind="predict"),
-        Numeric("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
-                "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
-                course["reduce_scatter"], tol=0, minimum=0, kind="predict",
-                explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
-                            f"{course['reduce_scatter']}, instead of 4 x {course['reduce_scatter']}. The "
-                            "price: unsharded gradients stay allocated between micro-batches."),
+        NumberChoice("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
+                     "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
+                     course["reduce_scatter"], [1, course["reduce_scatter"] - 1, 4 * course["reduce_scatter"]],
+                     "{}", kind="predict",
+                     explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
+                                 f"{course['reduce_scatter']}, instead of 4 x {course['reduce_scatter']}. The "
+                                 "price: unsharded gradients stay allocated between micro-batches. (1: one for "
+                                 f"the whole model; {course['reduce_scatter'] - 1}: the root forgotten.)"),
         SingleChoice("A sharded checkpoint written by torch.distributed.checkpoint on 4 ranks is "
                      "loaded on 8 ranks. What happens?",
                      ["It fails: the world size must match",
@@ -652,12 +711,13 @@ def quiz_08() -> Quiz:
                           f"{eight.hsdp_s:.3f} s, HSDP {eight.fsdp_s / eight.hsdp_s:.2f}x faster (4 nodes: "
                           f"{four.fsdp_s / four.hsdp_s:.2f}x). Neither doubles: a ring's bytes per rank do not "
                           "grow much with the number of ranks, the factor (N-1)/N only approaches 1.", kind="compare"),
-        Numeric("HSDP's price: 13B parameters, mixed-precision Adam (16 bytes per parameter), 4 nodes of "
-                "8 GPUs, sharded inside each node. Predict the GB of model states per GPU.",
-                hsdp13, unit="GB", tol=0.1, minimum=0, kind="predict",
-                explanation=f"HSDP shards over the 8 GPUs of a node only: 16 x 13e9 / 8 = {hsdp13:g} GB per GPU; "
-                            f"full sharding over all 32 would hold {full13:g} GB. The replicas trade memory "
-                            "for fewer bytes across nodes."),
+        NumberChoice("HSDP's price: 13B parameters, mixed-precision Adam (16 bytes per parameter), 4 nodes of "
+                     "8 GPUs, sharded inside each node. Predict the GB of model states per GPU.",
+                     hsdp13, [full13, 16 * 13e9 / 4 / GB, 16 * 13e9 / GB], "{:g} GB", kind="predict",
+                     explanation=f"HSDP shards over the 8 GPUs of a node only: 16 x 13e9 / 8 = {hsdp13:g} GB per GPU; "
+                                 f"full sharding over all 32 would hold {full13:g} GB. The replicas trade memory "
+                                 f"for fewer bytes across nodes. ({16 * 13e9 / 4 / GB:g}: sharded over the 4 "
+                                 f"replicas instead; {16 * 13e9 / GB:g}: nothing sharded.)"),
         SingleChoice("DeepSpeed accepts offload_param (parameters to CPU or NVMe) only with "
                      '"stage": 3. Why not with stage 1 or 2?',
                      ["In stages 1 and 2 every GPU keeps the full parameters for its forward and "
