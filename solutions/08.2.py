@@ -5,7 +5,7 @@ from course_utils.theory import planner
 STAGE = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3, "HSDP": 3}
 
 
-# Part 1: the model states of notebooks 03-06
+# Part 1 (given in the notebook): the model states of notebooks 03-06
 def states_gb_solution(s, strategy, offload):
     n = s.gpus_per_node if strategy == "HSDP" else s.gpus    # HSDP shards inside a node
     stage = STAGE[strategy]

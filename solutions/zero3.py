@@ -15,8 +15,8 @@ class MyFlatUnit(nn.Module):
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.padded = padded_numel(sum(p.numel() for p in self.params), self.world)
-        self.full = torch.zeros(self.padded, dtype=self.params[0].dtype, device=self.params[0].device)
-        off = 0                                                           # TODO 1
+        self.full = torch.zeros(self.padded, dtype=self.params[0].dtype)   # given: the flat buffer,
+        off = 0                                                              # the views, the shard
         for p in self.params:
             self.full[off:off + p.numel()] = p.detach().reshape(-1)
             p.data = self.full[off:off + p.numel()].view(p.shape)
@@ -28,14 +28,14 @@ class MyFlatUnit(nn.Module):
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
-    def gather(self):                                                     # TODO 2
+    def gather(self):                                                     # TODO 1
         alloc_storage(self.full)
         all_gather_into_tensor(self.full, self.shard.detach())
 
     def free(self):
         free_storage(self.full)
 
-    def forward(self, *args):                                             # TODO 3
+    def forward(self, *args):                                             # TODO 2
         self.gather()
         out = self.module(*args)
         self.free()
@@ -47,7 +47,7 @@ class MyFlatUnit(nn.Module):
         return grad
 
     @torch.no_grad()
-    def _grad_ready(self, p):                                             # TODO 4
+    def _grad_ready(self, p):                                             # TODO 3
         self.ready += 1
         if self.ready == len(self.params):
             self.reduce_scatter()

@@ -276,7 +276,7 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
     model = nn.Sequential(*wrapped)
     problem = (_shard_problem(wrapped, ref_units, rank, world, "after construction") or
                _at_rest_problem(model, wrapped, rank, shard_bytes + frozen, "after construction",
-                                "free the full buffer at the end of __init__ (free_storage)"))
+                                "free() gives the full buffer's memory back (free_storage); __init__ ends with self.free()"))
     lo, hi = rank * BUILD_BATCH // world, (rank + 1) * BUILD_BATCH // world
     phase = "optimizer construction"
     try:
