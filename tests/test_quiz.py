@@ -190,7 +190,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("04", 6, "26.67 bytes").correct                           # 4 zeros on 6 ranks
     q6 = quiz.get("05").question(6)
     assert quiz.check("05", 6, "21.8 GB").correct and "calculator printed 17 -> 25" in q6.explanation
-    assert quiz.check("05", 2, "2,328,300 bytes").correct                       # 8 RS + 1 AG of 258,700
+    assert quiz.check("05", 2, "1,810,900 bytes").correct                       # 6 RS + 1 AG of 258,700
     assert quiz.check("05", 3, "64676").correct and quiz.check("05", 5, "7").correct
     assert quiz.check("05", 7, "14.0 GB").correct and not quiz.check("05", 7, "9.3 GB").correct
     assert quiz.check("06", 4, "12").correct and not quiz.check("06", 4, "11").correct  # 112 / N <= 10
