@@ -245,11 +245,12 @@ class PlannerSetting:
 
     def text(self) -> str:
         rows = self.plan()
-        return fitting_table(rows) + "\nrecommendation: " + planner.recommend(rows).reason
+        return fitting_table(rows, assumptions=False) + "\nrecommendation: " + planner.recommend(rows).reason
 
 
-def fitting_table(rows: planner.Plan, top: int = 5) -> str:
-    """:func:`planner.table` of the ``top`` fastest options that fit (the smallest if none does)."""
+def fitting_table(rows: planner.Plan, top: int = 5, *, assumptions: bool = True) -> str:
+    """:func:`planner.table` of the ``top`` fastest options that fit (the smallest if none does);
+    ``assumptions=False``: one line of the inputs the planner widget sets instead of every assumption."""
     if not isinstance(rows, planner.Plan):
         raise TypeError("fitting_table() takes the Plan returned by planner.plan(...)")
     check_int("top", top, 1)
@@ -259,6 +260,14 @@ def fitting_table(rows: planner.Plan, top: int = 5) -> str:
             if fitting else "the smallest option")
     text = planner.table(planner.Plan(shown, rows.assumptions)).split("\n")
     note = f"{len(fitting)} of {len(rows)} options fit; shown: {what} (the plot shows every option)"
+    if not assumptions:
+        a = rows.assumptions
+        text = text[:text.index("assumptions:")] + [
+            f"inputs: {a.nics_per_node} NIC(s) of {a.inter_bw_gbps:g} GB/s per node, {a.intra_bw_gbps:g} GB/s "
+            f"inside a node, MFU {a.mfu:g}, overlap {a.overlap:.0%}"
+            + (f", trainable {a.trainable:g}" if a.trainable < 1 else "")
+            + ("; HSDP rows left out: on one node HSDP is ZeRO-3" if a.nodes == 1 else "")
+            + "; every assumption: plan(...).assumptions.lines(), printed in appendix 11"]
     return "\n".join(text[:1] + [note] + text[1:])
 
 
