@@ -33,20 +33,15 @@ class KeepsChunk0(Solution):
         self.free()
 
 
-class AllReduces(Solution):
-    @torch.no_grad()
-    def reduce_scatter(self):
-        flat = torch.zeros(self.padded)
-        offset = 0
-        for q in self.params:
-            if q.grad is not None:
-                flat[offset:offset + q.numel()] = q.grad.reshape(-1)
-            q.grad = None
-            offset += q.numel()
-        dist.all_reduce(flat)
-        self.shard.grad = flat.view(self.world, -1)[self.rank] / self.world
-        self.ready = 0
-        self.free()
+def _all_reduce_then_slice(mine, flat):
+    dist.all_reduce(flat)
+    mine.copy_(flat.view(dist.get_world_size(), -1)[dist.get_rank()])
+
+
+# the same answer, run with an all-reduce where it reduce-scatters (its own copy of the file's names)
+_all_reducing = answer("zero3")[0]
+_all_reducing["reduce_scatter_tensor"] = _all_reduce_then_slice
+AllReduces = type("AllReduces", (_all_reducing["MyFlatUnit"],), {})
 
 
 class NoDivide(Solution):

@@ -93,7 +93,7 @@ def check_fsdp_step(fn: Callable) -> Verdict:
             problems.append(f"returned norm {num(v['norm'])}, the global norm of the whole batch's "
                             f"gradient is {num(norm)} (a norm of the local shards only is smaller; "
                             "micro-batch losses not divided by their number give a larger one)")
-        if not problems and (why := _grad_problem({n: torch.tensor(g) for n, g in v["grads"].items()}, grads)):
+        if not problems and (why := _grad_problem({p: torch.tensor(g) for p, g in v["grads"].items()}, grads)):
             problems.append(f"clipped gradients differ from one process's: {why}")
         all_right &= report_problems(
             f"{where(n, GRADER_BACKEND, backend_first=True)}, {k} micro-batches", problems,
