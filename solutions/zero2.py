@@ -1,4 +1,4 @@
-# Exercise 05.2: build ZeRO-2. The skeleton filled in, as a learner would.
+# Exercise 05.1: build ZeRO-2. The skeleton filled in, as a learner would.
 import torch
 import torch.distributed as dist
 from torch import nn

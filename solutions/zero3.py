@@ -1,4 +1,4 @@
-# Exercise 06.2: build ZeRO-3, a flat unit. The skeleton filled in, as a learner would.
+# Exercise 06.1: build ZeRO-3, a flat unit. The skeleton filled in, as a learner would.
 import torch
 import torch.distributed as dist
 from torch import nn

@@ -38,15 +38,23 @@ class SendsAfterBackward(DataParallel):
         self.ready.add(id(p))
 
 
+class ForgetsToReset(DataParallel):
+    """Leaves its state as the first backward left it: the second launches nothing."""
+    def _finish(self):
+        super()._finish()
+        self.next = len(self.buckets)
+
+
 PLANTED = {NoDivide: "SUM over the 2 ranks: divide by the world size",
            NoBroadcast: "weights differ from rank 0's: broadcast",
            AveragesInStep: "still this rank's own",
            IgnoresBuckets: "all-reduces in one backward with bucket_bytes=26214400, expected 1",
-           SendsAfterBackward: "every all-reduce started after the last gradient arrived"}
+           SendsAfterBackward: "every all-reduce started after the last gradient arrived",
+           ForgetsToReset: "backward 2 issued 0 all-reduces, the first 66: reset self.next"}
 
 
 def _planted(rank, world_size):
-    return {cls.__name__: _ddp_on_rank(cls, steps=1) for cls in PLANTED}
+    return {cls.__name__: _ddp_on_rank(cls, steps=2 if cls is ForgetsToReset else 1) for cls in PLANTED}
 
 
 def test_the_course_ddp_passes(capsys):

@@ -1,4 +1,4 @@
-"""Exercise 06.2 (build ZeRO-3): the course's FlatUnit (what Zero3 is made of) passes the
+"""Exercise 06.1 (build ZeRO-3): the course's FlatUnit (what Zero3 is made of) passes the
 grader as it is; the notebook's scaffold, completed as its TODOs say (``solution("zero3")``), passes; planted mistakes fail
 with the message that names them."""
 import torch

@@ -180,19 +180,17 @@ def test_reasoning_questions_follow_the_formulas():
     from course_utils.theory.memory import GB, model_states
 
     fits = [s for s in range(4) if model_states(7e9, world_size=4, stage=s, recipe="torch-amp").total <= 40 * GB]
-    assert quiz.get("03").question(6).answer == {"abcd"[fits[0]]} == {"d"}  # torch's layout: only ZeRO-3 fits
+    assert quiz.get("03").question(4).answer == {"abcd"[fits[0]]} == {"d"}  # torch's layout: only ZeRO-3 fits
     assert quiz.check("03", 1, "d").correct                                   # 4 -> 8 GPUs: ZeRO-3 drops most
     assert quiz.check("03", 2, "10").correct and not quiz.check("03", 2, "9").correct   # 14 + 98 / N <= 24
-    assert quiz.check("03", 7, f"{2 * PRESETS['gpt2-xl'].num_params / 4 / GB:.2f} GB").correct
-    assert quiz.check("03", 5, "3.31x").correct and not quiz.check("03", 5, "4.00x").correct
+    assert quiz.check("03", 5, f"{2 * PRESETS['gpt2-xl'].num_params / 4 / GB:.2f} GB").correct
+    assert quiz.check("03", 3, "3.31x").correct and not quiz.check("03", 3, "4.00x").correct
     assert quiz.check("04", 5, "129356").correct                                # 8 x 129,352 / 8 + 4
     assert quiz.check("04", 2, "1.50").correct and quiz.check("04", 4, "1.50").correct
-    assert quiz.check("04", 6, "26.67 bytes").correct                           # 4 zeros on 6 ranks
-    q6 = quiz.get("05").question(6)
-    assert quiz.check("05", 6, "21.8 GB").correct and "calculator printed 17 -> 25" in q6.explanation
+    q5 = quiz.get("05").question(5)
+    assert quiz.check("05", 5, "21.8 GB").correct and "calculator printed 17 -> 25" in q5.explanation
     assert quiz.check("05", 2, "1,810,900 bytes").correct                       # 6 RS + 1 AG of 258,700
-    assert quiz.check("05", 3, "64676").correct and quiz.check("05", 5, "7").correct
-    assert quiz.check("05", 7, "14.0 GB").correct and not quiz.check("05", 7, "9.3 GB").correct
+    assert quiz.check("05", 3, "64676").correct
     assert quiz.check("06", 4, "12").correct and not quiz.check("06", 4, "11").correct  # 112 / N <= 10
     assert quiz.check("08", 1, "3.06").correct                                  # HSDP per NIC, 8 nodes
     assert quiz.check("08", 3, "26 GB").correct                                 # 16 x 13e9 / 8
@@ -200,7 +198,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("01", 1, "30").correct and quiz.check("01", 2, "a").correct      # 3 ranks; 2 ranks
     assert quiz.check("01", 3, "1.97").correct and quiz.check("01", 4, "0.875 GB").correct  # 2 x 63/64; 7/8
     assert quiz.check("06", 2, "17").correct and quiz.check("06", 3, "1.50").correct    # 2 x 8 + 1; any N
-    assert quiz.check("06", 6, "a").correct                                      # prefetch: peak up
+    assert quiz.check("06", 5, "a").correct                                      # prefetch: peak up
     assert quiz.check("07", 1, "25").correct and quiz.check("07", 2, "13").correct     # 12 blocks
     assert quiz.check("07", 6, "5").correct                                      # accumulation
 
@@ -242,12 +240,12 @@ def test_every_question_says_what_it_asks():
 
 
 def test_each_correction_is_argued_once_not_in_later_quizzes():
-    """The 84 GB drawing is corrected in 03, 75/50/33 % in 04, 79 -> 65 GB in 05: no other quiz
-    re-argues them, and quiz 08 asks about the multi-node model instead of repeating 05's."""
+    """The 84 GB drawing, 75/50/33 % and 79 -> 65 GB are corrected once (appendix 13): no two quizzes
+    re-argue them, and quiz 08 asks about the multi-node model instead of repeating 05's."""
     texts = {key: (quiz.get(key).text() + " ".join(q.explanation for q in quiz.get(key).questions))
              for key in QUIZZES}
-    assert [k for k, t in texts.items() if "84 GB" in t] == ["03"]
-    assert [k for k, t in texts.items() if "79 -> 65" in t] == ["05"]
+    assert len([k for k, t in texts.items() if "84 GB" in t]) <= 1          # appendix 13 argues it
+    assert len([k for k, t in texts.items() if "79 -> 65" in t]) <= 1
     assert not [k for k, t in texts.items() if "21 GB" in t or "75%" in t or "75 %" in t]
     assert "NIC" in quiz.get("08").question(2).prompt and "NIC" in quiz.get("08").question(1).prompt
 

@@ -51,17 +51,6 @@ def test_a_grader_runs_a_learner_function_defined_in_a_cell(capsys):
     assert "rank 0: got 10, expected 3" in capsys.readouterr().out
 
 
-def test_a_zero3_grader_with_a_cell_defined_forward():
-    def zero3_forward(shard, numel, shape, x):
-        from course_utils.runtime.compat import all_gather_into_tensor
-
-        full = torch.empty(shard.numel() * dist.get_world_size())
-        all_gather_into_tensor(full, shard)
-        return x @ full[:numel].view(shape).T
-
-    assert exercises.check_zero3_forward(zero3_forward)
-
-
 def test_the_ranks_magic_sees_the_notebook_namespace():
     import threading
 

@@ -383,58 +383,7 @@ def test_the_reference_holds_no_measurement():
     assert not re.search(r"timeline|_log\b|\blog\(|observer|peak|ledger|record|print\(|\btime\.[a-z]", source, re.I)
 
 
-# ------------------------------------------------------------------ exercise, registry
-
-def _correct(shard, numel, shape, x):
-    from course_utils.runtime.compat import all_gather_into_tensor
-
-    full = torch.empty(shard.numel() * dist.get_world_size())
-    all_gather_into_tensor(full, shard)
-    w = full[:numel].view(shape)
-    return x @ w.T
-
-
-_KEPT = []
-
-
-def _keeps_buffer(shard, numel, shape, x):
-    from course_utils.runtime.compat import all_gather_into_tensor
-
-    full = torch.empty(shard.numel() * dist.get_world_size())
-    all_gather_into_tensor(full, shard)
-    _KEPT.append(full)                              # "caches" the full weight: never freed
-    return x @ full[:numel].view(shape).T
-
-
-def _no_unpad(shard, numel, shape, x):
-    full = torch.empty(shard.numel() * dist.get_world_size())
-    dist.all_gather_into_tensor(full, shard)
-    w = full[-numel:].view(shape)                   # takes the padding instead of the start
-    return x @ w.T
-
-
-def _gathers_twice(shard, numel, shape, x):
-    _correct(shard, numel, shape, x)
-    return _correct(shard, numel, shape, x)
-
-
-def _planted_forward_problems():
-    from course_utils.course.exercises.nb06 import _zero3_forward_on_rank
-    return {fn.__name__: _zero3_forward_on_rank(fn) for fn in (_no_unpad, _gathers_twice, _keeps_buffer)}
-
-
-def test_exercise_checker(capsys):
-    """The grader passes the right forward on 2, 3 and 4 ranks; the planted mistakes, run on 2 ranks
-    in one launch, are named."""
-    from course_utils.course.exercises import check_zero3_forward
-
-    assert check_zero3_forward(_correct)
-    assert not check_zero3_forward("nope")
-    problems = launch(_planted_forward_problems, 2, quiet=True)[0]
-    assert "first difference at out[" in problems["_no_unpad"]
-    assert "2 all-gathers, expected exactly 1" in problems["_gathers_twice"]
-    assert "still alive" in problems["_keeps_buffer"]
-
+# ------------------------------------------------------------------ registry
 
 def test_registry_and_errors():
     assert "zero3" in STRATEGIES and STRATEGIES["zero3"].notebook == "06_zero3"

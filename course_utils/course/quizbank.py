@@ -93,20 +93,6 @@ def quiz_00() -> Quiz:
             "this course's launch) watches the processes and stops the others when one fails.",
             kind="explain",
         ),
-        SingleChoice(
-            "Section 3.3's stuck() again (rank 3 sleeps for an hour while ranks 0-2 wait in an "
-            "all-reduce), now with launch(stuck, 4, timeout_s=60) instead of 3. What does the cell do?",
-            ["After about 60 s it raises LaunchTimeout naming the ranks still running: a hang has no "
-             "failed process to report, only ranks that never finish",
-             "It fails within a fraction of a second with a LaunchError naming rank 3",
-             "After 3 s, as before: the timeout is fixed by the launcher",
-             "It waits the whole hour of rank 3's sleep, then returns normally"],
-            "a",
-            "A crash (section 3.2) ends a process, and the launcher sees it at once. A hang ends "
-            "nothing: the waiting ranks look exactly like slow ones, so only timeout_s can stop them, "
-            "and a longer timeout makes the cell wait that much longer before it reports.",
-            kind="predict",
-        ),
     ])
 
 
@@ -154,22 +140,6 @@ def quiz_03() -> Quiz:
                             f"the other 14 bytes: {whole7.params / GB:g} + {(whole7.total - whole7.params) / GB:g} / N "
                             f"<= {small} needs N >= {z2_gpus}. ZeRO-1 never gets there: it keeps parameters and "
                             f"gradients whole, {(whole7.params + whole7.grads) / GB:g} GB on every GPU."),
-        SingleChoice("A drawing of DDP for 7B parameters counts 14 + 14 + 56 = 84 GB per GPU (16-bit "
-                     "weights and gradients, Adam's m and v); section 3 tabulates 112 GB. What does the "
-                     "84 GB leave out?",
-                     ["The activations", "The fp32 master copy of the weights (4 bytes/param)",
-                      "The CUDA context", "Nothing: both are right for different GPUs"],
-                     "b",
-                     "Adam's m and v are 8 bytes per parameter (56 GB); mixed precision also keeps "
-                     "an fp32 copy of the weights, 4 more bytes (28 GB): 14 + 14 + 84 = 112 GB.",
-                     kind="explain"),
-        MultiChoice("Which of these reduce activation memory per GPU?",
-                    ["ZeRO-3", "Activation recomputation", "A fused (flash) attention kernel",
-                     "A smaller micro-batch"],
-                    "b,c,d",
-                    "ZeRO shards model states, not activations: each rank's activations come from its "
-                    "own data and are not redundant. Recomputation, flash attention and smaller "
-                    "micro-batches all shrink them.", kind="explain"),
         NumberChoice(f"gpt2-xl (h = {PRESETS['gpt2-xl'].config.hidden}, a = {PRESETS['gpt2-xl'].config.heads} heads), micro-batch 1, "
                      "standard (not fused) attention: predict by what factor its activations grow when the "
                      "sequence doubles from 1024 to 2048 tokens (all of them: the 48 blocks and the loss "
@@ -304,18 +274,6 @@ def quiz_02() -> Quiz:
                                  f"bytes, the same result for a quarter of the traffic. ({k * 8 * psi:,}: "
                                  f"2 x 4 bytes x Ψ per all-reduce, the (N-1)/N forgotten; "
                                  f"{k * sent[4] / steps / 2:,.0f}: (N-1)/N x M, a reduce-scatter's bytes.)"),
-        SingleChoice("DDP adds the same gradient all-reduce to every step. Going from 1 to 15 sequences "
-                     "per GPU, what happens to the all-reduce's share of the step time?",
-                     ["It falls: the all-reduce sends the same bytes whatever the batch, while the "
-                      "compute grows with it",
-                      "It stays the same: both grow with the batch",
-                      "It grows: more sequences give more gradients to send",
-                      "It falls to zero: with 15 sequences DDP skips the all-reduce"],
-                     "a", f"The gradient all-reduce depends on Ψ, not on the batch: 2(N-1)/N x 4 bytes x Ψ "
-                          f"per rank per step ({sent[4] / steps:,.0f} bytes for the course GPT on 4 ranks). "
-                          "Forward and backward grow with the batch, so the same communication hides "
-                          "a shrinking share (appendix 09 §5: +14 % at 1 sequence, +7 % at 15, on H100s).",
-                     kind="explain"),
     ])
 
 
@@ -337,9 +295,6 @@ def quiz_04() -> Quiz:
     ar, rs, ag = (collective_bytes(op, m8, 4) for op in ("all_reduce", "reduce_scatter", "all_gather"))
     ar2, rs2 = collective_bytes("all_reduce", m8, 2), collective_bytes("reduce_scatter", m8, 2)
     steps = 5                                            # notebook 04 §7's run
-    n6 = 6
-    pad6 = padded_numel(psi, n6) - psi
-    extra6 = 2 * collective_bytes("reduce_scatter", 4 * pad6, n6)
     return Quiz("04 ZeRO-1", [
         SingleChoice(
             "Section 1 printed ZeRO-1 on 4 GPUs for 7B parameters: mixed precision falls from "
@@ -378,8 +333,8 @@ def quiz_04() -> Quiz:
              "ZeroRedundancyOptimizer sends half: it shards whole parameters, so nothing is padded"],
             "a",
             f"In {steps} steps section 7 printed torch's {steps * ar2:,.0f} bytes of all-reduce plus about half "
-            f"as much again in broadcasts, against {steps * rs2:,.0f} of reduce-scatter and {steps * rs2:,.0f} "
-            "of all-gather for Zero1. Zero1's "
+            f"as much again in broadcasts, against Zero1's {2 * steps * rs2:,.0f} of reduce-scatter and "
+            "all-gather together (section 6). Zero1's "
             "reduce-scatter hands each rank only the gradients it steps; torch's all-reduce hands every "
             "rank all of them, and it still has to send the updated parameters.",
             kind="compare", printed="04"),
@@ -402,35 +357,17 @@ def quiz_04() -> Quiz:
                         f"rank; AdamW's m and v take 8 bytes per element, plus its 4-byte step counter of the one "
                         f"shard parameter: 8 x {padded_numel(psi, 8) // 8:,} + 4 = {z1_8:,} bytes.",
         ),
-        NumberChoice(
-            f"Padding: on 4 ranks the course GPT's buffer got 2 zeros, and ZeRO-1 sent 12 bytes per step "
-            f"more than DDP. Predict the extra bytes per step on {n6} ranks (ring model, fp32).",
-            extra6, [2 * 4 * pad6, extra6 / 2, 4 * pad6], "{:.2f} bytes", kind="predict",
-            explanation=f"{psi:,} padded to a multiple of {n6} is {padded_numel(psi, n6):,}: {pad6} zeros, "
-                        f"{4 * pad6} bytes, and the reduce-scatter and the all-gather each send "
-                        f"({n6}-1)/{n6} of them: 2 x {n6 - 1}/{n6} x {4 * pad6} = {extra6:.1f} bytes. Tiny, "
-                        f"but why the padding exists: both collectives need equal chunks on every rank. "
-                        f"({2 * 4 * pad6}: the (N-1)/N forgotten; {extra6 / 2:.2f}: one collective only; "
-                        f"{4 * pad6}: the zeros' bytes once.)",
-        ),
     ])
 
 
 def quiz_05() -> Quiz:
-    from ..harness.model import build_model
     from ..theory.comm import collective_bytes
     from ..theory.config import COURSE_CONFIG, PRESETS
     from ..theory.layout import padded_numel
     from ..theory.memory import activation_bytes, per_gpu
-    from ..theory.zero import expected_comm_bytes, expected_state_bytes
+    from ..theory.zero import expected_comm_bytes
 
     psi = COURSE_CONFIG.num_params()
-    ddp = per_gpu("gpt2-xl", world_size=4, stage=0, recipe="mixed-fp32-grads", micro_batch=15,
-                  seq=1024, attention="flash")
-    z1 = per_gpu("gpt2-xl", world_size=4, stage=1, recipe="mixed-fp32-grads", micro_batch=15,
-                 seq=1024, attention="flash")
-    z2 = per_gpu("gpt2-xl", world_size=4, stage=2, recipe="mixed-fp32-grads", micro_batch=15,
-                 seq=1024, attention="flash")
     peak_one = 4 * psi + 4 * padded_numel(psi, 2) // 2     # one bucket on 2 ranks (notebook 05 §4)
     xl = PRESETS["gpt2-xl"].num_params
     freed = (model_states(xl, world_size=8, stage=0, recipe="mixed-fp32-grads").total
@@ -445,16 +382,10 @@ def quiz_05() -> Quiz:
         return mb
 
     ddp_mb, z2_mb = largest_batch(0), largest_batch(2)
-    k = 6                                                  # micro-batches, 2 ranks (notebook 05 §6: 4)
+    k = 6                                                  # micro-batches, 2 ranks (notebook 05 §5: 4)
     acc = {m: sum(expected_comm_bytes([psi], 2, micro_batches=m).values()) for m in (4, k)}
     one = acc[k] // (k + 1)                                # one reduce-scatter or all-gather
     nosync = collective_bytes("all_reduce", 4 * psi, 2)         # one all-reduce per step
-    tensors = len({id(p) for p in build_model(device="meta").parameters()})
-    single = 16 * psi + 4 * tensors                        # fp32 AdamW, one process (notebook 05 §5)
-    per_row = activation_bytes(COURSE_CONFIG, micro_batch=1).total
-    budget = single + 4 * per_row
-    rows = {(n, st): (budget - sum(expected_state_bytes([psi], n, st).values())) // per_row
-            for n in (4, 8) for st in (0, 2, 3)}
     return Quiz("05 ZeRO-2", [
         SingleChoice(
             "Why can ZeRO-1 not free the full gradients during backward, while ZeRO-2 can?",
@@ -469,11 +400,11 @@ def quiz_05() -> Quiz:
                  "into backward, bucket by bucket, so a bucket's full gradients can go once it is sent.",
             kind="explain"),
         NumberChoice(
-            f"Section 6 accumulated 4 micro-batches on 2 ranks. Predict ZeRO-2's bytes per optimizer "
+            f"Section 5 accumulated 4 micro-batches on 2 ranks. Predict ZeRO-2's bytes per optimizer "
             f"step with {k} micro-batches, in the ring model (one rank, the course GPT in fp32).",
             acc[k], [k * one, 2 * one, 2 * acc[k]], "{:,} bytes", kind="predict",
             explanation=f"One reduce-scatter per micro-batch and one all-gather per step: "
-                        f"{k} x {one:,} + {one:,} = {acc[k]:,} bytes. Section 6 "
+                        f"{k} x {one:,} + {one:,} = {acc[k]:,} bytes. Section 5 "
                         f"printed {acc[4]:,} for 4 micro-batches, and {nosync:,.0f} for DDP with no_sync, which "
                         f"stays {nosync:,.0f} whatever k: ZeRO-2 pays for its smaller gradients in traffic. "
                         f"({k * one:,}: the all-gather forgotten; {2 * one:,}: one reduce-scatter per "
@@ -502,19 +433,6 @@ def quiz_05() -> Quiz:
             f"gradient bytes a rank holds, and there is no padding on 2 ranks ({psi:,} is even).",
             kind="explain"),
         NumberChoice(
-            "Section 5's miniature gave each rank a fixed budget and counted the rows of the batch that "
-            "fit next to the model states (DDP 4 rows per rank, ZeRO-2 7 on 4 ranks). Predict ZeRO-2's "
-            "rows per rank on 8 ranks.",
-            rows[8, 2], [rows[8, 0], 2 * rows[4, 2], rows[8, 3]], "{}", kind="predict",
-            explanation=f"Section 5 printed a budget of {budget:,} bytes and {per_row:,} bytes of activations "
-                        f"per row. On 8 ranks ZeRO-2 holds {sum(expected_state_bytes([psi], 8, 2).values()):,} "
-                        f"bytes of model states, so ({budget:,} - that) // {per_row:,} = {rows[8, 2]} rows, as on "
-                        "4 ranks: the 4-byte parameters stay whole, and most of the sharded 12 bytes were "
-                        "already gone at N = 4. The global batch still grows with N. "
-                        f"({rows[8, 0]}: nothing sharded, DDP; {2 * rows[4, 2]}: rows taken to double with N; "
-                        f"{rows[8, 3]}: the parameters sharded too, ZeRO-3.)",
-            printed="05"),
-        NumberChoice(
             f"gpt2-xl (Ψ = {xl:,}) with fp32 gradients (2 + 4 + 12 bytes per parameter) on 8 GPUs: "
             "how many GB per GPU does ZeRO-2 free for activations, compared with DDP?",
             freed / GB, [16 * xl / GB, 12 * xl * 7 / 8 / GB, 16 * xl / 8 / GB], "{:.1f} GB", kind="predict",
@@ -526,17 +444,6 @@ def quiz_05() -> Quiz:
                         f"whatever the number of GPUs. ({16 * xl / GB:.1f}: the 7/8 forgotten; "
                         f"{12 * xl * 7 / 8 / GB:.1f}: the 12 optimizer bytes only, ZeRO-1; "
                         f"{16 * xl / 8 / GB:.1f}: the 1/8 each GPU keeps.)", printed="09"),
-        NumberChoice(
-            "gpt2-xl, DP = 4, 15 sequences of 1024 per GPU, bf16 weights with fp32 gradients and "
-            "fp32 Adam states (Megatron). Appendix 09's published runs measured 79 -> 65 GB with sharding on. "
-            "How many GB does sharding the optimizer states alone save (12 bytes per parameter, sharded 4 ways)?",
-            (ddp.total - z1.total) / GB, [8 * xl * 3 / 4 / GB, 12 * xl / GB, 18 * xl / GB], "{:.1f} GB",
-            kind="explain",
-            explanation=f"12 bytes x 1.56e9 x 3/4 = {(ddp.total - z1.total) / GB:.1f} GB: the benchmark's "
-                        "14 GB drop matches ZeRO-1's saving; sharding the fp32 gradients too would "
-                        f"save {(z1.total - z2.total) / GB:.1f} GB more. ({8 * xl * 3 / 4 / GB:.1f}: m and v "
-                        f"only, the fp32 master copy forgotten; {12 * xl / GB:.1f}: the 3/4 forgotten; "
-                        f"{18 * xl / GB:.1f}: all 18 bytes, what DDP holds.)"),
     ])
 
 
@@ -585,14 +492,6 @@ def quiz_06() -> Quiz:
                                  "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on "
                                  f"every GPU. ({enough - 1}: {16 * 7 / target:g} rounded down; {few}: 12 bytes "
                                  f"counted, not 16; {more}: 18 bytes counted, fp32 gradients.)"),
-        SingleChoice("Why does backward need the parameters gathered again?",
-                     ["To recompute the activations that forward freed",
-                      "The gradient of a layer's input is grad_output @ W: backward needs W, which "
-                      "forward freed",
-                      "To average the parameters across ranks",
-                      "It does not: only gradients are needed"],
-                     "b", "Forward freed the full W to save memory; the input gradient (and the "
-                          "chain rule through the layer) needs it, so it is gathered a second time.", kind="explain"),
         SingleChoice("Prefetching turned on: what changes?",
                      ["The peak of full parameters rises; bytes sent and losses stay the same",
                       "Fewer bytes are sent", "The peak falls", "The losses change slightly"],

@@ -4,9 +4,9 @@ from .nb00 import check_gather_squares, check_rank_sum
 from .nb01 import NotAllowed, check_all_reduce_from_rs_ag, check_ring_all_reduce
 from .nb02 import check_ddp, check_grad_average_hook
 from .nb03 import check_bytes_per_gpu, check_smallest_fitting_stage, smallest_fitting_stage
-from .nb04 import check_shard_bounds, check_zero1, check_zero1_step
-from .nb05 import check_reduce_scatter_bucket, check_zero2
-from .nb06 import check_zero3, check_zero3_forward
+from .nb04 import check_shard_bounds, check_zero1
+from .nb05 import check_zero2
+from .nb06 import check_zero3
 from .nb07 import check_fsdp_step
 from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, reference_choice
 from .nb09 import check_megatron_states_gb
@@ -19,8 +19,8 @@ __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_rank
            "NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce",
            "check_grad_average_hook", "check_ddp",
            "check_bytes_per_gpu", "check_smallest_fitting_stage", "smallest_fitting_stage",
-           "check_shard_bounds", "check_zero1_step", "check_zero1", "check_reduce_scatter_bucket",
-           "check_zero2", "check_zero3_forward", "check_zero3",
+           "check_shard_bounds", "check_zero1",
+           "check_zero2", "check_zero3",
            "check_fsdp_step",
            "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone",
            "check_megatron_states_gb", "check_real_rows", "check_zero3_step_bytes", "BUILDS", "solution", "yours", "versus"]

@@ -101,6 +101,11 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
             seen["calls"] = calls
             ref_loss = ref(*data.batch(step))
             ref_loss.backward()
+            if not problem and step and calls != seen["first_calls"] == expected_calls:
+                problem = (f"backward {step + 1} issued {calls} all-reduces, the first {expected_calls}: "
+                           "reset self.next, self.ready and self.pending at the end of _finish, "
+                           "for the next backward")
+            seen.setdefault("first_calls", calls)
             problem = problem or _grad_problem(model, ref, local, world)
             if not problem and calls != expected_calls:
                 problem = (f"{calls} all-reduces in one backward with bucket_bytes={bucket_bytes}, "

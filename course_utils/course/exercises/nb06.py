@@ -1,11 +1,10 @@
-"""Exercises of ``notebooks/06_zero3.ipynb``: a ZeRO-3 linear forward, then a ZeRO-3 flat unit."""
+"""Exercise of ``notebooks/06_zero3.ipynb``: a ZeRO-3 flat unit."""
 from __future__ import annotations
 
 import contextlib
 import gc
 import time
 import weakref
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -13,10 +12,10 @@ from torch import nn
 
 from ...impl.common import flatten_and_pad, storage_bytes, trainable
 from ...theory.layout import padded_numel
-from ...harness.grading import Verdict, grade_build, judge_on_ranks, refuse_non_function
+from ...harness.grading import Verdict, grade_build
 from ...runtime.fmt import bound
 
-__all__ = ["check_zero3_forward", "check_zero3", "build_units", "zero3_on_rank", "units_on_rank"]
+__all__ = ["check_zero3", "build_units", "zero3_on_rank", "units_on_rank"]
 
 
 _kept_once = False      # in this rank: a buffer already outlived the full patience
@@ -59,49 +58,8 @@ def _spying_all_gathers(gathered: list):
             setattr(dist, n, f)
 
 
-def _zero3_forward_on_rank(fn: Callable) -> str:
-    """First problem ('' if none) on three odd-sized weights; every rank runs all three."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    gathered, problem = [], ""
-    with _spying_all_gathers(gathered):
-        for shape in ((3, 5), (4, 7), (2, 9)):
-            numel = shape[0] * shape[1]
-            shard, flat = _shard_of([(torch.arange(numel, dtype=torch.float32) % 7 - 3) / 4], rank, world)
-            x = torch.linspace(-1, 1, 2 * shape[1]).reshape(2, shape[1]) + rank
-            want = x @ flat[:numel].view(shape).T
-            gathered.clear()
-            with torch.no_grad():
-                got = fn(shard.clone(), numel, shape, x)
-            alive = _alive_after(gathered)
-            bad = ((got - want).abs() > 1e-5).nonzero() if isinstance(got, torch.Tensor) and \
-                got.shape == want.shape else None
-            if bad is None:
-                got = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-                why = f"returned {got}, expected a tensor of shape {tuple(want.shape)}"
-            elif len(bad):
-                i, j = bad[0].tolist()
-                why = (f"first difference at out[{i}, {j}]: got {got[i, j].item():.6g}, "
-                       f"expected {want[i, j].item():.6g}")
-            elif len(gathered) != 1:
-                why = f"{len(gathered)} all-gathers, expected exactly 1 (gather the whole flat weight at once)"
-            else:
-                why = alive and ("the gathered weight is still alive after forward; ZeRO-3 frees it (do "
-                                 "not keep it in a global or attribute)")
-            problem = problem or (why and f"weight {shape}: {why}")
-    return problem
-
-
-def check_zero3_forward(fn: Callable) -> Verdict:
-    """Exercise 06.1: one all-gather, ``x @ W.T``, nothing gathered kept (to 1e-5)."""
-    name = "zero3_forward"
-    if (refused := refuse_non_function(fn, name, '(shard, numel, shape, x)')) is not None:
-        return refused
-    return judge_on_ranks(_zero3_forward_on_rank, lambda p, rank, n: (p, "gathered, computed, freed for 3 weights"),
-                          world_sizes=(2, 3, 4), name=name, args=(fn,), timeout_s=30)
-
-
-# ------------------------------------------------------------------ exercise 06.2: build ZeRO-3
-#: Global batch (divides by 2, 3 and 4), SGD learning rate and steps of exercise 06.2.
+# ------------------------------------------------------------------ exercise 06.1: build ZeRO-3
+#: Global batch (divides by 2, 3 and 4), SGD learning rate and steps of exercise 06.1.
 BUILD_BATCH, BUILD_LR, BUILD_STEPS = 12, 0.5, 2
 
 
@@ -118,7 +76,7 @@ class _TiedTwice(nn.Module):
 
 
 def build_units() -> list[nn.Module]:
-    """Exercise 06.2's units, the same on every rank: 35, 47 (a frozen norm weight) and 35
+    """Exercise 06.1's units, the same on every rank: 35, 47 (a frozen norm weight) and 35
     (a tied weight) trainable elements, none divisible by 2, 3 or 4."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -338,7 +296,7 @@ def _zero3_right(values) -> str:
 
 
 def check_zero3(cls) -> Verdict:
-    """Exercise 06.2: ``cls(unit)`` is one ZeRO-3 flat unit (``shard``, ``shard.grad``, ``full``)."""
+    """Exercise 06.1: ``cls(unit)`` is one ZeRO-3 flat unit (``shard``, ``shard.grad``, ``full``)."""
     return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank, right=_zero3_right)
 
 

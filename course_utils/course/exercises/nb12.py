@@ -9,7 +9,7 @@ from ...theory.layout import padded_numel
 
 __all__ = ["check_zero3_step_bytes", "zero3_step_bytes"]
 
-#: the course GPT (root, then its 4 blocks), exercise 06.2's units, a 24-block model
+#: the course GPT (root, then its 4 blocks), exercise 06.1's units, a 24-block model
 _COURSE, _BUILD, _DEEP = [6750] + [30650] * 4, [35, 47, 35], [1000] + [999] * 24
 _CASES = [dict(unit_numels=u, world=n, reshard_root=r) for u, n, r in (
     (_COURSE, 2, False), (_COURSE, 4, False), (_COURSE, 4, True), (_BUILD, 3, False), (_DEEP, 8, False))]
