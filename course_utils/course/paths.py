@@ -13,12 +13,12 @@ NOTEBOOKS = [
      "DDP from scratch and torch DDP give the single-process losses; accumulation, bucketing, "
      "overlap; you build DDP yourself, graded on 2-4 ranks."),
     ("03_memory_anatomy.ipynb", "Where the memory goes",
-     "Params, grads, optimizer states and activations, predicted and measured; the calculator widget."),
+     "Params, grads, optimizer states and activations per GPU, stage by stage; the calculator widget."),
     ("04_zero1.ipynb", "ZeRO-1",
      "Optimizer-state sharding: flat buffer, reduce-scatter, sharded Adam, all-gather; you build "
      "ZeRO-1 as a torch optimizer, graded on 2-4 ranks."),
     ("05_zero2.ipynb", "ZeRO-2",
-     "Gradient sharding during backward; peak gradient memory measured; batch scaling; you build "
+     "Gradient sharding during backward; peak gradient memory measured; accumulation; you build "
      "ZeRO-2, graded on 2-4 ranks."),
     ("06_zero3.ipynb", "ZeRO-3",
      "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit, graded on 2-4 ranks, then "
@@ -29,7 +29,8 @@ NOTEBOOKS = [
      "Hybrid sharding, DeepSpeed configs, choosing a strategy, torchrun on several nodes."),
     ("09_appendix_forensics.ipynb", "Appendix: published runs",
      "Optional: what accumulation and more GPUs cost in a published gpt2-xl benchmark, the planner "
-     "against its every figure, Megatron's distributed optimizer, why memory estimators disagree."),
+     "against its every figure, Megatron's distributed optimizer, why memory estimators disagree, "
+     "activations term by term, the model states measured to the byte."),
     ("10_appendix_fsdp_in_depth.ipynb", "Appendix: FSDP in depth",
      "Optional: FSDP1's names in detail, the options' finer points, checkpoint internals, three "
      "common problems fixed, every strategy of the course side by side."),
