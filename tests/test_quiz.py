@@ -200,7 +200,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("06", 2, "17").correct and quiz.check("06", 3, "1.50").correct    # 2 x 8 + 1; any N
     assert quiz.check("06", 5, "a").correct                                      # prefetch: peak up
     assert quiz.check("07", 1, "25").correct and quiz.check("07", 2, "13").correct     # 12 blocks
-    assert quiz.check("07", 6, "5").correct                                      # accumulation
+    assert quiz.check("07", 5, "5").correct                                      # accumulation
 
 
 def test_at_most_one_typed_in_number_per_quiz():

@@ -506,14 +506,12 @@ QUIZZES["06"] = quiz_06
 
 
 def quiz_07() -> Quiz:
-    from ..labs.fsdp_wrapping import predict_unsharded_peak
     from ..theory.sharding import calls_per_step
 
     blocks = 12                                # a deeper GPT than the course's 4 blocks
     full = calls_per_step(blocks)
     zero2 = calls_per_step(blocks, reshard_after_forward=False)
     course = calls_per_step(4)
-    peak = {g: predict_unsharded_peak(g, 2)["params"] for g in ("root-only", "per-block")}
     return Quiz("07 FSDP in PyTorch", [
         Numeric(f"A GPT of {blocks} blocks: fully_shard on each block, then on the root (kept gathered "
                 "between forward and backward). All-gathers per training step?",
@@ -529,19 +527,6 @@ def quiz_07() -> Quiz:
                                  f"price: the gathered blocks stay alive until their backward. ({blocks}: the "
                                  f"root forgotten; {full['all_gather']}: the flag taken to change nothing; "
                                  f"{2 * (blocks + 1)}: every unit, root included, gathered twice.)"),
-        SingleChoice("You call fully_shard on the course GPT's root only, not on its 4 blocks. What "
-                     "changes, compared with one fully_shard per block and then the root?",
-                     ["Nothing: fully_shard finds the blocks by itself",
-                      "The whole model is one unit: one all-gather brings every parameter at once, "
-                      "so the peak holds the full model and no gather overlaps with compute",
-                      "It uses less memory: fewer units means fewer buffers",
-                      "It fails: the blocks must be sharded first"],
-                     "b", f"fully_shard(module) makes one unit of the parameters no inner fully_shard "
-                          f"claimed. On the root alone that is all of them: the forward waits for one "
-                          f"gather of the whole model and holds it all. Section 3 printed a peak of "
-                          f"{peak['root-only']:,} B root-only against {peak['per-block']:,} B per block; "
-                          f"per block there are {course['all_gather']} smaller gathers per step, and the "
-                          "next can run while the current block computes.", kind="compare", printed="07"),
         SingleChoice("Why does the plain torch.nn.utils.clip_grad_norm_ clip FSDP2's sharded "
                      "gradients to the right global norm?",
                      ["The gradients are DTensors: the squared norms of the shards are all-reduced",
@@ -571,17 +556,6 @@ def quiz_07() -> Quiz:
                                  f"{course['reduce_scatter']}, instead of 4 x {course['reduce_scatter']}. The "
                                  "price: unsharded gradients stay allocated between micro-batches. (1: one for "
                                  f"the whole model; {course['reduce_scatter'] - 1}: the root forgotten.)"),
-        SingleChoice("A sharded checkpoint written by torch.distributed.checkpoint on 4 ranks is "
-                     "loaded on 8 ranks. What happens?",
-                     ["It fails: the world size must match",
-                      "Only rank 0 loads it and broadcasts",
-                      "It loads, but the optimizer state is lost",
-                      "Each rank reads the parts of every tensor that its new shards cover: the state "
-                      "is resharded on load, bit-exact"],
-                     "d", "The checkpoint's metadata records which slice of each tensor each file "
-                          "holds; on load every rank reads exactly the slices of its new shards, "
-                          "optimizer states included: section 6's 4 -> 2 works the same way 4 -> 8.",
-                     kind="predict"),
     ])
 
 
