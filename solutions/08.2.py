@@ -19,22 +19,26 @@ def states_gb_solution(s, strategy, offload):
     return (params + grads + optim) / 1e9
 
 
-# Part 2: the first option that fits, cheapest first
+# Step 1: the first option that fits, cheapest first
+def first_fit(s, strategies):
+    for offload in ("none", "optimizer", "optimizer+params"):       # the dearest cost outermost
+        for recompute in (False, True):
+            for strategy in strategies:                             # less sharding first
+                try:
+                    choice = planner.Choice(strategy, offload, recompute)
+                except ValueError:      # DDP offloads nothing; only ZeRO-3 and HSDP offload parameters
+                    continue
+                gb = states_gb_solution(s, strategy, offload) + s.other_gb(strategy, recompute)
+                if gb <= s.gpu_mem_gb:
+                    return choice, gb
+
+
+# Step 2: with fewer NICs than GPUs per node, flat ZeRO-2/3 cross the nodes every micro-batch: last
 def choose_solution(s):
     few_nics = s.nodes > 1 and s.nics_per_node is not None and s.nics_per_node < s.gpus_per_node
-    groups = ([["DDP", "ZeRO-1", "HSDP"], ["ZeRO-2", "ZeRO-3"]] if few_nics     # flat ZeRO-2/3 last
-              else [["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]])
-    for group in groups:
-        for offload in ("none", "optimizer", "optimizer+params"):       # the dearest cost outermost
-            for recompute in (False, True):
-                for strategy in group:                                  # less sharding first
-                    try:
-                        choice = planner.Choice(strategy, offload, recompute)
-                    except ValueError:    # DDP offloads nothing; only ZeRO-3/HSDP offload parameters
-                        continue
-                    gb = states_gb_solution(s, strategy, offload) + s.other_gb(strategy, recompute)
-                    if gb <= s.gpu_mem_gb:
-                        return choice, gb
+    if few_nics:
+        return first_fit(s, ["DDP", "ZeRO-1", "HSDP"]) or first_fit(s, ["ZeRO-2", "ZeRO-3"])
+    return first_fit(s, ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"])
 
 
 exercises.check_capstone(choose_solution)

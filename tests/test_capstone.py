@@ -88,6 +88,8 @@ def test_bad_answers_get_a_clear_line(capsys):
     assert not check_capstone(lambda s: ("HSDP", 10.0))                    # scenarios 0 and 2: one node
     assert "HSDP needs more than one node" in capsys.readouterr().out
     assert not check_capstone("ZeRO-3")
+    assert not check_capstone(lambda s: None)                             # the notebook's stub
+    assert capsys.readouterr().out.count("no answer yet (None)") == 3
 
 
 def test_the_scenario_gives_numbers_not_the_planner():

@@ -145,6 +145,38 @@ def _off_by_one():
     return t.item() / (dist.get_world_size() + 1)
 
 
+def test_check_skipped_collective_wants_the_print_on_rank_0_only(capsys):
+    """Exercise 08.1: the right mean on every rank is not enough, only rank 0 prints it."""
+    from course_utils.course.exercises import check_skipped_collective
+
+    assert check_skipped_collective(hangs.skipped_collective_fixed)
+    assert "right: every rank returned 1.5" in capsys.readouterr().out
+    assert not check_skipped_collective(_prints_on_every_rank)
+    assert "rank 1: printed 'mean loss 1.500': only rank 0 prints" in capsys.readouterr().out
+    assert not check_skipped_collective(_prints_nothing)
+    assert "rank 0: printed nothing" in capsys.readouterr().out
+
+
+def _prints_on_every_rank():
+    import torch
+    import torch.distributed as dist
+
+    loss = torch.tensor(float(dist.get_rank() + 1))
+    dist.all_reduce(loss)
+    loss /= dist.get_world_size()
+    print(f"mean loss {loss.item():.3f}")        # planted: every rank prints
+    return loss.item()
+
+
+def _prints_nothing():
+    import torch
+    import torch.distributed as dist
+
+    loss = torch.tensor(float(dist.get_rank() + 1))
+    dist.all_reduce(loss)
+    return loss.item() / dist.get_world_size()
+
+
 def test_argument_checks_and_cleaning():
     with pytest.raises(ValueError, match="unknown scenario"):
         hangs.diagnose("deadlock")

@@ -563,40 +563,31 @@ QUIZZES["07"] = quiz_07
 
 
 def quiz_08() -> Quiz:
-    from ..theory.multinode import hsdp_vs_fsdp_time
+    from ..theory.multinode import crossovers
 
-    four = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)       # notebook 08 §2: one 25 GB/s NIC per GPU
-    eight = hsdp_vs_fsdp_time(7e9, 8, 8, 450e9, 25e9)
+    per_gpu, per_node = (crossovers(7e9, 8, 4, 450e9, nics_per_node=n)[0] / 1e9 for n in (8, 1))   # 08 §2
     hsdp13 = model_states(13e9, world_size=8, stage=3, recipe="mixed").total / GB     # sharded in a node
     full13 = model_states(13e9, world_size=32, stage=3, recipe="mixed").total / GB
     return Quiz("08 Beyond one box", [
-        Numeric("Section 2's cluster (7B parameters in bf16, nodes of 8 GPUs, one 25 GB/s NIC per GPU) "
-                "with 8 nodes instead of 4. HSDP, sharded inside each node: predict the GB each NIC "
-                "carries to other nodes per step.",
-                eight.hsdp_nic_bytes / 1e9, unit="GB", tol=0.05, minimum=0, kind="predict",
-                explanation=f"Only the all-reduce of each GPU's 1/8 gradient shard crosses nodes, now over 8 "
-                            f"replicas: 2 x (8-1)/8 x 2 B x 7e9 / 8 = {eight.hsdp_nic_bytes / 1e9:.4g} GB. "
-                            f"Section 2 printed {four.hsdp_nic_bytes / 1e9:.3f} GB for 4 nodes: the factor 2(n-1)/n grows towards 2.",
-                printed="08"),
-        SingleChoice("And the times on 8 nodes at 25 GB/s per NIC? (Section 2 found HSDP ahead on 4 nodes.)",
-                     ["HSDP stays ahead, by less: full sharding's bytes per NIC barely grow, HSDP's grow "
-                      "by a sixth",
-                      "HSDP's lead grows: full sharding crosses more node boundaries",
-                      "Full sharding is now faster by a wide margin",
-                      "Both times double with the number of nodes"],
-                     "a", f"Full sharding: {four.fsdp_nic_bytes / 1e9:.2f} -> {eight.fsdp_nic_bytes / 1e9:.2f} GB "
-                          f"per NIC ((N-1)/N is already close to 1); HSDP: {four.hsdp_nic_bytes / 1e9:.3f} -> "
-                          f"{eight.hsdp_nic_bytes / 1e9:.4g} GB. Times: {eight.fsdp_s:.3f} s against "
-                          f"{eight.hsdp_s:.3f} s, HSDP {eight.fsdp_s / eight.hsdp_s:.2f}x faster (4 nodes: "
-                          f"{four.fsdp_s / four.hsdp_s:.2f}x). Neither doubles: a ring's bytes per rank do not "
-                          "grow much with the number of ranks, the factor (N-1)/N only approaches 1.", kind="compare"),
-        NumberChoice("HSDP's price: 13B parameters, mixed-precision Adam (16 bytes per parameter), 4 nodes of "
-                     "8 GPUs, sharded inside each node. Predict the GB of model states per GPU.",
-                     hsdp13, [full13, 16 * 13e9 / 4 / GB, 16 * 13e9 / GB], "{:g} GB", kind="predict",
-                     explanation=f"HSDP shards over the 8 GPUs of a node only: 16 x 13e9 / 8 = {hsdp13:g} GB per GPU; "
-                                 f"full sharding over all 32 would hold {full13:g} GB. The replicas trade memory "
-                                 f"for fewer bytes across nodes. ({16 * 13e9 / 4 / GB:g}: sharded over the 4 "
-                                 f"replicas instead; {16 * 13e9 / GB:g}: nothing sharded.)"),
+        Numeric("HSDP's price: 13B parameters, mixed-precision Adam (16 bytes per parameter), 4 nodes of "
+                "8 GPUs, sharded inside each node. Predict the GB of model states per GPU.",
+                hsdp13, unit="GB", tol=0.5, minimum=0, kind="predict",
+                explanation=f"HSDP shards over the 8 GPUs of a node only: 16 x 13e9 / 8 = {hsdp13:g} GB per GPU; "
+                            f"full sharding over all 32 would hold {full13:g} GB. The replicas trade memory "
+                            f"for fewer bytes across nodes. ({16 * 13e9 / 4 / GB:g}: sharded over the 4 "
+                            f"replicas instead; {16 * 13e9 / GB:g}: nothing sharded.)"),
+        SingleChoice("Section 2's model, 7B on 4 nodes of 8 GPUs, on two clusters: A has one 50 GB/s NIC "
+                     "per GPU, B a single 100 GB/s NIC per node. Which strategy is faster on each?",
+                     ["A: full sharding; B: HSDP",
+                      "HSDP on both: it sends half the bytes across nodes",
+                      "Full sharding on both: B's NIC is the faster one",
+                      "A: HSDP; B: full sharding"],
+                     "a", f"Section 2 printed where the two cross: HSDP is faster below {per_gpu:.0f} GB/s "
+                          f"per NIC with a NIC per GPU, below {per_node:.0f} with one per node. On A, "
+                          "full sharding's rings use NVLink and all 8 NICs at once while HSDP runs its "
+                          "two phases one after the other. On B, every byte that leaves the node goes "
+                          "through one card, and full sharding sends about twice HSDP's.",
+                     kind="compare", printed="08"),
         SingleChoice("DeepSpeed accepts offload_param (parameters to CPU or NVMe) only with "
                      '"stage": 3. Why not with stage 1 or 2?',
                      ["In stages 1 and 2 every GPU keeps the full parameters for its forward and "
@@ -607,7 +598,7 @@ def quiz_08() -> Quiz:
                      "a", "Stage 3 already fetches each unit's parameters just before it runs and drops "
                           "them after; offloading only changes where the shard lives between uses. Stages "
                           "1 and 2 compute with parameters that stay whole on the GPU.", kind="explain"),
-        SingleChoice("Section 6's uneven data again, but the model is wrapped with fully_shard (notebook "
+        SingleChoice("Section 5's uneven data again, but the model is wrapped with fully_shard (notebook "
                      "07) instead of torch DDP: rank 1 has one batch fewer. Where does rank 0 wait?",
                      ["In backward, in the gradient all-reduce, as with DDP",
                       "In its next forward: the first unit's all-gather of its parameters, which rank 1 "

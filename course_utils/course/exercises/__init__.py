@@ -8,7 +8,7 @@ from .nb04 import check_shard_bounds, check_zero1
 from .nb05 import check_zero2
 from .nb06 import check_zero3
 from .nb07 import check_fsdp_step
-from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, reference_choice
+from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, check_skipped_collective, reference_choice
 from .nb09 import check_megatron_states_gb
 from .nb10 import check_real_rows
 from .nb12 import check_zero3_step_bytes
@@ -21,6 +21,6 @@ __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_rank
            "check_bytes_per_gpu", "check_smallest_fitting_stage", "smallest_fitting_stage",
            "check_shard_bounds", "check_zero1",
            "check_zero2", "check_zero3",
-           "check_fsdp_step",
+           "check_fsdp_step", "check_skipped_collective",
            "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone",
            "check_megatron_states_gb", "check_real_rows", "check_zero3_step_bytes", "BUILDS", "solution", "yours", "versus"]

@@ -1,19 +1,54 @@
 """The capstone of ``notebooks/08_beyond_one_box.ipynb``: ``choose(scenario) -> (choice, gb)``."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import faulthandler
 import functools
+import io
 import math
 from typing import Callable
 
-from ...harness.grading import Verdict
+from ...harness.grading import Verdict, brief, compare_brief, judge_on_ranks, refuse_non_function
+from ...labs.hangs import SCENARIOS
 from ...runtime.fmt import plural
 from ...theory.config import preset
 from ...theory.memory import GB
 from ...theory.planner import NEAR_TIE, Choice, Plan, as_choice, plan, recommend
 
-__all__ = ["Scenario", "reference_plan", "reference_choice", "reference_gb", "check_capstone",
+__all__ = ["check_skipped_collective", "Scenario", "reference_plan", "reference_choice", "reference_gb", "check_capstone",
            "CAPSTONE_SCENARIOS", "MEMORY_TOLERANCE"]
+
+def _printing(fn: Callable):
+    """On a rank: ``fn()``'s value and what it printed (without the crash handler a forked rank
+    may inherit: pytest's prints the parent's stack)."""
+    faulthandler.disable()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        value = fn()
+    return value, out.getvalue().strip()
+
+
+def check_skipped_collective(fn: Callable) -> Verdict:
+    """Exercise 08.1: ``fn()`` on 2 and 3 gloo CPU ranks (20 s timeout) returns the mean loss on
+    every rank, and only rank 0 prints (a fix that prints on every rank fails)."""
+    name = "your fix of skipped_collective"
+    if (refused := refuse_non_function(fn, name)) is not None:
+        return refused
+    spec = SCENARIOS["skipped_collective"]
+
+    def judge(value, rank, n):
+        got, printed = value
+        why = compare_brief(got, spec.expected(rank, n), atol=spec.atol)
+        if not why and rank == 0 and not printed:
+            why = "printed nothing: rank 0 prints the mean"
+        if not why and rank > 0 and printed:
+            why = f"printed {printed!r}: only rank 0 prints"
+        return why, f"returned {brief(got)}"
+
+    return judge_on_ranks(functools.partial(_printing, fn), judge, world_sizes=(2, 3), name=name,
+                          timeout_s=20)
+
 
 #: How close the learner's GB per GPU must be to the planner's (relative).
 MEMORY_TOLERANCE = 0.01
@@ -150,7 +185,10 @@ def check_capstone(fn: Callable, *, near_tie: float = NEAR_TIE):
     right = 0
     for sc in CAPSTONE_SCENARIOS:
         try:
-            choice, gb = _answer(fn(sc))
+            if (value := fn(sc)) is None:
+                print(f"  {sc.name}: no answer yet (None)")
+                continue
+            choice, gb = _answer(value)
             reference_plan(sc).row(choice)                  # an option of this cluster?
         except Exception as exc:  # noqa: BLE001 - a learner's bug is reported, never raised
             print(f"  {sc.name}: {type(exc).__name__}: {exc}")
