@@ -36,7 +36,7 @@ class MyDDP(nn.Module):
         while self.next < len(self.buckets) and all(q in self.ready for q in self.buckets[self.next]):
             self._launch()
 
-    def _launch(self):                  # the next bucket: its grads flattened, all-reduced async
+    def _launch(self):                  # given: the next bucket's grads flattened, all-reduced async
         bucket = self.buckets[self.next]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
         self.pending.append((bucket, flat, dist.all_reduce(flat, async_op=True)))

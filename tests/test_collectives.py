@@ -209,6 +209,17 @@ def test_rs_ag_grader(capsys):
     assert not check_all_reduce_from_rs_ag(_uses_all_reduce)
     assert "raised NotAllowed: with 10 elements: dist.all_reduce is not allowed" in capsys.readouterr().out
     assert not check_all_reduce_from_rs_ag("not a function")
+    capsys.readouterr()
+    assert not check_all_reduce_from_rs_ag(_gathers_everything)    # right sum, no reduce-scatter
+    assert "0 reduce-scatter call(s), expected 1: one reduce-scatter" in capsys.readouterr().out
+
+
+def _gathers_everything(t):
+    """Right numbers, wrong algorithm: every rank gathers every tensor and sums them locally."""
+    from course_utils.runtime.compat import all_gather_into_tensor
+    out = torch.empty(t.numel() * dist.get_world_size(), dtype=t.dtype)
+    all_gather_into_tensor(out, t)
+    return out.view(dist.get_world_size(), -1).sum(0)
 
 
 def test_ring_grader(capsys):

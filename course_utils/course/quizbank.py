@@ -125,6 +125,9 @@ def quiz_03() -> Quiz:
     from ..theory.memory import block_terms
     blocks_grow = (sum(block_terms("gpt2-xl", micro_batch=1, seq=2048).values())
                    / sum(block_terms("gpt2-xl", micro_batch=1, seq=1024).values()))
+    xl_cfg = PRESETS["gpt2-xl"].config
+    per_token = ((34 + 5 * xl_cfg.heads * 2048 / xl_cfg.hidden)           # (34 + 5·a·s/h) alone
+                 / (34 + 5 * xl_cfg.heads * 1024 / xl_cfg.hidden))
     return Quiz("03 where the memory goes", [
         SingleChoice(
             "Section 3's table put the 7B model (mixed precision) on 4 GPUs. On 8 GPUs instead, which "
@@ -144,14 +147,14 @@ def quiz_03() -> Quiz:
                      "standard (not fused) attention: predict by what factor its activations grow when the "
                      "sequence doubles from 1024 to 2048 tokens (all of them: the 48 blocks and the loss "
                      "layer's logits, V = 50,257).",
-                     grow, [1, 2, 4], "{:.2f}x", kind="predict",
+                     grow, [blocks_grow, 4, per_token], "{:.2f}x", kind="predict",
                      explanation=f"{act['standard', 1024] / GB:.2f} -> {act['standard', 2048] / GB:.2f} GB, "
                                  f"{grow:.2f}x: most terms are linear in s, but the s x s attention scores "
                                  f"grow 4x. With flash attention there are no scores: exactly "
                                  f"{act['flash', 2048] / act['flash', 1024]:g}x. (4x: every term taken as "
-                                 "quadratic; 1x: activations taken to depend on the micro-batch only. The "
-                                 f"blocks alone, s·b·h·(34 + 5·a·s/h), grow {blocks_grow:.2f}x; the logits, "
-                                 "linear in s, pull the whole to the answer.)"),
+                                 f"quadratic; {blocks_grow:.2f}x: the blocks alone, s·b·h·(34 + 5·a·s/h), the "
+                                 f"logits, linear in s, forgotten; {per_token:.2f}x: the bracket alone, the "
+                                 "s in front of it forgotten.)"),
         SingleChoice(
             f"7B parameters on 4 GPUs of {budget} GB: with DeepSpeed's layout ZeRO-2 fits. With "
             "torch's mixed-precision layout (torch-amp: fp32 parameters and gradients, 16-bit only "

@@ -29,9 +29,11 @@ def _exercise_input(rank: int, numel: int, device=None):
 
 
 def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: str) -> list:
-    """Per size, what ``fn`` returned (or its input, when None) while ``forbidden`` collectives raise."""
+    """Per size, what ``fn`` returned (or its input, when None) while ``forbidden`` collectives raise,
+    and the collectives it called (``CommLedger.counts()``)."""
     import torch.distributed as dist
     from ...runtime.launch import rank_device
+    from ...runtime.ledger import CommLedger
     def refuse(name):
         def blocked(*args, **kwargs):
             raise NotAllowed(f"dist.{name} is not allowed in this exercise: {rule}")
@@ -43,7 +45,8 @@ def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: st
         for name in saved:
             setattr(dist, name, refuse(name))
         try:
-            result = fn(tensor)
+            with CommLedger() as ledger:
+                result = fn(tensor)
         except Exception as exc:
             if exc.args and isinstance(exc.args[0], str):    # say which size failed, keep the type
                 exc.args = (f"with {numel} elements: {exc.args[0]}",) + exc.args[1:]
@@ -51,7 +54,7 @@ def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: st
         finally:
             for name, original in saved.items():
                 setattr(dist, name, original)
-        results.append(tensor if result is None else result)
+        results.append((tensor if result is None else result, ledger.counts()))
     return results
 
 
@@ -60,16 +63,21 @@ def _sizes(numels: Sequence[int]) -> str:        # "5, 7 and 13 elements"
     return (", ".join(words[:-1]) + " and " if len(words) > 1 else "") + f"{words[-1]} elements"
 
 
-def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: str, name: str) -> Verdict:
+def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: str, name: str,
+                calls: dict | None = None) -> Verdict:
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
     tensors = "a tensor" if len(numels) == 1 else "tensors"
     print(f"rank r gets {tensors} of {_sizes(numels)}, 100*(r+1) + i at position i; "
           "the sums are compared exactly:")
     def judge(values, rank, n):
-        for numel, got in zip(numels, values):
+        for numel, (got, counts) in zip(numels, values):
             if why := compare_brief(got, sum(_exercise_input(r, numel) for r in range(n)), atol=0):
                 return f"{numel} elements: {why}", ""
+            for op, want in (calls or {}).items():
+                if counts.get(op, 0) != want:
+                    return (f"{numel} elements: {counts.get(op, 0)} {op.replace('_', '-')} call(s), expected "
+                            f"{want}: {rule}"), ""
         return "", f"returned the sum ({_sizes(numels)})"
     return judge_on_ranks(_run_without, judge, world_sizes=(2, 3, 4), name=name,
                           args=(fn, tuple(numels), forbidden, rule), timeout_s=20)
@@ -78,7 +86,8 @@ def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: 
 def check_all_reduce_from_rs_ag(fn: Callable) -> Verdict:
     """Exercise 01.1: an all-reduce from a reduce-scatter and an all-gather (10 elements: pad, strip)."""
     return _grade_sums(fn, numels=(10,), forbidden=_NOT_IN_RS_AG, name="all_reduce_from_rs_ag",
-                       rule="use only reduce-scatter and all-gather")
+                       rule="one reduce-scatter (each rank sums its own chunk), then one all-gather",
+                       calls={"reduce_scatter": 1, "all_gather": 1})
 
 
 def check_ring_all_reduce(fn: Callable) -> Verdict:
