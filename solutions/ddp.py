@@ -3,6 +3,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from course_utils.course.exercises import check_ddp
+from course_utils.impl.common import make_buckets
 from course_utils.runtime.compat import queue_backward_callback
 
 
@@ -13,14 +14,7 @@ class MyDDP(nn.Module):
         params = [p for p in module.parameters() if p.requires_grad]
         for t in list(module.parameters()) + list(module.buffers()):      # TODO 1
             dist.broadcast(t.data, src=0)
-        self.buckets, current, size = [], [], 0                            # TODO 2
-        for p in params[::-1]:
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_bytes:
-                self.buckets.append(current)
-                current, size = [], 0
-        self.buckets += [current] if current else []
+        self.buckets = make_buckets(params, bucket_bytes)   # given: params[::-1] in lists of >= bucket_bytes
         self.next, self.ready, self.pending, self.queued = 0, set(), [], False
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)

@@ -38,6 +38,13 @@ class SendsAfterBackward(DataParallel):
         self.ready.add(id(p))
 
 
+class ForwardOrder(DataParallel):
+    """Buckets in forward order: the first bucket is complete only when backward ends."""
+    def __init__(self, module, bucket_bytes):
+        super().__init__(module, bucket_bytes=bucket_bytes)
+        self.buckets.reverse()                  # the hooks wait on this very list
+
+
 class ForgetsToReset(DataParallel):
     """Leaves its state as the first backward left it: the second launches nothing."""
     def _finish(self):
@@ -50,6 +57,7 @@ PLANTED = {NoDivide: "SUM over the 2 ranks: divide by the world size",
            AveragesInStep: "still this rank's own",
            IgnoresBuckets: "all-reduces in one backward with bucket_bytes=26214400, expected 1",
            SendsAfterBackward: "every all-reduce started after the last gradient arrived",
+           ForwardOrder: "every all-reduce started after the last gradient arrived",
            ForgetsToReset: "backward 2 issued 0 all-reduces, the first 66: reset self.next"}
 
 

@@ -265,6 +265,7 @@ def fitting_table(rows: planner.Plan, top: int = 5, *, assumptions: bool = True)
         text = text[:text.index("assumptions:")] + [
             f"inputs: {a.nics_per_node} NIC(s) of {a.inter_bw_gbps:g} GB/s per node, {a.intra_bw_gbps:g} GB/s "
             f"inside a node, MFU {a.mfu:g}, overlap {a.overlap:.0%}"
+            + (f", {a.global_batch} sequences per step" if a.global_batch is not None else "")
             + (f", trainable {a.trainable:g}" if a.trainable < 1 else "")
             + ("; HSDP rows left out: on one node HSDP is ZeRO-3" if a.nodes == 1 else "")
             + "; every assumption: plan(...).assumptions.lines(), printed in appendix 11"]

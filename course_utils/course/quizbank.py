@@ -29,13 +29,7 @@ class NumberChoice(SingleChoice):
 def quiz_00() -> Quiz:
     ddp8 = model_states(7e9, world_size=8, stage=0, recipe="mixed")
     everything8 = model_states(7e9, world_size=8, stage=3, recipe="mixed")
-    budget = 80                                # GB per GPU, model states only
-    gpus = next(n for n in range(1, 1000)
-                if model_states(13e9, world_size=n, stage=3, recipe="mixed").total / GB <= budget)
-    whole = model_states(13e9, world_size=1, stage=0, recipe="mixed").total / GB
     grads_too = 4 * 7e9 / GB                   # 2 + 2: weights and gradients only
-    opt_only = next(n for n in range(1, 1000)  # only the optimizer's 12 bytes split (ZeRO-1)
-                    if model_states(13e9, world_size=n, stage=1, recipe="mixed").total / GB <= budget)
     return Quiz("00 orientation", [
         NumberChoice(
             "The course map drew a 7B-parameter model with mixed-precision Adam (2 + 2 + 12 bytes "
@@ -48,18 +42,6 @@ def quiz_00() -> Quiz:
                         f"the 16 bytes (the map's last column) profits from 8 GPUs: {everything8.total / GB:g} GB. "
                         f"({ddp8.total / GB / 2:g}: the 4-GPU figure halved; {grads_too:g}: the 2 + 2 "
                         "bytes of weights and gradients only.)",
-        ),
-        NumberChoice(
-            f"If all 16 bytes per parameter are split evenly over the GPUs (the map's last column), "
-            f"how many {budget} GB GPUs does a 13B-parameter model need, at least, for its model "
-            "states alone?",
-            gpus, [gpus - 1, 1, opt_only], "{}", kind="predict",
-            explanation=f"16 x 13e9 = {whole:g} GB in all; {whole:g} / {gpus - 1} = "
-                        f"{whole / (gpus - 1):.1f} GB is over {budget}, {whole:g} / {gpus} = "
-                        f"{whole / gpus:.1f} GB fits: {gpus} GPUs, with what is left for activations "
-                        f"and buffers. Plain DDP fits on no number of them: {whole:g} GB on every GPU. "
-                        f"({gpus - 1}: {whole / budget:.1f} rounded down; 1: only the 2 + 2 bytes of weights "
-                        f"and gradients; {opt_only}: only the optimizer's 12 bytes split.)",
         ),
         Numeric(
             "Section 3's hello() on 3 ranks instead of 4: each rank puts rank + 1 in a tensor and "
@@ -119,9 +101,6 @@ def quiz_03() -> Quiz:
     act = {(att, s): activation_bytes("gpt2-xl", micro_batch=1, seq=s, attention=att).total
            for att in ("standard", "flash") for s in (1024, 2048)}
     grow = act["standard", 2048] / act["standard", 1024]
-    xl = PRESETS["gpt2-xl"].num_params
-    fp32_grads = (model_states(xl, world_size=4, stage=2, recipe="mixed-fp32-grads").total
-                  - model_states(xl, world_size=4, stage=2, recipe="mixed").total)
     from ..theory.memory import block_terms
     blocks_grow = (sum(block_terms("gpt2-xl", micro_batch=1, seq=2048).values())
                    / sum(block_terms("gpt2-xl", micro_batch=1, seq=1024).values()))
@@ -165,14 +144,6 @@ def quiz_03() -> Quiz:
             + f". The same 16 bytes, but 8 of them sit in the fp32 parameters and gradients: ZeRO-1 "
             f"keeps both whole, ZeRO-2 the parameters; only {names[torch_fit]}, which shards everything, fits.",
             kind="compare"),
-        NumberChoice(f"gpt2-xl ({xl:,} parameters) with ZeRO-2 on 4 GPUs. Megatron-LM keeps the gradients "
-                     "in fp32 (2 + 4 + 12 bytes) instead of bf16 (2 + 2 + 12): predict how many GB per GPU "
-                     "that costs.", fp32_grads / GB, [2 * xl / GB, 4 * xl / 4 / GB, 2 * xl * 3 / 4 / GB],
-                     "{:.2f} GB", kind="predict",
-                     explanation=f"2 more bytes per parameter, but ZeRO-2 shards the gradients: 2 x {xl:,} / 4 = "
-                                 f"{fp32_grads / GB:.2f} GB per GPU, where unsharded (DDP) it costs "
-                                 f"{2 * xl / GB:.2f} GB. ({4 * xl / 4 / GB:.2f}: all 4 bytes counted, not the 2 "
-                                 f"more; {2 * xl * 3 / 4 / GB:.2f}: 3/4 of them, the part sharding saves.)"),
     ])
 
 
@@ -200,18 +171,11 @@ def quiz_01() -> Quiz:
                      "a", f"The sum is {summed}; each rank keeps its 1/N piece of it, rank 1 the "
                           "second half. An all-gather would then give everyone all 8: the all-reduce.",
                      kind="predict"),
-        Numeric("Ring all-reduce of a 1 GB message on 64 ranks: GB sent per rank?",
-                collective_bytes("all_reduce", m, 64) / 1e9, unit="GB", tol=0.05, minimum=0,
+        Numeric("Ring all-reduce of a 1 GB message on 64 ranks: GB sent per rank (two decimals)?",
+                collective_bytes("all_reduce", m, 64) / 1e9, unit="GB", tol=0.01, minimum=0,
                 explanation=f"2(N-1)/N x M = 2 x 63/64 GB = {collective_bytes('all_reduce', m, 64) / 1e9:.2f} "
                             "GB: just under 2M however many ranks; each rank's share of the work "
-                            "hardly grows with N.", kind="predict"),
-        NumberChoice("And a ring reduce-scatter of the same 1 GB on 8 ranks: GB sent per rank?",
-                     collective_bytes("reduce_scatter", m, 8) / 1e9,
-                     [collective_bytes("all_reduce", m, 8) / 1e9, m / 1e9, m / 8 / 1e9], "{:g} GB",
-                     explanation="(N-1)/N x M = 7/8 GB: each rank forwards N-1 chunks of M/N. gloo's wire "
-                                 "shows twice that (section 3.2): it runs a reduce-scatter as an all-reduce. "
-                                 "(1.75: an all-reduce's bytes; 1: the (N-1)/N forgotten; 0.125: the "
-                                 "chunk a rank keeps.)", kind="predict"),
+                            "hardly grows with N. (2.00: the (N-1)/N forgotten.)", kind="predict"),
         MultiChoice("In the alpha-beta model t = alpha x steps + bytes / bandwidth, which are true?",
                     ["Small messages are dominated by the latency term alpha",
                      "Large messages are dominated by the bandwidth term",
@@ -229,7 +193,6 @@ def quiz_02() -> Quiz:
 
     psi, steps = COURSE_CONFIG.num_params(), 5
     sent = {n: steps * comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (2, 4, 8)}
-    k = 4
     return Quiz("02 data parallelism", [
         SingleChoice("Four ranks each compute the mean loss on their 2 samples of an 8-sample global "
                      "batch. To match one process on all 8 samples, the gradients are...",
@@ -267,16 +230,6 @@ def quiz_02() -> Quiz:
                           f"printed {sent[4] / steps:,.0f} bytes per step for every bucket size on 4 ranks. Smaller "
                           "buckets pay alpha more often and start communicating sooner.",
                      kind="predict", printed="02"),
-        NumberChoice(f"Section 7 accumulated k micro-batches per step. Course GPT on 4 ranks, 4 micro-batches "
-                     "per step, DDP without `no_sync()`: predict the bytes rank 0 sends per optimizer step, "
-                     "in the ring model.", k * sent[4] / steps,
-                     [sent[4] / steps, k * 8 * psi, k * sent[4] / steps / 2], "{:,.0f} bytes", kind="predict",
-                     explanation=f"Every backward all-reduces every gradient: {k} x {sent[4] / steps:,.0f} = "
-                                 f"{k * sent[4] / steps:,.0f} bytes. With `no_sync()` the first {k - 1} backwards "
-                                 f"only add into .grad and the last sends the sum once: {sent[4] / steps:,.0f} "
-                                 f"bytes, the same result for a quarter of the traffic. ({k * 8 * psi:,}: "
-                                 f"2 x 4 bytes x Ψ per all-reduce, the (N-1)/N forgotten; "
-                                 f"{k * sent[4] / steps / 2:,.0f}: (N-1)/N x M, a reduce-scatter's bytes.)"),
     ])
 
 
@@ -341,17 +294,6 @@ def quiz_04() -> Quiz:
             "reduce-scatter hands each rank only the gradients it steps; torch's all-reduce hands every "
             "rank all of them, and it still has to send the updated parameters.",
             kind="compare", printed="04"),
-        NumberChoice(
-            "Instead of a reduce-scatter, the variant of section 3 all-reduces the gradient and keeps "
-            "its slice, then all-gathers as Zero1 does. On 4 ranks with the course GPT in fp32, ring "
-            "model: predict the variant's bytes per step divided by Zero1's.",
-            (ar + ag) / (rs + ag), [1, ar / rs, (rs + ag) / (ar + ag)], "{:.2f}", kind="predict",
-            explanation=f"Variant: all-reduce {ar:,.0f} + all-gather {ag:,.0f}; Zero1: reduce-scatter "
-                        f"{rs:,.0f} + all-gather {ag:,.0f}: {(ar + ag) / (rs + ag):g}x. On gloo's wire the "
-                        "two cost the same, because gloo's reduce-scatter is itself an all-reduce. "
-                        f"(1: gloo's wire, not the ring model; {ar / rs:g}: the all-gathers left out; "
-                        f"{(rs + ag) / (ar + ag):.2f}: the ratio upside down.)",
-        ),
         Numeric(
             "Section 6 measured ZeRO-1's optimizer bytes per rank on 1, 2 and 4 ranks. Predict them on 8 "
             f"ranks: the course GPT in fp32 with AdamW (Ψ = {psi:,} elements, padded to a multiple of 8).",
@@ -365,26 +307,12 @@ def quiz_04() -> Quiz:
 
 def quiz_05() -> Quiz:
     from ..theory.comm import collective_bytes
-    from ..theory.config import COURSE_CONFIG, PRESETS
+    from ..theory.config import COURSE_CONFIG
     from ..theory.layout import padded_numel
-    from ..theory.memory import activation_bytes, per_gpu
     from ..theory.zero import expected_comm_bytes
 
     psi = COURSE_CONFIG.num_params()
     peak_one = 4 * psi + 4 * padded_numel(psi, 2) // 2     # one bucket on 2 ranks (notebook 05 §4)
-    xl = PRESETS["gpt2-xl"].num_params
-    freed = (model_states(xl, world_size=8, stage=0, recipe="mixed-fp32-grads").total
-             - model_states(xl, world_size=8, stage=2, recipe="mixed-fp32-grads").total)
-    act = activation_bytes("gpt2-xl", micro_batch=1, seq=1024, attention="flash", cross_entropy="fused").total
-
-    def largest_batch(stage):           # appendix 09 §5's largest_batch, on 8 GPUs
-        mb = 0
-        while per_gpu("gpt2-xl", world_size=8, stage=stage, recipe="mixed-fp32-grads", micro_batch=mb + 1,
-                      seq=1024, attention="flash", cross_entropy="fused").total <= 80 * GB:
-            mb += 1
-        return mb
-
-    ddp_mb, z2_mb = largest_batch(0), largest_batch(2)
     k = 6                                                  # micro-batches, 2 ranks (notebook 05 §5: 4)
     acc = {m: sum(expected_comm_bytes([psi], 2, micro_batches=m).values()) for m in (4, k)}
     one = acc[k] // (k + 1)                                # one reduce-scatter or all-gather
@@ -435,18 +363,6 @@ def quiz_05() -> Quiz:
             "peak falls towards the shard. How gloo sends changes the bytes on the wire, not the "
             f"gradient bytes a rank holds, and there is no padding on 2 ranks ({psi:,} is even).",
             kind="explain"),
-        NumberChoice(
-            f"gpt2-xl (Ψ = {xl:,}) with fp32 gradients (2 + 4 + 12 bytes per parameter) on 8 GPUs: "
-            "how many GB per GPU does ZeRO-2 free for activations, compared with DDP?",
-            freed / GB, [16 * xl / GB, 12 * xl * 7 / 8 / GB, 16 * xl / 8 / GB], "{:.1f} GB", kind="predict",
-            explanation=f"ZeRO-2 shards the gradients and the optimizer states, 4 + 12 = 16 bytes: "
-                        f"16 x Ψ x 7/8 = {freed / GB:.1f} GB. A sequence of 1024 tokens costs "
-                        f"{act / GB:.2f} GB of activations (flash attention, fused cross-entropy), so about "
-                        f"{freed / act:.0f} more sequences fit per GPU. Appendix 09 §5's calculator printed "
-                        f"{ddp_mb} -> {z2_mb} on 8 GPUs of 80 GB. DDP's batch per GPU stays {ddp_mb} "
-                        f"whatever the number of GPUs. ({16 * xl / GB:.1f}: the 7/8 forgotten; "
-                        f"{12 * xl * 7 / 8 / GB:.1f}: the 12 optimizer bytes only, ZeRO-1; "
-                        f"{16 * xl / 8 / GB:.1f}: the 1/8 each GPU keeps.)", printed="09"),
     ])
 
 
@@ -465,15 +381,6 @@ def quiz_06() -> Quiz:
     target = 10                                # GB of model states per GPU
     enough, few, more = (next(n for n in range(1, 1000) if b * 7e9 / n / GB <= target) for b in (16, 12, 18))
     return Quiz("06 ZeRO-3", [
-        SingleChoice(
-            "In ZeRO-3, when does a rank hold a layer's full parameters?",
-            ["always", "only while that layer runs, gathered just before (forward and backward)",
-             "only during the optimizer step", "never: each rank computes with its shard only"],
-            "b", "ZeRO-3 all-gathers a unit's parameters when it is needed and frees them after, in "
-                 "forward and again in backward. The optimizer step needs only the shard; computing "
-                 "with the shard alone would need the activations exchanged instead (tensor "
-                 "parallelism).", kind="recall",
-        ),
         Numeric("The course GPT with 8 blocks instead of 4 (the root still gathered once): "
                 "all-gathers per step?", deeper["all_gather"], tol=0, minimum=0, kind="predict",
                 explanation=f"2L + 1 with L = 8: each block in forward and again in backward, the root "
@@ -513,7 +420,6 @@ def quiz_07() -> Quiz:
 
     blocks = 12                                # a deeper GPT than the course's 4 blocks
     full = calls_per_step(blocks)
-    zero2 = calls_per_step(blocks, reshard_after_forward=False)
     course = calls_per_step(4)
     return Quiz("07 FSDP in PyTorch", [
         Numeric(f"A GPT of {blocks} blocks: fully_shard on each block, then on the root (kept gathered "
@@ -522,14 +428,6 @@ def quiz_07() -> Quiz:
                 explanation=f"Each block twice (forward, then again for backward), the root once: "
                             f"2 x {blocks} + 1 = {full['all_gather']}; the course GPT's 4 blocks: "
                             f"{course['all_gather']}, as the course's zero3."),
-        NumberChoice("The same with reshard_after_forward=False on the blocks (FSDP1's SHARD_GRAD_OP)?",
-                     zero2["all_gather"], [blocks, full["all_gather"], 2 * (blocks + 1)], "{}", kind="compare",
-                     explanation=f"Once per unit: {zero2['all_gather']}. The all-gather bytes drop by almost "
-                                 "half (each block gathered once instead of twice); all the bytes, with the "
-                                 "reduce-scatters, by about a third (1.47x DDP to 1x in the ring model). The "
-                                 f"price: the gathered blocks stay alive until their backward. ({blocks}: the "
-                                 f"root forgotten; {full['all_gather']}: the flag taken to change nothing; "
-                                 f"{2 * (blocks + 1)}: every unit, root included, gathered twice.)"),
         SingleChoice("Why does the plain torch.nn.utils.clip_grad_norm_ clip FSDP2's sharded "
                      "gradients to the right global norm?",
                      ["The gradients are DTensors: the squared norms of the shards are all-reduced",
@@ -591,16 +489,6 @@ def quiz_08() -> Quiz:
                           "two phases one after the other. On B, every byte that leaves the node goes "
                           "through one card, and full sharding sends about twice HSDP's.",
                      kind="compare", printed="08"),
-        SingleChoice("DeepSpeed accepts offload_param (parameters to CPU or NVMe) only with "
-                     '"stage": 3. Why not with stage 1 or 2?',
-                     ["In stages 1 and 2 every GPU keeps the full parameters for its forward and "
-                      "backward: there is no shard to page in and out one unit at a time",
-                      "Stages 1 and 2 use fp32 parameters, which cannot be offloaded",
-                      "Offloading needs NVMe, which only stage 3 supports",
-                      "It is a missing feature: stage 2 would save the same memory"],
-                     "a", "Stage 3 already fetches each unit's parameters just before it runs and drops "
-                          "them after; offloading only changes where the shard lives between uses. Stages "
-                          "1 and 2 compute with parameters that stay whole on the GPU.", kind="explain"),
         SingleChoice("Section 5's uneven data again, but the model is wrapped with fully_shard (notebook "
                      "07) instead of torch DDP: rank 1 has one batch fewer. Where does rank 0 wait?",
                      ["In backward, in the gradient all-reduce, as with DDP",

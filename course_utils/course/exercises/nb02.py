@@ -112,7 +112,8 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                            f"expected {expected_calls}: " + ("one per trainable parameter"
                                                              if bucket_bytes == 0 else
                                                              "one bucket holds the whole model"))
-            if not problem and calls and issued and not issued[-1]:
+            early = issued[-2] if bucket_bytes == 0 and len(issued) > 1 else (issued[-1] if issued else 1)
+            if not problem and calls and not early:
                 problem = ("every all-reduce started after the last gradient arrived: nothing overlapped "
                            "backward; launch each bucket from _on_grad as soon as it is complete, in "
                            "backward's order (buckets from params[::-1])")
