@@ -1,6 +1,7 @@
 """Capstone 08.2: the learner computes each option's memory per GPU from the model-state
 formulas and picks a strategy; both are graded against the planner."""
 import pytest
+from toys import answer
 
 from course_utils.course.exercises import Verdict
 from course_utils.course.exercises.nb08 import (CAPSTONE_SCENARIOS, Scenario, check_capstone,
@@ -56,7 +57,7 @@ def test_the_solution_and_the_planner_pass(capsys):
     verdict = check_capstone(choose_solution)
     assert isinstance(verdict, Verdict) and verdict
     out = capsys.readouterr().out
-    assert out.count("memory right") == 3 and "3 of 3 scenarios right" in out
+    assert out.count("memory right") == 5 and "5 of 5 scenarios right" in out
     assert check_capstone(lambda s: (reference_choice(s), reference_gb(s, reference_choice(s))))
     assert check_capstone(lambda s: {"choice": reference_choice(s),
                                      "gb_per_gpu": reference_gb(s, reference_choice(s))})
@@ -65,16 +66,16 @@ def test_the_solution_and_the_planner_pass(capsys):
 def test_wrong_memory_or_wrong_choice_is_reported_per_scenario(capsys):
     stub = check_capstone(lambda s: ("DDP", 0.0))
     out = capsys.readouterr().out
-    assert not stub and len(out.splitlines()) == 4 and "0 of 3 scenarios right" in out
-    assert out.count("memory differs") == 3 and "does not fit" in out and "model states" in out
+    assert not stub and len(out.splitlines()) == 6 and "0 of 5 scenarios right" in out
+    assert out.count("memory differs") == 5 and "does not fit" in out and "model states" in out
     # right choice, memory off by 5 %: not right
     assert not check_capstone(lambda s: (reference_choice(s), 1.05 * reference_gb(s, reference_choice(s))))
-    assert capsys.readouterr().out.count("choice right") == 3
+    assert capsys.readouterr().out.count("choice right") == 5
     # right memory of a slow option: the choice differs, with the times
     slow = planner.Choice("ZeRO-3", "optimizer+params", True)
     assert not check_capstone(lambda s: (slow, reference_gb(s, slow)))
     out = capsys.readouterr().out
-    assert out.count("memory right") == 3 and "s per step" in out
+    assert out.count("memory right") == 5 and "s per step" in out
 
 
 def test_bad_answers_get_a_clear_line(capsys):
@@ -85,11 +86,11 @@ def test_bad_answers_get_a_clear_line(capsys):
     assert "RuntimeError: oops" in capsys.readouterr().out
     assert not check_capstone(lambda s: planner.Choice("ZeRO-1"))          # no memory number
     assert "return a pair (choice, gb_per_gpu)" in capsys.readouterr().out
-    assert not check_capstone(lambda s: ("HSDP", 10.0))                    # scenarios 0 and 2: one node
+    assert not check_capstone(lambda s: ("HSDP", 10.0))                    # scenarios 0 and 4: one node
     assert "HSDP needs more than one node" in capsys.readouterr().out
     assert not check_capstone("ZeRO-3")
     assert not check_capstone(lambda s: None)                             # the notebook's stub
-    assert capsys.readouterr().out.count("no answer yet (None)") == 3
+    assert capsys.readouterr().out.count("no answer yet (None)") == 5
 
 
 def test_the_scenario_gives_numbers_not_the_planner():
@@ -104,3 +105,27 @@ def test_the_scenario_gives_numbers_not_the_planner():
     with pytest.raises(TypeError):
         reference_plan("7B on one DGX")
     assert isinstance(s, Scenario)
+
+
+def _first_fit(s, strategies):
+    return answer("08.2")[0]["first_fit"](s, strategies)
+
+
+def _few_nics(s):
+    return s.nodes > 1 and s.nics_per_node is not None and s.nics_per_node < s.gpus_per_node
+
+
+def test_step_two_is_graded(capsys):
+    """The few-NIC rule, read wrong, fails a scenario: ZeRO-2 left with the strategies tried first
+    (13B on 2 nodes), HSDP tried before ZeRO-1 (7B on 2 nodes), one reordered list (70B)."""
+    flat = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
+    wrong = {"13B on 2 nodes": lambda s: (_first_fit(s, ["DDP", "ZeRO-1", "ZeRO-2", "HSDP"])
+                                          or _first_fit(s, ["ZeRO-3"])) if _few_nics(s) else _first_fit(s, flat),
+             "7B on 2 nodes": lambda s: (_first_fit(s, ["HSDP", "DDP", "ZeRO-1"])
+                                         or _first_fit(s, ["ZeRO-2", "ZeRO-3"])) if _few_nics(s) else _first_fit(s, flat),
+             "70B on 4 nodes": lambda s: _first_fit(s, ["DDP", "ZeRO-1", "HSDP", "ZeRO-2", "ZeRO-3"])
+             if _few_nics(s) else _first_fit(s, flat)}
+    for scenario, choose in wrong.items():
+        assert not check_capstone(choose), scenario
+        failed = [line for line in capsys.readouterr().out.splitlines() if "choice differs" in line]
+        assert failed and all(scenario in line for line in failed), (scenario, failed)

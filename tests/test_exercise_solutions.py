@@ -51,3 +51,21 @@ def test_the_notebooks_point_to_the_answers():
         cells = json.loads(p.read_text(encoding="utf-8"))["cells"]
         assert not any("".join(c["source"]).startswith("# Solution") for c in cells), \
             f"{p.name} prints an answer under its exercise: move it to solutions/"
+
+
+def test_every_stuck_pointer_has_solution_imported_before_it():
+    """A learner who types the "Stuck?" line's ``solution(...)`` gets the answer, not a NameError:
+    a code cell above it imports ``solution``."""
+    import json
+
+    from course_utils.course.badges import notebook_paths
+
+    for path in notebook_paths():
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        imported = False
+        for cell in cells:
+            text = "".join(cell["source"])
+            if cell["cell_type"] == "code" and "import" in text and "solution" in text.split("import", 1)[1]:
+                imported = True
+            if cell["cell_type"] == "markdown" and "`solution(" in text:
+                assert imported, f"{path.name}: a cell says {text[:60]!r} before any cell imports solution"

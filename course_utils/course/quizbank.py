@@ -343,7 +343,7 @@ def quiz_05() -> Quiz:
             printed="05"),
         Numeric(
             f"Course GPT (Ψ = {psi:,}), fp32: section 3 measured the gradient bytes each of 4 ranks keeps "
-            "after optimizer.step(). Predict them on 8 ranks.",
+            "after optimizer.step(). Predict them on 8 ranks (the buffer padded to a multiple of 8).",
             4 * padded_numel(psi, 8) / 8, unit="bytes", tol=0.5, minimum=0, kind="predict",
             explanation=f"Ψ padded to a multiple of 8 is {padded_numel(psi, 8):,}; 4 bytes x "
                         f"{padded_numel(psi, 8):,} / 8 = {4 * padded_numel(psi, 8) // 8:,} bytes, the shard's "
