@@ -99,6 +99,24 @@ def test_bad_arguments_fail_clearly(capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--strategy", "ddp", "--steps", "0"])
     assert "--steps must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.parse_args(["--strategy", "ddp", "--shards", "8"])
+    assert "--shards is for torch-hsdp, not 'ddp'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.parse_args(["--strategy", "torch-hsdp", "--shards", "0"])
+    assert "--shards must be >= 1" in capsys.readouterr().err
+    assert train.parse_args(["--strategy", "torch-hsdp", "--shards", "8"]).shards == 8
+
+
+def test_the_help_commands_divide_their_global_batch():
+    """Each torchrun line of --help gives a global batch its ranks divide (16 ranks: not 12)."""
+    import re
+    for block in re.split(r"\n  (?=\S)", train._EPILOG):
+        ranks = re.search(r"--nproc-per-node (\d+)", block)
+        if ranks:
+            nodes = int(m.group(1)) if (m := re.search(r"--nnodes (\d+)", block)) else 1
+            batch = re.search(r"--global-batch (\d+)", block)
+            assert int(batch.group(1) if batch else 12) % (nodes * int(ranks.group(1))) == 0, block
 
 
 MULTINODE = ("torch-hsdp", "torch-fsdp")
@@ -163,7 +181,8 @@ def two_nodes(tmp_path_factory):
                 sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                 "--rdzv-conf", "join_timeout=60", "--local-addr", "127.0.0.1",
-                *train, "--strategy", strategy, "--json", str(tmp / f"{strategy}-{node}.json")]
+                *train, "--strategy", strategy, "--json", str(tmp / f"{strategy}-{node}.json"),
+                *(["--shards", "2"] if strategy == "torch-hsdp" else [])]     # one node's 2 ranks
     runs = _run_all(cmds, env, tmp, timeout=240)
     for name, (code, _, err) in runs.items():
         assert code == 0, (name, code, err[-3000:])

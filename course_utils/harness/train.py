@@ -30,13 +30,14 @@ commands:
   two nodes of 8 GPUs (run on each node; --node-rank 0 on HOST, 1 on the other):
     torchrun --nnodes 2 --nproc-per-node 8 --node-rank R \\
              --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-             -m course_utils.harness.train --strategy ddp --steps 20
+             -m course_utils.harness.train --strategy torch-hsdp --shards 8 \\
+             --global-batch 32 --steps 20
   one process, no torchrun:
     python -m course_utils.harness.train --strategy single --steps 20
 
 Each rank uses NCCL on GPU LOCAL_RANK when the node has a GPU per local rank,
 gloo on CPU (one thread per rank) otherwise. The global batch does not depend on
-the number of ranks: it must be divisible by it (12 rows: 1, 2, 3, 4, 6, 12 ranks).
+the number of ranks: it must be divisible by it (default 12 rows: 1, 2, 3, 4, 6, 12 ranks).
 """
 
 
@@ -62,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help=f"override the config's {field}")
     p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES,
                    help="gradient bucket size of the bucketed strategies (0: one per parameter)")
+    p.add_argument("--shards", type=int, default=None,
+                   help="torch-hsdp: ranks each model copy is sharded over (default 2; on a cluster, "
+                        "the GPUs of one node, so that the all-gathers stay on NVLink)")
     p.add_argument("--no-overlap", action="store_true",
                    help='"ddp": communicate in step(), not during backward')
     p.add_argument("--log-every", type=int, default=1, help="log every N steps (default 1)")
@@ -75,6 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, least in (("steps", 1), ("global_batch", 1), ("log_every", 1), ("seed", 0), ("bucket_bytes", 0)):
         if getattr(args, name) < least:
             p.error(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
+    if args.shards is not None:
+        if "shards" not in strategies.get(args.strategy).options:
+            p.error(f"--shards is for torch-hsdp, not {args.strategy!r}")
+        if args.shards < 1:
+            p.error(f"--shards must be >= 1, got {args.shards}")
     try:
         args.model_config = model_config(args)
     except (TypeError, ValueError) as e:
@@ -149,8 +158,9 @@ def main(argv=None) -> int:
                    f"global batch {args.global_batch} ({rows} rows per rank), {args.steps} steps")
         model = build_model(config, seed=args.seed, device=device)
         data = SyntheticData(config, global_batch=args.global_batch, seed=args.seed)
-        options = {k: v for k, v in (("bucket_bytes", args.bucket_bytes), ("overlap", not args.no_overlap))
-                   if k in spec.options}          # the flags a strategy has no use for are ignored
+        options = {k: v for k, v in (("bucket_bytes", args.bucket_bytes), ("overlap", not args.no_overlap),
+                                     ("shards", args.shards))
+                   if k in spec.options and v is not None}          # the flags a strategy has no use for are ignored
         model, optimizer = experiments.wrap(args.strategy, model, experiments.make_adamw, **options)
         losses, times = [], []
         with CommLedger() as ledger:

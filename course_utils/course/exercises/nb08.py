@@ -141,6 +141,9 @@ CAPSTONE_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("7B on 2 nodes, one NIC per node", "Llama-2-7B, 2 nodes x 8 x 80 GB, one 25 GB/s NIC per "
              "node, seq 4096, 512 sequences per step",
              "llama-2-7b", 80.0, 8, 2, 450.0, 25.0, 4096, 512, 2048.0, nics_per_node=1),
+    Scenario("70B on 2 nodes, a NIC per GPU", "Llama-2-70B, 2 nodes x 8 x 40 GB, one 50 GB/s NIC per GPU, "
+             "seq 4096, 256 sequences per step",
+             "llama-2-70b", 40.0, 8, 2, 450.0, 50.0, 4096, 256, 2048.0),
     Scenario("13B on one 24 GB GPU", "Llama-2-13B on a single 24 GB GPU with 256 GB of host memory, "
              "seq 4096, 8 sequences per step", "llama-2-13b", 24.0, 1, 1, 450.0, 50.0, 4096, 8, 256.0),
 )
