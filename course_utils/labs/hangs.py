@@ -39,7 +39,7 @@ from ..theory.config import COURSE_CONFIG
 __all__ = ["DEFAULT_TIMEOUT_S", "SCENARIOS", "Scenario", "Outcome", "RankState", "Diagnosis", "FixedRun",
            "skipped_collective", "skipped_collective_fixed", "uneven_batches", "uneven_batches_fixed",
            "shape_mismatch", "shape_mismatch_fixed", "collective_order", "collective_order_fixed",
-           "run_broken", "diagnose", "run_fixed", "detail_message", "clean_message", "check_hang_fix",
+           "run_broken", "diagnose", "run_fixed", "detail_message", "clean_message", "check_hang_fix", "graded_rank",
            "rank_batches", "ddp_steps", "order_tensors", "sync_one"]
 
 DEFAULT_TIMEOUT_S = 5.0   # seconds a broken run may take before the launcher kills it
@@ -530,12 +530,12 @@ def check_hang_fix(name: str, fn: Callable):
     rank's value compared with the fixed version's; a Verdict (a hang is reported, never raised)."""
     spec = _scenario(name)
     variant = (spec.variants or (None,))[0]
-    graded = functools.partial(_graded_rank, fn) if callable(fn) else fn
+    graded = functools.partial(graded_rank, fn) if callable(fn) else fn
     return grade_on_ranks(graded, lambda r, n: spec.expected(r, n, variant), world_sizes=(2, 3),
                           name=f"your fix of {name}", atol=spec.atol, timeout_s=20)
 
 
-def _graded_rank(fn: Callable):
+def graded_rank(fn: Callable):
     """Without the crash handler a forked rank may inherit (pytest's prints the parent's stack)."""
     faulthandler.disable()
     return fn()

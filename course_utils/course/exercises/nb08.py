@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import faulthandler
 import functools
 import io
 import math
 from typing import Callable
 
 from ...harness.grading import Verdict, brief, compare_brief, judge_on_ranks, refuse_non_function
-from ...labs.hangs import SCENARIOS
+from ...labs.hangs import SCENARIOS, graded_rank
 from ...runtime.fmt import plural
 from ...theory.config import preset
 from ...theory.memory import GB
@@ -19,13 +18,12 @@ from ...theory.planner import NEAR_TIE, Choice, Plan, as_choice, plan, recommend
 __all__ = ["check_skipped_collective", "Scenario", "reference_plan", "reference_choice", "reference_gb", "check_capstone",
            "CAPSTONE_SCENARIOS", "MEMORY_TOLERANCE"]
 
+
 def _printing(fn: Callable):
-    """On a rank: ``fn()``'s value and what it printed (without the crash handler a forked rank
-    may inherit: pytest's prints the parent's stack)."""
-    faulthandler.disable()
+    """On a rank: ``fn()``'s value, as the hang exercises run it, and what it printed."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        value = fn()
+        value = graded_rank(fn)
     return value, out.getvalue().strip()
 
 
