@@ -144,6 +144,13 @@ def quiz_03() -> Quiz:
             + f". The same 16 bytes, but 8 of them sit in the fp32 parameters and gradients: ZeRO-1 "
             f"keeps both whole, ZeRO-2 the parameters; only {names[torch_fit]}, which shards everything, fits.",
             kind="compare"),
+        MultiChoice("Which of these reduce activation memory per GPU?",
+                    ["ZeRO-3", "Activation recomputation", "A fused (flash) attention kernel",
+                     "A smaller micro-batch"],
+                    "b,c,d",
+                    "ZeRO shards model states, not activations: each rank's activations come from its "
+                    "own data and are not redundant. Recomputation, flash attention and smaller "
+                    "micro-batches all shrink them.", kind="explain"),
     ])
 
 
