@@ -45,3 +45,19 @@ def test_collective_names_are_those_of_this_torch():
     assert hasattr(dist, compat.ALL_GATHER_NAME) and hasattr(dist, compat.REDUCE_SCATTER_NAME)
     assert compat.HAS_SINGLE_NAMES == (compat.ALL_GATHER_NAME == "all_gather_single")
     assert torch.__version__ >= "2.13" or not compat.HAS_SINGLE_NAMES
+
+
+def test_fsdp2_param_group_reads_both_torch_layouts(monkeypatch):
+    """torch 2.13 keeps a list of param groups on a fully_shard state, torch 2.11 (Colab's) one
+    group or None: both give the unit's group (07's labs read it on Colab's torch)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import fully_shard
+
+    group = object()
+    for state, want in ((SimpleNamespace(_fsdp_param_groups=[group]), group),
+                        (SimpleNamespace(_fsdp_param_groups=[]), None),
+                        (SimpleNamespace(_fsdp_param_group=group), group),
+                        (SimpleNamespace(_fsdp_param_group=None), None)):
+        monkeypatch.setattr(fully_shard, "state", lambda module, s=state: s)
+        assert compat.fsdp2_param_group(torch.nn.Linear(1, 1)) is want

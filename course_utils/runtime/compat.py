@@ -95,7 +95,9 @@ def fsdp2_param_group(module):
     state = fully_shard.state(module)
     if state is None:
         return None
-    groups = state._fsdp_param_groups           # torch >= 2.10 (MIN_TORCH): a list
+    groups = getattr(state, "_fsdp_param_groups", None)   # torch 2.13: a list
+    if groups is None:                                   # torch 2.11 (Colab's): one group or None
+        return state._fsdp_param_group
     return groups[0] if groups else None
 
 
