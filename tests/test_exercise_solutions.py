@@ -13,7 +13,7 @@ FILES = sorted(p for p in SOLUTIONS.glob("*.py") if "." in p.stem)     # the bui
 def test_every_core_exercise_has_its_answer():
     assert sorted(p.stem for p in SOLUTIONS.glob("*.py") if p not in FILES) == ["ddp", "zero1", "zero2", "zero3"]
     names = [p.stem for p in FILES]
-    assert names == ["00.1", "00.2", "01.1", "01.2", "02.1", "03.1", "03.2", "04.1",
+    assert names == ["00.1", "01.1", "01.2", "02.1", "03.1", "04.1",
                      "07.1", "08.1", "08.2"]
 
 
@@ -69,3 +69,32 @@ def test_every_stuck_pointer_has_solution_imported_before_it():
                 imported = True
             if cell["cell_type"] == "markdown" and "`solution(" in text:
                 assert imported, f"{path.name}: a cell says {text[:60]!r} before any cell imports solution"
+
+
+def test_every_build_has_a_hint_that_is_not_its_answer(capsys):
+    """``hint(build)`` says where learners get stuck without handing over the code: no line of the
+    answer's TODO bodies appears in it; each build's notebook points to it after importing it."""
+    import json
+
+    from course_utils.course.badges import ROOT
+    from course_utils.course.exercises import BUILDS, hint
+    from course_utils.course.exercises.solutions import HINTS
+
+    assert sorted(HINTS) == sorted(BUILDS)
+    for name in BUILDS:
+        hint(name)
+        text = capsys.readouterr().out
+        assert text.strip() == HINTS[name] and len(text.splitlines()) >= 5
+        answer = (SOLUTIONS / f"{name}.py").read_text(encoding="utf-8").splitlines()
+        code = [l.strip() for l in answer if len(l.strip()) > 25 and not l.strip().startswith(("#", "def ", "class "))]
+        assert not [l for l in code if l in text], name
+    with pytest.raises(ValueError, match="known build exercises: ddp"):
+        hint("02.1")
+    for p in (ROOT / "notebooks").glob("0[2-6]_*.ipynb"):
+        cells = [("".join(c["source"]), c["cell_type"]) for c in json.loads(p.read_text(encoding="utf-8"))["cells"]]
+        points = [i for i, (t, kind) in enumerate(cells) if kind == "markdown" and "`hint(" in t]
+        imports = [i for i, (t, kind) in enumerate(cells) if kind == "code" and ", hint, solution" in t]
+        if p.name.startswith("03"):
+            assert not points
+            continue
+        assert len(points) == 1 and imports and imports[0] < points[0], p.name

@@ -51,17 +51,6 @@ def quiz_00() -> Quiz:
                         "1 + 2 + 3 = 6, on all 3 ranks, not only rank 0.",
         ),
         SingleChoice(
-            "A `%%ranks 3` cell ends with `result = rank * 10`. What is `result` in the notebook "
-            "after the cell has run?",
-            ["[0, 10, 20]: one entry per rank, in rank order",
-             "20: the value of the last rank to finish",
-             "0: rank 0's value, as torchrun would print it",
-             "30: the ranks' values are summed"],
-            "a",
-            "Whatever each rank assigns to result comes back as a list indexed by rank. Nothing is "
-            "combined across ranks unless the cell itself calls a collective.", kind="predict",
-        ),
-        SingleChoice(
             "Four processes started by hand (nothing watches them) train together. Rank 2 raises "
             "an error just before an all-reduce that ranks 0, 1 and 3 are already waiting in. "
             "What do ranks 0, 1 and 3 do?",
@@ -94,10 +83,6 @@ def quiz_03() -> Quiz:
     z2_gpus = next(n for n in range(1, 1000)
                    if model_states(7e9, world_size=n, stage=2, recipe="mixed").total / GB <= small)
     whole7 = model_states(7e9, recipe="mixed")
-    budget = 40
-    torch_fit = next(st for st in range(4)
-                     if model_states(7e9, world_size=4, stage=st, recipe="torch-amp").total / GB <= budget)
-    amp = {st: model_states(7e9, world_size=4, stage=st, recipe="torch-amp").total / GB for st in range(4)}
     act = {(att, s): activation_bytes("gpt2-xl", micro_batch=1, seq=s, attention=att).total
            for att in ("standard", "flash") for s in (1024, 2048)}
     grow = act["standard", 2048] / act["standard", 1024]
@@ -134,16 +119,6 @@ def quiz_03() -> Quiz:
                                  f"quadratic; {blocks_grow:.2f}x: the blocks alone, s·b·h·(34 + 5·a·s/h), the "
                                  f"logits, linear in s, forgotten; {per_token:.2f}x: the bracket alone, the "
                                  "s in front of it forgotten.)"),
-        SingleChoice(
-            f"7B parameters on 4 GPUs of {budget} GB: with DeepSpeed's layout ZeRO-2 fits. With "
-            "torch's mixed-precision layout (torch-amp: fp32 parameters and gradients, 16-bit only "
-            "inside forward and backward), which is the least sharding that fits, counting model "
-            "states only?",
-            names, "abcd"[torch_fit],
-            "torch-amp per GPU: " + ", ".join(f"{names[st]} {amp[st]:g} GB" for st in range(4))
-            + f". The same 16 bytes, but 8 of them sit in the fp32 parameters and gradients: ZeRO-1 "
-            f"keeps both whole, ZeRO-2 the parameters; only {names[torch_fit]}, which shards everything, fits.",
-            kind="compare"),
         MultiChoice("Which of these reduce activation memory per GPU?",
                     ["ZeRO-3", "Activation recomputation", "A fused (flash) attention kernel",
                      "A smaller micro-batch"],
@@ -165,13 +140,6 @@ def quiz_01() -> Quiz:
     summed = [a + b for a, b in zip(*start)]
     keeps = summed[4:]                                                # rank 1's half of the sum
     return Quiz("01 collectives", [
-        NumberChoice("Section 1.2's all-reduce on 3 ranks instead of 4 (rank r starts with [10r, 10r+1, "
-                     "...]): rank 2's first element afterwards?",
-                     sum(10 * r for r in range(3)), [20, sum(10 * r for r in range(4)), 10], "{}",
-                     kind="predict",
-                     explanation=f"Every rank gets the elementwise sum, not only rank 0: 0 + 10 + 20 = "
-                                 f"{sum(10 * r for r in range(3))}. (20: rank 2's own value, as if only "
-                                 "rank 0 received the sum; 60: the sum over 4 ranks; 10: the mean.)"),
         SingleChoice("Section 1.3's reduce-scatter on 2 ranks (rank r holds [10r, ..., 10r+7]): "
                      "what does rank 1 keep?",
                      [str(keeps), str(summed[:4]), str(start[1][4:]), "all 8 sums"],
@@ -226,17 +194,6 @@ def quiz_02() -> Quiz:
                             f"Section 5 printed {sent[2]:,.0f} on 2 ranks and {sent[4]:,.0f} on 4: the bytes "
                             f"per rank grow with N towards 2 x 4 x Ψ per step, they do not shrink.",
                 printed="02"),
-        SingleChoice("Section 6 sent the course GPT's gradients in 7 buckets of 64 KiB. With 16 KiB "
-                     "buckets instead, what changes per step?",
-                     ["More all-reduce calls, the same bytes: more latency terms, and the first bucket "
-                      "can leave earlier in backward",
-                      "Fewer bytes: each bucket is smaller",
-                      "Fewer all-reduce calls: small buckets are merged",
-                      "Nothing: the bucket size only matters on a GPU"],
-                     "a", "Every gradient is all-reduced exactly once whatever the buckets: section 6 "
-                          f"printed {sent[4] / steps:,.0f} bytes per step for every bucket size on 4 ranks. Smaller "
-                          "buckets pay alpha more often and start communicating sooner.",
-                     kind="predict", printed="02"),
     ])
 
 
@@ -255,9 +212,6 @@ def quiz_04() -> Quiz:
           for r in ("mixed", "fp32") for st in (0, 1)}
     m8 = 4 * psi                                         # the fp32 gradient, bytes
     ar8, ag8 = (collective_bytes(op, m8, 8) for op in ("all_reduce", "all_gather"))
-    ar, rs, ag = (collective_bytes(op, m8, 4) for op in ("all_reduce", "reduce_scatter", "all_gather"))
-    ar2, rs2 = collective_bytes("all_reduce", m8, 2), collective_bytes("reduce_scatter", m8, 2)
-    steps = 5                                            # notebook 04 §7's run
     return Quiz("04 ZeRO-1", [
         SingleChoice(
             "Section 1 printed ZeRO-1 on 4 GPUs for 7B parameters: mixed precision falls from "
@@ -286,21 +240,6 @@ def quiz_04() -> Quiz:
                         f"(2: the all-gather counted as an all-reduce; {(ar8 + m8) / ar8:.2f}: its (N-1)/N "
                         "forgotten.)",
         ),
-        SingleChoice(
-            "On 2 ranks, section 7's torch ZeroRedundancyOptimizer and the course's Zero1 give the same "
-            "losses. Which sends more bytes per step, in the ring model?",
-            ["ZeroRedundancyOptimizer, about 1.5x: a full gradient all-reduce, then each owner "
-             "broadcasts its parameters",
-             "Zero1: its all-gather sends every shard to every rank",
-             "The same bytes: both are ZeRO-1",
-             "ZeroRedundancyOptimizer sends half: it shards whole parameters, so nothing is padded"],
-            "a",
-            f"In {steps} steps section 7 printed torch's {steps * ar2:,.0f} bytes of all-reduce plus about half "
-            f"as much again in broadcasts, against Zero1's {2 * steps * rs2:,.0f} of reduce-scatter and "
-            "all-gather together (section 6). Zero1's "
-            "reduce-scatter hands each rank only the gradients it steps; torch's all-reduce hands every "
-            "rank all of them, and it still has to send the updated parameters.",
-            kind="compare", printed="04"),
         Numeric(
             "Section 6 measured ZeRO-1's optimizer bytes per rank on 1, 2 and 4 ranks. Predict them on 8 "
             f"ranks: the course GPT in fp32 with AdamW (Ψ = {psi:,} elements, padded to a multiple of 8).",
@@ -313,17 +252,11 @@ def quiz_04() -> Quiz:
 
 
 def quiz_05() -> Quiz:
-    from ..theory.comm import collective_bytes
     from ..theory.config import COURSE_CONFIG
     from ..theory.layout import padded_numel
-    from ..theory.zero import expected_comm_bytes
 
     psi = COURSE_CONFIG.num_params()
     peak_one = 4 * psi + 4 * padded_numel(psi, 2) // 2     # one bucket on 2 ranks (notebook 05 §4)
-    k = 6                                                  # micro-batches, 2 ranks (notebook 05 §5: 4)
-    acc = {m: sum(expected_comm_bytes([psi], 2, micro_batches=m).values()) for m in (4, k)}
-    one = acc[k] // (k + 1)                                # one reduce-scatter or all-gather
-    nosync = collective_bytes("all_reduce", 4 * psi, 2)         # one all-reduce per step
     return Quiz("05 ZeRO-2", [
         SingleChoice(
             "Why can ZeRO-1 not free the full gradients during backward, while ZeRO-2 can?",
@@ -337,17 +270,6 @@ def quiz_05() -> Quiz:
                  "step() needs the whole flat gradient as input; ZeRO-2 moves the same reduce-scatter "
                  "into backward, bucket by bucket, so a bucket's full gradients can go once it is sent.",
             kind="explain"),
-        NumberChoice(
-            f"Section 5 accumulated 4 micro-batches on 2 ranks. Predict ZeRO-2's bytes per optimizer "
-            f"step with {k} micro-batches, in the ring model (one rank, the course GPT in fp32).",
-            acc[k], [k * one, 2 * one, 2 * acc[k]], "{:,} bytes", kind="predict",
-            explanation=f"One reduce-scatter per micro-batch and one all-gather per step: "
-                        f"{k} x {one:,} + {one:,} = {acc[k]:,} bytes. Section 5 "
-                        f"printed {acc[4]:,} for 4 micro-batches, and {nosync:,.0f} for DDP with no_sync, which "
-                        f"stays {nosync:,.0f} whatever k: ZeRO-2 pays for its smaller gradients in traffic. "
-                        f"({k * one:,}: the all-gather forgotten; {2 * one:,}: one reduce-scatter per "
-                        f"step, as with no_sync; {2 * acc[k]:,}: the (N-1)/N forgotten.)",
-            printed="05"),
         Numeric(
             f"Course GPT (Ψ = {psi:,}), fp32: section 3 measured the gradient bytes each of 4 ranks keeps "
             "after optimizer.step(). Predict them on 8 ranks (the buffer padded to a multiple of 8).",
@@ -379,14 +301,9 @@ QUIZZES["05"] = quiz_05
 
 def quiz_06() -> Quiz:
     from ..theory.comm import collective_calls, comm_volume
-    from ..theory.timeline import predicted_timeline
 
     deeper = collective_calls(3, num_layers=8 + 1, skip_last_regather=True)   # 8 blocks + the root
     wide = {s: comm_volume(7e9, world_size=64, stage=s)["total"] for s in (0, 3)}
-    peak = {p: max(e["alive_bytes"] for e in predicted_timeline(2, prefetch=p)) for p in (False, True)}
-    states = model_states(7e9, world_size=4, stage=3, recipe="mixed")
-    target = 10                                # GB of model states per GPU
-    enough, few, more = (next(n for n in range(1, 1000) if b * 7e9 / n / GB <= target) for b in (16, 12, 18))
     return Quiz("06 ZeRO-3", [
         Numeric("The course GPT with 8 blocks instead of 4 (the root still gathered once): "
                 "all-gathers per step?", deeper["all_gather"], tol=0, minimum=0, kind="predict",
@@ -400,22 +317,13 @@ def quiz_06() -> Quiz:
                                  "so the ratio does not depend on N. (1: backward's second all-gather "
                                  "forgotten; 2: the gradients all-reduced, not reduce-scattered; "
                                  f"{wide[0] / wide[3]:.2f}: the ratio upside down.)"),
-        NumberChoice(f"7B parameters, mixed-precision Adam: ZeRO-3 on 4 GPUs holds {states.total / GB:g} GB "
-                     f"per GPU. How many GPUs at least bring that to {target} GB or less?",
-                     enough, [enough - 1, few, more], "{}", kind="predict",
-                     explanation=f"ZeRO-3 splits all 16 bytes: 16 x 7e9 / N = {16 * 7:g} / N GB. "
-                                 f"{16 * 7:g} / {enough - 1} = {16 * 7 / (enough - 1):.1f} GB is over {target}; "
-                                 f"{16 * 7:g} / {enough} = {16 * 7 / enough:.2f} GB: {enough} GPUs. No other "
-                                 "stage gets there: ZeRO-1 and ZeRO-2 keep the 14 GB of bf16 parameters on "
-                                 f"every GPU. ({enough - 1}: {16 * 7 / target:g} rounded down; {few}: 12 bytes "
-                                 f"counted, not 16; {more}: 18 bytes counted, fp32 gradients.)"),
         SingleChoice("Prefetching turned on: what changes?",
                      ["The peak of full parameters rises; bytes sent and losses stay the same",
                       "Fewer bytes are sent", "The peak falls", "The losses change slightly"],
                      "a", "Prefetch starts the next unit's all-gather while the current one computes: "
-                          f"one more unit alive, no byte less. Section 8 printed peaks of {peak[False]:,} B "
-                          f"without prefetch and {peak[True]:,} B with it; section 9 measured the same "
-                          "calls, bytes and losses.", kind="compare", printed="06"),
+                          "one more unit alive, no byte less. Section 8's figure draws the peak at root + 1 "
+                          "block without prefetch and root + 2 with it; the calls, bytes and losses stay "
+                          "the same.", kind="compare"),
     ])
 
 
@@ -425,16 +333,8 @@ QUIZZES["06"] = quiz_06
 def quiz_07() -> Quiz:
     from ..theory.sharding import calls_per_step
 
-    blocks = 12                                # a deeper GPT than the course's 4 blocks
-    full = calls_per_step(blocks)
     course = calls_per_step(4)
     return Quiz("07 FSDP in PyTorch", [
-        Numeric(f"A GPT of {blocks} blocks: fully_shard on each block, then on the root (kept gathered "
-                "between forward and backward). All-gathers per training step?",
-                full["all_gather"], tol=0, minimum=0, kind="predict",
-                explanation=f"Each block twice (forward, then again for backward), the root once: "
-                            f"2 x {blocks} + 1 = {full['all_gather']}; the course GPT's 4 blocks: "
-                            f"{course['all_gather']}, as the course's zero3."),
         SingleChoice("Why does the plain torch.nn.utils.clip_grad_norm_ clip FSDP2's sharded "
                      "gradients to the right global norm?",
                      ["The gradients are DTensors: the squared norms of the shards are all-reduced",
@@ -456,14 +356,13 @@ def quiz_07() -> Quiz:
                      "c", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
                           "sync_module_states=True). Build the same initial model on every rank, or "
                           "broadcast from rank 0 before sharding.", kind="predict"),
-        NumberChoice("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
-                     "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
-                     course["reduce_scatter"], [1, course["reduce_scatter"] - 1, 4 * course["reduce_scatter"]],
-                     "{}", kind="predict",
-                     explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
-                                 f"{course['reduce_scatter']}, instead of 4 x {course['reduce_scatter']}. The "
-                                 "price: unsharded gradients stay allocated between micro-batches. (1: one for "
-                                 f"the whole model; {course['reduce_scatter'] - 1}: the root forgotten.)"),
+        Numeric("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
+                "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
+                course["reduce_scatter"], tol=0, minimum=0, kind="predict",
+                explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
+                            f"{course['reduce_scatter']}, instead of 4 x {course['reduce_scatter']}. The "
+                            "price: unsharded gradients stay allocated between micro-batches. (1: one for "
+                            f"the whole model; {course['reduce_scatter'] - 1}: the root forgotten.)"),
     ])
 
 
@@ -507,15 +406,6 @@ def quiz_08() -> Quiz:
                           "gathers each unit's parameters first. With DDP the first collective of a step "
                           "is the gradient all-reduce, in backward; here it is the first all-gather. The "
                           "fixes are the same.", kind="predict"),
-        MultiChoice("Which mistakes does TORCH_DISTRIBUTED_DEBUG=DETAIL turn into an error naming "
-                    "both ranks' collectives?",
-                    ["Two ranks call all-reduce on tensors of different shapes",
-                     "One rank calls all-reduce while the other calls broadcast",
-                     "Two ranks all-reduce two same-shaped tensors in opposite orders",
-                     "A rank computes a wrong loss before the all-reduce"],
-                    "a,b", "DETAIL compares each collective's fingerprint (operation, shapes, dtypes) "
-                           "across ranks before running it. Two same-shaped tensors swapped look "
-                           "identical to it, and it knows nothing about the values.", kind="explain"),
     ])
 
 

@@ -1,9 +1,9 @@
 """The exercises' graders (``check_*``), one module per notebook, on :mod:`course_utils.harness.grading`."""
 from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_cases, grade_on_ranks
-from .nb00 import check_gather_squares, check_rank_sum
+from .nb00 import check_rank_sum
 from .nb01 import NotAllowed, check_all_reduce_from_rs_ag, check_ring_all_reduce
 from .nb02 import check_ddp, check_grad_average_hook
-from .nb03 import check_bytes_per_gpu, check_smallest_fitting_stage, smallest_fitting_stage
+from .nb03 import check_bytes_per_gpu
 from .nb04 import check_shard_bounds, check_zero1
 from .nb05 import check_zero2
 from .nb06 import check_zero3
@@ -12,15 +12,15 @@ from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, check_skipped_co
 from .nb09 import check_megatron_states_gb
 from .nb10 import check_real_rows
 from .nb12 import check_zero3_step_bytes
-from .solutions import BUILDS, solution, versus, yours
+from .solutions import BUILDS, hint, solution, versus, yours
 
 __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_ranks",
-           "check_rank_sum", "check_gather_squares",
+           "check_rank_sum",
            "NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce",
            "check_grad_average_hook", "check_ddp",
-           "check_bytes_per_gpu", "check_smallest_fitting_stage", "smallest_fitting_stage",
+           "check_bytes_per_gpu",
            "check_shard_bounds", "check_zero1",
            "check_zero2", "check_zero3",
            "check_fsdp_step", "check_skipped_collective",
            "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone",
-           "check_megatron_states_gb", "check_real_rows", "check_zero3_step_bytes", "BUILDS", "solution", "yours", "versus"]
+           "check_megatron_states_gb", "check_real_rows", "check_zero3_step_bytes", "BUILDS", "hint", "solution", "yours", "versus"]

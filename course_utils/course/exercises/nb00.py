@@ -1,11 +1,11 @@
-"""Exercises of ``notebooks/00_orientation.ipynb``: a rank sum and a gather."""
+"""Exercises of ``notebooks/00_orientation.ipynb``: a rank sum."""
 from __future__ import annotations
 
 from typing import Callable
 
 from ...harness.grading import Verdict, grade_on_ranks
 
-__all__ = ["check_rank_sum", "check_gather_squares"]
+__all__ = ["check_rank_sum"]
 
 
 def check_rank_sum(fn: Callable) -> Verdict:
@@ -13,10 +13,3 @@ def check_rank_sum(fn: Callable) -> Verdict:
     return grade_on_ranks(fn, lambda r, n: float(n * (n + 1) // 2),
                           world_sizes=(2, 4), name="rank_sum")
 
-
-def check_gather_squares(fn: Callable) -> Verdict:
-    """Exercise 00.2: every rank returns the tensor [(r + 1)**2 for r in ranks]."""
-    import torch
-    return grade_on_ranks(
-        fn, lambda r, n: torch.tensor([float((i + 1) ** 2) for i in range(n)]),
-        world_sizes=(3, 4), name="gather_squares")

@@ -1,4 +1,5 @@
-"""Solutions on demand: :func:`solution` prints the course's answer to an exercise, a file of
+"""Solutions on demand: :func:`hint` prints the step of a build where learners get stuck, in
+words and shapes, not its code; :func:`solution` prints the course's answer to an exercise, a file of
 ``solutions/`` (``NN.k.py``; a build's skeleton filled in: ``ddp.py``, ``zero1.py``, ...);
 :func:`yours` is the class the cells after a build run: the learner's once it passed its check
 in this kernel, else the reference (one line says which)."""
@@ -12,7 +13,7 @@ from ...impl.ddp import DataParallel
 from ...impl.zero import Zero1, Zero2
 from ...impl.zero3 import FlatUnit
 
-__all__ = ["BUILDS", "solution", "yours", "versus"]
+__all__ = ["BUILDS", "HINTS", "hint", "solution", "yours", "versus"]
 
 #: the answers, one file each: ``solutions/02.1.py`` for exercise 02.1, ``solutions/zero1.py``
 #: for the ZeRO-1 build
@@ -21,6 +22,48 @@ SOLUTIONS = Path(__file__).resolve().parents[3] / "solutions"
 #: build exercise -> (the learner's class name, the course's reference the cells after it fall back to)
 BUILDS = {"ddp": ("MyDDP", DataParallel), "zero1": ("MyZero1", Zero1), "zero2": ("MyZero2", Zero2),
           "zero3": ("MyFlatUnit", FlatUnit)}
+
+
+#: build exercise -> the hint: where learners get stuck, said as a trace or a shape, not as code
+HINTS = {
+    "ddp": """MyDDP, the in-order launch (TODO 3), traced with buckets [[p3, p2], [p1, p0]]:
+  hook(p3): first hook of this backward -> queue _finish once (self.queued); ready = {p3};
+            bucket 0 = [p3, p2] is not all in ready -> launch nothing
+  hook(p2): ready = {p3, p2}; bucket self.next = 0 is all in -> _launch() (next becomes 1);
+            bucket 1 is not complete -> stop: that is the `while`, not an `if`
+  hook(p1), hook(p0): the same; p0 completes bucket 1 -> _launch()
+  _finish (TODO 4): launch what is left (a frozen or unused parameter never fires a hook);
+            for each (bucket, flat, work) in self.pending: wait, divide by the world size, and
+            split flat by the parameters' numel back into their .grad (view_as);
+            then reset next, ready, pending and queued for the next backward.""",
+    "zero1": """MyZero1: one flat, padded buffer per param group; the parameters are views of it.
+  __init__: flat = flatten_and_pad(the group's params, N); point each p.data at its slice of flat
+            (view_as); lo, hi = shard_bounds(padded numel, N, rank); the inner optimizer gets one
+            Parameter, flat[lo:hi], whose .grad you create (zeros) so that step can fill it.
+  step: flatten the .grads the same way (zeros for a None), reduce_scatter_tensor into the shard's
+        .grad (a SUM: divide by N), inner.step(), then all_gather_into_tensor(flat, a copy of
+        flat[lo:hi]): the views now read every rank's update.""",
+    "zero2": """MyZero2: ZeRO-1's layout, but each bucket is reduce-scattered during backward.
+  _launch(bucket) (TODO 1): message = the bucket's .grads flattened and padded (zeros for a None);
+            set the full .grads to None (that is the memory ZeRO-2 saves); start
+            reduce_scatter_tensor(message[lo:hi], message, async_op=True): the output is this
+            rank's piece of the message itself, so nothing else is allocated.
+  _finish (TODO 2): launch what is left; for every bucket wait, then ADD message[lo:hi] / N to the
+            shard's .grad (added, so micro-batches accumulate; step() zeroes it); drop the message.""",
+    "zero3": """MyFlatUnit, the piece that trips people up (TODO 2): backward needs the weights after forward
+freed them. forward: gather(); out = self.module(*args); free(); then out.register_hook(fn) and
+return out. Autograd calls fn(grad) when out's gradient arrives, just before this unit's own
+backward: fn gathers again and returns grad unchanged. Because the parameters are views of the
+same self.full, refilling it refills what autograd saved in forward (section 4's cell showed it).
+TODO 3: count the _grad_ready calls; at len(self.params), reduce_scatter() once, free again.""",
+}
+
+
+def hint(name: str) -> None:
+    """Print the hint for build ``name`` (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"zero3"``): the step
+    where learners get stuck, as a trace or in words. ``solution(name)`` prints the whole answer."""
+    check_choice("build", name, HINTS, kind="build exercise", kinds="build exercises")
+    print(HINTS[name])
 
 
 def solution(name: str) -> None:
