@@ -35,8 +35,8 @@ def first_fit(s, strategies):
 
 # Step 2: with fewer NICs than GPUs per node, flat ZeRO-2/3 cross the nodes every micro-batch: last
 def choose_solution(s):
-    few_nics = s.nodes > 1 and s.nics_per_node is not None and s.nics_per_node < s.gpus_per_node
-    if few_nics:
+    nics = s.gpus_per_node if s.nics_per_node is None else s.nics_per_node   # given: None is one per GPU
+    if s.nodes > 1 and nics < s.gpus_per_node:
         return first_fit(s, ["DDP", "ZeRO-1", "HSDP"]) or first_fit(s, ["ZeRO-2", "ZeRO-3"])
     return first_fit(s, ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"])
 

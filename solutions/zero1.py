@@ -42,7 +42,7 @@ class MyZero1(torch.optim.Optimizer):
             inner.update(hyper(f["group"]))
         self.inner.step()
         for f in self.flats:
-            all_gather_into_tensor(f["flat"], f["flat"][f["lo"]:f["hi"]].clone())
+            all_gather_into_tensor(f["flat"], f["flat"][f["lo"]:f["hi"]])
 
 
 check_zero1(MyZero1)

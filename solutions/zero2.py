@@ -78,7 +78,7 @@ class MyZero2(torch.optim.Optimizer):
             inner.update(hyper(group))
         self.inner.step()
         for b in self.buckets:
-            all_gather_into_tensor(b["flat"], b["flat"][b["lo"]:b["hi"]].clone())
+            all_gather_into_tensor(b["flat"], b["flat"][b["lo"]:b["hi"]])
             b["shard"].grad.zero_()
 
 

@@ -314,3 +314,34 @@ def test_ring_widget_bundle_is_deterministic():
     w.slider.value = 4
     shown = w.out.outputs
     assert shown[0]["data"]["image/png"] and shown[1]["text"].startswith("step 4 of 6, all-gather 1/3")
+
+
+def _gathers_objects(t):
+    """Read 11's pass: the right sum through the pickling collective, no send or recv."""
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, t)
+    return sum(parts)
+
+
+def _sends_to_everyone(t):
+    """Point-to-point, but straight to every rank: not a ring."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    total = t.clone()
+    for step in range(1, n):
+        buf = torch.empty_like(t)
+        ops = [dist.P2POp(dist.isend, t, (rank + step) % n), dist.P2POp(dist.irecv, buf, (rank - step) % n)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        total += buf
+    return total
+
+
+def test_collective_graders_refuse_objects_and_non_neighbours(capsys):
+    assert not check_ring_all_reduce(_gathers_objects)
+    assert "dist.all_gather_object is not allowed" in capsys.readouterr().out
+    assert not check_all_reduce_from_rs_ag(_gathers_objects)
+    assert "dist.all_gather_object is not allowed" in capsys.readouterr().out
+    assert not check_ring_all_reduce(_sends_to_everyone)
+    out = capsys.readouterr().out
+    assert "2 gloo ranks on CPU: right" in out                       # on 2 ranks everyone is a neighbour
+    assert "not neighbours on the ring of 4" in out

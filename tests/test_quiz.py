@@ -180,7 +180,12 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.get("03").question(4).answer == {"b", "c", "d"}               # activations: not ZeRO-3
     assert quiz.check("03", 1, "d").correct                                   # 4 -> 8 GPUs: ZeRO-3 drops most
     assert quiz.check("03", 2, "10").correct and not quiz.check("03", 2, "9").correct   # 14 + 98 / N <= 24
-    assert quiz.check("03", 3, "3.31x").correct and not quiz.check("03", 3, "4.00x").correct
+    assert quiz.check("03", 3, "3.40x").correct and not quiz.check("03", 3, "4.00x").correct
+    from course_utils.theory.memory import activation_bytes, block_terms
+    blocks = [sum(block_terms("gpt2-xl", micro_batch=1, seq=s).values()) for s in (1024, 2048)]
+    assert f"{blocks[1] / blocks[0]:.2f}" == "3.40"                # the course's block model agrees
+    flash = [activation_bytes("gpt2-xl", micro_batch=1, seq=s, attention="flash").total for s in (1024, 2048)]
+    assert flash[1] == 2 * flash[0]                                 # "with flash attention exactly 2x"
     assert quiz.check("04", 3, "129356").correct                                # 8 x 129,352 / 8 + 4
     assert quiz.check("04", 2, "1.50").correct
     assert quiz.check("05", 2, "64676").correct

@@ -72,7 +72,6 @@ QUIZZES = {"00": quiz_00}
 
 def quiz_03() -> Quiz:
     from ..theory.config import PRESETS
-    from ..theory.memory import activation_bytes
 
     names = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
     four = {st: model_states(7e9, world_size=4, stage=st, recipe="mixed").total / GB for st in range(4)}
@@ -83,15 +82,10 @@ def quiz_03() -> Quiz:
     z2_gpus = next(n for n in range(1, 1000)
                    if model_states(7e9, world_size=n, stage=2, recipe="mixed").total / GB <= small)
     whole7 = model_states(7e9, recipe="mixed")
-    act = {(att, s): activation_bytes("gpt2-xl", micro_batch=1, seq=s, attention=att).total
-           for att in ("standard", "flash") for s in (1024, 2048)}
-    grow = act["standard", 2048] / act["standard", 1024]
-    from ..theory.memory import block_terms
-    blocks_grow = (sum(block_terms("gpt2-xl", micro_batch=1, seq=2048).values())
-                   / sum(block_terms("gpt2-xl", micro_batch=1, seq=1024).values()))
     xl_cfg = PRESETS["gpt2-xl"].config
     per_token = ((34 + 5 * xl_cfg.heads * 2048 / xl_cfg.hidden)           # (34 + 5·a·s/h) alone
                  / (34 + 5 * xl_cfg.heads * 1024 / xl_cfg.hidden))
+    blocks_grow = 2 * per_token                                           # s·b·h·(34 + 5·a·s/h)
     return Quiz("03 where the memory goes", [
         SingleChoice(
             "Section 3's table put the 7B model (mixed precision) on 4 GPUs. On 8 GPUs instead, which "
@@ -107,18 +101,17 @@ def quiz_03() -> Quiz:
                             f"the other 14 bytes: {whole7.params / GB:g} + {(whole7.total - whole7.params) / GB:g} / N "
                             f"<= {small} needs N >= {z2_gpus}. ZeRO-1 never gets there: it keeps parameters and "
                             f"gradients whole, {(whole7.params + whole7.grads) / GB:g} GB on every GPU."),
-        NumberChoice(f"gpt2-xl (h = {PRESETS['gpt2-xl'].config.hidden}, a = {PRESETS['gpt2-xl'].config.heads} heads), micro-batch 1, "
-                     "standard (not fused) attention: predict by what factor its activations grow when the "
-                     "sequence doubles from 1024 to 2048 tokens (all of them: the 48 blocks and the loss "
-                     "layer's logits, V = 50,257).",
-                     grow, [blocks_grow, 4, per_token], "{:.2f}x", kind="predict",
-                     explanation=f"{act['standard', 1024] / GB:.2f} -> {act['standard', 2048] / GB:.2f} GB, "
-                                 f"{grow:.2f}x: most terms are linear in s, but the s x s attention scores "
-                                 f"grow 4x. With flash attention there are no scores: exactly "
-                                 f"{act['flash', 2048] / act['flash', 1024]:g}x. (4x: every term taken as "
-                                 f"quadratic; {blocks_grow:.2f}x: the blocks alone, s·b·h·(34 + 5·a·s/h), the "
-                                 f"logits, linear in s, forgotten; {per_token:.2f}x: the bracket alone, the "
-                                 "s in front of it forgotten.)"),
+        NumberChoice(f"gpt2-xl's blocks (h = {xl_cfg.hidden}, a = {xl_cfg.heads} heads), micro-batch 1, "
+                     "standard (not fused) attention: by what factor do the activations of a block grow "
+                     "when the sequence doubles from 1024 to 2048 tokens (section 5's formula)?",
+                     blocks_grow, [4, per_token, 2], "{:.2f}x", kind="predict",
+                     explanation=f"s·b·h·(34 + 5·a·s/h): the bracket is 34 + 5 x {xl_cfg.heads} x 1024 / "
+                                 f"{xl_cfg.hidden} = {34 + 5 * xl_cfg.heads * 1024 / xl_cfg.hidden:g} at s = 1024 "
+                                 f"and {34 + 5 * xl_cfg.heads * 2048 / xl_cfg.hidden:g} at 2048; with the s in "
+                                 f"front doubling, {blocks_grow:.2f}x. Most terms are linear in s, the s x s "
+                                 "attention scores grow 4x; with flash attention there are no scores: exactly "
+                                 f"2x. (4x: every term taken as quadratic; {per_token:.2f}x: the bracket alone, "
+                                 "the s in front forgotten; 2x: the scores forgotten.)"),
         MultiChoice("Which of these reduce activation memory per GPU?",
                     ["ZeRO-3", "Activation recomputation", "A fused (flash) attention kernel",
                      "A smaller micro-batch"],

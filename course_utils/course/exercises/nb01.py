@@ -14,9 +14,13 @@ class NotAllowed(RuntimeError):
 
 # Collectives the learner may not call (looked up on ``torch.distributed`` at call time).
 _REDUCTIONS = ("all_reduce", "all_reduce_coalesced", "reduce")
-_NOT_IN_RS_AG = _REDUCTIONS + ("broadcast", "scatter", "gather", "all_to_all", "all_to_all_single",
-                               "send", "recv", "isend", "irecv", "batch_isend_irecv")
-_NOT_IN_RING = _REDUCTIONS + ("broadcast", "scatter", "gather", "all_to_all", "all_to_all_single",
+# the pickling collectives move whole objects: an all_gather_object of every tensor then a local sum
+# is not the algorithm either
+_OBJECTS = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+            "send_object_list", "recv_object_list")
+_NOT_IN_RS_AG = _REDUCTIONS + _OBJECTS + ("broadcast", "scatter", "gather", "all_to_all", "all_to_all_single",
+                                          "send", "recv", "isend", "irecv", "batch_isend_irecv")
+_NOT_IN_RING = _REDUCTIONS + _OBJECTS + ("broadcast", "scatter", "gather", "all_to_all", "all_to_all_single",
                               "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
                               "_reduce_scatter_base", "all_gather", "all_gather_single",
                               "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced")
@@ -28,9 +32,33 @@ def _exercise_input(rank: int, numel: int, device=None):
     return torch.arange(numel, dtype=torch.float32, device=device) + 100.0 * (rank + 1)
 
 
-def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: str) -> list:
-    """Per size, what ``fn`` returned (or its input, when None) while ``forbidden`` collectives raise,
-    and the collectives it called (``CommLedger.counts()``)."""
+# checked for their peer; isend and irecv are left as they are, since P2POp accepts only the real ones
+_POINT_TO_POINT = ("send", "recv", "batch_isend_irecv")
+
+
+def _to_neighbours(call: Callable, name: str, rule: str) -> Callable:
+    """``call`` (dist.send, ...), refusing a peer that is not this rank's left or right neighbour."""
+    import torch.distributed as dist
+    def peers(args, kwargs):
+        if name == "batch_isend_irecv":
+            return [op.peer for op in (args[0] if args else kwargs["p2p_op_list"])]
+        peer = args[1] if len(args) > 1 else kwargs.get("dst", kwargs.get("src"))
+        return [peer]
+    def checked(*args, **kwargs):
+        rank, n = dist.get_rank(), dist.get_world_size()
+        for peer in peers(args, kwargs):
+            if peer is not None and peer not in ((rank + 1) % n, (rank - 1) % n):
+                raise NotAllowed(f"dist.{name} between rank {rank} and rank {peer}, not neighbours "
+                                 f"on the ring of {n}: {rule}")
+        return call(*args, **kwargs)
+    return checked
+
+
+def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: str,
+                 neighbours_only: bool = False) -> list:
+    """Per size, what ``fn`` returned (or its input, when None) while ``forbidden`` collectives raise
+    (and, ``neighbours_only``, point-to-point calls to any rank but the two neighbours), and the
+    collectives it called (``CommLedger.counts()``)."""
     import torch.distributed as dist
     from ...runtime.launch import rank_device
     from ...runtime.ledger import CommLedger
@@ -39,11 +67,14 @@ def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: st
             raise NotAllowed(f"dist.{name} is not allowed in this exercise: {rule}")
         return blocked
     saved = {name: getattr(dist, name) for name in forbidden if hasattr(dist, name)}
+    if neighbours_only:
+        saved.update({name: getattr(dist, name) for name in _POINT_TO_POINT})
     results = []
     for numel in numels:
         tensor = _exercise_input(dist.get_rank(), numel, rank_device())  # the CPU: graders run gloo
         for name in saved:
-            setattr(dist, name, refuse(name))
+            setattr(dist, name, _to_neighbours(saved[name], name, rule) if name in _POINT_TO_POINT
+                    and name not in forbidden else refuse(name))
         try:
             with CommLedger() as ledger:
                 result = fn(tensor)
@@ -64,7 +95,7 @@ def _sizes(numels: Sequence[int]) -> str:        # "5, 7 and 13 elements"
 
 
 def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: str, name: str,
-                calls: dict | None = None) -> Verdict:
+                calls: dict | None = None, neighbours_only: bool = False) -> Verdict:
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
     tensors = "a tensor" if len(numels) == 1 else "tensors"
@@ -80,7 +111,7 @@ def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: 
                             f"{want}: {rule}"), ""
         return "", f"returned the sum ({_sizes(numels)})"
     return judge_on_ranks(_run_without, judge, world_sizes=(2, 3, 4), name=name,
-                          args=(fn, tuple(numels), forbidden, rule), timeout_s=20)
+                          args=(fn, tuple(numels), forbidden, rule, neighbours_only), timeout_s=20)
 
 
 def check_all_reduce_from_rs_ag(fn: Callable) -> Verdict:
@@ -93,4 +124,4 @@ def check_all_reduce_from_rs_ag(fn: Callable) -> Verdict:
 def check_ring_all_reduce(fn: Callable) -> Verdict:
     """Exercise 01.2: a ring all-reduce (5 elements on 4 ranks catch ``chunk(n)`` without padding)."""
     return _grade_sums(fn, numels=(5, 7, 13), forbidden=_NOT_IN_RING, name="ring_all_reduce",
-                       rule="use only send/recv (or isend/irecv) between neighbours")
+                       rule="use only send/recv (or isend/irecv) between neighbours", neighbours_only=True)

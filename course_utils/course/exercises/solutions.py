@@ -30,7 +30,8 @@ HINTS = {
   hook(p3): first hook of this backward -> queue _finish once (self.queued); ready = {p3};
             bucket 0 = [p3, p2] is not all in ready -> launch nothing
   hook(p2): ready = {p3, p2}; bucket self.next = 0 is all in -> _launch() (next becomes 1);
-            bucket 1 is not complete -> stop: that is the `while`, not an `if`
+            bucket 1 is not complete -> stop (a `while`: when gradients arrive out of order,
+            one hook can complete several buckets)
   hook(p1), hook(p0): the same; p0 completes bucket 1 -> _launch()
   _finish (TODO 4): launch what is left (a frozen or unused parameter never fires a hook);
             for each (bucket, flat, work) in self.pending: wait, divide by the world size, and
@@ -41,8 +42,10 @@ HINTS = {
             (view_as); lo, hi = shard_bounds(padded numel, N, rank); the inner optimizer gets one
             Parameter, flat[lo:hi], whose .grad you create (zeros) so that step can fill it.
   step: flatten the .grads the same way (zeros for a None), reduce_scatter_tensor into the shard's
-        .grad (a SUM: divide by N), inner.step(), then all_gather_into_tensor(flat, a copy of
-        flat[lo:hi]): the views now read every rank's update.""",
+        .grad (a SUM: divide by N), copy the group's hyperparameters into its inner group (a
+        scheduler changes yours), inner.step(), then all_gather_into_tensor(flat, flat[lo:hi]):
+        in place, the input is this rank's own slice of the output, no copy needed; the views
+        now read every rank's update.""",
     "zero2": """MyZero2: ZeRO-1's layout, but each bucket is reduce-scattered during backward.
   _launch(bucket) (TODO 1): message = the bucket's .grads flattened and padded (zeros for a None);
             set the full .grads to None (that is the memory ZeRO-2 saves); start
