@@ -49,7 +49,7 @@ def test_hard_coded_answer_fails_on_another_world_size(capsys):
     assert not v and "not yet" in repr(v)
     out = capsys.readouterr().out
     assert "2 gloo ranks on CPU: not yet: rank 0: got 10, expected 3 (2 of 2 ranks differ)" in out
-    assert "4 gloo ranks on CPU: right: every rank returned 10" in out
+    assert "4 gloo ranks on CPU: not yet: rank 0: the right number, but no collective was called" in out
 
 
 def test_raising_and_hanging_functions_are_reported_not_raised(capsys):
@@ -110,3 +110,13 @@ def test_brief_shows_a_few_values_from_where_they_differ():
     assert compare_brief(None, want, atol=0) == "got None, expected tensor([0, 1, 2, 3, 4, …])"
     assert "shape" in compare_brief(torch.ones(3), want, atol=0)
     assert compare_brief(2.5, 3.0, atol=0) == "got 2.5, expected 3"
+
+
+def test_rank_sum_needs_a_collective(capsys):
+    """Read 12: the formula n(n+1)/2 passed 00.1 without a collective."""
+    def formula():
+        n = dist.get_world_size()
+        return torch.tensor(float(n * (n + 1) // 2))
+
+    assert not check_rank_sum(formula)
+    assert "no collective was called" in capsys.readouterr().out

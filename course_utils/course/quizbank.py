@@ -51,17 +51,18 @@ def quiz_00() -> Quiz:
                         "1 + 2 + 3 = 6, on all 3 ranks, not only rank 0.",
         ),
         SingleChoice(
-            "Four processes started by hand (nothing watches them) train together. Rank 2 raises "
-            "an error just before an all-reduce that ranks 0, 1 and 3 are already waiting in. "
-            "What do ranks 0, 1 and 3 do?",
+            "Four processes started by hand (nothing watches them) train together. Rank 2 gets "
+            "stuck in an endless loop just before an all-reduce that ranks 0, 1 and 3 are already "
+            "waiting in. What do ranks 0, 1 and 3 do?",
             ["They finish the all-reduce with the sum of their three tensors",
              "They keep waiting in the all-reduce until the process group's timeout",
-             "They raise rank 2's error at the same moment",
+             "They raise an error at once: rank 2 is missing",
              "They skip the all-reduce and continue with the next step"],
             "b",
             "A collective completes only when every rank of the group has joined it, and a waiting "
-            "rank cannot tell a slow peer from a dead one. That is why a launcher (torchrun, or "
-            "this course's launch) watches the processes and stops the others when one fails.",
+            "rank cannot tell a slow peer from a stuck one: it waits for the timeout given to "
+            "init_process_group. That is why a launcher (torchrun, or this course's launch) "
+            "watches the processes, and why section 3.3 passes a timeout.",
             kind="explain",
         ),
     ])
@@ -303,13 +304,14 @@ def quiz_06() -> Quiz:
                 explanation=f"2L + 1 with L = 8: each block in forward and again in backward, the root "
                             f"once: {deeper['all_gather']}, and {deeper['reduce_scatter']} reduce-scatters "
                             "(one per unit). Section 7's 9 was L = 4."),
-        NumberChoice("Section 7's ZeRO-3 / DDP volume was about 1.5 on 2 and 4 ranks. On 64 ranks, in the "
-                     "ring model?", wide[3] / wide[0], [1, 2, wide[0] / wide[3]], "{:.2f}", kind="predict",
+        NumberChoice("A model whose every unit is gathered twice per step (no root kept gathered) sends "
+                     "1.5x DDP's bytes under ZeRO-3 on 4 ranks, in the ring model. What is the ratio on 64 ranks?", wide[3] / wide[0], [1, 2, wide[0] / wide[3]], "{:.2f}", kind="predict",
                      explanation=f"{wide[3] / wide[0]:g}: both volumes carry the same (N-1)/N x M factor, "
                                  "3 of them (two all-gathers, one reduce-scatter) against 2 (the all-reduce), "
                                  "so the ratio does not depend on N. (1: backward's second all-gather "
                                  "forgotten; 2: the gradients all-reduced, not reduce-scattered; "
-                                 f"{wide[0] / wide[3]:.2f}: the ratio upside down.)"),
+                                 f"{wide[0] / wide[3]:.2f}: the ratio upside down.) The course GPT keeps its "
+                                 "root gathered, one all-gather fewer: section 7's 1.474."),
         SingleChoice("Prefetching turned on: what changes?",
                      ["The peak of full parameters rises; bytes sent and losses stay the same",
                       "Fewer bytes are sent", "The peak falls", "The losses change slightly"],
