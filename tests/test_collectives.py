@@ -163,9 +163,9 @@ def test_ring_all_reduce_checks_its_input():
 
 def _rs_ag_without_padding(t):
     n = dist.get_world_size()
-    mine = torch.empty(t.numel() // n)
+    mine = torch.empty(t.numel() // n, dtype=t.dtype)
     compat.reduce_scatter_tensor(mine, t)  # raises on gloo unless numel % n == 0
-    out = torch.empty(mine.numel() * n)
+    out = torch.empty(mine.numel() * n, dtype=t.dtype)
     compat.all_gather_into_tensor(out, mine)
     return out
 
@@ -345,3 +345,15 @@ def test_collective_graders_refuse_objects_and_non_neighbours(capsys):
     out = capsys.readouterr().out
     assert "2 gloo ranks on CPU: right" in out                       # on 2 ranks everyone is a neighbour
     assert "not neighbours on the ring of 4" in out
+
+
+def _rs_ag_in_float32(t):
+    """Read 13: buffers made without the input's dtype; here the whole sum in float32."""
+    return C.all_reduce_via_rs_ag(t.float())
+
+
+def test_rs_ag_grader_checks_the_dtype(capsys):
+    assert not check_all_reduce_from_rs_ag(_rs_ag_in_float32)
+    out = capsys.readouterr().out
+    assert "rank r gets a float64 tensor of 10 elements" in out
+    assert "the right sum, but as float32 for a float64 input" in out

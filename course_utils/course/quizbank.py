@@ -273,7 +273,8 @@ def quiz_05() -> Quiz:
                         "gradient: half of the 4-rank figure, as 4·P/N says."),
         SingleChoice(
             f"With one 25 MiB bucket on 2 ranks, ZeRO-2's measured peak gradient memory was "
-            f"{peak_one:,} bytes, more than ZeRO-1's {4 * psi:,}. Why?",
+            f"{peak_one:,} bytes, more than the course's ZeRO-1 with its {4 * psi:,} (its .grads are views of "
+            "one flat buffer). Why?",
             ["ZeRO-2 keeps an fp32 master copy of the gradients",
              "With one bucket nothing is sent before backward has produced every gradient: all the "
              "full gradients wait, then sit next to the shard buffer",
@@ -281,7 +282,7 @@ def quiz_05() -> Quiz:
              "The flat buffer is padded to a multiple of the world size"],
             "b",
             f"Peak = every full gradient, 4Ψ = {4 * psi:,} B, plus the shard buffer, 4P/N = "
-            f"{4 * padded_numel(psi, 2) // 2:,} B: {peak_one:,} B. ZeRO-1 accumulates into its flat "
+            f"{4 * padded_numel(psi, 2) // 2:,} B: {peak_one:,} B. The course's ZeRO-1 accumulates into its flat "
             "buffer directly (4Ψ). Smaller buckets are sent during backward and freed, so the "
             "peak falls towards the shard. How gloo sends changes the bytes on the wire, not the "
             f"gradient bytes a rank holds, and there is no padding on 2 ranks ({psi:,} is even).",

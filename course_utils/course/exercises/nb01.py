@@ -26,10 +26,10 @@ _NOT_IN_RING = _REDUCTIONS + _OBJECTS + ("broadcast", "scatter", "gather", "all_
                               "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced")
 
 
-def _exercise_input(rank: int, numel: int, device=None):
-    """Rank r's input: ``100*(r+1) + i`` at position i, float32 (sums are exact)."""
+def _exercise_input(rank: int, numel: int, device=None, dtype: str = "float32"):
+    """Rank r's input: ``100*(r+1) + i`` at position i, of ``dtype`` (sums are exact)."""
     import torch
-    return torch.arange(numel, dtype=torch.float32, device=device) + 100.0 * (rank + 1)
+    return torch.arange(numel, dtype=getattr(torch, dtype), device=device) + 100.0 * (rank + 1)
 
 
 # checked for their peer; isend and irecv are left as they are, since P2POp accepts only the real ones
@@ -55,7 +55,7 @@ def _to_neighbours(call: Callable, name: str, rule: str) -> Callable:
 
 
 def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: str,
-                 neighbours_only: bool = False) -> list:
+                 neighbours_only: bool = False, dtype: str = "float32") -> list:
     """Per size, what ``fn`` returned (or its input, when None) while ``forbidden`` collectives raise
     (and, ``neighbours_only``, point-to-point calls to any rank but the two neighbours), and the
     collectives it called (``CommLedger.counts()``)."""
@@ -71,7 +71,7 @@ def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: st
         saved.update({name: getattr(dist, name) for name in _POINT_TO_POINT})
     results = []
     for numel in numels:
-        tensor = _exercise_input(dist.get_rank(), numel, rank_device())  # the CPU: graders run gloo
+        tensor = _exercise_input(dist.get_rank(), numel, rank_device(), dtype)  # the CPU: graders run gloo
         for name in saved:
             setattr(dist, name, _to_neighbours(saved[name], name, rule) if name in _POINT_TO_POINT
                     and name not in forbidden else refuse(name))
@@ -95,28 +95,32 @@ def _sizes(numels: Sequence[int]) -> str:        # "5, 7 and 13 elements"
 
 
 def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: str, name: str,
-                calls: dict | None = None, neighbours_only: bool = False) -> Verdict:
+                calls: dict | None = None, neighbours_only: bool = False, dtype: str = "float32") -> Verdict:
     if (refused := refuse_non_function(fn, name)) is not None:
         return refused
-    tensors = "a tensor" if len(numels) == 1 else "tensors"
+    tensors = (f"a {dtype} tensor" if dtype != "float32" else "a tensor") if len(numels) == 1 else "tensors"
     print(f"rank r gets {tensors} of {_sizes(numels)}, 100*(r+1) + i at position i; "
           "the sums are compared exactly:")
     def judge(values, rank, n):
         for numel, (got, counts) in zip(numels, values):
-            if why := compare_brief(got, sum(_exercise_input(r, numel) for r in range(n)), atol=0):
+            if why := compare_brief(got, sum(_exercise_input(r, numel, dtype=dtype) for r in range(n)), atol=0):
                 return f"{numel} elements: {why}", ""
+            if str(got.dtype) != f"torch.{dtype}":
+                return (f"{numel} elements: the right sum, but as {str(got.dtype)[6:]} for a {dtype} input: "
+                        "make each buffer with the input's dtype"), ""
             for op, want in (calls or {}).items():
                 if counts.get(op, 0) != want:
                     return (f"{numel} elements: {counts.get(op, 0)} {op.replace('_', '-')} call(s), expected "
                             f"{want}: {rule}"), ""
         return "", f"returned the sum ({_sizes(numels)})"
     return judge_on_ranks(_run_without, judge, world_sizes=(2, 3, 4), name=name,
-                          args=(fn, tuple(numels), forbidden, rule, neighbours_only), timeout_s=20)
+                          args=(fn, tuple(numels), forbidden, rule, neighbours_only, dtype), timeout_s=20)
 
 
 def check_all_reduce_from_rs_ag(fn: Callable) -> Verdict:
-    """Exercise 01.1: an all-reduce from a reduce-scatter and an all-gather (10 elements: pad, strip)."""
-    return _grade_sums(fn, numels=(10,), forbidden=_NOT_IN_RS_AG, name="all_reduce_from_rs_ag",
+    """Exercise 01.1: an all-reduce from a reduce-scatter and an all-gather (10 elements: pad, strip;
+    float64, so that a buffer made without the input's dtype is caught)."""
+    return _grade_sums(fn, numels=(10,), forbidden=_NOT_IN_RS_AG, name="all_reduce_from_rs_ag", dtype="float64",
                        rule="one reduce-scatter (each rank sums its own chunk), then one all-gather",
                        calls={"reduce_scatter": 1, "all_gather": 1})
 
