@@ -59,6 +59,10 @@ def test_learners_zero1_measures_its_own_bytes():
     assert mine[0].comm_bytes == ref[0].comm_bytes
     assert mine[0].state_bytes["optimizer"] == ref[0].state_bytes["optimizer"]
     assert mine[0].param_digest == mine[1].param_digest
+    # 04 §6: the skeleton's MyZero1 keeps the shard's gradient apart, 4·P/N bytes more than Zero1's
+    psi, shard = 129_350, 129_350 // 2
+    assert ref[0].state_bytes["grads"] == 4 * psi
+    assert mine[0].state_bytes["grads"] == 4 * psi + 4 * shard == 776_100
 
 
 def test_impl_runs_as_it_is():

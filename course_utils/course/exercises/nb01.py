@@ -67,14 +67,15 @@ def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: st
             raise NotAllowed(f"dist.{name} is not allowed in this exercise: {rule}")
         return blocked
     saved = {name: getattr(dist, name) for name in forbidden if hasattr(dist, name)}
-    if neighbours_only:
+    patched = {name: refuse(name) for name in saved}
+    if neighbours_only:                          # allowed, but only between neighbours
         saved.update({name: getattr(dist, name) for name in _POINT_TO_POINT})
+        patched.update({name: _to_neighbours(saved[name], name, rule) for name in _POINT_TO_POINT})
     results = []
     for numel in numels:
         tensor = _exercise_input(dist.get_rank(), numel, rank_device(), dtype)  # the CPU: graders run gloo
-        for name in saved:
-            setattr(dist, name, _to_neighbours(saved[name], name, rule) if name in _POINT_TO_POINT
-                    and name not in forbidden else refuse(name))
+        for name, replacement in patched.items():
+            setattr(dist, name, replacement)
         try:
             with CommLedger() as ledger:
                 result = fn(tensor)
@@ -106,7 +107,7 @@ def _grade_sums(fn: Callable, *, numels: Sequence[int], forbidden: tuple, rule: 
             if why := compare_brief(got, sum(_exercise_input(r, numel, dtype=dtype) for r in range(n)), atol=0):
                 return f"{numel} elements: {why}", ""
             if str(got.dtype) != f"torch.{dtype}":
-                return (f"{numel} elements: the right sum, but as {str(got.dtype)[6:]} for a {dtype} input: "
+                return (f"{numel} elements: the right sum, but as {str(got.dtype).removeprefix('torch.')} for a {dtype} input: "
                         "make each buffer with the input's dtype"), ""
             for op, want in (calls or {}).items():
                 if counts.get(op, 0) != want:
