@@ -20,6 +20,7 @@ from ..impl.common import check_bucket_bytes, grad_owners, storage_bytes, traina
 from ..impl.ddp import DataParallel, unwrap
 from ..runtime.fmt import max_abs_diff, max_rel_diff
 from ..runtime.ledger import CommLedger
+from ..runtime.network import ModelledNetwork, as_network, current_network
 from ..runtime.wire import WireMeter, group_wire_bytes
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 from .model import rows_per_rank
@@ -27,7 +28,7 @@ from .strategies import STRATEGIES
 from .strategies import get as _get_strategy
 
 __all__ = ["train", "rows_per_rank", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY",
-           "wrap", "full_parameters", "run", "RunResult", "make_adamw", "unwrap", "max_abs_diff", "max_rel_diff",
+           "wrap", "full_parameters", "run", "RunResult", "StepClock", "make_adamw", "unwrap", "max_abs_diff", "max_rel_diff",
            "state_bytes", "param_digest", "reference_grads", "full_grads", "clip_grad_norm_"]
 
 #: Rows in the global batch of :func:`run`: divisible by 1, 2, 3, 4, 6 and 12 ranks.
@@ -222,14 +223,22 @@ def full_grads(model) -> dict:
 
 
 def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
-          world: int | None = None, device=None, meters=()):
+          world: int | None = None, device=None, meters=(), spans: list | None = None):
     """The course's training loop, a generator of ``(step, loss, seconds)`` yielded between
     ``optimizer.step()`` and ``zero_grad()``; ``steps``: a count or the step numbers
-    (``range(2, 4)`` resumes); ``loss``: :func:`global_loss`, with the ``meters`` paused."""
+    (``range(2, 4)`` resumes); ``loss``: :func:`global_loss`, with the ``meters`` paused;
+    ``spans``: a list to which each step's ``(start, end)`` (``time.perf_counter()``) is appended."""
     if rank is None or world is None:
         rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    net = current_network()                       # a modelled network: its transfers have arrived
+    sync_device = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def sync():
+        sync_device()
+        if net is not None:
+            net.synchronize()
+
     for step in range(steps) if isinstance(steps, int) else steps:
         x, y = (t.to(device) for t in data.shard(step, rank, world))
         sync()
@@ -238,7 +247,10 @@ def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
         loss.backward()
         optimizer.step()
         sync()
-        seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        seconds = t1 - t0
+        if spans is not None:
+            spans.append((t0, t1))
         with contextlib.ExitStack() as paused:
             for meter in meters:
                 paused.enter_context(meter.pause())
@@ -247,8 +259,17 @@ def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
         optimizer.zero_grad()
 
 
+@dataclasses.dataclass
+class StepClock:
+    """One step under a modelled network, as one rank saw it: its time and its transfers,
+    times in seconds from the step's start (``Transfer.shifted``)."""
+    network: str
+    step_s: float
+    transfers: list
+
+
 def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, global_batch: int,
-           options: dict) -> RunResult:
+           options: dict, network=None) -> RunResult:
     from ..runtime.launch import rank_device
     from .model import SyntheticData, build_model
     spec = STRATEGIES[strategy]
@@ -256,10 +277,11 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
     model, optimizer = wrap(strategy, build_model(config, seed=seed, device=device), make_adamw,
                             **options)
     data = SyntheticData(config, global_batch=global_batch, seed=seed)
-    losses, times, peaks = [], [], []
-    with CommLedger() as ledger, WireMeter() as wire:
+    losses, times, peaks, spans = [], [], [], []
+    clocked = ModelledNetwork(network) if network is not None else contextlib.nullcontext()
+    with CommLedger() as ledger, WireMeter() as wire, clocked as net:
         for step, loss, seconds in train(model, optimizer, data, steps, device=device,
-                                         meters=(ledger, wire)):
+                                         meters=(ledger, wire), spans=spans):
             losses.append(loss)
             times.append(seconds)
             if hasattr(optimizer, "peak_grad_bytes"):      # ZeRO's gradient peak, step by step
@@ -272,6 +294,9 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
     extra = dict(spec.extras(model, optimizer)) if spec.extras else {}
     if peaks:
         extra["peak_grad_bytes"] = max(peaks)
+    if net is not None:                  # the median step's clock, with its transfers
+        t0, t1 = spans[times.index(statistics.median_low(times))]
+        extra["clock"] = StepClock(net.describe(), t1 - t0, [t.shifted(t0) for t in net.between(t0, t1)])
     rank, world = (dist.get_rank(), dist.get_world_size()) if spec.distributed else (0, 1)
     return RunResult(strategy=strategy, rank=rank, world_size=world, losses=losses,
                      comm_bytes=ledger.totals(), comm_calls=ledger.counts(), state_bytes=state,
@@ -282,11 +307,14 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
 
 def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
         config: TransformerConfig = COURSE_CONFIG, global_batch: int = GLOBAL_BATCH,
-        backend: str = "auto", quiet: bool = False, timeout_s: float = 120.0,
+        backend: str = "auto", quiet: bool = False, timeout_s: float = 120.0, network=None,
         **options) -> list[RunResult]:
     """Train the course GPT with ``strategy`` on ``world_size`` ranks; one :class:`RunResult` per rank.
     ``options`` go to :func:`wrap`; communication is measured over the training steps only
-    (not the start-up broadcast, not the loss averaging)."""
+    (not the start-up broadcast, not the loss averaging). ``network={"bandwidth": bytes/s,
+    "latency": s}``: the steps run under that modelled network
+    (:class:`~course_utils.runtime.network.ModelledNetwork`), ``step_time_s`` is its clock and
+    ``extra["clock"]`` the median step's transfers (:class:`StepClock`)."""
     spec = _get_strategy(strategy)
     check_int("world_size", world_size, 1)
     check_int("steps", steps, 1)
@@ -296,14 +324,15 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
         raise TypeError(f"config must be a TransformerConfig (e.g. COURSE_CONFIG), got "
                         f"{type(config).__name__}")
     _check_options(spec, options)
+    network = as_network(network)
     rows_per_rank(global_batch, world_size)
     if not spec.distributed:
         if world_size != 1:
             raise ValueError(f"strategy {strategy!r} is one process on the whole global batch; "
                              "pass world_size=1")
-        return [_train(strategy, steps, seed, config, global_batch, options)]
+        return [_train(strategy, steps, seed, config, global_batch, options, network)]
     from ..runtime.launch import launch
     from .model import warm_up
     warm_up(config)
-    return launch(_train, world_size, strategy, steps, seed, config, global_batch, options,
+    return launch(_train, world_size, strategy, steps, seed, config, global_batch, options, network,
                   backend=backend, quiet=quiet, timeout_s=timeout_s)

@@ -67,6 +67,9 @@ _LOCK = _threading.RLock()
 _ACTIVE: list = []          # ledgers recording now, in the order they were entered
 _PATCHES: list = []         # (module, name, original, wrapper) while installed
 _TLS = _threading.local()   # .depth: inside a recorded call; .label: who is calling
+#: The transport every wrapped call goes through while one is set (a modelled network,
+#: :mod:`course_utils.runtime.network`): ``transport(call)`` runs ``call.original``.
+_TRANSPORT: list = []
 
 
 def _sum_bytes(ts) -> int:
@@ -82,18 +85,26 @@ def _group_rank(group, global_root, group_root) -> int:
     return global_root if group is None or group is dist.group.WORLD else dist.get_group_rank(group, global_root)
 
 
+def funcol_group(group):
+    """A funcol group (ProcessGroup, name, DeviceMesh, (mesh, dim)) as a ProcessGroup; a list of ranks as is."""
+    if isinstance(group, list) and group and all(isinstance(r, int) for r in group):
+        return group
+    if isinstance(group, tuple):                       # (DeviceMesh, dim)
+        return group[0].get_group(group[1])
+    if isinstance(group, str):                         # a group name
+        return resolve_process_group(group)
+    if hasattr(group, "get_group"):                    # a 1-D DeviceMesh
+        return group.get_group()
+    return group
+
+
 def _funcol_group(group):
     """(world size, rank) of a funcol group: ProcessGroup, name, DeviceMesh, (mesh, dim) or ranks."""
     import torch.distributed as dist
 
-    if isinstance(group, list) and group and all(isinstance(r, int) for r in group):
+    group = funcol_group(group)
+    if isinstance(group, list):
         return len(group), group.index(dist.get_rank())
-    if isinstance(group, tuple):                       # (DeviceMesh, dim)
-        group = group[0].get_group(group[1])
-    elif isinstance(group, str):                       # a group name
-        group = resolve_process_group(group)
-    elif hasattr(group, "get_group"):                  # a 1-D DeviceMesh
-        group = group.get_group()
     return group.size(), group.rank()
 
 
@@ -154,16 +165,38 @@ def _describe(family: str, name: str, signature, args, kwargs):
     return op, message, world, rank, sent_bytes(op, message, world, rank, root, own), is_async
 
 
-def _record(family: str, name: str, signature, args, kwargs, seconds: float) -> None:
+def describe_call(family: str, name: str, signature, args, kwargs) -> tuple:
+    """``_describe``, or 0 bytes and world size -1 with a warning: bookkeeping never breaks a call."""
     try:
-        op, message, world, rank, sent, is_async = _describe(family, name, signature, args, kwargs)
+        return _describe(family, name, signature, args, kwargs)
     except Exception as exc:  # noqa: BLE001 - bookkeeping must never break communication
         import warnings
 
         warnings.warn(f"CommLedger could not size a call of {name} ({exc!r}); recorded with "
-                      "0 bytes and world_size -1", RuntimeWarning, stacklevel=3)
+                      "0 bytes and world_size -1", RuntimeWarning, stacklevel=4)
         op = (_FUNCOL if family == "funcol" else _C10D).get(name, ("broadcast",))[0]
-        message, world, rank, sent, is_async = 0, -1, -1, 0, False
+        return op, 0, -1, -1, 0, False
+
+
+@_dataclasses.dataclass
+class Call:
+    """One intercepted collective call, handed to a transport: ``run()`` makes the real call."""
+    family: str
+    name: str
+    signature: object
+    original: object
+    args: tuple
+    kwargs: dict
+
+    def run(self):
+        return self.original(*self.args, **self.kwargs)
+
+    def describe(self) -> tuple:
+        return describe_call(self.family, self.name, self.signature, self.args, self.kwargs)
+
+
+def _record(family: str, name: str, signature, args, kwargs, seconds: float) -> None:
+    op, message, world, rank, sent, is_async = describe_call(family, name, signature, args, kwargs)
     function = ("funcol." + name) if family == "funcol" else name
     if label := getattr(_TLS, "label", None):
         function += f" ({label})"
@@ -183,16 +216,20 @@ def _make_wrapper(family: str, name: str, original):
 
     @_functools.wraps(original)
     def recorded(*args, **kwargs):
-        if not _ACTIVE or getattr(_TLS, "depth", 0):
+        if (not _ACTIVE and not _TRANSPORT) or getattr(_TLS, "depth", 0):
             return original(*args, **kwargs)   # not recording, or called by a recorded call
         _TLS.depth = 1
         try:
             t0 = _time.perf_counter()
-            out = original(*args, **kwargs)
+            if _TRANSPORT:
+                out = _TRANSPORT[-1](Call(family, name, signature, original, args, kwargs))
+            else:
+                out = original(*args, **kwargs)
             seconds = _time.perf_counter() - t0
         finally:
             _TLS.depth = 0
-        _record(family, name, signature, args, kwargs, seconds)
+        if _ACTIVE:
+            _record(family, name, signature, args, kwargs, seconds)
         return out
 
     recorded.__course_ledger_original__ = original
@@ -221,6 +258,22 @@ def _install() -> None:
                     wrappers[key] = _make_wrapper(family, name, original)
                 setattr(module, name, wrappers[key])
                 _PATCHES.append((module, name, original, wrappers[key]))
+
+
+def push_transport(transport) -> None:
+    """Route every collective call through ``transport(call: Call)`` until :func:`pop_transport`."""
+    with _LOCK:
+        if not _ACTIVE and not _TRANSPORT:
+            _install()
+        _TRANSPORT.append(transport)
+
+
+def pop_transport(transport) -> None:
+    with _LOCK:
+        if transport in _TRANSPORT:
+            _TRANSPORT.remove(transport)
+        if not _ACTIVE and not _TRANSPORT:
+            _uninstall()
 
 
 def _uninstall() -> None:
@@ -264,7 +317,7 @@ class CommLedger:
             if self.active:
                 raise RuntimeError("this CommLedger is already recording; use a new CommLedger() "
                                    "to nest ledgers")
-            if not _ACTIVE:
+            if not _ACTIVE and not _TRANSPORT:
                 _install()
             _ACTIVE.append(self)
         return self
@@ -273,7 +326,7 @@ class CommLedger:
         with _LOCK:
             if self.active:
                 _ACTIVE.remove(self)
-            if not _ACTIVE:
+            if not _ACTIVE and not _TRANSPORT:
                 _uninstall()
         return False
 

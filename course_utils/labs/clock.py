@@ -1,0 +1,186 @@
+"""Where a step's time goes (notebooks 02, 06, 07, 08): the same training step first on a free
+link, then under a modelled network (:mod:`course_utils.runtime.network`). The free steps give
+the compute (measured) and when each collective was issued and waited for; the α-β model
+applied to them is the *prediction*; the steps under the network are the *clock*.
+
+:func:`time_step` runs one strategy (the course's classes, the learner's, torch DDP and FSDP2
+alike: they issue the same collectives); :func:`plot_steps` draws one step of each, compute
+and wire side by side, the hidden and the exposed part of the communication.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+
+from ..checks import check_int
+from ..harness.experiments import StepClock, make_adamw, train, wrap
+from ..harness.model import SyntheticData, build_model, rows_per_rank, warm_up
+from ..harness.strategies import get as get_strategy
+from ..runtime.launch import launch, rank_device
+from ..runtime.network import FREE, ModelledNetwork, as_network, predict_step
+from ..theory.config import COURSE_CONFIG
+
+__all__ = ["NETWORK", "GLOBAL_BATCH", "StepTime", "time_step", "plot_steps", "describe", "union_s"]
+
+#: The link of the course's clock demos: 6 MB/s per rank, 50 µs per ring step. The course GPT's
+#: 517,400 B of fp32 gradients then take 86 ms to all-reduce on 2 ranks, about as long as the
+#: backward of :data:`GLOBAL_BATCH` rows on one core: what overlap can hide is there to hide.
+NETWORK = {"bandwidth": 6e6, "latency": 50e-6}
+#: Rows per step in the clock demos: enough compute that real gloo's own few milliseconds
+#: per call (on the loopback, sharing two cores) stay small beside the modelled link.
+GLOBAL_BATCH = 384
+TIMEOUT_S = 300
+
+
+@dataclasses.dataclass
+class StepTime:
+    """One strategy's step on rank 0: ``free_s`` on a free link (compute and the loopback,
+    measured), ``predicted_s`` (the model applied to the free steps), ``measured_s`` under
+    ``network`` (the clock; on a real shaped link, measured); medians over the steps."""
+    label: str
+    strategy: str
+    world_size: int
+    network: str
+    free_s: float | None
+    predicted_s: float | None
+    measured_s: float
+    free: list            # StepClock per free step (rank 0)
+    clocked: list         # StepClock per step under the network (rank 0)
+
+    @property
+    def median_clock(self) -> StepClock:
+        """The clocked step whose time is the median."""
+        times = [c.step_s for c in self.clocked]
+        return self.clocked[times.index(statistics.median_low(times))]
+
+    @property
+    def error(self) -> float | None:
+        """measured / predicted - 1."""
+        return None if self.predicted_s is None else self.measured_s / self.predicted_s - 1
+
+    def wire_s(self) -> float:
+        """Seconds the median clocked step's link was busy (model)."""
+        c = self.median_clock
+        return union_s([(t.start, t.arrival) for t in c.transfers], 0.0, c.step_s)
+
+    def exposed_s(self) -> float:
+        """Seconds the median clocked step stood waiting for the network (measured)."""
+        c = self.median_clock
+        return union_s([(t.waited, t.done) for t in c.transfers
+                        if t.waited is not None and t.done is not None], 0.0, c.step_s)
+
+
+def union_s(spans, lo: float, hi: float) -> float:
+    """Length of the union of ``spans`` (start, end), clipped to ``[lo, hi]``."""
+    total, reach = 0.0, lo
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in spans):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def _clocks(spans, net, description: str) -> list:
+    out = []
+    for t0, t1 in spans[1:]:                       # the first step warms up
+        transfers = [t.shifted(t0) for t in net.between(t0, t1)] if net is not None else []
+        out.append(StepClock(description, t1 - t0, transfers))
+    return out
+
+
+def _timed(strategy: str, steps: int, network, free: bool, global_batch: int, seed: int,
+           options: dict) -> dict:
+    device = rank_device()
+    model, optimizer = wrap(strategy, build_model(COURSE_CONFIG, seed=seed, device=device), make_adamw,
+                            **options)
+    data = SyntheticData(COURSE_CONFIG, global_batch=global_batch, seed=seed)
+    out, first = {}, 0
+    for name, net in (("free", FREE if free else False), ("clocked", network)):
+        if net is False:
+            continue
+        spans = []
+        with (ModelledNetwork(net) if net is not None else contextlib.nullcontext()) as modelled:
+            for _ in train(model, optimizer, data, range(first, first + steps + 1), device=device,
+                           spans=spans):
+                pass
+        first += steps + 1
+        out[name] = _clocks(spans, modelled, modelled.describe() if modelled else "the real link")
+    return out
+
+
+def time_step(strategy: str, world_size: int = 2, *, network=NETWORK, steps: int = 6,
+              global_batch: int = GLOBAL_BATCH, seed: int = 0, label: str | None = None,
+              free: bool = True, quiet: bool = True, timeout_s: float = TIMEOUT_S,
+              **options) -> StepTime:
+    """``steps`` steps of ``strategy`` (after one warm-up step) on a free link, then as many
+    under ``network`` (None: as the ranks run, e.g. on a real shaped link); ``options`` reach
+    ``wrap`` (``impl=MyDDP``, ``bucket_bytes``, ``overlap``, ``prefetch``...)."""
+    spec = get_strategy(strategy)
+    if not spec.distributed:
+        raise ValueError(f"strategy {strategy!r} is one process: it sends nothing to time")
+    check_int("world_size", world_size, 2, what="ranks; one rank sends nothing")
+    check_int("steps", steps, 1)
+    check_int("global_batch", global_batch, 1)
+    rows_per_rank(global_batch, world_size)
+    network = as_network(network)
+    warm_up(COURSE_CONFIG)
+    results = launch(_timed, world_size, strategy, steps, network, free, global_batch, seed, options,
+                     quiet=quiet, timeout_s=timeout_s)
+    r0 = results[0]
+    free_clocks = r0.get("free", [])
+    predicted = None
+    if free_clocks and network is not None:
+        predicted = statistics.median(predict_step(c.step_s, c.transfers, network) for c in free_clocks)
+    return StepTime(label=label or strategy, strategy=strategy, world_size=world_size,
+                    network=network.describe() if network is not None else "the real link",
+                    free_s=statistics.median(c.step_s for c in free_clocks) if free_clocks else None,
+                    predicted_s=predicted, measured_s=statistics.median(c.step_s for c in r0["clocked"]),
+                    free=free_clocks, clocked=r0["clocked"])
+
+
+def describe(times: dict) -> str:
+    """One line per labelled :class:`StepTime`: free, predicted, measured (ms)."""
+    rows = [f"{'':<34}{'free link':>10}{'predicted':>11}{'clock':>9}   (ms per step, rank 0)"]
+    for label, t in times.items():
+        pred = f"{t.predicted_s * 1e3:>11.0f}" if t.predicted_s is not None else f"{'':>11}"
+        free = f"{t.free_s * 1e3:>10.0f}" if t.free_s is not None else f"{'':>10}"
+        rows.append(f"{label:<34}{free}{pred}{t.measured_s * 1e3:>9.0f}")
+    return "\n".join(rows)
+
+
+def plot_steps(times: dict, *, title: str | None = None):
+    """One lane pair per labelled :class:`StepTime` (its median step under the network, rank 0):
+    compute (measured), waiting for the network (exposed) and the link busy (modelled)."""
+    from matplotlib.figure import Figure
+
+    if not isinstance(times, dict) or not times or not all(isinstance(t, StepTime) for t in times.values()):
+        raise TypeError("times must be a non-empty dict of label -> StepTime (what time_step returns)")
+    fig = Figure(figsize=(9.0, 0.9 + 0.75 * len(times)))
+    ax = fig.subplots()
+    labels = list(times)
+    for row, label in enumerate(labels):
+        t = times[label]
+        c = t.median_clock
+        y = row * 1.0
+        blocked = sorted((tr.waited, tr.done) for tr in c.transfers if tr.waited is not None and tr.done is not None)
+        ax.broken_barh([(0, c.step_s * 1e3)], (y - 0.38, 0.36), color="#DD8452", alpha=0.85,
+                       label="computing (measured)" if row == 0 else None)
+        ax.broken_barh([(a * 1e3, (b - a) * 1e3) for a, b in blocked], (y - 0.38, 0.36), color="#C44E52",
+                       label="waiting for the network: exposed" if row == 0 else None)
+        ax.broken_barh([(tr.start * 1e3, tr.seconds * 1e3) for tr in c.transfers if tr.seconds > 0],
+                       (y + 0.02, 0.36), color="#4C72B0", edgecolor="white", linewidth=0.4,
+                       label="link busy (modelled)" if row == 0 else None)
+        if t.predicted_s is not None:
+            ax.plot([t.predicted_s * 1e3] * 2, [y - 0.42, y + 0.42], color="black", linewidth=1.2,
+                    label="predicted step end" if row == 0 else None)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"ms from the start of a step (rank 0; {next(iter(times.values())).network})", fontsize=8)
+    ax.set_title(title or "one training step: compute, and the communication it hides or waits for",
+                 fontsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28 - 0.05 / len(times)), ncol=4, fontsize=7,
+              frameon=False)
+    fig.tight_layout()
+    return fig
