@@ -156,6 +156,7 @@ class Transfer:
     done: float | None = None      # the caller got the result back (measured)
     executed: bool = False         # the real transfer ran
     future: bool = False           # completed through a future (torch DDP's comm hook)
+    stream: bool = False           # issued on a side stream (FSDP2's): compute waits on an event
 
     def shifted(self, t0: float) -> "Transfer":
         """A copy with every time measured from ``t0`` (e.g. its step's start)."""
@@ -266,12 +267,15 @@ class ModelledNetwork:
         self._thread.start()
         _CURRENT.append(self)
         _ledger.push_transport(self)
+        self._streams = _CpuStreams(self)
+        self._streams.install()
         return self
 
     def __exit__(self, *exc) -> bool:
         try:
             self.synchronize()
         finally:
+            self._streams.uninstall()
             _ledger.pop_transport(self)
             _CURRENT.remove(self)
             with self._cv:
@@ -290,13 +294,17 @@ class ModelledNetwork:
         op, message, world, _rank, _sent, is_async = call.describe()
         ranks = tuple(self._ranks(call))
         kind, cost = self.network.seconds(ranks, op, message, max(world, 1))
+        side = self._streams.side_stream() if not (is_async and call.family == "c10d") else None
         with self._cv:
             now = time.perf_counter()
-            start = max(now, self._free.get(kind, now))
+            start = max(now, self._free.get(kind, now), getattr(side, _READY, 0.0))
             tr = Transfer(op=op, function=call.name, message_bytes=int(message), world_size=int(world),
                           link=kind, seconds=cost, async_op=bool(is_async and call.family == "c10d"),
                           ranks=ranks, issued=now, start=start, arrival=start + cost)
             self._free[kind] = tr.arrival
+            if side is not None:             # FSDP2's streams: compute waits on an event later
+                tr.stream = True
+                setattr(side, _READY, tr.arrival)
             job = _Job(tr, call)
             self.transfers.append(tr)
             self._issued.append(job)
@@ -304,6 +312,11 @@ class ModelledNetwork:
             self._cv.notify_all()
         if tr.async_op:
             return ModelledWork(self, job)
+        if tr.stream:                        # the real result now; the modelled one at the event
+            job.done.wait()
+            if job.exc is not None:
+                raise job.exc
+            return job.out
         tr.waited = now
         return self._finish(job)
 
@@ -381,10 +394,21 @@ class ModelledNetwork:
             job.done.wait()
             if job.exc is not None:
                 raise job.exc
-        self._sleep_until(max((j.tr.arrival for j in jobs), default=0.0))
+        self.block_until(max((j.tr.arrival for j in jobs), default=0.0))
         with self._cv:
             while self._timers:
                 self._cv.wait(0.001)
+
+    def block_until(self, t: float) -> None:
+        """Compute waits until ``t`` for what side streams carry (an event, a synchronize):
+        the side-stream transfers that have arrived by then were waited for here."""
+        now = time.perf_counter()
+        self._sleep_until(t)
+        done = time.perf_counter()
+        with self._cv:
+            for tr in self.transfers[-256:]:
+                if tr.stream and tr.waited is None and tr.arrival <= t:
+                    tr.waited, tr.done = now, done
 
     @staticmethod
     def _sleep_until(t: float) -> None:
@@ -398,6 +422,106 @@ class ModelledNetwork:
 
 
 _CURRENT: list = []
+_READY = "_course_modelled_ready"       # a side stream's attribute: when its last transfer arrives
+
+
+class _ModelledEvent:
+    """What a CPU stream's ``record_event()`` returns under a network: the time it completes."""
+
+    def __init__(self, net: "ModelledNetwork", t: float = 0.0):
+        self._net, self.t = net, t
+
+    def query(self) -> bool:
+        return time.perf_counter() >= self.t
+
+    def synchronize(self) -> None:
+        self._net.block_until(self.t)
+
+    def wait(self, stream=None) -> None:
+        import torch
+
+        (stream or torch.cpu.current_stream()).wait_event(self)
+
+
+class _CpuStreams:
+    """GPU streams, modelled on the CPU, while a network is active. torch's CPU ``Stream`` and
+    ``Event`` do nothing (torch/cpu/__init__.py), so FSDP2's collectives, issued on its
+    all-gather, reduce-scatter and all-reduce streams, would block compute as plain calls. Here
+    a blocking collective issued on a side stream returns once its real result is in; the
+    stream is busy until its modelled arrival; an event recorded on it completes then; the
+    default stream (the CPU thread: compute) blocks only when it waits for that event, as a
+    GPU's compute stream does. What a CPU cannot model: a GPU's host runs ahead of its kernels,
+    so forward's all-gathers, issued one layer ahead, overlap there and not here."""
+
+    def __init__(self, net: "ModelledNetwork"):
+        self.net, self.saved = net, []
+
+    def side_stream(self):
+        import torch
+
+        cpu = getattr(torch, "cpu", None)
+        current = cpu.current_stream() if cpu is not None and hasattr(cpu, "current_stream") else None
+        return current if current is not None and current is not getattr(cpu, "_default_cpu_stream", None) else None
+
+    def _ready(self, stream) -> float:
+        import torch
+
+        if stream is None or stream is torch.cpu._default_cpu_stream:
+            return time.perf_counter()
+        return getattr(stream, _READY, 0.0)
+
+    def install(self) -> None:
+        import torch
+
+        cpu = getattr(torch, "cpu", None)
+        if cpu is None or not all(hasattr(cpu, n) for n in ("Stream", "Event", "_default_cpu_stream")):
+            return
+        net, ready, default = self.net, self._ready, cpu._default_cpu_stream
+
+        def record_event(stream, event=None):
+            ev = event if isinstance(event, _ModelledEvent) else _ModelledEvent(net)
+            ev.t = ready(stream)
+            return ev
+
+        def wait_until(stream, t: float) -> None:
+            if stream is default:
+                net.block_until(t)
+            else:
+                setattr(stream, _READY, max(getattr(stream, _READY, 0.0), t))
+
+        def wait_event(stream, event) -> None:
+            if isinstance(event, _ModelledEvent):
+                wait_until(stream, event.t)
+
+        def wait_stream(stream, other) -> None:
+            wait_until(stream, ready(other))
+
+        def event_record(event, stream=None):
+            event._net, event.t = net, ready(stream or cpu.current_stream())
+
+        def event_wait(event, stream=None):
+            wait_until(stream or cpu.current_stream(), getattr(event, "t", 0.0))
+
+        def event_synchronize(event):
+            net.block_until(getattr(event, "t", 0.0))
+
+        def event_query(event):
+            return time.perf_counter() >= getattr(event, "t", 0.0)
+
+        for cls, name, fn in ((cpu.Stream, "record_event", record_event), (cpu.Stream, "wait_event", wait_event),
+                              (cpu.Stream, "wait_stream", wait_stream), (cpu.Event, "record", event_record),
+                              (cpu.Event, "wait", event_wait), (cpu.Event, "synchronize", event_synchronize),
+                              (cpu.Event, "query", event_query)):
+            self.saved.append((cls, name, cls.__dict__.get(name)))
+            setattr(cls, name, fn)
+
+    def uninstall(self) -> None:
+        while self.saved:
+            cls, name, original = self.saved.pop()
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
 
 
 def predict_step(step_s: float, transfers, network) -> float:
