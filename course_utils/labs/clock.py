@@ -184,3 +184,79 @@ def plot_steps(times: dict, *, title: str | None = None):
               frameon=False)
     fig.tight_layout()
     return fig
+
+
+# -- a real slow link: the loopback of a private network namespace, rate-limited by tc (Linux, root)
+#: The shaped loopback's rate: 96 Mbit/s = 12 MB/s, which the 2 ranks share (every byte of the
+#: ring crosses the one loopback): 6 MB/s per rank, the modelled :data:`NETWORK`.
+SHAPED_RATE_MBIT = 96
+
+
+def shaped_network(rate_mbit: float = SHAPED_RATE_MBIT, world_size: int = 2) -> dict:
+    """The modelled network of the shaped loopback: its rate shared by ``world_size`` ranks,
+    gloo's bytes (its reduce-scatter is a whole all-reduce), the loopback's latency."""
+    return {"bandwidth": rate_mbit * 1e6 / 8 / world_size, "latency": 50e-6, "wire": "gloo"}
+
+
+def shaped_link_unavailable() -> str | None:
+    """Why the shaped loopback cannot be made here (None: it can)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return "a private network namespace needs Linux"
+    if os.geteuid() != 0:
+        return "unshare -n and tc need root"
+    missing = [t for t in ("unshare", "ip", "tc") if shutil.which(t) is None]
+    if missing:
+        return f"{', '.join(missing)} not found (iproute2 and util-linux)"
+    probe = subprocess.run(["unshare", "-n", "sh", "-c", _SHAPE.format(rate=SHAPED_RATE_MBIT)],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return f"could not shape a private loopback: {(probe.stderr or probe.stdout).strip()[-300:]}"
+    return None
+
+
+# The burst must exceed the loopback's MTU; small, so that what the idle link saved up during
+# compute (32 KB) barely shortens a step.
+_SHAPE = ("ip link set lo up && ip link set lo mtu 9000 && "
+          "tc qdisc add dev lo root tbf rate {rate}mbit burst 32kb latency 400ms")
+
+
+def time_on_shaped_link(strategy: str, world_size: int = 2, *, rate_mbit: float = SHAPED_RATE_MBIT,
+                        steps: int = 6, global_batch: int = GLOBAL_BATCH, timeout_s: float = TIMEOUT_S,
+                        **options) -> float:
+    """Median step (s, rank 0) of ``strategy`` over a real loopback shaped to ``rate_mbit``, in a
+    private network namespace (:func:`shaped_link_unavailable` says where it cannot run)."""
+    import json
+    import subprocess
+    import sys
+
+    if why := shaped_link_unavailable():
+        raise RuntimeError(f"no shaped link here: {why}")
+    spec = json.dumps({"strategy": strategy, "world_size": world_size, "steps": steps,
+                       "global_batch": global_batch, "options": options})
+    cmd = (_SHAPE.format(rate=rate_mbit) + f" && exec {sys.executable} -m course_utils.labs.clock")
+    out = subprocess.run(["unshare", "-n", "sh", "-c", cmd], input=spec, capture_output=True, text=True,
+                         timeout=timeout_s)
+    if out.returncode != 0:
+        raise RuntimeError(f"the run on the shaped link failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["measured_s"]
+
+
+def _main() -> None:
+    """Rank 0's median step of the strategy described by the JSON on stdin, as the ranks run
+    (no modelled network): the shaped-link side of :func:`time_on_shaped_link`."""
+    import json
+    import sys
+
+    spec = json.load(sys.stdin)
+    t = time_step(spec["strategy"], spec["world_size"], network=None, free=False, steps=spec["steps"],
+                  global_batch=spec["global_batch"], **spec["options"])
+    print(json.dumps({"measured_s": t.measured_s}))
+
+
+if __name__ == "__main__":
+    _main()
