@@ -224,3 +224,25 @@ def test_time_step_refuses_what_it_cannot_time():
 def test_free_is_a_network_that_costs_nothing():
     assert FREE.intra.bandwidth == math.inf and FREE.seconds((0, 1), "all_reduce", 10**9, 2)[1] == 0
     assert isinstance(as_network(Link(1e6)), Network)
+
+
+@pytest.mark.parametrize("text, bandwidth, latency", [("6MB/s", 6e6, 0.0), ("6MB/s,50us", 6e6, 50e-6),
+                                                      ("400mbit, 20µs", 50e6, 20e-6), ("1.5GB/s,2ms", 1.5e9, 2e-3)])
+def test_parse_network(text, bandwidth, latency):
+    from course_utils.runtime.network import parse_network
+    net = parse_network(text)
+    assert net.intra.bandwidth == pytest.approx(bandwidth) and net.intra.latency == pytest.approx(latency)
+
+
+@pytest.mark.parametrize("text", ["6", "6MB", "fast", "6MB/s,50us,1", "50us"])
+def test_parse_network_says_how_to_write_one(text):
+    from course_utils.runtime.network import parse_network
+    with pytest.raises(ValueError, match="written like 6MB/s"):
+        parse_network(text)
+
+
+def test_ranks_magic_runs_a_cell_under_a_network():
+    from course_utils.runtime.magics import ranks
+    cell = "t = torch.ones(250_000)\ndist.all_reduce(t)\nresult = (t[0].item(), round(net.transfers[0].seconds, 4))"
+    assert ranks("2 --network 10MB/s", cell) == [(2.0, 0.1), (2.0, 0.1)]
+    assert ranks("2", "result = net") == [None, None]

@@ -36,7 +36,7 @@ from ..theory.comm import OPS, collective_bytes, gloo_bytes
 from . import ledger as _ledger
 
 __all__ = ["Link", "Network", "Transfer", "ModelledNetwork", "modelled_network", "current_network",
-           "as_network", "predict_step", "FREE"]
+           "as_network", "parse_network", "predict_step", "FREE"]
 
 _P2P = ("send", "recv", "isend", "irecv")
 
@@ -419,6 +419,27 @@ class ModelledNetwork:
     def between(self, t0: float, t1: float) -> list[Transfer]:
         """The transfers issued in ``[t0, t1)`` (one step's, given its start and end)."""
         return [t for t in self.transfers if t0 <= t.issued < t1]
+
+
+_UNITS = {"gb/s": 1e9, "mb/s": 1e6, "kb/s": 1e3, "b/s": 1.0, "gbit": 1e9 / 8, "mbit": 1e6 / 8,
+          "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_network(text: str) -> Network:
+    """``"6MB/s"``, ``"6MB/s,50us"`` or ``"400mbit,20us"`` (bandwidth per rank, latency per ring step)."""
+    import re
+
+    parts = [p.strip() for p in str(text).split(",")]
+    values = []
+    for part, kinds in zip(parts, (("gb/s", "mb/s", "kb/s", "b/s", "gbit", "mbit"), ("s", "ms", "us", "µs", "ns"))):
+        m = re.fullmatch(r"([0-9.]+(?:e-?[0-9]+)?)\s*([a-zµ/]+)", part.lower())
+        if not m or m.group(2) not in kinds:
+            break
+        values.append(float(m.group(1)) * _UNITS[m.group(2)])
+    if len(values) != len(parts) or not 1 <= len(parts) <= 2:
+        raise ValueError(f"a network is written like 6MB/s or 6MB/s,50us (bandwidth per rank in GB/s, "
+                         f"MB/s, kB/s or mbit; latency per ring step in s, ms, us or ns), got {text!r}")
+    return as_network({"bandwidth": values[0], "latency": values[1] if len(values) > 1 else 0.0})
 
 
 _CURRENT: list = []
