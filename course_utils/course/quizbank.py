@@ -163,13 +163,17 @@ def quiz_02() -> Quiz:
     psi, steps = COURSE_CONFIG.num_params(), 5
     sent = {n: steps * comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (2, 4, 8)}
     return Quiz("02 data parallelism", [
-        SingleChoice("Four ranks each compute the mean loss on their 2 samples of an 8-sample global "
-                     "batch. To match one process on all 8 samples, the gradients are...",
-                     ["summed across ranks", "averaged across ranks", "taken from rank 0",
-                      "averaged, then multiplied by 8"],
-                     "b", "The mean over 8 samples is the average of the 4 per-rank means (equal "
-                          "shares), so the gradient of the global loss is the average of the gradients.",
-                     kind="explain"),
+        SingleChoice("Section 7's link becomes 4x faster (24 MB/s: the all-reduce takes 22 ms instead of "
+                     "86). Which step gets shorter by more?",
+                     ["64 KiB buckets: they send more messages, so they gain the most from the faster link",
+                      "one bucket: all 86 ms of it waited after backward, so it gains about 64 ms",
+                      "both gain the same 64 ms: they send the same bytes over the same link",
+                      "neither: on this CPU compute decides the step, the link hardly shows"],
+                     "b", "One bucket waits for the whole all-reduce after backward, so its step falls by "
+                          "86 - 22 = 64 ms. With 64 KiB buckets most of the 86 ms was already hidden behind "
+                          "backward; only the exposed tail (the red part of section 7's plot) can shrink. "
+                          "The bytes are equal; what the link's speed changes is only the exposed time.",
+                     kind="compare"),
         SingleChoice("You drop the broadcast from MyDDP's __init__, and each rank builds the model with "
                      "its own random initialisation. After 5 steps with correctly averaged gradients, "
                      "how many distinct parameter digests do 4 ranks show (section 4 printed 1)?",

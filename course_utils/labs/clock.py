@@ -21,7 +21,8 @@ from ..runtime.launch import launch, rank_device
 from ..runtime.network import FREE, ModelledNetwork, as_network, predict_step
 from ..theory.config import COURSE_CONFIG
 
-__all__ = ["NETWORK", "GLOBAL_BATCH", "StepTime", "time_step", "plot_steps", "describe", "union_s"]
+__all__ = ["NETWORK", "GLOBAL_BATCH", "StepTime", "time_step", "plot_steps", "describe", "union_s",
+           "blocked_spans", "shaped_network", "shaped_link_unavailable", "time_on_shaped_link"]
 
 #: The link of the course's clock demos: 6 MB/s per rank, 50 µs per ring step. The course GPT's
 #: 517,400 B of fp32 gradients then take 86 ms to all-reduce on 2 ranks, about as long as the
@@ -67,8 +68,20 @@ class StepTime:
     def exposed_s(self) -> float:
         """Seconds the median clocked step stood waiting for the network (measured)."""
         c = self.median_clock
-        return union_s([(t.waited, t.done) for t in c.transfers
-                        if t.waited is not None and t.done is not None], 0.0, c.step_s)
+        return union_s(blocked_spans(c), 0.0, c.step_s)
+
+
+def blocked_spans(clock: StepClock) -> list:
+    """(from, to) of each wait for a transfer in ``clock``. A future's waiter (torch DDP's C++
+    reducer) is taken to wait from when the step issued its last transfer, as it does when
+    backward ends, until the future completed."""
+    last_issue = max((t.issued for t in clock.transfers), default=0.0)
+    spans = []
+    for t in clock.transfers:
+        waited = t.waited if t.waited is not None else (last_issue if t.future else None)
+        if waited is not None and t.done is not None and t.done > waited:
+            spans.append((waited, t.done))
+    return spans
 
 
 def union_s(spans, lo: float, hi: float) -> float:
@@ -163,7 +176,7 @@ def plot_steps(times: dict, *, title: str | None = None):
         t = times[label]
         c = t.median_clock
         y = row * 1.0
-        blocked = sorted((tr.waited, tr.done) for tr in c.transfers if tr.waited is not None and tr.done is not None)
+        blocked = sorted(blocked_spans(c))
         ax.broken_barh([(0, c.step_s * 1e3)], (y - 0.38, 0.36), color="#DD8452", alpha=0.85,
                        label="computing (measured)" if row == 0 else None)
         ax.broken_barh([(a * 1e3, (b - a) * 1e3) for a, b in blocked], (y - 0.38, 0.36), color="#C44E52",
@@ -180,9 +193,8 @@ def plot_steps(times: dict, *, title: str | None = None):
     ax.set_title(title or "one training step: compute, and the communication it hides or waits for",
                  fontsize=9)
     ax.spines[["top", "right"]].set_visible(False)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28 - 0.05 / len(times)), ncol=4, fontsize=7,
-              frameon=False)
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
     return fig
 
 

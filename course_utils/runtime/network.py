@@ -383,6 +383,8 @@ class ModelledNetwork:
             elif job.exc is not None:
                 fut.set_exception(job.exc)
             else:
+                if job.tr.done is None:          # when the future's waiter (torch DDP) got it
+                    job.tr.done = time.perf_counter()
                 fut.set_result(job.out)
 
     def synchronize(self) -> None:
