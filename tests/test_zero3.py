@@ -390,3 +390,35 @@ def test_registry_and_errors():
     with pytest.raises(RuntimeError, match="torch.distributed"):
         Zero3(build_model())
     assert padded_numel(30_650, 3) == 30_651 and padded_numel(6_750, 4) == 6_752
+
+
+def _async_reduce(world_size_unused=None):
+    """Zero3 with async_reduce: the same shard gradients as without, bitwise; at most one
+    reduce-scatter in flight during backward; none left once backward returns; accumulation and
+    clipping work on what it leaves."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = SyntheticData(global_batch=GLOBAL_BATCH, seed=0)
+    out = {}
+    for flag in (False, True):
+        z = Zero3(build_model(seed=0), prefetch=True, async_reduce=flag)
+        in_flight = []
+        for u in z.units:
+            u._hooks.append(u.params[0].register_post_accumulate_grad_hook(
+                lambda p, z=z: in_flight.append(sum(v.reducing is not None for v in z.units))))
+        for step in range(2):                         # two backwards, one step: accumulation
+            x, y = data.shard(step, rank, world)
+            z(x, y).backward()
+        left = sum(u.reducing is not None for u in z.units)
+        norm = z.clip_grad_norm_(1.0)
+        out[flag] = ([u.shard.grad.clone() for u in z.units], max(in_flight), left, float(norm),
+                     [p.grad is not None for p in z.shard_parameters()])
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_async_reduce_gives_the_same_gradients_one_in_flight(world_size):
+    for r in launch(_async_reduce, world_size, quiet=True):
+        (g_sync, _, _, n_sync, has_sync), (g_async, most, left, n_async, has_async) = r[False], r[True]
+        assert all(torch.equal(a, b) for a, b in zip(g_sync, g_async))
+        assert n_sync == n_async and has_sync == has_async and all(has_async)
+        assert most == 1 and left == 0

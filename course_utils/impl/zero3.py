@@ -90,6 +90,7 @@ class FlatUnit(nn.Module):
         self.full = flat if compute == flat.dtype else torch.empty(self.padded, dtype=compute, device=flat.device)
         self.reduce_dtype = reduce_dtype or compute
         self.work = None                                   # an all-gather in flight
+        self.reducing = None                               # (chunk, flat, work): a reduce-scatter in flight
         self.ready = 0                                     # gradients in, this backward
         self.grads_in = grads_in or self.reduce_scatter    # called once all of them are
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
@@ -138,10 +139,11 @@ class FlatUnit(nn.Module):
             self.grads_in()
 
     @torch.no_grad()
-    def reduce_scatter(self) -> None:
+    def reduce_scatter(self, async_op: bool = False) -> None:
         """Flat gradient (zeros where a Parameter has none), SUM over ranks, keep this rank's
         chunk, / N, into ``shard.grad`` (added to what accumulated there); the full gradients
-        and parameters are dropped."""
+        and parameters are dropped. With ``async_op`` only start it (:meth:`finish_reduce`
+        adds it in), so it travels while backward computes the units before this one."""
         self.wait()
         gathered = self.full.untyped_storage().nbytes() > 0    # else the .grads are the pieces'
         flat = torch.zeros(self.padded, dtype=self.reduce_dtype, device=self.shard.device)
@@ -150,11 +152,25 @@ class FlatUnit(nn.Module):
                 flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
                 p.grad = None
         mine = torch.empty(self.padded // self.world, dtype=self.reduce_dtype, device=self.shard.device)
-        reduce_scatter_tensor(mine, flat, group=self.group)
+        self.reducing = (mine, flat, reduce_scatter_tensor(mine, flat, group=self.group, async_op=True))
+        self.ready = 0
+        if not async_op:
+            self.finish_reduce()
+        self.free()
+
+    @torch.no_grad()
+    def finish_reduce(self) -> None:
+        """Wait for the reduce-scatter in flight, if any, and add its chunk / N into ``shard.grad``."""
+        if self.reducing is None:
+            return
+        mine, _flat, work = self.reducing
+        self.reducing = None
+        work.wait()
         mine = mine.div_(self.world).to(self.shard.dtype)
         self.shard.grad = mine if self.shard.grad is None else self.shard.grad.add_(mine)
-        self.ready = 0
-        self.free()
+        if self.full.untyped_storage().nbytes() == 0:            # at rest: the pieces' .grad views
+            for p, (a, b) in zip(self.params, self.pieces):
+                p.grad = self.shard.grad[a:b]
 
     def extra_repr(self) -> str:
         return f"{len(self.params)} params, numel={self.numel}, padded={self.padded}, shard={self.shard.numel()}"
@@ -168,6 +184,10 @@ class Zero3(nn.Module):
         unit_types: module types to shard as units (default: the children of the first
             ``nn.ModuleList``); the root unit owns the rest.
         prefetch: start the next unit's all-gather while the current unit computes.
+        async_reduce: let each unit's reduce-scatter travel while backward computes the units
+            before it, one in flight at a time (its flat gradient kept until it is waited for),
+            as FSDP2 runs its reduce-scatters on a stream of their own; waited for by the end
+            of backward.
         reshard_root: free the root after forward too (2L + 2 all-gathers, not 2L + 1).
         param_dtype: the dtype forward and backward compute in (``torch.bfloat16``, ...);
             the shards stay fp32 masters. Frozen Parameters are cast to it once.
@@ -183,7 +203,7 @@ class Zero3(nn.Module):
     """
 
     def __init__(self, module: nn.Module, *, unit_types=None, prefetch: bool = False, reshard_root: bool = False,
-                 param_dtype=None, reduce_dtype=None, ignored_params=(), group=None):
+                 param_dtype=None, reduce_dtype=None, ignored_params=(), group=None, async_reduce: bool = False):
         super().__init__()
         require_process_group("Zero3")
         for name, dtype in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
@@ -195,7 +215,7 @@ class Zero3(nn.Module):
         if not all(isinstance(p, nn.Parameter) and id(p) in own for p in ignored_params):
             raise ValueError("ignored_params must be Parameters of the module")
         self.module, self.group = module, group
-        self.prefetch, self.reshard_root = bool(prefetch), bool(reshard_root)
+        self.prefetch, self.reshard_root, self.async_reduce = bool(prefetch), bool(reshard_root), bool(async_reduce)
         broadcast_from_rank0(module, group)
         self.units = [FlatUnit(m, ps, group=group, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                grads_in=self._reduce_in_order)
@@ -260,14 +280,19 @@ class Zero3(nn.Module):
             unit = self.units[self._next]
             if (done_after is None or self._next <= done_after) and unit.ready < len(unit.params):
                 return
-            unit.reduce_scatter()
+            if self.async_reduce:                  # one in flight at a time, as FSDP2 keeps one
+                for other in self.units:
+                    other.finish_reduce()
+            unit.reduce_scatter(async_op=self.async_reduce)
             self._next -= 1
 
     def _end_of_backward(self) -> None:
-        """Reduce-scatter the units not done yet, in the same order; free what is left."""
+        """Reduce-scatter the units not done yet, in the same order; wait for every one in
+        flight; free what is left."""
         for unit in reversed(self.units[:self._next + 1]):
             unit.reduce_scatter()
         for unit in self.units:
+            unit.finish_reduce()
             unit.free()                            # e.g. a prefetch nobody used
         self._next, self._callback_queued = len(self.units) - 1, False
 
@@ -303,16 +328,17 @@ class Zero3(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"units={len(self.units)} (padded numels {[u.padded for u in self.units]}), "
-                f"prefetch={self.prefetch}, reshard_root={self.reshard_root}")
+                f"prefetch={self.prefetch}, reshard_root={self.reshard_root}, async_reduce={self.async_reduce}")
 
 
 def wrap_zero3(model, make_optimizer, *, overlap: bool = True, group=None, unit_types=None,
-               reshard_root: bool = False, param_dtype=None, reduce_dtype=None, ignored_params=()):
+               reshard_root: bool = False, param_dtype=None, reduce_dtype=None, ignored_params=(),
+               async_reduce: bool = False):
     """The ``"zero3"`` strategy: ``(Zero3(model), optimizer)``; ``overlap`` is the prefetch
     switch. ``make_optimizer`` runs on the full-shaped Parameters (so groups made from
     ``p.ndim`` are right), then the optimizer is rebuilt, same class, groups and
     hyperparameters, over the same Parameters, at rest their pieces of the shards."""
     groups, cls, defaults = real_optimizer(model, make_optimizer)   # grouped while full-shaped
     z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root, param_dtype=param_dtype,
-              reduce_dtype=reduce_dtype, ignored_params=ignored_params, group=group)
+              reduce_dtype=reduce_dtype, ignored_params=ignored_params, group=group, async_reduce=async_reduce)
     return z, cls(groups, **defaults)

@@ -60,24 +60,26 @@ class StepTime:
         """measured / predicted - 1."""
         return None if self.predicted_s is None else self.measured_s / self.predicted_s - 1
 
-    def wire_s(self) -> float:
-        """Seconds the median clocked step's link was busy (model)."""
+    def wire_s(self, op: str | None = None) -> float:
+        """Seconds the median clocked step's link was busy (model), with ``op``'s transfers only."""
         c = self.median_clock
-        return union_s([(t.start, t.arrival) for t in c.transfers], 0.0, c.step_s)
+        return union_s([(t.start, t.arrival) for t in c.transfers if op in (None, t.op)], 0.0, c.step_s)
 
-    def exposed_s(self) -> float:
-        """Seconds the median clocked step stood waiting for the network (measured)."""
+    def exposed_s(self, op: str | None = None) -> float:
+        """Seconds the median clocked step stood waiting for the network (measured), for ``op`` only."""
         c = self.median_clock
-        return union_s(blocked_spans(c), 0.0, c.step_s)
+        return union_s(blocked_spans(c, op), 0.0, c.step_s)
 
 
-def blocked_spans(clock: StepClock) -> list:
+def blocked_spans(clock: StepClock, op: str | None = None) -> list:
     """(from, to) of each wait for a transfer in ``clock``. A future's waiter (torch DDP's C++
     reducer) is taken to wait from when the step issued its last transfer, as it does when
     backward ends, until the future completed."""
     last_issue = max((t.issued for t in clock.transfers), default=0.0)
     spans = []
     for t in clock.transfers:
+        if op not in (None, t.op):
+            continue
         waited = t.waited if t.waited is not None else (last_issue if t.future else None)
         if waited is not None and t.done is not None and t.done > waited:
             spans.append((waited, t.done))
