@@ -246,3 +246,14 @@ def test_ranks_magic_runs_a_cell_under_a_network():
     cell = "t = torch.ones(250_000)\ndist.all_reduce(t)\nresult = (t[0].item(), round(net.transfers[0].seconds, 4))"
     assert ranks("2 --network 10MB/s", cell) == [(2.0, 0.1), (2.0, 0.1)]
     assert ranks("2", "result = net") == [None, None]
+
+
+def test_a_call_across_nodes_splits_its_rings_over_the_nics():
+    """Full sharding over 2 nodes of 2 ranks: 2 rings, each leaving a node once, so each rank's
+    inter-node link carries half its bytes and NVLink the other half, at once (notebook 08's
+    multi-node model with a NIC per GPU); HSDP's all-reduce, one rank per node, all of them."""
+    net = as_network({"bandwidth": 60e6, "inter_bandwidth": 3e6, "node_size": 2})
+    sent = 3 / 4 * 4_000_000                                   # all-gather of 4 MB on 4 ranks
+    assert net.seconds((0, 1, 2, 3), "all_gather", 4_000_000, 4) == ("inter", pytest.approx(sent / 2 / 3e6))
+    assert net.seconds((0, 2), "all_reduce", 4_000_000, 2) == ("inter", pytest.approx(4_000_000 / 3e6))
+    assert net.seconds((0, 1), "all_reduce", 4_000_000, 2) == ("intra", pytest.approx(4_000_000 / 60e6))

@@ -372,7 +372,8 @@ QUIZZES["07"] = quiz_07
 def quiz_08() -> Quiz:
     from ..theory.multinode import crossovers
 
-    per_gpu, per_node = (crossovers(7e9, 8, 4, 450e9, nics_per_node=n)[0] / 1e9 for n in (8, 1))   # 08 §2
+    per_gpu = crossovers(7e9, 8, 4, 450e9, nics_per_node=8)[0] / 1e9                   # 08 §2
+    assert crossovers(7e9, 8, 4, 450e9, nics_per_node=1) == ()                         # HSDP at any bandwidth
     hsdp13 = model_states(13e9, world_size=8, stage=3, recipe="mixed").total / GB     # sharded in a node
     full13 = model_states(13e9, world_size=32, stage=3, recipe="mixed").total / GB
     return Quiz("08 Beyond one box", [
@@ -383,18 +384,18 @@ def quiz_08() -> Quiz:
                             f"full sharding over all 32 would hold {full13:g} GB. The replicas trade memory "
                             f"for fewer bytes across nodes. ({16 * 13e9 / 4 / GB:g}: sharded over the 4 "
                             f"replicas instead; {16 * 13e9 / GB:g}: nothing sharded.)"),
-        SingleChoice("Section 2's model, 7B on 4 nodes of 8 GPUs, on two clusters: A has one 50 GB/s NIC "
+        SingleChoice("Section 2's model, 7B on 4 nodes of 8 GPUs, on two clusters: A has one 100 GB/s NIC "
                      "per GPU, B a single 100 GB/s NIC per node. Which strategy is faster on each?",
                      ["A: full sharding; B: HSDP",
-                      "HSDP on both: it sends half the bytes across nodes",
-                      "Full sharding on both: B's NIC is the faster one",
+                      "HSDP on both, since it sends half the bytes across nodes",
+                      "Full sharding on both, since both cards are fast",
                       "A: HSDP; B: full sharding"],
-                     "a", f"Section 2 printed where the two cross: HSDP is faster below {per_gpu:.0f} GB/s "
-                          f"per NIC with a NIC per GPU, below {per_node:.0f} with one per node. On A, "
-                          "full sharding's rings use NVLink and all 8 NICs at once while HSDP runs its "
-                          "two phases one after the other. On B, every byte that leaves the node goes "
-                          "through one card, and full sharding sends about twice HSDP's.",
-                     kind="compare", printed="08"),
+                     "a", f"Section 2 printed where the two cross: with a NIC per GPU HSDP is faster below "
+                          f"{per_gpu:.0f} GB/s per NIC, with one NIC per node at every bandwidth. On A, "
+                          "full sharding's rings use NVLink and all 8 cards at once, and 100 GB/s is above "
+                          "the crossover. On B, every byte that leaves the node goes through one card, and "
+                          "full sharding sends about twice HSDP's.",
+                     kind="compare"),
         SingleChoice("Section 5's uneven data again, but the model is wrapped with fully_shard (notebook "
                      "07) instead of torch DDP: rank 1 has one batch fewer. Where does rank 0 wait?",
                      ["In backward, in the gradient all-reduce, as with DDP",

@@ -191,9 +191,12 @@ def plot_steps(times: dict, *, title: str | None = None):
                     label="predicted step end" if row == 0 else None)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel(f"ms from the start of a step (rank 0; {next(iter(times.values())).network})", fontsize=8)
-    ax.set_title(title or "one training step: compute, and the communication it hides or waits for",
-                 fontsize=9)
+    import textwrap
+
+    ax.set_xlabel("ms from the start of a step (rank 0)", fontsize=8)
+    where = textwrap.fill(next(iter(times.values())).network, 120)
+    ax.set_title((title or "one training step: compute, and the communication it hides or waits for")
+                 + "\n" + where, fontsize=8)
     ax.spines[["top", "right"]].set_visible(False)
     fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))

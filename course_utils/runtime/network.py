@@ -45,6 +45,18 @@ def _rate(x: float) -> str:
     return "free" if math.isinf(x) else f"{x / 1e6:g} MB/s"
 
 
+def steps_and_bytes(op: str, message_bytes: int, world_size: int, wire: str = "ring") -> tuple[int, float]:
+    """(latency steps, bytes one rank sends) of one call: the ring's for ring ops (``wire="gloo"``:
+    gloo's bytes), one step per peer and the whole message for the others; (0, 0) on one rank."""
+    if world_size <= 1:
+        return 0, 0.0
+    if op in OPS:
+        sent = (gloo_bytes(op, message_bytes, world_size) if wire == "gloo"
+                else collective_bytes(op, message_bytes, world_size))
+        return (2 if op == "all_reduce" else 1) * (world_size - 1), sent
+    return world_size - 1, message_bytes
+
+
 @dataclasses.dataclass(frozen=True)
 class Link:
     """One rank's link: ``bandwidth`` bytes/s it sends (``math.inf``: free), ``latency`` s per ring step."""
@@ -60,14 +72,7 @@ class Link:
         """The α-β time of one call: ring ops ``α·steps + ring bytes / β`` (``wire="gloo"``:
         the bytes gloo sends, :func:`~course_utils.theory.comm.gloo_bytes`); the others one
         latency per peer and the whole message through the link."""
-        if world_size <= 1:
-            return 0.0
-        if op in OPS:
-            steps = (2 if op == "all_reduce" else 1) * (world_size - 1)
-            sent = (gloo_bytes(op, message_bytes, world_size) if wire == "gloo"
-                    else collective_bytes(op, message_bytes, world_size))
-        else:
-            steps, sent = world_size - 1, message_bytes
+        steps, sent = steps_and_bytes(op, message_bytes, world_size, wire)
         return self.latency * steps + sent / self.bandwidth
 
     def describe(self) -> str:
@@ -100,9 +105,17 @@ class Network:
         return "inter", self.inter
 
     def seconds(self, ranks, op: str, message_bytes: int, world_size: int) -> tuple[str, float]:
-        """(which link, seconds) of one call among ``ranks``."""
+        """(which link, seconds) of one call among ``ranks``. A call spanning nodes with k of its
+        ranks in each runs as NCCL runs it with a NIC per GPU (notebook 08's multi-node model): k
+        rings, each leaving a node once, so each rank's inter-node link carries 1/k of the bytes
+        and its intra-node link the rest, both at once; latency is the inter-node link's."""
         kind, link = self.link_for(ranks)
-        return kind, link.seconds(op, message_bytes, world_size, self.wire)
+        nodes = len({r // self.node_size for r in ranks}) if self.node_size else 1
+        k = len(ranks) // nodes
+        if kind != "inter" or k <= 1:
+            return kind, link.seconds(op, message_bytes, world_size, self.wire)
+        steps, sent = steps_and_bytes(op, message_bytes, world_size, self.wire)
+        return kind, link.latency * steps + max(sent / k / link.bandwidth, sent * (1 - 1 / k) / self.intra.bandwidth)
 
     def describe(self) -> str:
         where = f"network modelled at {self.intra.describe()}"

@@ -5,7 +5,11 @@ memory per GPU from the alpha-beta model; the planner uses the same link model.
 per GPU. A ring over all N = g·n ranks (one ring per NIC, each leaving a node once) in which
 every rank sends S bytes puts S/R bytes through each NIC and S·(1 - floor(R/g)/R) over the
 busiest GPU's NVLink, taking the larger of the two times (:func:`flat_ring_wire`). HSDP:
-ZeRO-3 over g on NVLink, then g rings of n ranks all-reduce each M/g shard (:func:`cross_node_wire`).
+ZeRO-3 over g on NVLink, and g rings of n ranks all-reduce each M/g shard (:func:`cross_node_wire`).
+FSDP2 issues that cross-node all-reduce on a stream of its own (``all_reduce_stream`` in torch
+2.13's ``_fsdp_collectives.foreach_reduce``), beside backward's all-gathers and reduce-scatters
+on NVLink: HSDP takes forward's all-gathers + max(backward's passes, the all-reduces), not their
+sum (``overlap=False``: the sum, one phase after the other).
 """
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ class HybridCost:
     nic_bw: float
     fsdp_s: float
     hsdp_s: float
+    hsdp_serial_s: float
     fsdp_latency_s: float
     hsdp_latency_s: float
     fsdp_nic_bytes: float
@@ -91,13 +96,15 @@ class HybridCost:
 
 def hsdp_vs_fsdp_time(num_params, gpus_per_node: int, nodes: int, intra_bw: float, nic_bw: float, *,
                       nics_per_node: int | None = None, alpha_intra_s: float = 5e-6,
-                      alpha_inter_s: float = 10e-6, bytes_per_elem: int = 2) -> HybridCost:
+                      alpha_inter_s: float = 10e-6, bytes_per_elem: int = 2, overlap: bool = True) -> HybridCost:
     """Communication per step of full sharding (over all g·n GPUs) and of HSDP (shard in a node,
     replicate across nodes); bandwidths in bytes/s, ``nics_per_node`` None: one per GPU.
+    ``overlap``: HSDP's cross-node all-reduce runs beside backward's passes on NVLink, as FSDP2
+    runs it (False: after them; ``hsdp_serial_s`` is that time either way).
 
-    >>> c = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)        # 8 NICs of 200 Gb/s per node
-    >>> round(c.fsdp_s, 3), round(c.hsdp_s, 3), round(c.fsdp_nic_bytes / 1e9, 2), c.hsdp_nic_bytes / 1e9
-    (0.204, 0.187, 5.09, 2.625)
+    >>> c = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 50e9)        # 8 NICs of 400 Gb/s per node
+    >>> round(c.fsdp_s, 3), round(c.hsdp_serial_s, 3), round(c.hsdp_s, 3)
+    (0.103, 0.134, 0.082)
     """
     for name in ("gpus_per_node", "nodes", "bytes_per_elem"):
         check_int(name, locals()[name], 1)
@@ -109,13 +116,16 @@ def hsdp_vs_fsdp_time(num_params, gpus_per_node: int, nodes: int, intra_bw: floa
     sent = 2 * collective_bytes("all_gather", m, world) + collective_bytes("reduce_scatter", m, world)
     fsdp_lat = 3 * ring_steps("all_gather", world) * (alpha_inter_s if n > 1 else alpha_intra_s)
     fsdp_wire, fsdp_nic, fsdp_nvlink = flat_ring_wire(sent, g, n, intra_bw, nic_bw, r)
-    hsdp_intra = (2 * predict_time("all_gather", m, g, alpha_intra_s, intra_bw)
-                  + predict_time("reduce_scatter", m, g, alpha_intra_s, intra_bw))
+    gather = predict_time("all_gather", m, g, alpha_intra_s, intra_bw)          # one pass in a node
+    backward = gather + predict_time("reduce_scatter", m, g, alpha_intra_s, intra_bw)
     hsdp_wire, hsdp_nic = cross_node_wire(collective_bytes("all_reduce", m / g, n), g, n, nic_bw, r)
+    cross = ring_steps("all_reduce", n) * alpha_inter_s + hsdp_wire
     hsdp_lat = 3 * ring_steps("all_gather", g) * alpha_intra_s + ring_steps("all_reduce", n) * alpha_inter_s
+    serial = gather + backward + cross
     return HybridCost(
         num_params=num_params, gpus_per_node=g, nodes=n, nics_per_node=r, intra_bw=intra_bw, nic_bw=nic_bw,
-        fsdp_s=fsdp_lat + fsdp_wire, hsdp_s=hsdp_intra + ring_steps("all_reduce", n) * alpha_inter_s + hsdp_wire,
+        fsdp_s=fsdp_lat + fsdp_wire, hsdp_s=gather + max(backward, cross) if overlap else serial,
+        hsdp_serial_s=serial,
         fsdp_latency_s=fsdp_lat, hsdp_latency_s=hsdp_lat, fsdp_nic_bytes=fsdp_nic, hsdp_nic_bytes=hsdp_nic,
         fsdp_nvlink_bytes=fsdp_nvlink, hsdp_nvlink_bytes=3 * collective_bytes("all_gather", m, g),
         states_fsdp=model_states(num_params, world_size=world, stage=3).total,
@@ -124,23 +134,35 @@ def hsdp_vs_fsdp_time(num_params, gpus_per_node: int, nodes: int, intra_bw: floa
 
 def crossovers(num_params, gpus_per_node: int, nodes: int, intra_bw: float, *,
                nics_per_node: int | None = None, **model) -> tuple[float, ...]:
-    """The per-NIC bandwidths at which full sharding and HSDP take the same time, ascending: HSDP
-    is faster below the first, full sharding up to the second (where NVLink bounds its ring);
-    ``()``: HSDP is faster at every bandwidth. HSDP takes c + X_h/B, full sharding a + max(X_f/B, v)."""
+    """The per-NIC bandwidths (bytes/s) at which full sharding and HSDP take the same time,
+    ascending, between 10 MB/s and 100 TB/s: HSDP is faster below the first, full sharding
+    between the first and the second, and so on; ``()``: HSDP is faster at every bandwidth."""
+    import numpy as np
+
     if nodes == 1:
         raise ValueError("with nodes=1 both strategies stay inside the node: there is no "
                          "network to compare; use nodes >= 2")
-    c = hsdp_vs_fsdp_time(num_params, gpus_per_node, nodes, intra_bw, 1e9, nics_per_node=nics_per_node,
-                          **model)
-    x_f, x_h = c.fsdp_nic_bytes, c.hsdp_nic_bytes
-    v, a = c.fsdp_nvlink_bytes / intra_bw, c.fsdp_latency_s
-    fixed_h = c.hsdp_s - x_h / c.nic_bw
-    network_bound_up_to = x_f / v if v > 0 else math.inf
-    if fixed_h <= a or (x_f - x_h) / (fixed_h - a) > network_bound_up_to:
-        return ()
-    first = (x_f - x_h) / (fixed_h - a)
-    k = v + a - fixed_h
-    return (first, x_h / k) if k > 0 else (first,)
+
+    def gap(bw: float) -> float:           # > 0: HSDP faster
+        c = hsdp_vs_fsdp_time(num_params, gpus_per_node, nodes, intra_bw, bw, nics_per_node=nics_per_node,
+                              **model)
+        return c.fsdp_s - c.hsdp_s
+
+    grid = np.geomspace(1e7, 1e14, 400)
+    gaps = [gap(b) for b in grid]
+    found = []
+    for lo, hi, g_lo, g_hi in zip(grid, grid[1:], gaps, gaps[1:]):
+        if (g_lo > 0) != (g_hi > 0):
+            for _ in range(80):                # bisect in log space
+                mid = math.sqrt(lo * hi)
+                if (gap(mid) > 0) == (g_lo > 0):
+                    lo = mid
+                else:
+                    hi = mid
+            found.append(float(math.sqrt(lo * hi)))
+    if gaps[0] <= 0:                          # full sharding already faster at the bottom
+        found.insert(0, float(grid[0]))
+    return tuple(found)
 
 
 def crossover_inter_bw(num_params, gpus_per_node: int, nodes: int, intra_bw: float, *,
@@ -169,11 +191,14 @@ def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra
     for ax, r in zip(axes, counts):
         costs = [hsdp_vs_fsdp_time(num_params, gpus_per_node, nodes, intra_bw, float(b), nics_per_node=r,
                                    **model) for b in grid]
+        serial = [hsdp_vs_fsdp_time(num_params, gpus_per_node, nodes, intra_bw, float(b), nics_per_node=r,
+                                    overlap=False, **model).hsdp_s for b in grid]
         found = crossovers(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=r, **model)
         x = grid / 1e9
         ax.loglog(x, [c.fsdp_s for c in costs], "-", color="#C44E52", label=f"full sharding over {nodes * gpus_per_node} GPUs")
         ax.loglog(x, [c.hsdp_s for c in costs], "-", color="#4C72B0",
-                  label=f"HSDP ({gpus_per_node} shards x {nodes} replicas)")
+                  label=f"HSDP ({gpus_per_node} shards x {nodes} replicas), all-reduce overlapped (FSDP2)")
+        ax.loglog(x, serial, ":", color="#4C72B0", linewidth=1, label="HSDP, its phases one after the other")
         if found:
             right = min(found[1], hi) if len(found) > 1 else hi
             ax.axvspan(max(found[0], lo) / 1e9, right / 1e9, color="#C44E52", alpha=0.08,
