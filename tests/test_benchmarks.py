@@ -13,6 +13,7 @@ SMALL = {
     "launch_overhead.py": ["--ranks", "2", "--repeat", "1"],
     "ddp_step_time.py": ["--ranks", "2", "--steps", "2", "--repeat", "1", "--models", "course"],
     "zero3_step_time.py": ["--ranks", "2", "--steps", "2", "--repeat", "1", "--models", "course"],
+    "clock_peers.py": ["--steps", "2", "--repeat", "1"],
 }
 
 
@@ -34,5 +35,10 @@ def test_the_benchmark_runs(script):
         assert "forkserver / fork, median after the first:" in out.stdout
     if script == "ddp_step_time.py":            # the ratio against torch, with its goal
         assert re.search(r"ratio \d+\.\d+x \((within|OVER) 1\.2x\)", out.stdout), out.stdout
+    if script == "clock_peers.py":              # both pairs, their ratios and hidden shares, with goals
+        for pair in ("DDP: course DDP / torch DDP", "ZeRO-3: course Zero3 / torch FSDP2"):
+            assert re.search(rf"{pair} on the clock: \d+\.\d+x \((within|OVER) 1\.15x\)", out.stdout), out.stdout
+        assert len(re.findall(r"hidden: measured \d\.\d+, predicted \d\.\d+ \((within|OVER) 0\.15\)",
+                              out.stdout)) == 4, out.stdout
     if script == "zero3_step_time.py":
         assert re.search(r"zero3 prefetch / torch-fsdp: \d+\.\d+x \((within|OVER) 1\.3x\)", out.stdout), out.stdout
