@@ -257,3 +257,21 @@ def test_a_call_across_nodes_splits_its_rings_over_the_nics():
     assert net.seconds((0, 1, 2, 3), "all_gather", 4_000_000, 4) == ("inter", pytest.approx(sent / 2 / 3e6))
     assert net.seconds((0, 2), "all_reduce", 4_000_000, 2) == ("inter", pytest.approx(4_000_000 / 3e6))
     assert net.seconds((0, 1), "all_reduce", 4_000_000, 2) == ("intra", pytest.approx(4_000_000 / 60e6))
+
+
+def test_a_profiled_step_adds_the_model_to_a_real_trace(tmp_path):
+    """torch.profiler's trace of one FSDP2 step under the network: Chrome JSON with the real
+    threads (compute, and the network thread's gloo calls) and the model's lanes added."""
+    import json
+    path = tmp_path / "step.json"
+    out = clock.profile_step("torch-fsdp", path=path)
+    assert out["path"] == str(path) and out["step_ms"] > 0
+    events = json.loads(path.read_text())["traceEvents"]
+    assert any(e.get("name", "").startswith("gloo: ") and e["tid"] == "network thread" for e in events)
+    lanes = clock.trace_lanes(path)
+    assert list(lanes)[0].startswith("main thread") and any("gloo" in lane for lane in lanes)
+    assert {n for n, _, _ in lanes["modelled link"]} == {"link busy: all_gather", "link busy: reduce_scatter"}
+    step = next(e for e in events if e.get("tid") == "step")
+    for lane in lanes.values():                      # every span inside the step, in ms from its start
+        assert all(0 <= s <= step["dur"] / 1e3 + 1 for _, s, _ in lane)
+    assert len(clock.plot_trace(path).axes) == 1

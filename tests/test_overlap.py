@@ -2,8 +2,7 @@
 from outside.
 
 What is exact is asserted exactly (buckets, the order of launches relative to the
-gradient hooks); times are only checked for consistency (a launch precedes its
-completion), never for their values."""
+gradient hooks); what overlap buys in time is tests/test_network.py's."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -36,13 +35,11 @@ def test_recording_changes_nothing_and_sees_every_step_of_the_sync():
     for by_flag in launch(_grads_with_and_without_recording, 2, quiet=True):
         for overlap_on, (same, rec, buckets) in by_flag.items():
             assert same                                   # bitwise the same gradients
-            assert len(rec["grads"]) == 68 and len(rec["launch"]) == buckets
-            assert sorted(rec["done"]) == list(range(buckets))   # every completion callback ran
-            assert all(hook is overlap_on for _, _, hook in rec["launch"])
-            after = [n for _, n, _ in rec["launch"]]
+            assert rec["grads"] == 68 and len(rec["launch"]) == buckets and rec["ended"]
+            assert all(hook is overlap_on for _, hook in rec["launch"])
+            after = [n for n, _ in rec["launch"]]
             assert after == sorted(after) and after[-1] == 68      # strictly in order, the last at the end
             assert (after[0] < 68) is overlap_on                       # the first during backward, if overlapped
-            assert all(t <= rec["end"] for t in rec["grads"]) and rec["end"] <= rec["synced"]
 
 
 @pytest.fixture(scope="module")
@@ -63,22 +60,6 @@ def test_timelines_exact_facts(timelines):
     assert "bucket 1 of" in on.describe() and "during backward" in on.describe()
 
 
-def test_timelines_times_are_consistent(timelines):
-    for tl in (t for pair in timelines.values() for t in pair):
-        assert len(tl.grad_ready_s) == tl.num_grads and tl.grad_ready_s == sorted(tl.grad_ready_s)
-        assert tl.backward_end_s <= tl.synced_s and tl.forward_s > 0
-        for start, done in zip(tl.launch_s, tl.done_s):
-            assert 0 <= start and (done is None or start <= done)
-        assert 0 <= tl.hidden_s()
-    assert timelines[False][0].hidden_s() == 0.0          # nothing launched before the end
-
-
-def test_plot_renders(timelines):
-    fig = overlap.plot_timelines({"overlapped": timelines[True][0], "after backward": timelines[False][0]})
-    assert len(fig.axes) == 2
-    fig.savefig(__import__("io").BytesIO(), format="png")
-
-
 def test_bad_input():
     with pytest.raises(ValueError, match="world_size"):
         overlap.ddp_step_timeline(1)
@@ -86,5 +67,3 @@ def test_bad_input():
         overlap.ddp_step_timeline(5)
     with pytest.raises(TypeError, match="overlap"):
         overlap.ddp_step_timeline(2, overlap="yes")
-    with pytest.raises(TypeError, match="StepTimeline"):
-        overlap.plot_timelines({"x": 1})

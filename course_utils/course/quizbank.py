@@ -165,10 +165,10 @@ def quiz_02() -> Quiz:
     return Quiz("02 data parallelism", [
         SingleChoice("Section 7's link becomes 4x faster (24 MB/s: the all-reduce takes 22 ms instead of "
                      "86). Which step gets shorter by more?",
-                     ["64 KiB buckets: they send more messages, so they gain the most from the faster link",
-                      "one bucket: all 86 ms of it waited after backward, so it gains about 64 ms",
-                      "both gain the same 64 ms: they send the same bytes over the same link",
-                      "neither: on this CPU compute decides the step, the link hardly shows"],
+                     ["64 KiB buckets, by more than 64 ms",
+                      "one bucket, by about 64 ms",
+                      "both, by the same 64 ms",
+                      "neither, by more than a few ms"],
                      "b", "One bucket waits for the whole all-reduce after backward, so its step falls by "
                           "86 - 22 = 64 ms. With 64 KiB buckets most of the 86 ms was already hidden behind "
                           "backward; only the exposed tail (the red part of section 7's plot) can shrink. "

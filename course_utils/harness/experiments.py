@@ -227,7 +227,8 @@ def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
     """The course's training loop, a generator of ``(step, loss, seconds)`` yielded between
     ``optimizer.step()`` and ``zero_grad()``; ``steps``: a count or the step numbers
     (``range(2, 4)`` resumes); ``loss``: :func:`global_loss`, with the ``meters`` paused;
-    ``spans``: a list to which each step's ``(start, end)`` (``time.perf_counter()``) is appended."""
+    ``spans``: a list to which each step's ``(start, backward start, end)`` (``time.perf_counter()``)
+    is appended."""
     if rank is None or world is None:
         rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -244,13 +245,14 @@ def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
         sync()
         t0 = time.perf_counter()
         loss = model(x, y)
+        t_backward = time.perf_counter()
         loss.backward()
         optimizer.step()
         sync()
         t1 = time.perf_counter()
         seconds = t1 - t0
         if spans is not None:
-            spans.append((t0, t1))
+            spans.append((t0, t_backward, t1))
         with contextlib.ExitStack() as paused:
             for meter in meters:
                 paused.enter_context(meter.pause())
@@ -261,11 +263,12 @@ def train(model: nn.Module, optimizer, data, steps, *, rank: int | None = None,
 
 @dataclasses.dataclass
 class StepClock:
-    """One step under a modelled network, as one rank saw it: its time and its transfers,
-    times in seconds from the step's start (``Transfer.shifted``)."""
+    """One step under a modelled network, as one rank saw it: its time, when its backward
+    started and its transfers, times in seconds from the step's start (``Transfer.shifted``)."""
     network: str
     step_s: float
     transfers: list
+    backward_at: float | None = None
 
 
 def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, global_batch: int,
@@ -295,8 +298,8 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
     if peaks:
         extra["peak_grad_bytes"] = max(peaks)
     if net is not None:                  # the median step's clock, with its transfers
-        t0, t1 = spans[times.index(statistics.median_low(times))]
-        extra["clock"] = StepClock(net.describe(), t1 - t0, [t.shifted(t0) for t in net.between(t0, t1)])
+        t0, tb, t1 = spans[times.index(statistics.median_low(times))]
+        extra["clock"] = StepClock(net.describe(), t1 - t0, [t.shifted(t0) for t in net.between(t0, t1)], tb - t0)
     rank, world = (dist.get_rank(), dist.get_world_size()) if spec.distributed else (0, 1)
     return RunResult(strategy=strategy, rank=rank, world_size=world, losses=losses,
                      comm_bytes=ledger.totals(), comm_calls=ledger.counts(), state_bytes=state,

@@ -22,7 +22,8 @@ from ..runtime.network import FREE, ModelledNetwork, as_network, predict_step
 from ..theory.config import COURSE_CONFIG
 
 __all__ = ["NETWORK", "GLOBAL_BATCH", "StepTime", "time_step", "plot_steps", "describe", "union_s",
-           "blocked_spans", "shaped_network", "shaped_link_unavailable", "time_on_shaped_link"]
+           "blocked_spans", "shaped_network", "shaped_link_unavailable", "time_on_shaped_link",
+           "profile_step", "trace_lanes", "plot_trace"]
 
 #: The link of the course's clock demos: 6 MB/s per rank, 50 µs per ring step. The course GPT's
 #: 517,400 B of fp32 gradients then take 86 ms to all-reduce on 2 ranks, about as long as the
@@ -32,6 +33,9 @@ NETWORK = {"bandwidth": 6e6, "latency": 50e-6}
 #: per call (on the loopback, sharing two cores) stay small beside the modelled link.
 GLOBAL_BATCH = 384
 TIMEOUT_S = 300
+#: The link's bars in :func:`plot_steps`, one colour per collective.
+LINK_COLORS = {"all_reduce": "#4C72B0", "all_gather": "#55A868", "reduce_scatter": "#8172B2",
+               "broadcast": "#937860"}
 
 
 @dataclasses.dataclass
@@ -98,9 +102,9 @@ def union_s(spans, lo: float, hi: float) -> float:
 
 def _clocks(spans, net, description: str) -> list:
     out = []
-    for t0, t1 in spans[1:]:                       # the first step warms up
+    for t0, tb, t1 in spans[1:]:                   # the first step warms up
         transfers = [t.shifted(t0) for t in net.between(t0, t1)] if net is not None else []
-        out.append(StepClock(description, t1 - t0, transfers))
+        out.append(StepClock(description, t1 - t0, transfers, tb - t0))
     return out
 
 
@@ -166,14 +170,16 @@ def describe(times: dict) -> str:
 
 def plot_steps(times: dict, *, title: str | None = None):
     """One lane pair per labelled :class:`StepTime` (its median step under the network, rank 0):
-    compute (measured), waiting for the network (exposed) and the link busy (modelled)."""
+    compute (measured: everything the rank does but wait, gloo's own CPU work on its transfers
+    included), waiting for the network (exposed), and the link busy (modelled), per collective."""
     from matplotlib.figure import Figure
 
     if not isinstance(times, dict) or not times or not all(isinstance(t, StepTime) for t in times.values()):
         raise TypeError("times must be a non-empty dict of label -> StepTime (what time_step returns)")
-    fig = Figure(figsize=(9.0, 0.9 + 0.75 * len(times)))
+    fig = Figure(figsize=(9.0, 1.4 + 0.75 * len(times)))
     ax = fig.subplots()
     labels = list(times)
+    drawn: set = set()
     for row, label in enumerate(labels):
         t = times[label]
         c = t.median_clock
@@ -183,9 +189,20 @@ def plot_steps(times: dict, *, title: str | None = None):
                        label="computing (measured)" if row == 0 else None)
         ax.broken_barh([(a * 1e3, (b - a) * 1e3) for a, b in blocked], (y - 0.38, 0.36), color="#C44E52",
                        label="waiting for the network: exposed" if row == 0 else None)
-        ax.broken_barh([(tr.start * 1e3, tr.seconds * 1e3) for tr in c.transfers if tr.seconds > 0],
-                       (y + 0.02, 0.36), color="#4C72B0", edgecolor="white", linewidth=0.4,
-                       label="link busy (modelled)" if row == 0 else None)
+        for op, color in LINK_COLORS.items():
+            bars = [(tr.start * 1e3, tr.seconds * 1e3) for tr in c.transfers if tr.seconds > 0 and tr.op == op]
+            ax.broken_barh(bars, (y + 0.02, 0.36), color=color, edgecolor="white", linewidth=0.4,
+                           label=f"link busy: {op.replace('_', '-')} (modelled)"
+                           if op not in drawn and bars else None)
+            drawn.update([op] if bars else [])
+        cross = [(tr.start * 1e3, tr.seconds * 1e3) for tr in c.transfers if tr.seconds > 0 and tr.link == "inter"]
+        if cross:
+            ax.broken_barh(cross, (y + 0.02, 0.36), facecolor="none", edgecolor="black", linewidth=0.4,
+                           hatch="////", label="across nodes" if "inter" not in drawn else None)
+            drawn.add("inter")
+        if c.backward_at is not None:
+            ax.plot([c.backward_at * 1e3] * 2, [y - 0.42, y - 0.02], color="#333333", linewidth=1, linestyle=":",
+                    label="backward starts" if row == 0 else None)
         if t.predicted_s is not None:
             ax.plot([t.predicted_s * 1e3] * 2, [y - 0.42, y + 0.42], color="black", linewidth=1.2,
                     label="predicted step end" if row == 0 else None)
@@ -194,12 +211,12 @@ def plot_steps(times: dict, *, title: str | None = None):
     import textwrap
 
     ax.set_xlabel("ms from the start of a step (rank 0)", fontsize=8)
-    where = textwrap.fill(next(iter(times.values())).network, 120)
+    where = textwrap.fill(next(iter(times.values())).network, 150)
     ax.set_title((title or "one training step: compute, and the communication it hides or waits for")
                  + "\n" + where, fontsize=8)
     ax.spines[["top", "right"]].set_visible(False)
     fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
+    fig.tight_layout(rect=(0, 0.55 / fig.get_figheight(), 1, 1))
     return fig
 
 
@@ -273,6 +290,148 @@ def _main() -> None:
     t = time_step(spec["strategy"], spec["world_size"], network=None, free=False, steps=spec["steps"],
                   global_batch=spec["global_batch"], **spec["options"])
     print(json.dumps({"measured_s": t.measured_s}))
+
+
+
+# -- a real profiler trace of one clocked step
+def _profiled(strategy: str, network, global_batch: int, seed: int, options: dict, path: str | None) -> dict:
+    import json
+    import time
+
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    device = rank_device()
+    model, optimizer = wrap(strategy, build_model(COURSE_CONFIG, seed=seed, device=device), make_adamw,
+                            **options)
+    data = SyntheticData(COURSE_CONFIG, global_batch=global_batch, seed=seed)
+    spans = []
+    with ModelledNetwork(network) as net:
+        for _ in train(model, optimizer, data, range(2), device=device):      # warm up
+            pass
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            with record_function("clock: sync"):
+                t_sync = time.perf_counter()
+            for _ in train(model, optimizer, data, range(2, 3), device=device, spans=spans):
+                pass
+    t0, _, t1 = spans[0]
+    transfers = [t.shifted(t0) for t in net.between(t0, t1)]
+    if dist.get_rank() != 0 or path is None:
+        return {}
+    prof.export_chrome_trace(path)
+    with open(path, encoding="utf-8") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    sync = next(e for e in events if e.get("name") == "clock: sync")
+    offset_us = sync["ts"] - t_sync * 1e6            # profiler µs = perf_counter s x 1e6 + offset
+    pid = sync["pid"]
+    start_us = t0 * 1e6 + offset_us
+    for tr in transfers:                             # the model, and the thread the profiler cannot see
+        events.append({"ph": "X", "cat": "modelled network", "name": f"link busy: {tr.op}", "pid": pid,
+                       "tid": "modelled link", "ts": start_us + tr.start * 1e6, "dur": tr.seconds * 1e6})
+        if tr.ran is not None:
+            events.append({"ph": "X", "cat": "modelled network", "name": f"gloo: {tr.op}", "pid": pid,
+                           "tid": "network thread", "ts": start_us + tr.ran[0] * 1e6,
+                           "dur": (tr.ran[1] - tr.ran[0]) * 1e6})
+    for a, b in blocked_spans(StepClock("", t1 - t0, transfers)):
+        events.append({"ph": "X", "cat": "modelled network", "name": "waiting for the network", "pid": pid,
+                       "tid": "waiting (exposed)", "ts": start_us + a * 1e6, "dur": (b - a) * 1e6})
+    events.append({"ph": "X", "cat": "clock", "name": "training step", "pid": pid, "tid": "step",
+                   "ts": start_us, "dur": (t1 - t0) * 1e6})
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(trace, f)
+    return {"path": path, "step_ms": (t1 - t0) * 1e3}
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The process's C++ stderr to /dev/null (Kineto prints a line as each profiler starts and stops)."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def profile_step(strategy: str = "ddp", world_size: int = 2, *, path: str, network=NETWORK,
+                 global_batch: int = GLOBAL_BATCH, seed: int = 0, quiet: bool = True,
+                 timeout_s: float = TIMEOUT_S, **options) -> dict:
+    """One step of ``strategy`` under ``network``, after two warm-up steps, profiled with
+    ``torch.profiler`` (CPU) on every rank; rank 0's trace is written to ``path`` as Chrome /
+    Perfetto JSON (open it in ui.perfetto.dev or chrome://tracing), with lanes added from the
+    network's records: the step, the real gloo transfers on the network's thread (the profiler
+    records only the thread it was started in), the modelled link's transfers and the waits
+    for them. Returns ``{"path", "step_ms"}``."""
+    get_strategy(strategy)
+    check_int("world_size", world_size, 2, what="ranks; one rank sends nothing")
+    rows_per_rank(global_batch, world_size)
+    warm_up(COURSE_CONFIG)
+    return launch(_profiled, world_size, strategy, as_network(network), global_batch, seed, options,
+                  str(path), quiet=quiet, timeout_s=timeout_s)[0]
+
+
+def trace_lanes(path) -> dict:
+    """``{lane: [(name, start ms, duration ms)]}`` of a trace :func:`profile_step` wrote, from the
+    step's start: the main thread's outermost operations (compute, the calls it makes, its
+    waits), any other thread's, and the lanes added from the network's records."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        trace = json.load(f)
+    events = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)
+              if e.get("ph") == "X" and "dur" in e]
+    step = next(e for e in events if e.get("tid") == "step")
+    lo, hi = step["ts"], step["ts"] + step["dur"]
+    threads: dict = {}
+    for e in events:
+        if e.get("cat") in ("modelled network", "clock") or not lo <= e["ts"] < hi:
+            continue
+        threads.setdefault(e["tid"], []).append(e)
+    main = max(threads, key=lambda t: sum(e["dur"] for e in threads[t])) if threads else None
+    lanes: dict = {}
+    for tid, evs in threads.items():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        outer, reach = [], lo
+        for e in evs:                                # outermost events only
+            if e["ts"] >= reach:
+                outer.append(e)
+                reach = e["ts"] + e["dur"]
+        lane = "main thread: compute and the calls it makes" if tid == main else f"thread {tid}"
+        lanes[lane] = [(e["name"], (e["ts"] - lo) / 1e3, e["dur"] / 1e3) for e in outer]
+    added = {"network thread": "network thread: gloo's real transfers", "waiting (exposed)": "waiting (exposed)",
+             "modelled link": "modelled link"}
+    for tid, lane in added.items():
+        lanes[lane] = [(e["name"], (e["ts"] - lo) / 1e3, e["dur"] / 1e3) for e in events if e.get("tid") == tid]
+    return lanes
+
+
+def plot_trace(path, *, title: str | None = None):
+    """The trace :func:`profile_step` wrote, drawn as Perfetto draws it: a lane per thread."""
+    from matplotlib.figure import Figure
+
+    lanes = trace_lanes(path)
+    fig = Figure(figsize=(9.0, 0.8 + 0.55 * len(lanes)))
+    ax = fig.subplots()
+    colors = {"waiting (exposed)": "#C44E52", "modelled link": "#4C72B0",
+              "network thread: gloo's real transfers": "#8172B2"}
+    for row, (lane, spans) in enumerate(lanes.items()):
+        color = colors.get(lane, "#DD8452" if lane.startswith("main") else "#8172B2")
+        ax.broken_barh([(s, max(d, 0.05)) for _, s, d in spans], (row - 0.35, 0.7), color=color,
+                       edgecolor="white", linewidth=0.3)
+    ax.set_yticks(range(len(lanes)), list(lanes), fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from the start of the step (rank 0; torch.profiler, CPU)", fontsize=8)
+    ax.set_title(title or "one profiled step: each bar an operation as the trace records it", fontsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ __all__ = ["all_gather_into_tensor", "reduce_scatter_tensor", "HAS_SINGLE_NAMES"
            "fsdp2_unsharded_bytes", "fsdp2_unsharded_grad_bytes", "fsdp2_waiting_grad_bytes", "watch_fsdp2", "queue_backward_callback", "storage_key",
            "resolve_process_group", "functional_collectives", "mem_tracker",
            "checkpoint_functions", "fsdp1_allow_cpu_sync_module_states", "tree_flatten", "DDP_BUFFER_BROADCAST",
-           "release_forkserver_pipe", "stop_resource_tracker"]
+           "release_forkserver_pipe", "stop_resource_tracker", "cpu_default_stream"]
 
 #: The oldest torch the course runs on (measured on CPU/gloo: on 2.9 FSDP2's ``replicate``
 #: and sharded clipping differ; on 2.7 its gradients come out N times too large, silently).
@@ -257,3 +257,11 @@ def stop_resource_tracker() -> None:
     if tracker is not None and hasattr(tracker, "_stop"):
         with contextlib.suppress(Exception):
             tracker._stop()
+
+
+def cpu_default_stream():
+    """``torch.cpu``'s default stream (private, ``_default_cpu_stream``): the one a CPU computes
+    on, next to which FSDP2 creates its side streams; None where this torch has none."""
+    import torch
+
+    return getattr(getattr(torch, "cpu", None), "_default_cpu_stream", None)

@@ -8,16 +8,16 @@ than a link of latency α and bandwidth β would deliver it, in the α-β ring m
 
 - each rank has a link (two with ``node_size``: within a node, across nodes); transfers
   queue on it in issue order, so concurrent collectives share it;
-- a blocking collective runs, then sleeps until its modelled arrival;
-- an ``async_op=True`` collective returns at once; its real transfer runs when it is waited
-  for (every earlier one first, so every rank runs them in the same order, and gloo's
-  threads never take the cores while compute runs), and ``wait()`` then sleeps until the
-  arrival; a future (``get_future()``, torch DDP's comm hook) completes at the arrival;
+- the real transfers run on one thread of the process, in issue order (so every rank runs
+  them in the same order), each once its link takes it;
+- a blocking collective returns at its modelled arrival; an ``async_op=True`` one returns at
+  once and its ``wait()`` blocks until the arrival; a future (``get_future()``, torch DDP's
+  comm hook) completes then; FSDP2's side streams are modelled too (:class:`_CpuStreams`);
 - compute is not slowed: it is measured on this CPU.
 
 So a step's clock is compute (measured) + the communication it did not hide (modelled).
-Point-to-point calls run unmodelled. :meth:`ModelledNetwork.predict` is the same model
-applied to a run on a free link: the prediction to compare the clock with.
+Point-to-point calls run unmodelled. :func:`predict_step` is the same model applied to a
+step run on a free link: the prediction to compare the clock with.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ import torch.distributed as dist
 from ..checks import check_int, check_number
 from ..theory.comm import OPS, collective_bytes, gloo_bytes
 from . import ledger as _ledger
+from .compat import cpu_default_stream
 
 __all__ = ["Link", "Network", "Transfer", "ModelledNetwork", "modelled_network", "current_network",
            "as_network", "parse_network", "predict_step", "FREE"]
@@ -170,11 +171,14 @@ class Transfer:
     executed: bool = False         # the real transfer ran
     future: bool = False           # completed through a future (torch DDP's comm hook)
     stream: bool = False           # issued on a side stream (FSDP2's): compute waits on an event
+    ran: tuple | None = None       # (from, to): the real transfer on the network's thread (measured)
 
     def shifted(self, t0: float) -> "Transfer":
         """A copy with every time measured from ``t0`` (e.g. its step's start)."""
         move = {k: getattr(self, k) - t0 for k in ("issued", "start", "arrival", "waited", "done")
                 if getattr(self, k) is not None}
+        if self.ran is not None:
+            move["ran"] = (self.ran[0] - t0, self.ran[1] - t0)
         return dataclasses.replace(self, **move)
 
     @property
@@ -227,6 +231,7 @@ class _Job:
         self.done, self.out, self.exc = threading.Event(), None, None
 
     def run(self) -> None:
+        began = time.perf_counter()
         try:
             out = self.call.run()
             if self.tr.async_op:                 # c10d Work: its result, as its future holds it
@@ -241,6 +246,7 @@ class _Job:
         except BaseException as exc:  # noqa: BLE001 - re-raised to the caller that waits
             self.exc = exc
         finally:
+            self.tr.ran = (began, time.perf_counter())
             self.tr.executed = True
             self.done.set()
 
@@ -335,10 +341,11 @@ class ModelledNetwork:
 
     def _finish(self, job: _Job):
         """The caller's side: the real transfer has run, and the modelled one has arrived."""
-        job.done.wait()
-        if job.exc is not None:
-            raise job.exc
-        self._sleep_until(job.tr.arrival)
+        with _waiting(job.tr.op):
+            job.done.wait()
+            if job.exc is not None:
+                raise job.exc
+            self._sleep_until(job.tr.arrival)
         if job.tr.done is None:
             job.tr.done = time.perf_counter()
         return job.out
@@ -418,7 +425,9 @@ class ModelledNetwork:
         """Compute waits until ``t`` for what side streams carry (an event, a synchronize):
         the side-stream transfers that have arrived by then were waited for here."""
         now = time.perf_counter()
-        self._sleep_until(t)
+        if t > now:
+            with _waiting("a stream"):
+                self._sleep_until(t)
         done = time.perf_counter()
         with self._cv:
             for tr in self.transfers[-256:]:
@@ -455,6 +464,13 @@ def parse_network(text: str) -> Network:
         raise ValueError(f"a network is written like 6MB/s or 6MB/s,50us (bandwidth per rank in GB/s, "
                          f"MB/s, kB/s or mbit; latency per ring step in s, ms, us or ns), got {text!r}")
     return as_network({"bandwidth": values[0], "latency": values[1] if len(values) > 1 else 0.0})
+
+
+def _waiting(what: str):
+    """A span a profiler trace shows on the waiting thread (torch.profiler sees only its own)."""
+    from torch.autograd.profiler import record_function
+
+    return record_function(f"modelled network: waiting for {what}")
 
 
 _CURRENT: list = []
@@ -497,12 +513,10 @@ class _CpuStreams:
 
         cpu = getattr(torch, "cpu", None)
         current = cpu.current_stream() if cpu is not None and hasattr(cpu, "current_stream") else None
-        return current if current is not None and current is not getattr(cpu, "_default_cpu_stream", None) else None
+        return current if current is not None and current is not cpu_default_stream() else None
 
     def _ready(self, stream) -> float:
-        import torch
-
-        if stream is None or stream is torch.cpu._default_cpu_stream:
+        if stream is None or stream is cpu_default_stream():
             return time.perf_counter()
         return getattr(stream, _READY, 0.0)
 
@@ -510,9 +524,10 @@ class _CpuStreams:
         import torch
 
         cpu = getattr(torch, "cpu", None)
-        if cpu is None or not all(hasattr(cpu, n) for n in ("Stream", "Event", "_default_cpu_stream")):
+        default = cpu_default_stream()
+        if cpu is None or default is None or not all(hasattr(cpu, n) for n in ("Stream", "Event")):
             return
-        net, ready, default = self.net, self._ready, cpu._default_cpu_stream
+        net, ready = self.net, self._ready
 
         def record_event(stream, event=None):
             ev = event if isinstance(event, _ModelledEvent) else _ModelledEvent(net)

@@ -93,10 +93,11 @@ def yours(name: str, cls):
     return ref
 
 
-def versus(prediction, measured: int, what: str) -> None:
-    """Your prediction (None: not made yet) next to the measurement, in one line."""
+def versus(prediction, measured: int, what: str, name: str = "my_prediction") -> None:
+    """Your prediction (None: not made yet; ``name``: the variable that holds it) next to the
+    measurement, in one line."""
     if prediction is None:             # the measurement stays hidden until there is a prediction
-        print(f"{what}: predict first (set my_prediction above, then run this cell again)")
+        print(f"{what}: predict first (set {name} above, then run this cell again)")
     else:
         off = abs(prediction - measured) / measured if measured else float(prediction != 0)
         verdict = "right" if off <= 0.01 else f"off by {off:.0%}"
