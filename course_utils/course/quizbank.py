@@ -163,8 +163,8 @@ def quiz_02() -> Quiz:
     psi, steps = COURSE_CONFIG.num_params(), 5
     sent = {n: steps * comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (2, 4, 8)}
     return Quiz("02 data parallelism", [
-        SingleChoice("Section 7's link becomes 4x faster (24 MB/s: the all-reduce takes 22 ms instead of "
-                     "86). Which step gets shorter by more?",
+        SingleChoice("In section 7, say the gradients' all-reduce takes 86 ms on the link, as long as "
+                     "backward. The link becomes 4x faster (22 ms). Which step gets shorter by more?",
                      ["64 KiB buckets, by more than 64 ms",
                       "one bucket, by about 64 ms",
                       "both, by the same 64 ms",

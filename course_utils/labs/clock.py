@@ -23,7 +23,7 @@ from ..theory.config import COURSE_CONFIG
 
 __all__ = ["NETWORK", "GLOBAL_BATCH", "StepTime", "time_step", "plot_steps", "describe", "union_s",
            "blocked_spans", "shaped_network", "shaped_link_unavailable", "time_on_shaped_link",
-           "profile_step", "trace_lanes", "plot_trace"]
+           "profile_step", "trace_lanes", "plot_trace", "matched_network"]
 
 #: The link of the course's clock demos: 6 MB/s per rank, 50 µs per ring step. The course GPT's
 #: 517,400 B of fp32 gradients then take 86 ms to all-reduce on 2 ranks, about as long as the
@@ -432,6 +432,25 @@ def plot_trace(path, *, title: str | None = None):
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
+
+
+
+def matched_network(world_size: int = 2, *, global_batch: int = GLOBAL_BATCH, latency: float = 50e-6,
+                    steps: int = 3, timeout_s: float = TIMEOUT_S) -> tuple[dict, float]:
+    """``(network, backward seconds)``: the link on which the course GPT's gradient all-reduce
+    takes as long as its backward does on this machine (measured: the course's DDP, one bucket,
+    on a free link), so that what overlap can hide is there to hide on a slow CPU and a fast one
+    alike; its bandwidth rounded to 2 significant digits."""
+    import math
+
+    from ..theory.comm import collective_bytes
+
+    check_int("world_size", world_size, 2, what="ranks; one rank sends nothing")
+    t = time_step("ddp", world_size, network=FREE, steps=steps, global_batch=global_batch,
+                  timeout_s=timeout_s, bucket_bytes=2**40)       # one bucket: sent when backward ends
+    backward = statistics.median(max(tr.issued for tr in c.transfers) - c.backward_at for c in t.free)
+    sent = collective_bytes("all_reduce", 4 * COURSE_CONFIG.num_params(), world_size)
+    return {"bandwidth": float(f"{sent / backward:.2g}"), "latency": latency}, backward
 
 
 if __name__ == "__main__":

@@ -93,12 +93,12 @@ def yours(name: str, cls):
     return ref
 
 
-def versus(prediction, measured: int, what: str, name: str = "my_prediction") -> None:
+def versus(prediction, measured: int, what: str, name: str = "my_prediction", tol: float = 0.01) -> None:
     """Your prediction (None: not made yet; ``name``: the variable that holds it) next to the
-    measurement, in one line."""
+    measurement, in one line: right within ``tol`` (relative; a step time: 0.2)."""
     if prediction is None:             # the measurement stays hidden until there is a prediction
         print(f"{what}: predict first (set {name} above, then run this cell again)")
     else:
         off = abs(prediction - measured) / measured if measured else float(prediction != 0)
-        verdict = "right" if off <= 0.01 else f"off by {off:.0%}"
+        verdict = ("right" if tol <= 0.01 else f"right, within {tol:.0%}") if off <= tol else f"off by {off:.0%}"
         print(f"{what}: you predicted {prediction:,}, measured {measured:,}: {verdict}")
