@@ -163,14 +163,14 @@ def quiz_02() -> Quiz:
     psi, steps = COURSE_CONFIG.num_params(), 5
     sent = {n: steps * comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (2, 4, 8)}
     return Quiz("02 data parallelism", [
-        SingleChoice("In section 7, say the gradients' all-reduce takes 86 ms on the link, as long as "
-                     "backward. The link becomes 4x faster (22 ms). Which step gets shorter by more?",
-                     ["64 KiB buckets, by more than 64 ms",
-                      "one bucket, by about 64 ms",
-                      "both, by the same 64 ms",
+        SingleChoice("In section 7 the gradients' all-reduce takes about as long on the link as backward "
+                     "takes, say 80 ms. The link becomes 4x faster (20 ms). Which step gets shorter by more?",
+                     ["64 KiB buckets, by more than 60 ms",
+                      "one bucket, by about 60 ms",
+                      "both, by the same 60 ms",
                       "neither, by more than a few ms"],
                      "b", "One bucket waits for the whole all-reduce after backward, so its step falls by "
-                          "86 - 22 = 64 ms. With 64 KiB buckets most of the 86 ms was already hidden behind "
+                          "80 - 20 = 60 ms. With 64 KiB buckets most of the 80 ms was already hidden behind "
                           "backward; only the exposed tail (the red part of section 7's plot) can shrink. "
                           "The bytes are equal; what the link's speed changes is only the exposed time.",
                      kind="compare"),
