@@ -3,6 +3,10 @@
     torchrun --nproc-per-node 8 examples/fsdp2_train.py                  # a GPU node: NCCL, bf16
     torchrun --nproc-per-node 2 examples/fsdp2_train.py --steps 4        # no GPU: gloo on CPU
     torchrun ... --steps 20 --save-every 10 --ckpt ckpt/ ; torchrun ... --steps 40 --resume --ckpt ckpt/
+
+Rank 0 prints one header line, then one line per step. Checkpoints go to ckpt/step-N, a new folder each
+save (DCP warns when it overwrites one); --resume loads the highest N. Torch 2.10's gloo also prints
+"[Gloo] Rank r is connected to ... peer ranks" from every rank as the group connects: not this script's.
 """
 import argparse
 import os
@@ -97,9 +101,12 @@ def main():
     sampler = DistributedSampler(data, world, rank, shuffle=True, drop_last=True)
     per_rank = args.batch // world      # the global batch is the same for any world size
     if args.resume:                     # every rank reads only its own shards of the model and the optimizer
+        saved = [int(d[5:]) for d in os.listdir(args.ckpt) if d.startswith("step-") and d[5:].isdigit()]
+        if not saved:
+            raise SystemExit(f"--resume: no step-N folder in --ckpt {args.ckpt}; save one with --save-every")
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optim": osd, "sched": sched}   # DCP calls sched.load_state_dict
-        dcp.load(state, checkpoint_id=args.ckpt)
+        dcp.load(state, checkpoint_id=os.path.join(args.ckpt, f"step-{max(saved)}"))
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     step = sched.last_epoch             # the steps done: 0, or the checkpoint's
     if rank == 0:
@@ -122,7 +129,7 @@ def main():
             print(f"step {step} loss {mean.item() / world:.6f} grad_norm {norm.full_tensor().item():.4f}", flush=True)
         if args.save_every and step % args.save_every == 0:     # --ckpt: a folder every node can reach
             msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd, "sched": sched}, checkpoint_id=args.ckpt)
+            dcp.save({"model": msd, "optim": osd, "sched": sched}, checkpoint_id=os.path.join(args.ckpt, f"step-{step}"))
     dist.barrier()                      # every rank done before the group goes
     dist.destroy_process_group()
 
