@@ -117,13 +117,12 @@ def _few_nics(s):
 
 def test_step_two_is_graded(capsys):
     """The few-NIC rule, read wrong, fails a scenario: ZeRO-2 left with the strategies tried first
-    (13B on 2 nodes), HSDP tried before ZeRO-1 (7B on 2 nodes), one reordered list (70B on 4), the
-    NICs ignored (70B on 2 nodes with a NIC per GPU)."""
+    (13B on 2 nodes), one reordered list (70B on 4), the NICs ignored (70B on 2 nodes with a NIC per
+    GPU). HSDP tried before ZeRO-1 is a near tie for 7B on 2 nodes (DeepSpeed's ZeRO-1 all-reduces its
+    gradients: 15.0 s against HSDP's 15.2 s), so the grader accepts it there."""
     flat = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
     wrong = {"13B on 2 nodes": lambda s: (_first_fit(s, ["DDP", "ZeRO-1", "ZeRO-2", "HSDP"])
                                           or _first_fit(s, ["ZeRO-3"])) if _few_nics(s) else _first_fit(s, flat),
-             "7B on 2 nodes": lambda s: (_first_fit(s, ["HSDP", "DDP", "ZeRO-1"])
-                                         or _first_fit(s, ["ZeRO-2", "ZeRO-3"])) if _few_nics(s) else _first_fit(s, flat),
              "70B on 4 nodes": lambda s: _first_fit(s, ["DDP", "ZeRO-1", "HSDP", "ZeRO-2", "ZeRO-3"])
              if _few_nics(s) else _first_fit(s, flat),
              "70B on 2 nodes": lambda s: (_first_fit(s, ["DDP", "ZeRO-1", "HSDP"])          # NICs ignored
@@ -132,3 +131,7 @@ def test_step_two_is_graded(capsys):
         assert not check_capstone(choose), scenario
         failed = [line for line in capsys.readouterr().out.splitlines() if "choice differs" in line]
         assert failed and all(scenario in line for line in failed), (scenario, failed)
+    hsdp_first = lambda s: (_first_fit(s, ["HSDP", "DDP", "ZeRO-1"]) or _first_fit(s, ["ZeRO-2", "ZeRO-3"])  # noqa: E731
+                            ) if _few_nics(s) and s.model == "llama-2-7b" else answer("08.2")[0]["choose_solution"](s)
+    assert check_capstone(hsdp_first)
+    assert "7B on 2 nodes, one NIC per node: memory right" in capsys.readouterr().out

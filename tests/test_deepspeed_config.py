@@ -358,3 +358,56 @@ def test_torchtitan_sac_code_trains_on_two_ranks_and_deepspeed_refuses_it():
     with pytest.raises(ValueError, match="op-level selective checkpointing"):
         D.deepspeed_config(("ZeRO-3", "none", "torchtitan"), world_size=8, micro_batch=1, grad_accum=1)
     assert any("deepspeed_config refuses" in n for n in D.fsdp2_equivalent(("ZeRO-1", "none", "torchtitan")).notes)
+
+
+def _deepspeed_zero12_on_ranks(rank=0, world_size=1):
+    """DeepSpeed's ZeRO-1 and ZeRO-2 on the course GPT, per (stage, use_multi_rank_bucket_allreduce): the
+    collectives of the second step, as the ledger records them: (function, message bytes, ring bytes sent)."""
+    import contextlib
+    import io
+    import deepspeed
+    from course_utils.harness.model import GPT
+    from course_utils.runtime.ledger import CommLedger
+    D.init_deepspeed_on_gloo()
+    x = torch.randint(0, COURSE_CONFIG.vocab, (2, COURSE_CONFIG.seq), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for stage in (1, 2):
+        for allreduce in (True, False):
+            torch.manual_seed(0)
+            model = GPT(COURSE_CONFIG)
+            with contextlib.redirect_stdout(io.StringIO()):
+                engine, *_ = deepspeed.initialize(
+                    model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+                    config={"train_batch_size": 2 * world_size, "zero_allow_untested_optimizer": True,
+                            "zero_optimization": {"stage": stage, "use_multi_rank_bucket_allreduce": allreduce}})
+                for _ in range(2):
+                    with CommLedger() as ledger:
+                        engine.backward(engine(x, x))
+                        engine.step()
+            out[stage, allreduce] = [(r.function, r.message_bytes, r.sent_bytes) for r in ledger.records]
+    return out
+
+
+def test_deepspeed_zero1_and_zero2_all_reduce_the_gradients_by_default(ds):
+    """DeepSpeed 0.19's use_multi_rank_bucket_allreduce (default True): one all-reduce of the whole fp32
+    gradient, then the parameters' all-gather: 1.5x DDP's ring bytes, as the planner models its ZeRO-1/2.
+    False: one dist.reduce per owner (a reduce-scatter's bytes), 1x. Never a reduce_scatter. Plus a 4-byte
+    all-reduce of the gradient norm."""
+    from course_utils.theory.comm import comm_volume
+    psi = COURSE_CONFIG.num_params()
+    for n in (2, 3):
+        ddp = comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["all_reduce"]
+        for rank in launch(_deepspeed_zero12_on_ranks, n, quiet=True, timeout_s=300):
+            for (stage, allreduce), calls in rank.items():
+                big = [(f, m) for f, m, _ in calls if m > 4]
+                sent = sum(s for _, m, s in calls if m > 4)
+                assert not any("reduce_scatter" in f for f, _ in big), calls
+                gathers = [m for f, m in big if f.startswith("all_gather")]
+                assert len(gathers) == 1 and 4 * psi <= gathers[0] <= 4 * (psi + 4 * n), calls   # DeepSpeed pads to align
+                if allreduce:
+                    assert [m for f, m in big if f == "all_reduce"] == [4 * psi], calls
+                    assert sent == pytest.approx(1.5 * ddp, rel=1e-4), (stage, n, sent / ddp)
+                else:
+                    reduces = [m for f, m in big if f == "reduce"]
+                    assert len(reduces) == n and sum(reduces) == 4 * psi and "all_reduce" not in dict(big), calls
+                    assert sent == pytest.approx(ddp, rel=1e-4), (stage, n, sent / ddp)

@@ -186,10 +186,18 @@ def test_accumulation_repeats_zero2_and_zero3_collectives_only():
     rows = plan("llama-2-7b", micro_batch=1, global_batch=32, persistence_threshold=0, max_reuse_distance=0,
                 **H100)     # 4 micro-batches; ZeRO-3 sharding every tensor, releasing after every use
     psi = preset("llama-2-7b").num_params
-    one_rs = comm_volume(psi, world_size=8, stage=2)["reduce_scatter"]
-    assert rows.row("ZeRO-1").comm_detail["intra"] == comm_volume(psi, world_size=8, stage=1)["total"]
-    assert rows.row("ZeRO-2").comm_detail["intra"] == 4 * one_rs + comm_volume(psi, world_size=8, stage=2)["all_gather"]
+    one_ar = comm_volume(psi, world_size=8, stage=0)["all_reduce"]    # DeepSpeed's default: all-reduce each bucket
+    gather = comm_volume(psi, world_size=8, stage=2)["all_gather"]
+    assert rows.row("ZeRO-1").comm_detail["intra"] == one_ar + gather
+    assert rows.row("ZeRO-2").comm_detail["intra"] == 4 * one_ar + gather
     assert rows.row("ZeRO-3").comm_detail["intra"] == 4 * comm_volume(psi, world_size=8, stage=3)["total"]
+    paper = plan("llama-2-7b", micro_batch=1, global_batch=32, multi_rank_bucket_allreduce=False, **H100)
+    one_rs = comm_volume(psi, world_size=8, stage=2)["reduce_scatter"]      # False: dist.reduce to each owner
+    assert paper.row("ZeRO-1").comm_detail["intra"] == comm_volume(psi, world_size=8, stage=1)["total"]
+    assert paper.row("ZeRO-2").comm_detail["intra"] == 4 * one_rs + gather
+    assert 1.5 * paper.row("ZeRO-1").comm_detail["intra"] == rows.row("ZeRO-1").comm_detail["intra"]
+    with pytest.raises(TypeError, match="multi_rank_bucket_allreduce"):
+        plan("llama-2-7b", multi_rank_bucket_allreduce=1, **H100)
 
 
 def test_planner_states_match_deepspeed_estimators_where_they_count_the_same():
@@ -525,14 +533,15 @@ def test_deepspeed_zero3_memory_and_gathers_as_deepspeed_runs_it():
 def test_trainable_fraction_by_hand_one_row_per_strategy():
     """1e9 parameters, 10% trainable, 4 GPUs, DeepSpeed's mixed layout: the frozen 90% keep their bf16
     parameters only (sharded by ZeRO-3 alone); gradients are reduced and updated parameters gathered for
-    the trainable 10% only, ZeRO-3 still all-gathers every parameter (twice per micro-batch)."""
+    the trainable 10% only (ZeRO-1/2 all-reduce them, DeepSpeed's default), ZeRO-3 still all-gathers every
+    parameter (twice per micro-batch)."""
     psi, n, t = 10**9, 4, 0.1
     rows = plan(psi, gpu_mem_gb=80, gpus_per_node=n, intra_bw_gbps=450, inter_bw_gbps=50, seq_len=1024,
                 trainable=t, choices=["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"])
     ring = (n - 1) / n
     want = {"DDP": ((2 * psi, 2 * t * psi, 12 * t * psi), 2 * ring * 2 * t * psi),
-            "ZeRO-1": ((2 * psi, 2 * t * psi, 12 * t * psi / n), ring * 2 * t * psi * 2),
-            "ZeRO-2": ((2 * psi, 2 * t * psi / n, 12 * t * psi / n), ring * 2 * t * psi * 2),
+            "ZeRO-1": ((2 * psi, 2 * t * psi, 12 * t * psi / n), ring * 2 * t * psi * 3),
+            "ZeRO-2": ((2 * psi, 2 * t * psi / n, 12 * t * psi / n), ring * 2 * t * psi * 3),
             "ZeRO-3": ((2 * psi / n, 2 * t * psi / n, 12 * t * psi / n), 2 * ring * 2 * psi + ring * 2 * t * psi)}
     for r in rows:
         (p, g, o), sent = want[r.strategy]

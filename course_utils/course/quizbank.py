@@ -160,8 +160,8 @@ def quiz_02() -> Quiz:
     from ..theory.comm import comm_volume
     from ..theory.config import COURSE_CONFIG
 
-    psi, steps = COURSE_CONFIG.num_params(), 5
-    sent = {n: steps * comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (2, 4, 8)}
+    psi = COURSE_CONFIG.num_params()
+    sent = {n: comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (4, 8)}    # per step
     return Quiz("02 data parallelism", [
         SingleChoice("In section 7 the gradients' all-reduce takes about as long on the link as backward "
                      "takes, say 80 ms. The link becomes 4x faster (20 ms). Which step gets shorter by more?",
@@ -185,12 +185,12 @@ def quiz_02() -> Quiz:
                           "stay equal, unequal ones stay unequal (and the gradients they average come "
                           "from different models). Nothing in the all-reduce looks at the weights.",
                      kind="predict"),
-        Numeric(f"Section 5 measured the bytes rank 0 sends in {steps} steps of DDP on the course GPT "
+        Numeric(f"Section 6 printed the bytes rank 0 sends per step of DDP on 4 ranks, the course GPT "
                 f"(Ψ = {psi:,} fp32 gradients). Predict them on 8 ranks, in the ring model.",
                 sent[8], unit="bytes", rel_tol=0.001, minimum=0, kind="predict",
-                explanation=f"2(N-1)/N x 4 bytes x {psi:,} x {steps} steps = {sent[8]:,.0f} bytes on 8 ranks. "
-                            f"Section 5 printed {sent[2]:,.0f} on 2 ranks and {sent[4]:,.0f} on 4: the bytes "
-                            f"per rank grow with N towards 2 x 4 x Ψ per step, they do not shrink.",
+                explanation=f"2(N-1)/N x 4 bytes x {psi:,} = {sent[8]:,.0f} bytes per step on 8 ranks. "
+                            f"Section 6 printed {sent[4]:,.0f} on 4: the bytes per rank grow with N towards "
+                            f"2 x 4 x Ψ, they do not shrink.",
                 printed="02"),
     ])
 
@@ -205,7 +205,7 @@ def quiz_04() -> Quiz:
     from ..theory.layout import padded_numel
 
     psi = COURSE_CONFIG.num_params()                    # the course GPT
-    z1_8 = 8 * (padded_numel(psi, 8) // 8) + 4           # AdamW m, v + one step counter, 8 ranks
+    z1_8 = 8 * (padded_numel(psi, 8) // 8)               # AdamW's m and v of one shard, 8 ranks
     ms = {(r, st): model_states(7e9, world_size=4, stage=st, recipe=r).total / GB
           for r in ("mixed", "fp32") for st in (0, 1)}
     m8 = 4 * psi                                         # the fp32 gradient, bytes
@@ -227,24 +227,25 @@ def quiz_04() -> Quiz:
             f"3/4 x 8 x 7 = {ms['fp32', 0] - ms['fp32', 1]:g} GB. Section 1 printed {ms['mixed', 1]:.1f} and "
             f"{ms['fp32', 1]:.1f} GB.", kind="explain", printed="04"),
         NumberChoice(
-            "Section 6 measured ZeRO-1's wire bytes on gloo at 1.50x DDP's on 2 and 4 ranks. Predict "
-            "the ratio on 8 ranks.",
+            "DeepSpeed's ZeRO-1, as it runs by default, all-reduces the gradients (each rank then keeps "
+            "its slice) instead of reduce-scattering them, then all-gathers the updated parameters. In the "
+            "ring model, predict its bytes over DDP's on 8 ranks.",
             (ar8 + ag8) / ar8, [1, 2, (ar8 + m8) / ar8], "{:.2f}",
             kind="predict",
-            explanation=f"gloo runs the reduce-scatter as a full all-reduce, so ZeRO-1 sends an all-reduce "
-                        f"plus an all-gather: on 8 ranks (2 x 7/8 + 7/8) / (2 x 7/8) = "
-                        f"{(ar8 + ag8) / ar8:g}, whatever N, because every term carries the same (N-1)/N. "
-                        f"NCCL's ring reduce-scatter sends half an all-reduce, and the ratio becomes 1. "
+            explanation=f"An all-reduce plus an all-gather against DDP's all-reduce: on 8 ranks "
+                        f"(2 x 7/8 + 7/8) / (2 x 7/8) = {(ar8 + ag8) / ar8:g}, whatever N, because every term "
+                        f"carries the same (N-1)/N. With the reduce-scatter you built the ratio is 1 (section 6). "
                         f"(2: the all-gather counted as an all-reduce; {(ar8 + m8) / ar8:.2f}: its (N-1)/N "
-                        "forgotten.)",
+                        "forgotten.) Appendix 11 §3.2 runs DeepSpeed and counts 1.50.",
         ),
         Numeric(
-            "Section 6 measured ZeRO-1's optimizer bytes per rank on 1, 2 and 4 ranks. Predict them on 8 "
-            f"ranks: the course GPT in fp32 with AdamW (Ψ = {psi:,} elements, padded to a multiple of 8).",
+            "Section 6 measured ZeRO-1's optimizer bytes per rank on 1, 2 and 4 ranks. Predict the bytes of "
+            "AdamW's m and v per rank on 8 ranks (leave out its 4-byte step counter): the course GPT in fp32 "
+            f"(Ψ = {psi:,} elements, padded to a multiple of 8).",
             z1_8, unit="bytes", tol=0.5, minimum=0, kind="predict",
             explanation=f"The padded buffer has {padded_numel(psi, 8):,} elements, {padded_numel(psi, 8) // 8:,} per "
-                        f"rank; AdamW's m and v take 8 bytes per element, plus its 4-byte step counter of the one "
-                        f"shard parameter: 8 x {padded_numel(psi, 8) // 8:,} + 4 = {z1_8:,} bytes.",
+                        f"rank; m and v take 4 bytes each per element: 8 x {padded_numel(psi, 8) // 8:,} = "
+                        f"{z1_8:,} bytes; the step counter's 4 bytes come on top.",
         ),
     ])
 

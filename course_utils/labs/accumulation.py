@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import torch.distributed as dist
 
-from ..checks import check_int
+from ..checks import check_bool, check_int
 from ..harness.experiments import make_adamw, state_bytes, wrap
 from ..harness.model import SyntheticData, build_model
 from ..theory import sharding
@@ -163,28 +163,31 @@ def predicted(setup: str, *, world_size: int = 2, micro_batches: int = 4) -> dic
     return {"calls": calls, "ring_bytes": plain, "gloo_bytes": int(gloo), "grad_bytes_between": int(between)}
 
 
-def accumulation_table(result: dict) -> str:
-    """:func:`measure_accumulation`'s result as rows, ✓ where it equals :func:`predicted`."""
+def accumulation_table(result: dict, *, wire: bool = True) -> str:
+    """:func:`measure_accumulation`'s result as rows, ✓ where it equals :func:`predicted`;
+    ``wire=False``: without gloo's model and the measured wire (calls, ring bytes, grads held)."""
     if not isinstance(result, dict) or "setups" not in result:
         raise TypeError("accumulation_table takes what measure_accumulation() returned")
+    check_bool("wire", wire)
     k = result["micro_batches"]
     ok = {True: " ✓", False: " ✗"}.get
     lines = [f"one step of {k} micro-batches, {result['where']}; bytes sent by one rank",
-             f"{'setup':<15}{'calls AG/RS/AR':>16}{'ring model B':>14}{'gloo model B':>15}"
-             f"{'wire MB':>10}{'grads held B':>15}"]
+             f"{'setup':<15}{'calls AG/RS/AR':>16}{'ring model B':>14}"
+             + (f"{'gloo model B':>15}{'wire MB':>10}" if wire else "") + f"{'grads held B':>15}"]
     for name, r in result["setups"].items():
-        want, c, wire = r["predicted"], r["calls"], r["wire_bytes"]
+        want, c, sent = r["predicted"], r["calls"], r["wire_bytes"]
         calls = f"{c['all_gather']}/{c['reduce_scatter']}/{c['all_reduce']}" + ok(c == want["calls"])
         between = r["grad_bytes"][0] if k > 1 else r["grad_bytes"][-1]
-        close = wire is not None and abs(wire - r["gloo_bytes"]) <= WIRE_TOL * r["gloo_bytes"]
+        close = sent is not None and abs(sent - r["gloo_bytes"]) <= WIRE_TOL * r["gloo_bytes"]
         lines.append(f"{name:<15}{calls:>16}{sum(r['ring_bytes'].values()):>12,}"
-                     f"{ok(r['ring_bytes'] == want['ring_bytes'])}{r['gloo_bytes']:>15,}"
-                     f"{'n/a' if wire is None else num(wire / 1e6) + ok(close):>10}"
-                     f"{between:>13,}{ok(between == want['grad_bytes_between'])}")
+                     f"{ok(r['ring_bytes'] == want['ring_bytes'])}"
+                     + (f"{r['gloo_bytes']:>15,}{'n/a' if sent is None else num(sent / 1e6) + ok(close):>10}"
+                        if wire else "")
+                     + f"{between:>13,}{ok(between == want['grad_bytes_between'])}")
     lines.append(textwrap.fill(
-        "Calls and ring-model bytes: the ledger (the ring formula applied to each call); gloo "
-        "model: gloo's algorithms for the same calls (a reduce-scatter is a whole all-reduce); "
-        f"wire: this rank's sockets, measured (✓: within {WIRE_TOL:.0%} of the gloo model); "
-        "grads held: gradient storages after a micro-batch's backward, before the next, "
+        "Calls and ring-model bytes: the ledger (the ring formula applied to each call); "
+        + ("gloo model: gloo's algorithms for the same calls (a reduce-scatter is a whole all-reduce); "
+           f"wire: this rank's sockets, measured (✓: within {WIRE_TOL:.0%} of the gloo model); " if wire else "")
+        + "grads held: gradient storages after a micro-batch's backward, before the next, "
         "measured; ✓: equal to accumulation.predicted, computed from the model's sizes.", 100))
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import math
 from numbers import Real
 from typing import Sequence
 
-from ..checks import check_int, check_number
+from ..checks import check_bool, check_int, check_number
 from .alpha_beta import ring_steps
 from .comm import comm_volume
 from .config import PRESETS, Preset, TransformerConfig, preset
@@ -225,6 +225,7 @@ class Assumptions:
     max_reuse_distance: int = DS_MAX_REUSE_DISTANCE
     ds_terms: tuple = (0, 0, 0)     # deepspeed_zero3_terms(...) (zeros: torch, or a bare count)
     trainable: float = 1            # the fraction of the parameters that trains (memory.model_states)
+    multi_rank_bucket_allreduce: bool = True    # DeepSpeed ZeRO-1/2's default: all-reduce each gradient bucket
 
     def gather_share(self, k: int) -> float:
         """DeepSpeed ZeRO-3's all-gathered elements per step over the ideal 2Ψ per micro-batch."""
@@ -314,14 +315,18 @@ class Assumptions:
                f"each, while NVLink carries the hops inside the node at the same time")
             + f"; params gathered in {gather_b} B, grads reduced in {reduce_b} B"
             + (f"; ZeroRedundancyOptimizer adds a broadcast of every updated parameter in {p} B"
-               if torch else "")
+               if torch else "; ZeRO-1/2 " + ("all-reduce each gradient bucket (DeepSpeed's default "
+                                              "use_multi_rank_bucket_allreduce=True: 1.5x DDP's bytes with the gather)"
+                                              if self.multi_rank_bucket_allreduce else
+                                              "reduce each bucket slice to its owner (use_multi_rank_bucket_allreduce"
+                                              "=False: a reduce-scatter's bytes)"))
             + ("" if self.nodes == 1 else
                f"; HSDP: ZeRO-3 inside the node + all-reduce of a 1/{self.gpus_per_node} gradient "
                f"shard across nodes over the node's NICs"),
             ("accumulation: DDP and ZeroRedundancyOptimizer reduce once per step; FSDP2 all-gathers "
              "twice per micro-batch (once with reshard_after_forward=False) and reduce-scatters every "
              "micro-batch; HSDP's cross-node all-reduce once per step" if torch else
-             "accumulation: DDP and ZeRO-1 reduce once per step; ZeRO-2 reduce-scatters every "
+             "accumulation: DDP and ZeRO-1 reduce once per step; ZeRO-2 reduces every "
              "micro-batch; ZeRO-3/HSDP gather and reduce-scatter every micro-batch (HSDP's "
              "cross-node all-reduce once per step)"),
             f"overlap: {self.overlap:.0%} of compute time can hide communication "
@@ -521,9 +526,14 @@ def _comm(choice: Choice, a: Assumptions, k: int) -> tuple[float, dict]:
             parts = [("all_gather", k * (2 if stage == 3 else 1) * units), ("reduce_scatter", k * units)]
             sent = k * (ag["all_gather"] * (a.gather_share(k) if stage == 3 else 1) + rs["reduce_scatter"])
         else:
+            # DeepSpeed 0.19 (stage_1_and_2.average_tensor): use_multi_rank_bucket_allreduce (default True)
+            # all-reduces each gradient bucket and keeps this rank's slice; False: one dist.reduce per owner
+            # (a reduce-scatter's bytes). Neither calls reduce_scatter.
             rs_times = k if stage == 2 else 1
-            parts = [("reduce_scatter", rs_times * calls), ("all_gather", calls)]
-            sent = rs_times * rs["reduce_scatter"] + ag["all_gather"]
+            op = "all_reduce" if a.multi_rank_bucket_allreduce else "reduce_scatter"
+            red = comm_volume(psi * t, world_size=n, stage=0 if op == "all_reduce" else stage, bytes_per_elem=gb)
+            parts = [(op, rs_times * calls), ("all_gather", calls)]
+            sent = rs_times * red[op] + ag["all_gather"]
     if n == 1:
         return 0.0, {"intra": 0, "inter": 0}
     alpha = al_in if nodes == 1 else al_out
@@ -635,13 +645,15 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
          host_adam_params_per_s: float = 2e9, host_mem_gb: float | None = None,
          max_micro_batch: int = 256, choices: Sequence | None = None,
          persistence_threshold: int = DS_PERSISTENCE_THRESHOLD, max_reuse_distance: int = DS_MAX_REUSE_DISTANCE,
-         trainable: float = 1) -> Plan:
+         trainable: float = 1, multi_rank_bucket_allreduce: bool = True) -> Plan:
     """Every option for ``model`` (preset, TransformerConfig or parameter count) on
     ``nodes`` x ``gpus_per_node`` GPUs. GB = 1e9 bytes; ``*_bw_gbps``: GB/s one GPU sends over
     NVLink / one NIC between nodes; ``micro_batch`` None: the largest that fits (dividing
     ``global_batch`` / GPUs); ``recipe`` None: "mixed" (deepspeed) or "torch-amp" (torch);
     ``bucket_buffers=0`` when buckets are views of one gradient buffer; ``persistence_threshold``,
-    ``max_reuse_distance``: DeepSpeed's stage3_* keys (:func:`deepspeed_zero3_terms`); ``trainable``: the
+    ``max_reuse_distance``: DeepSpeed's stage3_* keys (:func:`deepspeed_zero3_terms`);
+    ``multi_rank_bucket_allreduce``: DeepSpeed ZeRO-1/2's key (True, its default: each gradient bucket is
+    all-reduced, 1.5x DDP's bytes with the parameter gather; False: reduced to its owner); ``trainable``: the
     fraction that trains (LoRA ~0.01; the frozen rest has no gradients, optimizer states or dW matmuls)."""
     label, num_params, config = _resolve_model(model)
     optional = ("micro_batch", "global_batch", "host_mem_gb")     # None: not given
@@ -686,6 +698,7 @@ def plan(model, *, gpu_mem_gb: float, gpus_per_node: int, nodes: int = 1,
         if value not in options:
             raise ValueError(f"{name} must be one of {options}, got {value!r}")
     check_number("mfu", mfu, above=0, maximum=1, example="0.4")
+    check_bool("multi_rank_bucket_allreduce", multi_rank_bucket_allreduce)
     check_number("trainable", trainable, above=0, maximum=1, example="0.01 (1% trains, as with LoRA)")
     check_number("overlap", overlap, minimum=0, maximum=1, example="0.5")
     check_number("overhead_gb", overhead_gb, minimum=0, example="3.6")
