@@ -13,6 +13,7 @@ FSDP2 and a hand-written flat all-reduce abort in their first collective over th
 import re
 
 import pytest
+import torch
 
 from course_utils.runtime import compat
 from course_utils.labs import hangs
@@ -217,3 +218,36 @@ def _uneven_first_batch_only():   # no hang, but fewer steps than the ranks coul
 def test_check_hang_fix_uneven_batches_with_the_public_helpers():
     assert hangs.check_hang_fix("uneven_batches", _uneven_fix)
     assert not hangs.check_hang_fix("uneven_batches", _uneven_first_batch_only)
+
+
+@pytest.mark.parametrize("name, seq", [("skipped_collective", 1), ("uneven_batches", 9)])
+def test_the_flight_recorder_names_the_first_collective_the_ranks_disagree_on(name, seq, caplog):
+    """Torch's Flight Recorder on gloo ranks (TORCH_FR_BUFFER_SIZE), each rank's trace written by the
+    lab's watchdog once a collective stalls: rank 0 waits in an all-reduce, rank 1 in the launcher's
+    closing barrier, at the same sequence number. On torch >= 2.13 torch's own analyzer (torchfrtrace)
+    reads the same dumps and names the same collective and rank 1 as the culprit."""
+    import logging
+    import os
+    import pickle
+    import tempfile
+    dumps = hangs.flight_recorder_dumps(name)
+    found = hangs.first_mismatch(dumps)
+    assert found is not None and found[0] == seq, found
+    assert found[1][0][0] == "all_reduce" and found[1][1][0] == "barrier", found
+    assert hangs.first_mismatch([dumps[0], dumps[0]]) is None
+    report = hangs.flight_recorder(name)
+    assert f"the ranks disagree at collective #{seq}: rank 0 all_reduce, rank 1 barrier" in report, report
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 13):
+        return                      # torch 2.10's analyzer accepts NCCL traces only
+    from torch.distributed.flight_recorder.fr_trace import main as torchfrtrace
+    with tempfile.TemporaryDirectory() as folder:
+        for rank, d in enumerate(dumps):
+            # gloo's dump names the default group '' in pg_config, its entries '0': the analyzer matches them
+            d = dict(d, pg_config={"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}})
+            with open(os.path.join(folder, f"rank_{rank}"), "wb") as f:
+                pickle.dump(d, f)
+        with caplog.at_level(logging.INFO, logger="Flight Recorder"):     # the analyzer reports by logging
+            torchfrtrace([folder])
+    said = caplog.text
+    assert f"Collective sequence number: {seq} has errors" in said and "Culprit rank 1" in said, said
+    assert "'all_reduce' does not match found collective type: 'barrier'" in said, said

@@ -397,8 +397,8 @@ def quiz_08() -> Quiz:
                           "the crossover. On B, every byte that leaves the node goes through one card, and "
                           "full sharding sends about twice HSDP's.",
                      kind="compare"),
-        SingleChoice("Section 5's uneven data again, but the model is wrapped with fully_shard (notebook "
-                     "07) instead of torch DDP: rank 1 has one batch fewer. Where does rank 0 wait?",
+        SingleChoice("Section 5's uneven data again, on gloo ranks, but the model is wrapped with fully_shard "
+                     "(notebook 07) instead of torch DDP: rank 1 has one batch fewer. Where does rank 0 wait?",
                      ["In backward, in the gradient all-reduce, as with DDP",
                       "In its next forward: the first unit's all-gather of its parameters, which rank 1 "
                       "never joins",
@@ -407,7 +407,9 @@ def quiz_08() -> Quiz:
                      "b", "A sharded model needs the other ranks before it can compute at all: the forward "
                           "gathers each unit's parameters first. With DDP the first collective of a step "
                           "is the gradient all-reduce, in backward; here it is the first all-gather. The "
-                          "fixes are the same.", kind="predict"),
+                          "fixes are the same. (With NCCL the all-gather is only queued on the GPU: rank 0's "
+                          "stack would show the next point that waits for the GPU, and the Flight Recorder "
+                          "the all-gather.)", kind="predict"),
     ])
 
 

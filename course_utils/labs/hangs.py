@@ -17,9 +17,13 @@ import faulthandler
 import functools
 import io
 import linecache
+import os
+import pickle
 import re
 import signal
 import sys
+import tempfile
+import threading
 import time
 from typing import Callable
 
@@ -40,7 +44,8 @@ __all__ = ["DEFAULT_TIMEOUT_S", "SCENARIOS", "Scenario", "Outcome", "RankState",
            "skipped_collective", "skipped_collective_fixed", "uneven_batches", "uneven_batches_fixed",
            "shape_mismatch", "shape_mismatch_fixed", "collective_order", "collective_order_fixed",
            "run_broken", "diagnose", "run_fixed", "detail_message", "clean_message", "check_hang_fix", "graded_rank",
-           "rank_batches", "ddp_steps", "order_tensors", "sync_one"]
+           "rank_batches", "ddp_steps", "order_tensors", "sync_one",
+           "FR_ENV", "flight_recorder_dumps", "first_mismatch", "flight_recorder"]
 
 DEFAULT_TIMEOUT_S = 5.0   # seconds a broken run may take before the launcher kills it
 WORLD_SIZE = 2            # ranks the broken versions run on
@@ -539,3 +544,102 @@ def graded_rank(fn: Callable):
     """Without the crash handler a forked rank may inherit (pytest's prints the parent's stack)."""
     faulthandler.disable()
     return fn()
+
+
+# ---- PyTorch's Flight Recorder, on gloo ----------------------------------------------------------------
+#: Turns the Flight Recorder on in every rank (read when the process group is created): a ring buffer of
+#: the last N collectives, with op, sizes, sequence number and the Python stack at the call. NCCL's
+#: watchdog writes it at its timeout with TORCH_NCCL_DUMP_ON_TIMEOUT=1 (to TORCH_FR_DUMP_TEMP_FILE + rank);
+#: gloo records it too (torch 2.10-2.13) but has no watchdog, so :func:`_recorded` plays that part.
+FR_ENV = {"TORCH_FR_BUFFER_SIZE": "64"}
+_STALL_S = 1.0      # a collective not completed for this long: dump (NCCL's watchdog: its timeout)
+
+
+def _fr_dump() -> dict:
+    return pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, True, False))
+
+
+def _recorded(fn: Callable, folder: str):
+    """Run ``fn`` with a watchdog thread that writes this rank's Flight Recorder trace to
+    ``folder/rank_<r>`` once the last collective it enqueued has not completed for ``_STALL_S``."""
+    rank = dist.get_rank()
+
+    def watch():
+        seen, since = None, time.monotonic()
+        while True:
+            time.sleep(0.05)
+            status = next(iter(_fr_dump().get("pg_status", {}).values()), {})
+            pending = (status.get("last_enqueued_collective", -1), status.get("last_completed_collective", -1))
+            if pending != seen:
+                seen, since = pending, time.monotonic()
+            elif pending[0] > pending[1] and time.monotonic() - since >= _STALL_S:
+                with open(os.path.join(folder, f"rank_{rank}"), "wb") as f:
+                    pickle.dump(_fr_dump(), f)
+                return
+    threading.Thread(target=watch, daemon=True).start()
+    return fn()
+
+
+def flight_recorder_dumps(name: str = "skipped_collective", *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[dict]:
+    """Run bug ``name`` (its first variant) on 2 gloo ranks with the Flight Recorder on; each rank's trace
+    as it dumped it when a collective stalled: ``{"entries": [...], "pg_status": {...}, ...}``."""
+    spec = _scenario(name)
+    if spec.variants:
+        raise ValueError(f"flight_recorder runs the bugs without variants: {[n for n, s in SCENARIOS.items() if not s.variants]}")
+    check_timeout(timeout_s)
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                launch(_recorded, WORLD_SIZE, spec.broken, folder, backend="gloo", timeout_s=timeout_s,
+                       quiet=True, env=FR_ENV)
+        except (LaunchTimeout, LaunchError):
+            pass
+        dumps = []
+        for rank in range(WORLD_SIZE):
+            path = os.path.join(folder, f"rank_{rank}")
+            if not os.path.exists(path):
+                raise RuntimeError(f"rank {rank} wrote no Flight Recorder trace: no collective stalled "
+                                   f"within timeout_s={timeout_s:g}")
+            with open(path, "rb") as f:
+                dumps.append(pickle.load(f))
+    return dumps
+
+
+def _ops(dump: dict) -> dict:
+    """{sequence number: (op, input sizes)} of one rank's default-group collectives."""
+    return {e["collective_seq_id"]: (e["profiling_name"].split(":", 1)[-1], str(e["input_sizes"]))
+            for e in dump["entries"] if not e.get("is_p2p")}
+
+
+def first_mismatch(dumps: list[dict]) -> tuple[int, dict] | None:
+    """What ``torchfrtrace`` looks for: the first sequence number at which the ranks' collectives differ
+    (op or sizes, or missing), as ``(seq, {rank: (op, sizes) or None})``; None if they all agree."""
+    ops = [_ops(d) for d in dumps]
+    for seq in sorted(set().union(*ops)):
+        calls = {rank: o.get(seq) for rank, o in enumerate(ops)}
+        if len(set(calls.values())) > 1:
+            return seq, calls
+    return None
+
+
+def flight_recorder(name: str = "skipped_collective", *, last: int = 3, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """Each rank's ``last`` collectives from the Flight Recorder, and the first one on which they disagree."""
+    check_int("last", last, 1)
+    dumps = flight_recorder_dumps(name, timeout_s=timeout_s)
+    lines = [f"{name}, {where(WORLD_SIZE, 'gloo', backend_first=True)}, Flight Recorder on "
+             f"(TORCH_FR_BUFFER_SIZE={FR_ENV['TORCH_FR_BUFFER_SIZE']}), each rank's trace written once a "
+             f"collective had waited {_STALL_S:g} s:"]
+    for rank, d in enumerate(dumps):
+        done = next(iter(d.get("pg_status", {}).values()), {}).get("last_completed_collective", -1)
+        ops = sorted(_ops(d).items())
+        calls = ", ".join(f"#{seq} {op} {sizes}{'' if seq <= done else ' (not completed)'}"
+                          for seq, (op, sizes) in ops[-last:])
+        lines.append(f"  rank {rank}: {'..., ' if len(ops) > last else ''}{calls}")
+    found = first_mismatch(dumps)
+    if found is None:
+        lines.append("  => every rank issued the same collectives")
+    else:
+        seq, calls = found
+        lines.append(f"  => the ranks disagree at collective #{seq}: " + ", ".join(
+            f"rank {r} {c[0] if c else 'never called it'}" for r, c in calls.items()))
+    return "\n".join(lines)
