@@ -57,7 +57,7 @@ test-browser: $(BROWSER_STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -s -q tests/browser/test_jupyterlab.py $(PYTEST_ARGS)
 
 # Portability: the notebooks that print measured floats, re-run under numeric settings
-# that change float32 results on this machine, must print the same text (README,
+# that change float32 results on this machine, must print the same text (docs/testing.md,
 # "The printed numbers are the same on every machine"). Each setting is one
 # space-separated list of VAR=value; `;` separates the settings.
 PORTABLE_NB  ?= $(wildcard notebooks/02_*.ipynb notebooks/04_*.ipynb notebooks/05_*.ipynb \

@@ -33,6 +33,16 @@ def test_skeleton(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_saved_with_the_kernelspec_jupyterlab_writes(path):
+    """ipykernel's own kernel.json names itself "Python 3 (ipykernel)": a notebook saved with anything
+    else opens marked as modified in JupyterLab, and saving it leaves a git diff."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    written = KernelSpecManager().get_kernel_spec("python3")
+    assert _load(path)["metadata"]["kernelspec"] == {"display_name": written.display_name,
+                                                     "language": written.language, "name": "python3"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_saved_fully_executed_in_order_without_errors(path):
     cells = [c for c in _load(path)["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
     counts = [c.get("execution_count") for c in cells]

@@ -143,9 +143,10 @@ SOURCE_NAMES = re.compile(r"\bseeds?\s+00\d|\bseed[-_]?00\d|\bthe seeds\b|\bseed
 
 def _learner_text():
     """(where, text) of everything a learner reads: each notebook's file (cells, outputs and
-    the saved widget state, which holds the quiz questions), the README, and the package's
-    source (its docstrings and the strings it prints)."""
-    for path in [*notebook_paths(), ROOT / "README.md", *sorted((ROOT / "course_utils").rglob("*.py"))]:
+    the saved widget state, which holds the quiz questions), the README and the pages of docs/
+    it links, and the package's source (its docstrings and the strings it prints)."""
+    for path in [*notebook_paths(), ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+                 *sorted((ROOT / "course_utils").rglob("*.py"))]:
         yield path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8")
 
 
@@ -159,6 +160,7 @@ def test_the_learner_text_covers_every_module_of_the_package():
     read = {where for where, _ in _learner_text()}
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "course_utils").rglob("*.py")}
     assert modules <= read and "course_utils/impl/zero3.py" in read
+    assert {"README.md", "docs/where-it-runs.md"} <= read
 
 
 def test_the_source_names_pattern_finds_them():

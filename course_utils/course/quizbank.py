@@ -270,12 +270,12 @@ def quiz_05() -> Quiz:
                  "into backward, bucket by bucket, so a bucket's full gradients can go once it is sent.",
             kind="explain"),
         Numeric(
-            f"Course GPT (Ψ = {psi:,}), fp32: section 3 measured the gradient bytes each of 4 ranks keeps "
-            "after optimizer.step(). Predict them on 8 ranks (the buffer padded to a multiple of 8).",
+            f"Course GPT (Ψ = {psi:,}), fp32: predict the gradient bytes each of 8 ranks keeps after "
+            "optimizer.step() (the buffer padded to a multiple of 8).",
             4 * padded_numel(psi, 8) / 8, unit="bytes", tol=0.5, minimum=0, kind="predict",
             explanation=f"Ψ padded to a multiple of 8 is {padded_numel(psi, 8):,}; 4 bytes x "
                         f"{padded_numel(psi, 8):,} / 8 = {4 * padded_numel(psi, 8) // 8:,} bytes, the shard's "
-                        "gradient: half of the 4-rank figure, as 4·P/N says."),
+                        "gradient, 4·P/N (section 3 checked it on 2 and 4 ranks)."),
         SingleChoice(
             f"With one 25 MiB bucket on 2 ranks, ZeRO-2's measured peak gradient memory was "
             f"{peak_one:,} bytes, more than the course's ZeRO-1 with its {4 * psi:,} (its .grads are views of "

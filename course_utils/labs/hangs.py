@@ -36,6 +36,7 @@ from ..checks import check_choice, check_int, check_timeout
 from ..harness.experiments import GLOBAL_BATCH, make_adamw, run, wrap
 from ..harness.grading import compare, grade_on_ranks
 from ..harness.model import SyntheticData, build_model, warm_up
+from ..runtime import compat
 from ..runtime.fmt import show as _show
 from ..runtime.launch import LaunchError, LaunchTimeout, launch, rank_device, resolve_backend, where
 from ..theory.config import COURSE_CONFIG
@@ -555,10 +556,6 @@ FR_ENV = {"TORCH_FR_BUFFER_SIZE": "64"}
 _STALL_S = 1.0      # a collective not completed for this long: dump (NCCL's watchdog: its timeout)
 
 
-def _fr_dump() -> dict:
-    return pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, True, False))
-
-
 def _recorded(fn: Callable, folder: str):
     """Run ``fn`` with a watchdog thread that writes this rank's Flight Recorder trace to
     ``folder/rank_<r>`` once the last collective it enqueued has not completed for ``_STALL_S``."""
@@ -568,13 +565,13 @@ def _recorded(fn: Callable, folder: str):
         seen, since = None, time.monotonic()
         while True:
             time.sleep(0.05)
-            status = next(iter(_fr_dump().get("pg_status", {}).values()), {})
+            status = next(iter(compat.flight_recorder_trace().get("pg_status", {}).values()), {})
             pending = (status.get("last_enqueued_collective", -1), status.get("last_completed_collective", -1))
             if pending != seen:
                 seen, since = pending, time.monotonic()
             elif pending[0] > pending[1] and time.monotonic() - since >= _STALL_S:
                 with open(os.path.join(folder, f"rank_{rank}"), "wb") as f:
-                    pickle.dump(_fr_dump(), f)
+                    pickle.dump(compat.flight_recorder_trace(), f)
                 return
     threading.Thread(target=watch, daemon=True).start()
     return fn()

@@ -265,3 +265,13 @@ def cpu_default_stream():
     import torch
 
     return getattr(getattr(torch, "cpu", None), "_default_cpu_stream", None)
+
+
+def flight_recorder_trace() -> dict:
+    """This process's Flight Recorder trace (private ``_dump_fr_trace``: the pickle NCCL's watchdog
+    writes at its timeout; gloo records it too, torch 2.10-2.13), unpickled: ``entries``, ``pg_status``..."""
+    import pickle
+
+    import torch
+
+    return pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, True, False))
