@@ -25,7 +25,7 @@ from course_utils.harness import experiments
 from course_utils.harness import strategies
 from course_utils.theory.config import TransformerConfig
 from course_utils.runtime.env import gpu_names
-from course_utils.runtime.fmt import LOSS_RTOL, sci, table as text_table
+from course_utils.runtime.fmt import LOSS_RTOL, max_rel_diff, sci, table as text_table
 from course_utils.theory.sharding import DEFAULT_SHARDS
 from course_utils.runtime.launch import gpu_count, launch, where
 from course_utils.theory.memory import OP_SELECTIVE, fmt_bytes, op_selective_terms, per_gpu
@@ -124,7 +124,7 @@ def losses_row(check: str, where_: str, losses, reference, *, same_parameters: b
     if len(losses) != len(reference) or not losses:
         raise ValueError(f"need two equally long, non-empty loss lists, got {len(losses)} "
                          f"and {len(reference)}")
-    diff = experiments.max_rel_diff(losses, reference)
+    diff = max_rel_diff(losses, reference)
     ok = diff <= rtol and bool(same_parameters)
     note = "" if same_parameters else "the ranks ended with different full parameters"
     return Row(check, where_, f"max rel. diff {diff:.1e}", f"≤ {sci(rtol)} (fmt.LOSS_RTOL)", ok,
@@ -286,7 +286,8 @@ def measure_memory(config: TransformerConfig = MEMORY_CONFIG, micro_batch: int =
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from course_utils.harness.model import SyntheticData, build_model
-    from course_utils.harness.precision import make_training, state_bytes, train_step
+    from course_utils.harness.experiments import state_bytes
+    from course_utils.harness.precision import make_training, train_step
 
     device = torch.device("cuda", device_index)
     torch.cuda.set_device(device)
@@ -310,7 +311,7 @@ def measure_memory(config: TransformerConfig = MEMORY_CONFIG, micro_batch: int =
         torch.cuda.synchronize(device)
     out = {"peak": torch.cuda.max_memory_allocated(device) - base,
            "allocated": torch.cuda.memory_allocated(device) - base,
-           "held": state_bytes(model, opt),
+           "held": state_bytes(model, opt, detail=True),
            "predicted": per_gpu(config, recipe="mixed", micro_batch=micro_batch, attention="flash"),
            "device": torch.cuda.get_device_name(device)}
     del model, opt, x, y
@@ -332,7 +333,7 @@ def memory_rows(m: dict, config: TransformerConfig = MEMORY_CONFIG,
         "model states after step(): params + grads + optimizer", place, states,
         predicted.states.total,
         why=("bf16 params 2 B + bf16 grads 2 B + fp32 master, m, v 12 B per parameter "
-             f"(precision.state_bytes; AdamW's {counters:,} B of step counters, kept on "
+             f"(experiments.state_bytes; AdamW's {counters:,} B of step counters, kept on "
              "the CPU, left out)" + ("" if exact else "; the parts differ: "
                                     f"measured {held['params']:,} / {held['grads']:,} / "
                                     f"{held['optimizer'] - counters:,} B, predicted "

@@ -14,20 +14,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_utils.checks import check_int, check_positive, require_process_group
-from course_utils.harness.experiments import (GLOBAL_BATCH, full_grads, make_adamw, max_abs_diff, max_rel_diff,
-                                   local_tensor, reference_grads, state_bytes, train)
+from course_utils.checks import check_int, check_module, check_positive, is_int, require_process_group
+from course_utils.harness.experiments import (GLOBAL_BATCH, full_grads, local_tensor, make_adamw, reference_grads,
+                                              state_bytes, train)
 from course_utils.harness.model import Block, SyntheticData, build_model
 from course_utils.impl import fsdp
-from course_utils.theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, fsdp_units, message_numels
+from course_utils.labs.fsdp_api import EventOrder, HeldParams, SavedActivations, batch
+from course_utils.labs.fsdp_wrapping import check_run, error_of, exact_number
 from course_utils.runtime import compat
-from course_utils.runtime.fmt import num, table
+from course_utils.runtime.fmt import max_abs_diff, max_rel_diff, num, table
 from course_utils.runtime.launch import launch, rank_device, where
 from course_utils.runtime.ledger import CommLedger
 from course_utils.theory.config import COURSE_CONFIG
 from course_utils.theory.memory import activation_bytes
-from course_utils.labs.fsdp_api import EventOrder, HeldParams, SavedActivations, _check_model, batch
-from course_utils.labs.fsdp_wrapping import _check_run, _error_of, _exact
+from course_utils.theory.sharding import (calls_per_step, comm_bytes_per_step, fsdp_state_bytes, fsdp_units,
+                                          message_numels)
 
 __all__ = ["Check", "OptionResult", "shard_model", "measure_mixed_precision",
            "measure_cpu_offload", "measure_reshard_after_forward", "measure_prefetch",
@@ -70,8 +71,8 @@ def _fmt(v) -> str:
         return "-"
     if isinstance(v, (list, tuple, dict)) and len(str(v)) > 48:
         return f"[{len(v)} items]"          # long sequences: compared here, shown in details
-    v = _exact(v) if isinstance(v, Fraction) else v
-    if isinstance(v, int) and not isinstance(v, bool):
+    v = exact_number(v) if isinstance(v, Fraction) else v
+    if is_int(v):
         return f"{v:,}"
     return num(v) if isinstance(v, float) else str(v)
 
@@ -108,7 +109,7 @@ class OptionResult:
 
 def _launch(fn, world_size, *args, **kwargs) -> list:
     """``fn(*args, **kwargs)`` on ``world_size`` ranks (>= 2: sharding), a ``steps`` keyword checked too."""
-    _check_run(world_size, kwargs.get("steps", 1), SEED)
+    check_run(world_size, kwargs.get("steps", 1), SEED)
     return launch(fn, world_size, *args, quiet=True, timeout_s=TIMEOUT_S, **kwargs)
 
 
@@ -118,7 +119,7 @@ def shard_model(model: nn.Module, *, reshard_after_forward: bool | int = True, u
                 **fully_shard_kwargs) -> nn.Module:
     """The ``"torch-fsdp"`` layout in place, on a launched rank: rank 0's weights, then ``fully_shard``
     on the blocks and the root; ``reshard_after_forward`` (bool or int) applies to the blocks only."""
-    _check_model(model)
+    check_module("model", model)
     require_process_group("shard_model")
     _check_reshard(reshard_after_forward, dist.get_world_size())
     return fsdp.wrap_fsdp2(model, lambda params: None, reshard_after_forward=reshard_after_forward,
@@ -250,7 +251,7 @@ def _rank_cpu_offload(steps: int) -> dict:
     out = {"no offload": _offload_run(steps),
            "CPUOffloadPolicy": _offload_run(steps, offload_policy=CPUOffloadPolicy(pin_memory=False)),
            "device": rank_device().type}
-    out["pin_memory=True"] = _error_of(lambda: fully_shard(       # the default, on this machine
+    out["pin_memory=True"] = error_of(lambda: fully_shard(       # the default, on this machine
         nn.Linear(4, 4, device=rank_device()), offload_policy=CPUOffloadPolicy(),
         mesh=fsdp.make_mesh(out["device"])))
     return out
@@ -262,7 +263,7 @@ def measure_cpu_offload(world_size: int = 2, *, steps: int = 3) -> OptionResult:
     r = res[0]
     base, off = r["no offload"], r["CPUOffloadPolicy"]
     meta = build_model(COURSE_CONFIG, device="meta")
-    states = [expected_state_bytes(meta, world_size, rank) for rank in range(world_size)]
+    states = [fsdp_state_bytes(meta, world_size, rank) for rank in range(world_size)]
     checks = [
         Check(f"max |loss diff| over {steps} steps, offload vs not",
               max_abs_diff(off["losses"], base["losses"]), 0.0),
@@ -321,7 +322,7 @@ def _reshard_prediction(setting, world_size: int) -> dict:
 def measure_reshard_after_forward(world_size: int = 4, *, settings=(True, False, 2),
                                   steps: int = 2) -> OptionResult:
     """``reshard_after_forward`` on the blocks, one run per entry of ``settings`` (True, False or an int)."""
-    _check_run(world_size, steps, SEED)
+    check_run(world_size, steps, SEED)
     if not isinstance(settings, (tuple, list)) or not settings:
         raise TypeError("settings must be a non-empty tuple such as (True, False, 2)")
     for s in settings:
@@ -599,7 +600,7 @@ def _rank_accumulation(micro_batches: int) -> dict:
 
 def measure_gradient_accumulation(world_size: int = 2, *, micro_batches: int = 3) -> OptionResult:
     """``set_requires_gradient_sync(False)`` on all but the last of ``micro_batches`` vs syncing each."""
-    _check_run(world_size, 1, SEED)
+    check_run(world_size, 1, SEED)
     check_int("micro_batches", micro_batches, minimum=2)
     rows = GLOBAL_BATCH // world_size
     if rows % micro_batches:
@@ -610,7 +611,7 @@ def measure_gradient_accumulation(world_size: int = 2, *, micro_batches: int = 3
     meta = build_model(COURSE_CONFIG, device="meta")
     units = 1 + COURSE_CONFIG.layers
     psi = sum(p.numel() for p in meta.parameters())
-    sharded = expected_state_bytes(meta, world_size, 0)["grads"]
+    sharded = fsdp_state_bytes(meta, world_size, 0)["grads"]
     k = micro_batches
     nosync, sync = res[0]["sync on the last only"], res[0]["sync every micro-batch"]
     mb, smb = nosync["micro_batches"], sync["micro_batches"]

@@ -5,7 +5,11 @@
     checks  <-  theory  <-  runtime  <-  impl  <-  harness  <-  labs  <-  course
 
 A module may import its own subpackage and the layers to its left, never one to its
-right; ``theory`` (arithmetic models) imports no ``torch.distributed`` at all. The
+right; ``theory`` (arithmetic models) imports no ``torch.distributed`` at all, and draws
+nothing (its figures are ``course.plots``). A module sits with its users: the grading engine
+in ``labs`` (``labs.hangs`` grades an exercise, ``course.exercises`` the rest), the widget
+display helpers in ``course``, the only layer that shows widgets. No module is longer than
+:data:`MAX_LINES` lines but those of :data:`TOO_LONG`, a list that can only shrink. The
 top-level modules other than ``checks`` (``memory``, ``comm``, ``launch``,
 ``experiments``, ``config``: the names of the course's contracts) are thin re-exports
 kept at the import paths code outside the package uses: nothing inside the package
@@ -107,6 +111,57 @@ def test_theory_imports_no_distributed_code():
     wrong = [f"{src}:{line} imports {dst}" for src, path in MODULES.items() if _layer(src) == "theory"
              for dst, _, line in _imports(src, path) if dst.startswith("torch.distributed")]
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_import_inside_the_package_names_a_module_that_exists():
+    """A module moved (``harness.grading`` to ``labs.grading``, say) leaves no import behind."""
+    wrong = [f"{src}:{line} imports {dst}" for src, dst, _, line in EDGES if dst not in MODULES]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_theory_draws_nothing():
+    """No module under theory/ imports matplotlib, at its top or inside a function: a model's
+    figure is drawn in ``course/plots.py`` from what the model returns."""
+    wrong = [f"{src}:{line} imports {dst}" for src, path in MODULES.items() if _layer(src) == "theory"
+             for dst, _, line in _imports(src, path) if dst.split(".")[0] == "matplotlib"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_course_shows_widgets():
+    wrong = [f"{src}:{line} imports {dst}" for src, path in MODULES.items() if _layer(src) != "course"
+             for dst, _, line in _imports(src, path) if dst.split(".")[0] == "ipywidgets"]
+    assert not wrong, "\n".join(wrong)
+
+
+#: module -> the layer it belongs in: the lowest layer among the modules that import it.
+PLACED_WITH_USERS = {"course_utils.labs.grading": "labs", "course_utils.course.widgets": "course"}
+
+
+@pytest.mark.parametrize("module, layer", sorted(PLACED_WITH_USERS.items()))
+def test_a_module_used_by_one_layer_up_sits_with_its_users(module, layer):
+    users = {src for src, dst, _, _ in EDGES if dst == module and src != module}
+    assert module in MODULES and _layer(module) == layer
+    assert users and min(LAYERS.index(_layer(u)) for u in users) == LAYERS.index(layer), sorted(users)
+
+
+MAX_LINES = 700
+#: Modules over MAX_LINES lines not split yet, with their length when listed: none today
+#: (theory/planner.py, 1047 lines, became planner + plan_types + gpt2xl and course/plots).
+#: Split a module rather than add it; an entry no longer over the limit must be removed.
+TOO_LONG: dict[str, int] = {}
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_no_module_is_longer_than_max_lines():
+    over = {name: _lines(path) for name, path in MODULES.items() if _lines(path) > MAX_LINES}
+    grown = [f"{name}: {n} lines (allowed: {TOO_LONG.get(name, MAX_LINES)})" for name, n in sorted(over.items())
+             if n > TOO_LONG.get(name, MAX_LINES)]
+    assert not grown, "split these modules (at most %d lines each):\n" % MAX_LINES + "\n".join(grown)
+    stale = sorted(set(TOO_LONG) - set(over))
+    assert not stale, f"{stale} are no longer over {MAX_LINES} lines: remove them from TOO_LONG"
 
 
 def test_no_private_name_crosses_a_subpackage():

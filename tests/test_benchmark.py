@@ -4,7 +4,7 @@ import pytest
 
 from course_utils.course import benchmark
 from course_utils.course.exercises import check_megatron_states_gb
-from course_utils.theory.planner import GPT2XL_BENCHMARK, BenchmarkRow, benchmark_comparison
+from course_utils.theory.gpt2xl import GPT2XL_BENCHMARK, BenchmarkRow, benchmark_comparison
 
 
 def test_runs_carry_the_reported_figures_and_their_setup():

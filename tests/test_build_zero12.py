@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from course_utils.course.exercises import check_zero1, check_zero2
-from course_utils.harness.grading import first_problem
+from course_utils.labs.grading import first_problem
 from course_utils.course.exercises.nb04 import zero_on_rank
 from course_utils.course.exercises.nb05 import ZERO2_BUCKETS
 from course_utils.impl import zero

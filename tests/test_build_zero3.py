@@ -7,7 +7,7 @@ from torch import nn
 
 from course_utils.course.exercises import check_zero3, check_zero3_step_bytes, yours
 from course_utils.course.exercises.nb12 import zero3_step_bytes
-from course_utils.harness.grading import PASSED, first_problem
+from course_utils.labs.grading import PASSED, first_problem
 from course_utils.course.exercises.nb06 import units_on_rank, zero3_on_rank
 from course_utils.impl.zero3 import FlatUnit
 from course_utils.runtime.launch import launch

@@ -2,14 +2,14 @@
 
 Checked against the analytic figures of the earlier modules: DDP sends comm_volume's
 all-reduce bytes, ZeRO-2 holds 1/N of the gradients and optimizer states, FSDP2 the
-per-rank shards of course_utils.theory.sharding.expected_state_bytes; every loss equals "single".
+per-rank shards of course_utils.theory.sharding.fsdp_state_bytes; every loss equals "single".
 """
 import pytest
 
 from course_utils.theory.comm import comm_volume
 from course_utils.labs.comparison import PEAK_NOTE, compare
 from course_utils.theory.config import COURSE_CONFIG
-from course_utils.theory.sharding import comm_bytes_per_step, expected_state_bytes
+from course_utils.theory.sharding import comm_bytes_per_step, fsdp_state_bytes
 from course_utils.harness.model import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
@@ -47,7 +47,7 @@ def test_measured_bytes_match_the_formulas(table):
     assert ddp.peak_grads is None and ddp.peak_state is None      # not tracked: said so in the note
     fsdp = table.row("torch-fsdp")
     m = build_model()
-    want = expected_state_bytes(m, 2, 0)
+    want = fsdp_state_bytes(m, 2, 0)
     assert (fsdp.params, fsdp.grads, fsdp.optimizer) == (want["params"], want["grads"], want["optimizer"])
     per_step = comm_bytes_per_step(m, 2)
     assert fsdp.comm_per_step["all_gather"] == per_step["all_gather"]
@@ -81,5 +81,5 @@ def test_bad_arguments():
         compare(2, steps=1.5)
     with pytest.raises(ValueError, match="unknown strategy 'zero4'"):
         compare(2, strategies=["zero4"])
-    with pytest.raises(ValueError, match="positive tolerance"):
+    with pytest.raises(ValueError, match=r"rel must be > 0 \(e.g. 1e-6\)"):
         compare(2, rel=0)

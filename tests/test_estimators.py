@@ -6,10 +6,11 @@ import textwrap
 
 import pytest
 
+from course_utils.course.plots import plot_estimators
 from course_utils.theory.config import PRESETS, TransformerConfig
 from course_utils.theory.estimators import (
     ACCELERATE_DTYPES, Row, accelerate_peak, accelerate_training_usage, compare, deepspeed_zero2,
-    deepspeed_zero3, plot, table)
+    deepspeed_zero3, table)
 from course_utils.theory.memory import GB, GiB, model_states
 
 # Exact parameter counts behind the documented examples. The docs print only "2851M" etc.;
@@ -315,7 +316,7 @@ def test_table_shows_both_units():
 
 def test_plot_has_one_bar_per_estimator():
     rows = compare("llama-2-7b", 8)
-    fig = plot(rows, title="llama-2-7b, 8 GPUs")
+    fig = plot_estimators(rows, title="llama-2-7b, 8 GPUs")
     (ax,) = fig.axes
     bars = ax.patches
     assert len(bars) == len(rows)
@@ -349,8 +350,8 @@ def test_plot_has_one_bar_per_estimator():
     (lambda: compare(7e9, 0, largest_layer_params=1e8), ValueError, "world_size must be >= 1"),
     (lambda: compare(7e9, 12, largest_layer_params=1e8, gpus_per_node=8), ValueError, "multiple of gpus_per_node"),
     (lambda: table([]), TypeError, "list of Row"),
-    (lambda: plot([1, 2]), TypeError, "list of Row"),
-    (lambda: plot(compare("gpt2-xl", 2), title=3), TypeError, "title must be a str"),
+    (lambda: plot_estimators([1, 2]), TypeError, "list of Row"),
+    (lambda: plot_estimators(compare("gpt2-xl", 2), title=3), TypeError, "title must be a str"),
     (lambda: table(compare("gpt2-xl", 2), unit="GiB"), ValueError, "unit must be 'GB' or 'MB'"),
 ])
 def test_bad_input_gets_clear_errors(call, exc, words):

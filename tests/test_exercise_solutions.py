@@ -1,4 +1,4 @@
-"""Every small exercise's answer in ``solutions/`` passes its check, and ``solution("NN.k")``
+"""Every small exercise's answer in ``course_utils/course/solutions/`` passes its check, and ``solution("NN.k")``
 prints it: the notebooks show a pointer, not the answer. (The builds' answers, ``ddp.py`` ...
 ``zero3.py``, are graded in tests/test_solutions.py and tests/test_build_zero3.py.)"""
 import pytest
@@ -50,7 +50,7 @@ def test_the_notebooks_point_to_the_answers():
     for p in (ROOT / "notebooks").glob("0[0-8]_*.ipynb"):
         cells = json.loads(p.read_text(encoding="utf-8"))["cells"]
         assert not any("".join(c["source"]).startswith("# Solution") for c in cells), \
-            f"{p.name} prints an answer under its exercise: move it to solutions/"
+            f"{p.name} prints an answer under its exercise: move it to course_utils/course/solutions/"
 
 
 def test_every_stuck_pointer_has_solution_imported_before_it():

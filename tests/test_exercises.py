@@ -97,7 +97,7 @@ def test_grad_average_hook_checker(capsys):
 
 
 def test_brief_shows_a_few_values_from_where_they_differ():
-    from course_utils.harness.grading import brief, compare_brief
+    from course_utils.labs.grading import brief, compare_brief
 
     want = torch.arange(10.0)
     assert brief(want) == "tensor([0, 1, 2, 3, 4, …])" and brief(torch.tensor(3.0)) == "tensor(3)"

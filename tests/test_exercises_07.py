@@ -1,6 +1,7 @@
-"""Notebook 07's auto-grader accepts the course's answer (solutions/07.1.py) and rejects the classic
-wrong steps with a message that says what differs: the root left whole, gradients synced after
-every micro-batch, a norm of the local shards only, micro-batch losses not averaged."""
+"""Notebook 07's auto-grader accepts the course's answer (course_utils/course/solutions/07.1.py)
+and rejects the classic wrong steps with a message that says what differs: the root left whole,
+gradients synced after every micro-batch, a norm of the local shards only, micro-batch losses
+not averaged."""
 import pytest
 import torch
 from toys import answer

@@ -18,10 +18,10 @@ from torch import nn
 from course_utils.theory.comm import comm_volume
 from course_utils.runtime.ledger import CommLedger
 from course_utils.harness.experiments import (GLOBAL_BATCH, RunResult, full_parameters, global_loss, make_adamw, run,
-                                             state_bytes, train, unwrap, wrap)
+                                             state_bytes, train, wrap)
 from course_utils.harness.strategies import STRATEGIES, register_strategy, strategies
 from course_utils.impl.common import DEFAULT_BUCKET_BYTES
-from course_utils.impl.ddp import DataParallel
+from course_utils.impl.ddp import DataParallel, unwrap
 from course_utils.runtime.launch import launch
 from course_utils.harness.model import SyntheticData, build_model, num_params
 from toys import DIM, TOY_TRAINABLE, Toy, toy_batch, toy_optimizer
@@ -305,3 +305,22 @@ def test_single_wrap_registry_and_results_pickle(single):
         single["nope"]
     assert "losses" in single and single.get("nope", 1) == 1
     assert issubclass(DataParallel, nn.Module)
+
+
+def test_a_learners_ddp_class_is_unwrapped_by_its_object_mark():
+    """``wrap("ddp", impl=...)`` marks the object it builds, not a registry of classes: running a
+    learner's class again (a re-run cell defines a new one each time) leaves nothing behind."""
+    from course_utils.harness import probes
+
+    class MyDDP(nn.Module):
+        def __init__(self, module, bucket_bytes):
+            super().__init__()
+            self.module = module
+
+    model = _toy(0)
+    for _ in range(3):
+        wrapped, _ = probes.wrap_ddp(model, make_adamw, impl=MyDDP)
+        assert unwrap(wrapped) is model and DataParallel.wraps_module
+    plain = MyDDP(model, 0)                       # not built by wrap: a model like any other
+    assert unwrap(plain) is plain
+    assert not hasattr(probes, "WRAPPERS") and not hasattr(probes.ddp, "WRAPPERS")

@@ -39,15 +39,46 @@ def test_a_function_defined_here_runs_by_value_and_sees_the_callers_env_and_fold
     assert out[0][3] != os.getpid()                   # forked by the server, not by us
 
 
+#: What the package adds to the preload (course_utils/__init__.py): the launcher names none of it.
+ABOVE_THE_LAUNCHER = ["course_utils.harness.experiments", "course_utils.harness.model",
+                      "course_utils.labs.collectives_lab", "course_utils.impl.zero3", "course_utils.impl.hsdp"]
+
+
 def test_the_preload_holds_torch_and_the_launcher_and_initialises_no_cuda():
     assert launch_mod.FORKSERVER_PRELOAD[:2] == ["torch", "torch.distributed"]
     assert "course_utils.runtime.launch" in launch_mod.FORKSERVER_PRELOAD
+    assert launch_mod.FORKSERVER_PRELOAD[-len(ABOVE_THE_LAUNCHER):] == ABOVE_THE_LAUNCHER
 
     def fn():
         import sys as _sys
-        return "torch" in _sys.modules, torch.cuda.is_initialized()
+        return "torch" in _sys.modules, torch.cuda.is_initialized(), [m for m in ABOVE_THE_LAUNCHER
+                                                                       if m not in _sys.modules]
 
-    assert launch(fn, 1, quiet=True, start_method="forkserver") == [(True, False)]
+    assert launch(fn, 1, quiet=True, start_method="forkserver") == [(True, False, [])]
+
+
+def test_a_registered_module_is_preloaded_by_a_server_started_after(tmp_path):
+    """``register_forkserver_preload``: each name once, in order, imported by the next server."""
+    code = textwrap.dedent("""
+        from course_utils.runtime.launch import FORKSERVER_PRELOAD, launch, register_forkserver_preload
+        register_forkserver_preload("tabnanny", "tabnanny")
+        assert FORKSERVER_PRELOAD.count("tabnanny") == 1 and FORKSERVER_PRELOAD[-1] == "tabnanny"
+        try:
+            register_forkserver_preload(None)
+        except TypeError as exc:
+            assert "dotted name" in str(exc)
+        else:
+            raise AssertionError("None was accepted")
+
+        def fn():
+            import sys
+            return "tabnanny" in sys.modules, "pyclbr" in sys.modules
+
+        print(launch(fn, 1, quiet=True, start_method="forkserver"))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[(True, False)]"
 
 
 def test_the_forkserver_goes_when_the_kernel_exits(tmp_path):

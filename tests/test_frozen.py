@@ -82,7 +82,7 @@ def predicted_state_bytes(model, setup: str, n: int, rank: int) -> dict:
         shard = sum(padded_numel(u, n) for u in units) // n
         mine = sum(max(0, min(hi, u) - lo) for u in units for lo, hi in [shard_bounds(u, n, rank)])
         return {"params": 4 * F + 4 * shard, "grads": 4 * shard, "optimizer": 8 * mine + 4 * k}
-    out = sharding.expected_state_bytes(model, n, rank)   # the trainable dim-0 shards
+    out = sharding.fsdp_state_bytes(model, n, rank)   # the trainable dim-0 shards
     out["params"] += 4 * F if setup == "fsdp2 ignored" else 4 * sum(dim0_padded_numel(p.shape, n) for p in frozen) // n
     return out
 

@@ -30,7 +30,7 @@ from course_utils.runtime.ledger import CommLedger
 from course_utils.harness.experiments import GLOBAL_BATCH, make_adamw, run, state_bytes
 from course_utils.harness.strategies import STRATEGIES
 from course_utils.impl.fsdp import wrap_torch_fsdp
-from course_utils.theory.sharding import calls_per_step, comm_bytes_per_step, expected_state_bytes, message_numels
+from course_utils.theory.sharding import calls_per_step, comm_bytes_per_step, fsdp_state_bytes, message_numels
 from course_utils.runtime.launch import launch
 from course_utils.harness.model import SyntheticData, build_model
 from course_utils.theory.layout import padded_numel as zero3_padded
@@ -73,7 +73,7 @@ def test_registered_and_formulas():
         assert rs == ag2 == f * (M_ROOT[n] + LAYERS * M_BLOCK[n])
         # never smaller than the course's flat padding; equal only without padding
         assert M_ROOT[n] >= zero3_padded(ROOT, n) and M_BLOCK[n] >= zero3_padded(BLOCK, n)
-        st = expected_state_bytes(m, n, 0)
+        st = fsdp_state_bytes(m, n, 0)
         assert st == {"params": 4 * SHARD[n], "grads": 4 * SHARD[n],
                       "optimizer": 4 * (2 * SHARD[n] + PARAMS)}
     assert M_BLOCK[2] == zero3_padded(BLOCK, 2)          # 50 and 200 rows: even
@@ -99,7 +99,7 @@ def test_course_model_matches_single_and_zero3_exact_bytes_and_state(world_size,
             assert r.comm_bytes == {"all_reduce": 0, "reduce_scatter": rs, "all_gather": ag}
             assert r.comm_calls == {"all_reduce": 0, "reduce_scatter": 5 * STEPS,
                                     "all_gather": gathers * STEPS}
-            assert r.state_bytes == expected_state_bytes(m, n, r.rank)
+            assert r.state_bytes == fsdp_state_bytes(m, n, r.rank)
             assert r.state_bytes["params"] == r.state_bytes["grads"] == 4 * SHARD[n]
         # the last rank owns fewer real rows (tok_emb 101 rows; blocks for N = 3, 4)
         assert out[-1].state_bytes["optimizer"] < out[0].state_bytes["optimizer"] == \

@@ -198,7 +198,8 @@ def test_memory_check_holds_for_a_cpu_stand_in(gpu_check):
     and micro-batch: every term scales by 1/16): every row is ok, and the peak's gap is
     the one peak_gap_terms explains."""
     from course_utils.harness.model import SyntheticData, build_model
-    from course_utils.harness.precision import make_training, memtracker_bytes, state_bytes, train_step
+    from course_utils.harness.experiments import state_bytes
+    from course_utils.harness.precision import make_training, memtracker_bytes, train_step
 
     big, b = gpu_check.MEMORY_CONFIG, gpu_check.MEMORY_MICRO_BATCH
     cfg = dataclasses.replace(big, hidden=big.hidden // 4, heads=big.heads // 4,
@@ -208,7 +209,7 @@ def test_memory_check_holds_for_a_cpu_stand_in(gpu_check):
     train_step(model, opt, x, y)                       # AdamW's m and v exist from here on
     tracked = memtracker_bytes(model, opt, lambda: train_step(model, opt, x, y, zero_grad=False))
     m = _fake_measurement(cfg, b, peak=tracked["peak"]["Total"],
-                          allocated=tracked["current"]["Total"], held=state_bytes(model, opt))
+                          allocated=tracked["current"]["Total"], held=state_bytes(model, opt, detail=True))
     rows = gpu_check.memory_rows(m, cfg, b)
     assert [r.ok for r in rows] == [True, True, True], gpu_check.table(rows)
     gap = m["peak"] - m["predicted"].total

@@ -45,7 +45,7 @@ def test_detection_leaves_cuda_uninitialised(gpus):
         from course_utils.runtime import env
         from course_utils.runtime import launch
         from course_utils.harness import precision
-        from course_utils.harness import train  # importing must not touch CUDA
+        from course_utils.harness import train_cli  # importing must not touch CUDA
         n = launch.gpu_count()
         launch.resolve_backend(1)
         launch.resolve_backend(2, "gloo")

@@ -1,6 +1,6 @@
 """The grading engine's reports stay short: an unfinished exercise prints a few lines
 (issue 17: committed outputs of unfinished exercises are at most 5 lines)."""
-from course_utils.harness.grading import SHOWN_WRONG_CASES, grade_cases, report_problems
+from course_utils.labs.grading import SHOWN_WRONG_CASES, grade_cases, report_problems
 
 
 def test_grade_cases_shows_few_wrong_cases_and_counts_the_rest(capsys):

@@ -16,7 +16,8 @@ from fractions import Fraction
 import pytest
 
 from course_utils.theory import sharding
-from course_utils.theory.sharding import comm_bytes_per_step, expected_state_bytes, message_numels
+from course_utils.theory.sharding import comm_bytes_per_step, fsdp_state_bytes, message_numels
+from course_utils.course.plots import plot_crossover
 from course_utils.labs import hsdp_lab
 from course_utils.theory import multinode
 from course_utils.harness.experiments import run
@@ -101,9 +102,9 @@ def test_predicted_bytes_from_the_fsdp_messages():
                                                            "all_gather": 9}
     assert sharding.hsdp_calls_per_step(LAYERS, shards=1) == {"all_reduce": 5, "reduce_scatter": 0,
                                                            "all_gather": 0}
-    assert sharding.hsdp_expected_state_bytes(m, 4, 3, 2) == expected_state_bytes(m, 2, 1)
+    assert sharding.hsdp_state_bytes(m, 4, 3, 2) == fsdp_state_bytes(m, 2, 1)
     with pytest.raises(ValueError):
-        sharding.hsdp_expected_state_bytes(m, 4, 4, 2)
+        sharding.hsdp_state_bytes(m, 4, 4, 2)
 
 
 def test_torch_hsdp_on_4_ranks_matches_single_with_exact_bytes_and_state(single):
@@ -118,7 +119,7 @@ def test_torch_hsdp_on_4_ranks_matches_single_with_exact_bytes_and_state(single)
         assert r.param_digest == out[0].param_digest
         assert r.comm_bytes == {op: STEPS * v for op, v in per_step.items()}
         assert r.comm_calls == {op: STEPS * v for op, v in calls.items()}
-        assert r.state_bytes == sharding.hsdp_expected_state_bytes(m, 4, r.rank)
+        assert r.state_bytes == sharding.hsdp_state_bytes(m, 4, r.rank)
     # sharded 2 ways, not 4: each rank holds half the parameters (+ padding)
     assert out[0].state_bytes["params"] == 4 * math.ceil(101 / 2) * 50 + 4 * (UNPADDED - 101 * 50) // 2
 
@@ -145,7 +146,7 @@ def test_each_collective_runs_on_its_group(world, shards, single):
         assert r["by_group"] == _rows(world, shards, r["rank"], m)
         assert r["losses"] == pytest.approx(single.losses[:1], rel=REL)
         assert r["totals"] == sharding.hsdp_comm_bytes_per_step(m, world, shards)
-        assert r["state_bytes"] == sharding.hsdp_expected_state_bytes(m, world, r["rank"], shards)
+        assert r["state_bytes"] == sharding.hsdp_state_bytes(m, world, r["rank"], shards)
 
 
 PSI, G, NODES, INTRA = 7e9, 8, 4, 450e9          # the setting: 7B bf16, 4 x 8 GPUs, NVLink 450 GB/s
@@ -233,7 +234,7 @@ def test_crossover_is_where_the_times_meet():
     assert multinode.hsdp_vs_fsdp_time(PSI, G, NODES, INTRA, hi * 1.1, nics_per_node=1, overlap=False).faster == "HSDP"
     # a small model is latency-bound: the longer ring loses at every bandwidth
     assert multinode.crossovers(1e8, G, NODES, INTRA) == () and math.isinf(multinode.crossover_inter_bw(1e8, G, NODES, INTRA))
-    fig = multinode.plot_crossover()
+    fig = plot_crossover()
     assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes][1].startswith("1 NIC")
 
 

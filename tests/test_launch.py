@@ -169,9 +169,11 @@ def test_gloo_connected_lines_are_not_rank_output(tmp_path):
 
 def test_output_is_printed_in_rank_order_with_prefix(capsys):
     def fn():
-        time.sleep(0.05 * (3 - dist.get_rank()))  # finish in reverse order
-        print(f"hello from {dist.get_rank()}")
-        print("warned", file=sys.stderr)
+        for turn in (3, 2, 1, 0):                 # print in reverse rank order
+            if dist.get_rank() == turn:
+                print(f"hello from {turn}")
+                print("warned", file=sys.stderr)
+            dist.barrier()
 
     launch(fn, 4)
     out, err = capsys.readouterr()
@@ -206,6 +208,48 @@ def test_every_rank_raising_reports_the_lowest_rank():
         with pytest.raises(LaunchError) as info:
             launch(fn, 4, quiet=True)
         assert info.value.rank == 0
+
+
+def test_the_lower_rank_raising_later_is_reported(tmp_path):
+    """The rank reported does not depend on time: rank 1 raises first, rank 0 over a second
+    later (rank 1's message waits for it, so the launcher has not stopped rank 0 by then),
+    and rank 0's own error is the one reported."""
+    raised, later = tmp_path / "rank1-raised", tmp_path / "rank0-raising"
+
+    class SaidOnceRankZeroRaised(Exception):
+        def __str__(self):                  # the launcher reads the message as the rank fails
+            _until(later.exists, "rank 0's error")
+            return "rank 1 raised first"
+
+    def fn(rank):
+        if rank == 1:
+            raised.touch()
+            raise SaidOnceRankZeroRaised()
+        _until(raised.exists, "rank 1's error")
+        time.sleep(1.5)   # a gap, not a synchronisation: later than the 1 s window once used
+        later.touch()
+        raise ValueError("rank 0 raised later")
+
+    with pytest.raises(LaunchError) as info:
+        launch(fn, 2, quiet=True, timeout_s=60)
+    assert info.value.rank == 0 and info.value.exc_type == "ValueError"
+    assert "rank 0 raised ValueError: rank 0 raised later" in str(info.value)
+
+
+def test_the_reported_rank_goes_by_cause_then_rank():
+    """An error of its own, then a crash (no Python error, before the launcher stopped
+    anyone), then an error from a peer's death, then a rank the launcher stopped; the
+    lowest rank among equals."""
+    from course_utils.runtime.launch import _first_failure
+
+    own = {"type": "ValueError", "message": "bad batch"}
+    peer = {"type": "RuntimeError", "message": "[gloo/transport/tcp/pair.cc:534] Connection closed by peer"}
+    reset = {"type": "DistBackendError", "message": "Connection reset by peer"}
+    assert _first_failure({0: peer, 2: own, 3: own}, [1, None, 1, 1], [0, 1, 2, 3]) == 2
+    assert _first_failure({0: peer, 1: reset}, [1, 1, -9, None], [0, 1, 2, 3]) == 2
+    assert _first_failure({1: reset, 2: peer}, [None, 1, 1, None], [0, 1, 2, 3]) == 1
+    assert _first_failure({}, [None, 0, None], [0, 2]) == 0
+    assert _first_failure({}, [0, 0], []) is None
 
 
 @pytest.mark.usefixtures("each_start_method")
@@ -304,6 +348,14 @@ def _script(body: str, tmp_path, start_method: str = "fork") -> subprocess.Popen
                             env=dict(os.environ, COURSE_START_METHOD=start_method))
 
 
+def _until(condition, what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not seen within {timeout:g} s"
+        time.sleep(0.001)
+
+
 def _wait_for_pids(pid_dir, n, timeout=30):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -369,7 +421,7 @@ def test_a_launch_listens_on_loopback_only(world_size, start_method):
 def test_an_interrupt_while_ranks_start_is_held_until_all_are_started():
     """Ctrl-C inside Process.start(), after its fork, would orphan that rank: it is held
     and raised once the ranks are started; where SIGINT is ignored, it stays ignored."""
-    from course_utils.runtime.launch import _interrupts_held
+    from course_utils.runtime.launch import _held_interrupts, _interrupts_held
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a kernel
     try:
@@ -377,14 +429,14 @@ def test_an_interrupt_while_ranks_start_is_held_until_all_are_started():
         with pytest.raises(KeyboardInterrupt):
             with _interrupts_held():
                 os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.05)                      # the handler has run by now
+                _until(lambda: _held_interrupts, "the held SIGINT")   # the handler has run
                 reached.append("after the signal")
         assert reached == ["after the signal"]
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         with _interrupts_held():
-            os.kill(os.getpid(), signal.SIGINT)       # ignored: nothing raised, then or after
-            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)       # ignored: discarded when sent, nothing to wait for
+            assert not _held_interrupts and signal.SIGINT not in getattr(signal, "sigpending", set)()
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
@@ -398,9 +450,46 @@ def test_the_fork_probe_kills_a_child_that_hangs(monkeypatch):
     from course_utils.runtime import launch as launch_mod
 
     monkeypatch.setattr(launch_mod, "_AUTOGRAD_FORK_BROKEN", False)
+    monkeypatch.setattr(launch_mod, "_FORK_PROBE_PASSED", None)
     monkeypatch.setattr(launch_mod, "FORK_PROBE_TIMEOUT_S", 0.5)
     monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: time.sleep(3600))
     start = time.monotonic()
     assert not launch_mod.autograd_survives_fork()
     assert time.monotonic() - start < 30          # killed, not waited for (a bound, not a timing)
     assert launch_mod._AUTOGRAD_FORK_BROKEN
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are listed from /proc (Linux)")
+def test_the_fork_probes_answer_is_kept_both_ways(monkeypatch):
+    """The probe forks once per process: a False is kept for good; a True while no thread
+    has started here since (autograd's device threads, what breaks forking, are new ones)."""
+    import threading
+
+    from course_utils.runtime import launch as launch_mod
+
+    monkeypatch.setattr(launch_mod, "_AUTOGRAD_FORK_BROKEN", False)
+    monkeypatch.setattr(launch_mod, "_FORK_PROBE_PASSED", None)
+    forks, real_fork = [], os.fork
+
+    def counted_fork():
+        forks.append(1)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", counted_fork)
+    assert launch_mod.autograd_survives_fork() and len(forks) == 1
+    assert launch_mod.autograd_survives_fork() and len(forks) == 1          # kept
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="a-new-thread")
+    thread.start()
+    try:
+        assert launch_mod.autograd_survives_fork() and len(forks) == 2      # a new thread: asked again
+        assert launch_mod.autograd_survives_fork() and len(forks) == 2
+    finally:
+        stop.set()
+        thread.join()
+    assert launch_mod.autograd_survives_fork() and len(forks) == 2          # fewer threads: still kept
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "backward", lambda self, *a, **k: 1 / 0)   # the child's backward fails
+        m.setattr(launch_mod, "_FORK_PROBE_PASSED", None)
+        assert not launch_mod.autograd_survives_fork() and len(forks) == 3
+    assert not launch_mod.autograd_survives_fork() and len(forks) == 3      # kept, even with backward back

@@ -157,8 +157,8 @@ def test_per_gpu_adds_activations_and_respects_offload():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(micro_batch=0), "micro_batch must be an int >= 1"),
-    (dict(micro_batch=1, seq=0), "seq must be an int >= 1"),
+    (dict(micro_batch=0), r"micro_batch must be >= 1 \(sequences per GPU"),
+    (dict(micro_batch=1, seq=0), r"seq must be >= 1 \(tokens per sequence"),
     (dict(micro_batch=1, attention="sparse"), "attention must be one of"),
     (dict(micro_batch=1, recompute="some"), "recompute must be one of"),
 ])

@@ -1,4 +1,5 @@
 """Packaging: pyproject vs environment.yml, the two make commands, CI entry point."""
+import os
 import re
 
 try:
@@ -65,3 +66,34 @@ def test_ci_runs_the_readme_test_command():
     for cmd in ("make lab", "make test", "make test-nb", "make figures", "make badges",
                 "make gpu-check", "torchrun"):
         assert cmd in readme, cmd
+
+
+def test_the_wheel_ships_the_solutions(tmp_path):
+    """``solution(...)`` works from an installed wheel, not only from this checkout: the answers
+    are package data (course_utils/course/solutions/), read from wherever the package is."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    from course_utils.course.exercises.solutions import SOLUTIONS
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "course_utils", src / "course_utils",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, cwd=tmp_path)
+    wheel, = (tmp_path / "dist").glob("*.whl")
+    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("course_utils/course/solutions/")}
+    assert shipped == {f"course_utils/course/solutions/{p.name}" for p in SOLUTIONS.glob("*.py")}
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(tmp_path / "site"), str(wheel)], check=True, cwd=tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    out = subprocess.run([sys.executable, "-c", "import course_utils; print(course_utils.__file__); "
+                          "from course_utils.course.exercises import solution; solution('ddp')"],
+                         capture_output=True, text=True, check=True, cwd=tmp_path, env=env).stdout
+    where, printed = out.split("\n", 1)
+    assert where.startswith(str(tmp_path / "site"))
+    assert printed == (SOLUTIONS / "ddp.py").read_text(encoding="utf-8")

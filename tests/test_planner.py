@@ -1,18 +1,20 @@
 """The strategy planner (notebook 08): the gpt2-xl benchmark reproduced, the model's laws, widget,
-capstone. Tolerances: see planner.benchmark_comparison (exact counts, memory 10%, largest batches
+capstone. Tolerances: see gpt2xl.benchmark_comparison (exact counts, memory 10%, largest batches
 +-1 per GPU as linear_model_bounds proves, compute 10%, the DP=4 all-reduce 35%).
 """
 import math
 
 import pytest
 
-from course_utils.theory import planner
+from course_utils.theory import gpt2xl, planner
 from course_utils.course import calculator
+from course_utils.course.plots import plot_plan
 from course_utils.theory.comm import comm_volume
 from course_utils.theory.config import preset
 from course_utils.theory.estimators import deepspeed_zero2, deepspeed_zero3
 from course_utils.theory.memory import GB, model_states
-from course_utils.theory.planner import Choice, as_choice, plan, recommend, benchmark_plan, table
+from course_utils.theory.gpt2xl import benchmark_plan
+from course_utils.theory.planner import Choice, as_choice, plan, recommend, table
 from course_utils.course.exercises import CAPSTONE_SCENARIOS
 from course_utils.course.exercises.nb08 import reference_plan
 from course_utils.course.calculator import PlannerSetting, PlannerWidget
@@ -23,36 +25,36 @@ H100 = dict(gpu_mem_gb=80, gpus_per_node=8, intra_bw_gbps=450, inter_bw_gbps=50,
 def _calibrate_overhead(activation_slack: float = planner.DEFAULT_ACTIVATION_SLACK) -> float:
     """The runtime overhead (GB) that makes the planner reproduce the benchmark's first row
     exactly: nvidia-smi's used MiB on one GPU at batch 1, minus states, activations, slack."""
-    r = planner.benchmark_plan(micro_batch=1, overhead_gb=0.0, activation_slack=activation_slack)
-    return (planner.GPT2XL_BENCHMARK["r1_used_mib"] * 2**20 - r.total) / GB
+    r = gpt2xl.benchmark_plan(micro_batch=1, overhead_gb=0.0, activation_slack=activation_slack)
+    return (gpt2xl.GPT2XL_BENCHMARK["r1_used_mib"] * 2**20 - r.total) / GB
 
 
 def test_every_seed003_figure_within_its_stated_tolerance():
-    rows = planner.benchmark_comparison()
+    rows = gpt2xl.benchmark_comparison()
     assert len(rows) >= 14
     bad = [r for r in rows if not r.within]
     assert not bad, [(r.quantity, r.reported, r.predicted) for r in bad]
     assert all(r.explanation for r in rows)
-    text = planner.benchmark_table()
-    assert text == planner.benchmark_table() and "26699.47" in text
+    text = gpt2xl.benchmark_table()
+    assert text == gpt2xl.benchmark_table() and "26699.47" in text
     verdicts = [line.split()[-1] for line in text.splitlines()[2:] if not line.startswith("    ")]
     assert verdicts == ["yes"] * len(rows)
 
 
 def test_seed003_parameter_counts_and_megatron_formula_exactly():
-    cfg = planner.benchmark_config()
-    meg = planner.megatron_param_count(cfg)
+    cfg = gpt2xl.benchmark_config()
+    meg = gpt2xl.megatron_param_count(cfg)
     assert round(meg["transformer"] / 1e9, 2) == 1.47 and round(meg["embedding"] / 1e9, 2) == 0.08
     assert round(meg["most_loaded_shard"] / 1e9, 4) == 1.5554
-    assert round(planner.megatron_weight_and_optimizer_bytes(cfg) / 2**20, 2) == 26699.47
+    assert round(gpt2xl.megatron_weight_and_optimizer_bytes(cfg) / 2**20, 2) == 26699.47
     # the same bytes are 28.00 GB: the seed's 28.08 is 1.56 x 18, its "MB" are MiB
-    assert planner.megatron_weight_and_optimizer_bytes(cfg) / GB == pytest.approx(27.996, abs=1e-3)
+    assert gpt2xl.megatron_weight_and_optimizer_bytes(cfg) / GB == pytest.approx(27.996, abs=1e-3)
     # Megatron leaves out biases and the position table; it pads the vocabulary to 50304
     hf = preset("gpt2-xl").config
     missing = hf.num_params() - meg["total"]
     assert missing == 1024 * 1600 + 48 * (3 * 1600 + 1600 + 4 * 1600 + 1600) - 47 * 1600
     # with --use-distributed-optimizer Megatron counts 6 + 12/d bytes per parameter
-    assert planner.megatron_weight_and_optimizer_bytes(cfg, dp=4, distributed_optimizer=True) == \
+    assert gpt2xl.megatron_weight_and_optimizer_bytes(cfg, dp=4, distributed_optimizer=True) == \
         pytest.approx(meg["most_loaded_shard"] * 9)
 
 
@@ -66,7 +68,7 @@ def test_seed003_largest_batches_and_the_distributed_optimizer_is_zero1_memory()
     r6 = benchmark_plan(gpus=4, micro_batch=15, strategy="ZeRO-1")
     r6_zero2 = benchmark_plan(gpus=4, micro_batch=15, strategy="ZeRO-2")
     drop, drop2 = (r5.total - r6.total) / GB, (r5.total - r6_zero2.total) / GB
-    assert drop == pytest.approx(12 * 0.75 * planner.benchmark_config().num_params() / GB)
+    assert drop == pytest.approx(12 * 0.75 * gpt2xl.benchmark_config().num_params() / GB)
     assert abs(drop - 14) <= 1.4 and abs(drop2 - 14) > 1.4     # gradients were not sharded
     assert abs(r5.total / GB - 79) <= 7.9 and abs(r6.total / GB - 65) <= 6.5
     # storing the s x s attention scores would make batch 15 impossible
@@ -74,7 +76,7 @@ def test_seed003_largest_batches_and_the_distributed_optimizer_is_zero1_memory()
 
 
 def test_no_linear_memory_model_meets_both_seed_maxima():
-    b = planner.linear_model_bounds()
+    b = gpt2xl.linear_model_bounds()
     lo15, hi15 = b["per_seq_gb_for_15"]
     lo21, hi21 = b["per_seq_gb_for_21"]
     assert not b["overlap"] and hi21 < lo15
@@ -90,7 +92,7 @@ def test_default_overhead_is_the_r1_calibration():
 
 def test_seed003_step_times():
     r3 = benchmark_plan(micro_batch=15)
-    flops = 6 * planner.benchmark_config().num_params() * 15 * 1024
+    flops = 6 * gpt2xl.benchmark_config().num_params() * 15 * 1024
     assert r3.compute_s == pytest.approx(flops / (989e12 * 0.4))
     assert abs(r3.compute_s - 0.393) <= 0.0393 and r3.comm_s == 0
     r5 = benchmark_plan(gpus=4, micro_batch=15)
@@ -330,7 +332,7 @@ def test_widget_bundle_and_interaction():
 
 def test_plot_has_one_bar_per_option():
     rows = plan("llama-2-7b", global_batch=64, **H100)
-    fig = planner.plot(rows)
+    fig = plot_plan(rows)
     ax_mem, ax_t = fig.axes
     labels = [t.get_text() for t in ax_mem.get_yticklabels()]
     assert len(labels) == len(rows) and any("no fit" in s for s in labels)

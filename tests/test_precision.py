@@ -7,8 +7,8 @@ import torch
 from course_utils.theory.config import COURSE_CONFIG
 from course_utils.theory.memory import RECIPES, model_states
 from course_utils.harness.model import SyntheticData, build_model, num_params
-from course_utils.harness.precision import (MasterWeightsAdamW, make_training, memtracker_bytes, state_bytes,
-                                    train_step)
+from course_utils.harness.experiments import state_bytes
+from course_utils.harness.precision import MasterWeightsAdamW, make_training, memtracker_bytes, train_step
 
 PSI = 129_350           # COURSE_CONFIG.num_params()
 TENSORS = 68            # parameter tensors of the course model (the tied embedding once)
@@ -25,7 +25,7 @@ def one_step(recipe, model=None):
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_one_step_holds_exactly_model_states_plus_step_counters(recipe):
     model, opt = one_step(recipe)
-    got, want = state_bytes(model, opt), model_states(PSI, recipe=recipe)
+    got, want = state_bytes(model, opt, detail=True), model_states(PSI, recipe=recipe)
     assert got["params"] == want.params
     assert got["grads"] == want.grads
     assert got["optimizer"] == want.optimizer + TENSORS * STEP_BYTES == want.optimizer + 272
@@ -129,7 +129,7 @@ def test_zero_grad_frees_bf16_grads():
 def test_memtracker_agrees_where_it_can_see(recipe):
     model, opt = make_training(build_model(), recipe)
     seen = memtracker_bytes(model, opt, lambda: train_step(model, opt, *BATCH, zero_grad=False))
-    now, ours = seen["current"], state_bytes(model, opt)
+    now, ours = seen["current"], state_bytes(model, opt, detail=True)
     master = ours["optimizer_detail"].get("master", 0)
     assert now["Parameter"] == ours["params"]
     assert now["Optstate"] == ours["optimizer"] - master        # exp_avg + exp_avg_sq + step

@@ -170,7 +170,7 @@ def test_quiz_00_numbers_come_from_the_calculator():
     assert model_states(7e9, world_size=8, stage=0).total / GB == 112
     assert quiz.check("00", 1, "112 GB").correct and not quiz.check("00", 1, "14 GB").correct
     assert quiz.check("00", 2, "6").correct and not quiz.check("00", 2, "10").correct   # section 4's example
-    assert quiz.check("00", 3, "b").correct                      # a dead rank: the others wait
+    assert quiz.check("00", 3, "c").correct                      # a dead rank: the others wait
 
 
 def test_reasoning_questions_follow_the_formulas():
@@ -194,7 +194,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("01", 1, "a").correct                                      # 2 ranks: rank 1's half
     assert quiz.check("01", 2, "1.97").correct and not quiz.check("01", 2, "2").correct
     assert quiz.check("06", 1, "17").correct and quiz.check("06", 2, "1.50").correct    # 2 x 8 + 1; any N
-    assert quiz.check("06", 3, "a").correct                                      # prefetch: peak up
+    assert quiz.check("06", 3, "c").correct                                      # prefetch: peak up
     assert quiz.check("07", 3, "5").correct and not quiz.check("07", 3, "20").correct   # accumulation
 
 
@@ -259,3 +259,21 @@ def test_quiz_05_peak_is_the_measured_one():
 
     peak = run("zero2", 2, steps=1, bucket_bytes=DEFAULT_BUCKET_BYTES, quiet=True)[0].extra["peak_grad_bytes"]
     assert f"{peak:,} bytes" in quiz.get("05").question(3).prompt
+
+
+def test_option_length_and_position_carry_no_hint():
+    """Among the single-choice questions of 00-08, the right option is the strictly longest in at most
+    a third, and no letter is right in more than 40 %: picking the longest, or always "a", fails."""
+    import collections
+    from course_utils.course.quizbank import QUIZZES
+    letters, longest, n = collections.Counter(), 0, 0
+    for key in sorted(QUIZZES):
+        for q in quiz.get(key).questions:
+            if type(q).__name__ != "SingleChoice":
+                continue
+            (right,) = q.answer
+            i, lengths = "abcdefgh".index(right), [len(o) for o in q.options]
+            n, letters[right] = n + 1, letters[right] + 1
+            longest += lengths[i] == max(lengths) and lengths.count(max(lengths)) == 1
+    assert n >= 10 and longest <= n / 3, (longest, n)
+    assert max(letters.values()) <= 0.4 * n, letters

@@ -1,7 +1,8 @@
 """The builds as the spine: ``yours`` hands the cells after a build the learner's class once it
 passed its check (else the reference, saying so), ``run(..., impl=...)`` measures it, and
-``solution`` prints the skeleton filled in on demand. The classes are ``solutions/``' answers,
-the skeletons filled in as a learner would, not subclasses of the course's."""
+``solution`` prints the skeleton filled in on demand. The classes are the answers in
+``course_utils/course/solutions/``, the skeletons filled in as a learner would, not subclasses
+of the course's."""
 import pytest
 
 from toys import answer
@@ -9,7 +10,7 @@ from toys import answer
 from course_utils.course.exercises import BUILDS, check_ddp, solution, yours
 from course_utils.course.exercises.solutions import SOLUTIONS
 from course_utils.harness import experiments
-from course_utils.harness.grading import PASSED
+from course_utils.labs.grading import PASSED
 from course_utils.impl.ddp import DataParallel
 from course_utils.impl.zero import Zero1
 

@@ -166,7 +166,7 @@ def test_ordinary_loop_matches_one_process(world_size, single, ranks):
         assert errors[2].startswith("NotImplementedError: Zero1 lays out")
         assert errors[3].startswith("ValueError: this state dict is the shard of another layout")
         assert errors[4].startswith("TypeError: make_optimizer must return a torch.optim.Optimizer")
-        assert errors[5].startswith("ValueError: max_norm must be a number > 0")
+        assert errors[5].startswith("ValueError: max_norm must be > 0")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -1,4 +1,4 @@
-"""runtime.widgets.bundle: one mime bundle for a course widget on ipywidgets 7 and 8.
+"""course.widgets.bundle: one mime bundle for a course widget on ipywidgets 7 and 8.
 
 Both paths are tested in this one environment: the installed ipywidgets for its own,
 and a stand-in with ipywidgets 7's interface (no ``_repr_mimebundle_``; displayed through
@@ -8,7 +8,7 @@ and a stand-in with ipywidgets 7's interface (no ``_repr_mimebundle_``; displaye
 import ipywidgets
 import pytest
 
-from course_utils.runtime import widgets
+from course_utils.course import widgets
 
 VIEW = widgets.VIEW_MIME
 

@@ -26,7 +26,7 @@ from course_utils.course.questions import MultiChoice, Numeric, SingleChoice
 from course_utils.course.quizbank import QUIZZES
 from course_utils.course import ring_view
 from course_utils.impl import ring
-from course_utils.runtime.widgets import SUPPORTED_IPYWIDGETS, VIEW_MIME, ipywidgets_major
+from course_utils.course.widgets import SUPPORTED_IPYWIDGETS, VIEW_MIME, ipywidgets_major
 
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "tests" / "colab" / "colab-pins.txt"

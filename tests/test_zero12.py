@@ -26,7 +26,8 @@ from course_utils.theory.zero import expected_comm_bytes, expected_state_bytes
 from course_utils.course import exercises
 from course_utils.theory.comm import collective_bytes
 from course_utils.runtime.ledger import CommLedger
-from course_utils.harness.experiments import GLOBAL_BATCH, full_parameters, global_loss, run, unwrap, wrap
+from course_utils.harness.experiments import GLOBAL_BATCH, full_parameters, global_loss, run, wrap
+from course_utils.impl.ddp import unwrap
 from course_utils.runtime.launch import launch
 from course_utils.harness.strategies import STRATEGIES
 from course_utils.theory.memory import model_states

@@ -47,7 +47,7 @@ def toy_optimizer(params):
 
 
 def answer(name: str):
-    """Exercise ``name``'s answer from ``solutions/`` (its definitions run, its check call not):
+    """Exercise ``name``'s answer from ``course_utils/course/solutions/`` (its definitions run, its check call not):
     ``(namespace, check call)``, so tests grade the very code ``solution(name)`` prints."""
     import ast
 

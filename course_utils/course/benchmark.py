@@ -1,12 +1,12 @@
 """A published gpt2-xl benchmark (Megatron-LM, H100 80 GB, runs R1 ... R12) laid out: its runs
 (notebooks 02, 05, 09) and the planner checked against it (09). The figures live in
-``theory.planner.GPT2XL_BENCHMARK`` and ``theory.scaling.GPT2XL_RUNS``."""
+``theory.gpt2xl.GPT2XL_BENCHMARK`` and ``theory.scaling.GPT2XL_RUNS``."""
 from __future__ import annotations
 
 import dataclasses
 import re
 
-from ..theory.planner import GPT2XL_BENCHMARK, BenchmarkRow, benchmark_comparison
+from ..theory.gpt2xl import GPT2XL_BENCHMARK, BenchmarkRow, benchmark_comparison
 from ..theory.scaling import GPT2XL_RUNS
 
 __all__ = ["Run", "RUNS", "runs", "runs_table", "tolerance_band", "plot_check", "mib_to_gb"]
@@ -106,7 +106,7 @@ _TOLERANCES = [
 def tolerance_band(row: BenchmarkRow) -> tuple[float, float]:
     """The range of predicted values a row's tolerance accepts, in the row's unit."""
     if not isinstance(row, BenchmarkRow):
-        raise TypeError(f"tolerance_band() takes a planner.BenchmarkRow, got {type(row).__name__}")
+        raise TypeError(f"tolerance_band() takes a gpt2xl.BenchmarkRow, got {type(row).__name__}")
     for pattern, band in _TOLERANCES:
         m = pattern.search(row.tolerance)
         if m:
@@ -125,7 +125,7 @@ def plot_check(rows=None):
 
     rows = benchmark_comparison() if rows is None else list(rows)
     if not rows or not all(isinstance(r, BenchmarkRow) for r in rows):
-        raise TypeError("plot_check() takes the list of BenchmarkRow of planner.benchmark_comparison()")
+        raise TypeError("plot_check() takes the list of BenchmarkRow of gpt2xl.benchmark_comparison()")
     fig = Figure(figsize=(8.6, 0.34 * len(rows) + 1.5))
     ax = fig.subplots()
     ys = list(range(len(rows)))[::-1]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from ..checks import check_choice, check_int
-from ..runtime import widgets
 from ..theory import planner
 from ..theory.config import PRESETS
 from ..theory.memory import GB, RECIPES, STAGE_NAMES, GpuMemory, per_gpu
+from . import widgets
+from .plots import plot_plan
 
 __all__ = ["Setting", "GPU_MEMORY", "rows", "table", "plot", "Calculator", "show", "fitting_table",
            "PlannerSetting", "PlannerWidget", "planner_widget"]
@@ -306,7 +307,7 @@ class PlannerWidget(_Form):
         self._start()
 
     def _figure(self):
-        return planner.plot(self.setting.plan())
+        return plot_plan(self.setting.plan())
 
     def _text(self) -> str:
         return self.setting.text()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..checks import check_choice
+from .badges import ROOT as REPO_ROOT
 from ..theory.comm import OPS, collective_calls, comm_volume, paper_volume, sent_bytes
 from ..theory.config import COURSE_CONFIG, preset
 from ..theory.layout import padded_numel
@@ -24,7 +25,7 @@ from ..theory.timeline import predicted_timeline, unit_numels
 __all__ = ["FIGURES", "VIS_DIR", "DPI", "FORMATS", "data", "data_hash", "draw", "save",
            "make_all", "stale", "show", "path", "png_bytes"]
 
-VIS_DIR = Path(__file__).resolve().parents[2] / "vis"
+VIS_DIR = REPO_ROOT / "vis"
 _HASH_RE = re.compile(rb"data-sha256=([0-9a-f]{64})")
 #: Resolution of the PNGs: sharp text on a high-density screen, displayed at CSS size.
 DPI = 150

@@ -8,7 +8,7 @@ import re
 import string
 from typing import Iterable, Sequence
 
-from ..runtime import widgets
+from . import widgets
 
 __all__ = ["Feedback", "Question", "SingleChoice", "MultiChoice", "Numeric", "Quiz", "KINDS"]
 

@@ -54,11 +54,11 @@ def quiz_00() -> Quiz:
             "Four processes started by hand (nothing watches them) train together. Rank 2 gets "
             "stuck in an endless loop just before an all-reduce that ranks 0, 1 and 3 are already "
             "waiting in. What do ranks 0, 1 and 3 do?",
-            ["They finish the all-reduce with the sum of their three tensors",
+            ["They finish the all-reduce with the sum of the three tensors that did arrive",
+             "They raise an error at once, since gloo notices that rank 2 is missing",
              "They keep waiting in the all-reduce until the process group's timeout",
-             "They raise an error at once: rank 2 is missing",
-             "They skip the all-reduce and continue with the next step"],
-            "b",
+             "They skip the all-reduce and carry on with the next training step"],
+            "c",
             "A collective completes only when every rank of the group has joined it, and a waiting "
             "rank cannot tell a slow peer from a stuck one: it waits for the timeout given to "
             "init_process_group. That is why a launcher (torchrun, or this course's launch) "
@@ -177,11 +177,11 @@ def quiz_02() -> Quiz:
         SingleChoice("You drop the broadcast from MyDDP's __init__, and each rank builds the model with "
                      "its own random initialisation. After 5 steps with correctly averaged gradients, "
                      "how many distinct parameter digests do 4 ranks show (section 4 printed 1)?",
-                     ["1: averaging the gradients pulls the replicas together",
-                      "4: every rank applies the same update to different weights, so they stay different",
-                      "2: the ranks pair up in the ring",
-                      "none: the all-reduce raises because the weights differ"],
-                     "b", "Every rank adds the same averaged update to its own weights: equal replicas "
+                     ["1: averaging the gradients pulls the replicas together over the steps",
+                      "2: the ranks pair up in the ring, and each pair's weights converge",
+                      "none: the all-reduce raises an error because the weights differ",
+                      "4: the same update applied to different weights keeps them different"],
+                     "d", "Every rank adds the same averaged update to its own weights: equal replicas "
                           "stay equal, unequal ones stay unequal (and the gradients they average come "
                           "from different models). Nothing in the all-reduce looks at the weights.",
                      kind="predict"),
@@ -216,12 +216,11 @@ def quiz_04() -> Quiz:
             f"{ms['mixed', 0]:g} to {ms['mixed', 1]:g} GB, fp32 only from {ms['fp32', 0]:g} to "
             f"{ms['fp32', 1]:g} GB, although both hold 16 bytes per parameter. Why does ZeRO-1 save "
             "less in fp32?",
-            ["In fp32 only m and v (8 of the 16 bytes) are optimizer state; in mixed precision the "
-             "fp32 master copy is too (12 of 16)",
-             "fp32 gradients are sharded too, which costs memory",
-             "The fp32 parameters need twice the padding",
-             "ZeRO-1 cannot shard fp32 tensors"],
-            "a",
+            ["fp32 gradients get sharded too, and their shard buffers cost more than they save",
+             "ZeRO-1 cannot shard fp32 tensors, so it keeps part of them whole on every GPU",
+             "In fp32 m and v are 8 of the 16 bytes; in mixed precision the master copy makes 12",
+             "The fp32 parameters need twice the padding, which eats most of the saving"],
+            "c",
             f"ZeRO-1 shards the optimizer state only, 12 of the 16 bytes in mixed precision, 8 in fp32: "
             f"on 4 GPUs it saves 3/4 x 12 x 7 = {ms['mixed', 0] - ms['mixed', 1]:g} GB against "
             f"3/4 x 8 x 7 = {ms['fp32', 0] - ms['fp32', 1]:g} GB. Section 1 printed {ms['mixed', 1]:.1f} and "
@@ -259,13 +258,12 @@ def quiz_05() -> Quiz:
     return Quiz("05 ZeRO-2", [
         SingleChoice(
             "Why can ZeRO-1 not free the full gradients during backward, while ZeRO-2 can?",
-            ["ZeRO-1 reduces the gradients in step(), after backward: until then each rank must keep "
-             "every gradient; ZeRO-2 reduce-scatters each bucket as backward completes it and keeps "
-             "only its shard",
-             "ZeRO-1's optimizer needs the full gradients to step its shard",
-             "ZeRO-2 recomputes the gradients in step()",
-             "ZeRO-1 all-reduces the gradients, which needs them whole"],
-            "a", "What a rank keeps is decided by when the reduction runs. ZeRO-1's reduce-scatter in "
+            ["ZeRO-1's optimizer needs the full gradients to step its shard, so it cannot free them early",
+             "ZeRO-2 recomputes the gradients inside step() from saved activations, trading compute for memory",
+             "ZeRO-1 all-reduces the gradients, which needs them whole on every rank until backward ends",
+             "ZeRO-1 reduces only in step(), so every gradient lives until then; ZeRO-2 sends each bucket "
+             "in backward"],
+            "d", "What a rank keeps is decided by when the reduction runs. ZeRO-1's reduce-scatter in "
                  "step() needs the whole flat gradient as input; ZeRO-2 moves the same reduce-scatter "
                  "into backward, bucket by bucket, so a bucket's full gradients can go once it is sent.",
             kind="explain"),
@@ -280,11 +278,12 @@ def quiz_05() -> Quiz:
             f"With one 25 MiB bucket on 2 ranks, ZeRO-2's measured peak gradient memory was "
             f"{peak_one:,} bytes, more than the course's ZeRO-1 with its {4 * psi:,} (its .grads are views of "
             "one flat buffer). Why?",
-            ["ZeRO-2 keeps an fp32 master copy of the gradients",
-             "With one bucket nothing is sent before backward has produced every gradient: all the "
-             "full gradients wait, then sit next to the shard buffer",
-             "gloo runs the reduce-scatter as an all-reduce, so every rank receives the full gradient",
-             "The flat buffer is padded to a multiple of the world size"],
+            ["ZeRO-2 keeps an fp32 master copy of the gradients next to the ones backward produces",
+             "With one bucket nothing leaves before backward ends: every full gradient waits beside the "
+             "shard",
+             "gloo runs the reduce-scatter as an all-reduce, so every rank receives and keeps a full copy "
+             "of the gradient",
+             "The flat buffer is padded to a multiple of the world size, and one bucket pads the most"],
             "b",
             f"Peak = every full gradient, 4Ψ = {4 * psi:,} B, plus the shard buffer, 4P/N = "
             f"{4 * padded_numel(psi, 2) // 2:,} B: {peak_one:,} B. The course's ZeRO-1 accumulates into its flat "
@@ -319,9 +318,11 @@ def quiz_06() -> Quiz:
                                  f"{wide[0] / wide[3]:.2f}: the ratio upside down.) The course GPT keeps its "
                                  "root gathered, one all-gather fewer: section 7's 1.474."),
         SingleChoice("Prefetching turned on: what changes?",
-                     ["The peak of full parameters rises; bytes sent and losses stay the same",
-                      "Fewer bytes are sent", "The peak falls", "The losses change slightly"],
-                     "a", "Prefetch starts the next unit's all-gather while the current one computes: "
+                     ["Fewer bytes are sent, since each all-gather starts before its unit is needed",
+                      "The peak falls, since each unit is freed as soon as the next one arrives",
+                      "The peak of full parameters rises; bytes sent and losses stay the same",
+                      "The losses change slightly, since the units now compute in another order"],
+                     "c", "Prefetch starts the next unit's all-gather while the current one computes: "
                           "one more unit alive, no byte less. Section 8's figure draws the peak at root + 1 "
                           "block without prefetch and root + 2 with it; the calls, bytes and losses stay "
                           "the same.", kind="compare"),
@@ -338,23 +339,25 @@ def quiz_07() -> Quiz:
     return Quiz("07 FSDP in PyTorch", [
         SingleChoice("Why does the plain torch.nn.utils.clip_grad_norm_ clip FSDP2's sharded "
                      "gradients to the right global norm?",
-                     ["The gradients are DTensors: the squared norms of the shards are all-reduced",
-                      "FSDP2 gathers the full gradients before clipping",
-                      "Each shard's own norm equals the global norm",
-                      "It does not: call model.clip_grad_norm_ as with FSDP1"],
-                     "a", "Each rank holds a DTensor shard of every gradient; the utility sums the "
+                     ["FSDP2 all-gathers the full gradients on every rank before it clips them",
+                      "The gradients are DTensors: the squared norms of the shards are all-reduced",
+                      "Each shard's own norm equals the global norm, so no communication is needed",
+                      "It does not: you must call model.clip_grad_norm_ as with FSDP1's wrapper"],
+                     "b", "Each rank holds a DTensor shard of every gradient; the utility sums the "
                           "shards' squared norms with one all-reduce, so every rank gets the norm of "
                           "one process. A shard's own norm is smaller and differs per rank: each "
                           "would scale its gradients differently. FSDP2 has no clip_grad_norm_ method.",
                      kind="explain"),
         SingleChoice("Each rank builds the model after torch.manual_seed(rank), then calls "
                      "fully_shard. What happens?",
-                     ["Nothing: fully_shard broadcasts rank 0's weights",
-                      "An error: the shapes differ",
-                      "Each rank keeps its own initialisation's rows: the full model is a mix of N "
-                      "different inits, and the losses differ from one process",
-                      "The ranks hang"],
-                     "c", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
+                     ["Each rank keeps its own init's rows: the model is a mix of N inits, and the losses "
+                      "differ from one process",
+                      "Nothing: fully_shard broadcasts rank 0's weights to every rank when it shards them, "
+                      "as DDP does when built",
+                      "An error at the first all-gather: fully_shard checks that every rank holds the same "
+                      "weights",
+                      "The ranks hang in the first all-gather, waiting for weights that match"],
+                     "a", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
                           "sync_module_states=True). Build the same initial model on every rank, or "
                           "broadcast from rank 0 before sharding.", kind="predict"),
         Numeric("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
@@ -399,12 +402,13 @@ def quiz_08() -> Quiz:
                      kind="compare"),
         SingleChoice("Section 5's uneven data again, on gloo ranks, but the model is wrapped with fully_shard "
                      "(notebook 07) instead of torch DDP: rank 1 has one batch fewer. Where does rank 0 wait?",
-                     ["In backward, in the gradient all-reduce, as with DDP",
+                     ["In backward, in the gradient all-reduce, as with DDP, since the gradients still need "
+                      "averaging",
+                      "Nowhere: fully_shard notices that rank 1 has left and skips the step on the others",
+                      "In optimizer.step(), in a broadcast of the updated shards to the other ranks",
                       "In its next forward: the first unit's all-gather of its parameters, which rank 1 "
-                      "never joins",
-                      "Nowhere: fully_shard notices the missing rank and skips the step",
-                      "In optimizer.step(), in a broadcast"],
-                     "b", "A sharded model needs the other ranks before it can compute at all: the forward "
+                      "never joins"],
+                     "d", "A sharded model needs the other ranks before it can compute at all: the forward "
                           "gathers each unit's parameters first. With DDP the first collective of a step "
                           "is the gradient all-reduce, in backward; here it is the first all-gather. The "
                           "fixes are the same. (With NCCL the all-gather is only queued on the GPU: rank 0's "

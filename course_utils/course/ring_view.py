@@ -6,7 +6,7 @@ import math
 
 from ..checks import check_int
 from ..impl.ring import chunk_label, describe_ring, describe_step, ring_all_reduce_steps
-from ..runtime import widgets
+from . import widgets
 
 __all__ = ["draw_ring_step", "draw_ring_sequence", "RingStepper", "ring_step_widget"]
 

@@ -1,3 +1,3 @@
 """Training and measuring any strategy the same way: the course model and data, the
 strategy table, ``wrap``/``run`` and the one training loop, precision recipes,
-checkpoints, the torchrun script and the grading engine."""
+checkpoints and the torchrun script."""

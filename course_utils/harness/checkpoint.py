@@ -12,11 +12,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_choice, check_int, check_timeout, distributed
-from . import experiments
+from ..checks import check_choice, check_int, check_module, check_timeout, distributed
+from ..impl.ddp import unwrap
+from ..runtime.fmt import max_abs_diff
 from ..runtime.launch import launch, rank_device, where
+from . import experiments
+from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest, wrap
 from .model import SyntheticData, build_model, rows_per_rank, warm_up
-from .experiments import GLOBAL_BATCH, full_parameters, make_adamw, param_digest, unwrap, wrap
 
 __all__ = ["save_sharded", "load_sharded", "full_state_dict", "save_full", "load_full",
            "describe_checkpoint", "checkpoint_keys", "reshard_roundtrip", "resume_matches",
@@ -43,8 +45,7 @@ def _check_world(name: str, world_size) -> None:
 
 def _pair(model, optimizer):
     """(the unwrapped module, the real torch optimizer or None), checked to be DCP-nameable."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_module("model", model)
     from ..impl.zero3 import Zero3
     if isinstance(model, Zero3):
         raise TypeError("the course's own 'zero3' keeps each unit as one flat shard that DCP "
@@ -387,7 +388,7 @@ def reshard_roundtrip(path, save_world: int = 4, load_worlds=(2, 1), steps: int 
                          "'torch-fsdp-zero2'")
     _check_world("save_world", save_world)
     check_int("steps", steps, 1)
-    if isinstance(load_worlds, Integral) or any(isinstance(n, bool) for n in load_worlds):
+    if isinstance(load_worlds, Integral):       # (a bool inside it: check_world says so)
         raise TypeError(f"load_worlds must be a sequence of world sizes such as (2, 1), got {load_worlds!r}")
     load_worlds = tuple(load_worlds)
     for n in load_worlds:
@@ -445,6 +446,6 @@ def resume_matches(path, world_size: int = 2, steps: int = 4, stop_at: int = 2, 
         losses = first["losses"] + other["losses"]
         report["other"] = {
             "world_size": other_world_size, "where": other_where, "losses": losses,
-            "max_abs_diff": experiments.max_abs_diff(losses, base.losses),
+            "max_abs_diff": max_abs_diff(losses, base.losses),
             "bit_exact": losses == uninterrupted}
     return report

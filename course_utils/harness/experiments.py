@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import hashlib
 import inspect
+import math
 import statistics
 import sys
 import time
@@ -15,10 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_int, distributed, require_process_group
+from ..checks import check_int, check_module, check_number, distributed, require_process_group
 from ..impl.common import check_bucket_bytes, grad_owners, storage_bytes, trainable
 from ..impl.ddp import DataParallel, unwrap
-from ..runtime.fmt import max_abs_diff, max_rel_diff
 from ..runtime.ledger import CommLedger
 from ..runtime.network import ModelledNetwork, as_network, current_network
 from ..runtime.wire import WireMeter, group_wire_bytes
@@ -27,8 +27,8 @@ from .model import rows_per_rank
 from .strategies import STRATEGIES
 from .strategies import get as _get_strategy
 
-__all__ = ["train", "rows_per_rank", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY",
-           "wrap", "full_parameters", "run", "RunResult", "StepClock", "make_adamw", "unwrap", "max_abs_diff", "max_rel_diff",
+__all__ = ["train", "local_tensor", "global_loss", "GLOBAL_BATCH", "LR", "BETAS", "WEIGHT_DECAY",
+           "wrap", "full_parameters", "run", "run_rank", "RunResult", "StepClock", "make_adamw",
            "state_bytes", "param_digest", "reference_grads", "full_grads", "clip_grad_norm_"]
 
 #: Rows in the global batch of :func:`run`: divisible by 1, 2, 3, 4, 6 and 12 ranks.
@@ -62,8 +62,7 @@ def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):
     """``(model, optimizer)`` for ``strategy``: every rank starts from rank 0's state;
     ``make_optimizer(params)`` gets the parameters this rank updates; ``options``: ``Strategy.options``."""
     spec = _get_strategy(strategy)
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_module("model", model)
     if not callable(make_optimizer):
         raise TypeError("make_optimizer must be a function params -> optimizer, e.g. "
                         "course_utils.harness.experiments.make_adamw")
@@ -86,8 +85,7 @@ def wrap(strategy: str, model: nn.Module, make_optimizer: Callable, **options):
 def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{name: full tensor}`` (detached CPU clones, names of the unwrapped module) on
     every rank; sharded parameters are gathered (a collective)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_module("model", model)
     if callable(getattr(model, "full_parameters", None)):   # e.g. zero3.Zero3 gathers its shards
         return model.full_parameters()
     # No DTensor can exist unless torch.distributed.tensor was imported (importing it
@@ -103,10 +101,9 @@ def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for any strategy: the *global* norm before clipping,
     the same on every rank (shards torch cannot see are clipped by their owner: a collective)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module (the wrapped model), got {type(model).__name__}")
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
-        raise ValueError(f"max_norm must be a number > 0, got {max_norm!r}")
+    check_module("model", model, what="the wrapped model")
+    if max_norm != math.inf:                # inf: the norm only, nothing clipped (as torch's)
+        check_number("max_norm", max_norm, above=0)
     params = list(model.parameters())
     owners = grad_owners(params)
     if len(owners) > 1:
@@ -154,8 +151,7 @@ class RunResult:
 def state_bytes(model: nn.Module, optimizer, *, detail: bool = False) -> dict:
     """Bytes of ``"params"``, ``"grads"``, ``"optimizer"`` this rank holds now (after ``step()``,
     before ``zero_grad()``), each storage once; not torch DDP's C++ bucket buffers."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_module("model", model)
     inner = getattr(optimizer, "inner", optimizer)
     inner = getattr(inner, "optim", inner)
     if not isinstance(getattr(inner, "state", None), dict):
@@ -271,14 +267,19 @@ class StepClock:
     backward_at: float | None = None
 
 
-def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, global_batch: int,
-           options: dict, network=None) -> RunResult:
+def run_rank(strategy: str, steps: int, seed: int, config: TransformerConfig = COURSE_CONFIG,
+             global_batch: int = GLOBAL_BATCH, options: dict | None = None, network=None, *,
+             on_step: Callable | None = None, digest: bool = True) -> RunResult:
+    """One rank's part of :func:`run` (and of ``python -m course_utils.harness.train_cli``): the
+    course GPT wrapped with ``strategy``, trained ``steps`` steps with :func:`train`, measured.
+    ``on_step(step, loss, seconds)`` is called after each step; ``digest=False`` skips
+    ``param_digest`` (it gathers every parameter to the CPU of every rank)."""
     from ..runtime.launch import rank_device
     from .model import SyntheticData, build_model
     spec = STRATEGIES[strategy]
     device = rank_device() if spec.distributed else torch.device("cpu")
     model, optimizer = wrap(strategy, build_model(config, seed=seed, device=device), make_adamw,
-                            **options)
+                            **(options or {}))
     data = SyntheticData(config, global_batch=global_batch, seed=seed)
     losses, times, peaks, spans = [], [], [], []
     clocked = ModelledNetwork(network) if network is not None else contextlib.nullcontext()
@@ -292,6 +293,8 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
                 optimizer.reset_peak()
             if step == steps - 1:
                 state = state_bytes(model, optimizer)
+            if on_step is not None:
+                on_step(step, loss, seconds)
     # one process sends nothing; NCCL's NVLink/InfiniBand traffic has no TCP socket
     wire_bytes = group_wire_bytes(wire) if spec.distributed else (0 if wire.available else None)
     extra = dict(spec.extras(model, optimizer)) if spec.extras else {}
@@ -304,7 +307,7 @@ def _train(strategy: str, steps: int, seed: int, config: TransformerConfig, glob
     return RunResult(strategy=strategy, rank=rank, world_size=world, losses=losses,
                      comm_bytes=ledger.totals(), comm_calls=ledger.counts(), state_bytes=state,
                      step_time_s=statistics.median(times), step_times_s=times,
-                     param_digest=param_digest(full_parameters(model)), extra=extra,
+                     param_digest=param_digest(full_parameters(model)) if digest else "", extra=extra,
                      wire_bytes=wire_bytes)
 
 
@@ -333,9 +336,9 @@ def run(strategy: str, world_size: int, *, steps: int = 5, seed: int = 0,
         if world_size != 1:
             raise ValueError(f"strategy {strategy!r} is one process on the whole global batch; "
                              "pass world_size=1")
-        return [_train(strategy, steps, seed, config, global_batch, options, network)]
+        return [run_rank(strategy, steps, seed, config, global_batch, options, network)]
     from ..runtime.launch import launch
     from .model import warm_up
     warm_up(config)
-    return launch(_train, world_size, strategy, steps, seed, config, global_batch, options, network,
+    return launch(run_rank, world_size, strategy, steps, seed, config, global_batch, options, network,
                   backend=backend, quiet=quiet, timeout_s=timeout_s)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_int, check_number
+from ..checks import check_int, check_module, check_number
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 
 __all__ = ["GPT", "Block", "Attention", "MLP", "build_model", "init_weights", "num_params", "warm_up",
@@ -167,8 +167,7 @@ class GPT(nn.Module):
 def init_weights(model: nn.Module, *, seed: int = 0) -> nn.Module:
     """In place: weights ~ N(0, 0.02), biases 0, norm weights 1, drawn on the CPU from a
     local generator in module order: bit-identical in every process, on any device."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_module("model", model)
     check_int("seed", seed, minimum=0)
     gen = torch.Generator().manual_seed(seed)
     for module in model.modules():
@@ -199,8 +198,7 @@ def build_model(config: TransformerConfig = COURSE_CONFIG, *, seed: int = 0,
 
 def num_params(model: nn.Module) -> int:
     """Parameter count with shared (tied) Parameters counted once."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_module("model", model)
     unique = {id(p): p for _, p in model.named_parameters(remove_duplicate=False)}
     return sum(p.numel() for p in unique.values())
 

@@ -10,20 +10,17 @@ scalar (4 bytes) per parameter tensor, on the CPU even when the parameters are o
 from __future__ import annotations
 
 import warnings
-from numbers import Real
 from typing import Callable
 
 import torch
 from torch import nn
 
-from ..checks import check_number
+from ..checks import check_module, check_number, is_number
 from ..impl.common import WrapsOptimizer, trainable
 from ..runtime.launch import gpu_count
 from ..theory.memory import RECIPES
-from . import experiments
 
-__all__ = ["WrapsOptimizer", "MasterWeightsAdamW", "make_training", "train_step", "state_bytes", "memtracker_bytes",
-           "cuda_phases"]
+__all__ = ["MasterWeightsAdamW", "make_training", "train_step", "memtracker_bytes", "cuda_phases"]
 
 LOW_PRECISION = torch.bfloat16
 
@@ -95,14 +92,13 @@ def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_dec
                   betas: tuple[float, float] = (0.9, 0.95)):
     """``(model, optimizer)`` for ``recipe``, the model converted in place; the fp32 masters
     are copied *before* rounding to bf16."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_module("model", model)
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
     check_number("lr", lr, above=0, example="1e-3")
     check_number("weight_decay", weight_decay, minimum=0)
     if (not isinstance(betas, (tuple, list)) or len(betas) != 2
-            or not all(isinstance(b, Real) and 0 <= b < 1 for b in betas)):
+            or not all(is_number(b) and 0 <= b < 1 for b in betas)):
         raise ValueError(f"betas must be two numbers in [0, 1) such as (0.9, 0.95), got {betas!r}")
     params = trainable(model)
     if not params:
@@ -134,7 +130,7 @@ def make_training(model: nn.Module, recipe: str, *, lr: float = 1e-3, weight_dec
 def train_step(model: nn.Module, optimizer, inputs: torch.Tensor, targets: torch.Tensor,
                *, zero_grad: bool = True) -> float:
     """One step of the course loop; returns the loss. ``zero_grad=False`` leaves the
-    gradients in place (to measure them with :func:`state_bytes`)."""
+    gradients in place (to measure them with :func:`~course_utils.harness.experiments.state_bytes`)."""
     loss = model(inputs, targets)
     loss.backward()
     optimizer.step()
@@ -152,12 +148,6 @@ def _torch_optimizer(optimizer) -> torch.optim.Optimizer:
                     f"(from make_training), got {type(optimizer).__name__}")
 
 
-def state_bytes(model: nn.Module, optimizer) -> dict:
-    """:func:`course_utils.harness.experiments.state_bytes` with ``"optimizer_detail"``."""
-    _torch_optimizer(optimizer)
-    return experiments.state_bytes(model, optimizer, detail=True)
-
-
 def memtracker_bytes(model: nn.Module, optimizer, run_step: Callable[[], object]) -> dict:
     """``{"current", "peak"}``: bytes by MemTracker category ("Parameter", ..., "Total"),
     summed over devices, of ``run_step()`` (one step, one forward: MemTracker refuses a
@@ -165,8 +155,7 @@ def memtracker_bytes(model: nn.Module, optimizer, run_step: Callable[[], object]
     ``torch.optim`` state, so they show as "Other", not "Optstate"."""
     from ..runtime.compat import mem_tracker
     MemTracker = mem_tracker()
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_module("model", model)
     if not callable(run_step):
         raise TypeError("run_step must be a function of no arguments that runs one step, e.g. "
                         "lambda: train_step(model, opt, x, y, zero_grad=False)")

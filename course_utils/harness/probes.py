@@ -1,15 +1,16 @@
-"""The ``"zero1"``, ``"zero2"``, ``"torch-zero1"`` and ``"torch-ddp"`` strategies, measured from
-outside (:mod:`course_utils.impl` holds no bookkeeping): :class:`PeakGradBytes` for Zero1/Zero2."""
+"""The adapters of the strategy table (:mod:`.strategies`), ``(model, make_optimizer, **options)
+-> (model, optimizer)``: ``"ddp"``, ``"torch-ddp"``, ``"zero1"``, ``"zero2"`` and ``"torch-zero1"``,
+measured from outside (:mod:`course_utils.impl` holds no bookkeeping): :class:`PeakGradBytes` for
+Zero1/Zero2, torch DDP's all-reduces seen by a CommLedger."""
 from __future__ import annotations
 
-import functools
-
+from ..checks import require_process_group
 from ..impl import ddp, zero
-from ..impl.common import DEFAULT_BUCKET_BYTES, broadcast_from_rank0, real_optimizer
+from ..impl.common import DEFAULT_BUCKET_BYTES, broadcast_from_rank0, real_optimizer, trainable
 from ..runtime.ledger import CommLedger
 
-__all__ = ["grad_bytes", "PeakGradBytes", "zero_extras",
-           "wrap_zero1", "wrap_zero2", "wrap_torch_zero1", "wrap_torch_ddp"]
+__all__ = ["grad_bytes", "PeakGradBytes", "zero_extras", "wrap_ddp", "wrap_torch_ddp",
+           "wrap_zero1", "wrap_zero2", "wrap_torch_zero1"]
 
 
 def _nbytes(t) -> int:
@@ -46,6 +47,31 @@ class PeakGradBytes:
     def _wait(self) -> None:
         super()._wait()
         self._note()
+
+
+def wrap_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None, impl=None):
+    """``"ddp"``: ``(DataParallel(model), make_optimizer(its trainable parameters))``; ``impl``:
+    another class of ``MyDDP``'s shape, ``impl(model, bucket_bytes)`` (the learner's), its object
+    marked ``wraps_module`` so that :func:`~course_utils.impl.ddp.unwrap` finds the model inside."""
+    if impl is None or impl is ddp.DataParallel:
+        wrapped = ddp.DataParallel(model, bucket_bytes, overlap=overlap, group=group)
+        return wrapped, make_optimizer(wrapped.params)
+    wrapped = impl(model, bucket_bytes)
+    wrapped.wraps_module = True
+    return wrapped, make_optimizer(trainable(model))
+
+
+def wrap_torch_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, group=None):
+    """``"torch-ddp"``: torch's ``DistributedDataParallel`` (``bucket_bytes=0``: one bucket per
+    parameter), its all-reduces issued from Python so that a CommLedger sees them."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    require_process_group("torch-ddp")
+    device = next(model.parameters()).device
+    cap_mb = None if bucket_bytes is None else max(bucket_bytes, 1) / 2**20
+    wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      process_group=group, bucket_cap_mb=cap_mb)
+    return CommLedger.attach_ddp(wrapped), make_optimizer(trainable(model))
 
 
 def zero_extras(model, optimizer) -> dict:
@@ -87,10 +113,3 @@ def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES
     model = ddp.DataParallel(model, bucket_bytes, overlap=overlap, group=group)
     groups, cls, defaults = real_optimizer(model.module, make_optimizer)
     return model, ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=group, **defaults)
-
-
-@functools.wraps(ddp.wrap_torch_ddp)
-def wrap_torch_ddp(model, make_optimizer, **options):
-    """``"torch-ddp"``, its all-reduces issued from Python so that a CommLedger sees them."""
-    model, optimizer = ddp.wrap_torch_ddp(model, make_optimizer, **options)
-    return CommLedger.attach_ddp(model), optimizer

@@ -6,7 +6,7 @@ import inspect
 from typing import Callable
 
 from ..checks import check_choice
-from ..impl import ddp, fsdp, hsdp, zero3
+from ..impl import fsdp, hsdp, zero3
 from ..impl.common import trainable
 from ..theory.sharding import DEFAULT_SHARDS
 from . import probes
@@ -38,7 +38,7 @@ def wrap_single(model, make_optimizer):
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("single", wrap_single, False, "one process, the whole global batch", "02_data_parallelism"),
-    Strategy("ddp", ddp.wrap_ddp, True, "DataParallel: bucketed async all-reduce during backward",
+    Strategy("ddp", probes.wrap_ddp, True, "DataParallel: bucketed async all-reduce during backward",
              "02_data_parallelism"),
     Strategy("torch-ddp", probes.wrap_torch_ddp, True, "torch's DistributedDataParallel", "02_data_parallelism"),
     Strategy("zero1", probes.wrap_zero1, True, "ZeRO-1: optimizer states sharded", "04_zero1", probes.zero_extras),

@@ -19,13 +19,14 @@ def all_reduce_via_rs_ag(tensor):
     import torch.distributed as dist
 
     from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
+    from ..theory.layout import padded_numel
 
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     n = dist.get_world_size()
     numel = tensor.numel()
-    chunk = -(-numel // n)  # ceil(numel / n)
-    padded = torch.zeros(chunk * n, dtype=tensor.dtype, device=tensor.device)
+    padded = torch.zeros(padded_numel(numel, n), dtype=tensor.dtype, device=tensor.device)  # n equal chunks
+    chunk = padded.numel() // n
     padded[:numel] = tensor.reshape(-1)
     mine = torch.empty(chunk, dtype=tensor.dtype, device=tensor.device)
     reduce_scatter_tensor(mine, padded)           # mine = sum over ranks of my chunk

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..checks import check_int
 from ..runtime.compat import queue_backward_callback
 from ..theory.layout import padded_numel
 
@@ -60,9 +61,12 @@ class BucketHooks:
     """DDP's and ZeRO-2's hooks: each marks its gradient ready and launches, strictly in
     order (the same collectives on every rank), each bucket whose gradients are all in; the
     first of a backward queues ``_finish``, which autograd runs when backward ends. A
-    subclass writes ``_launch`` (send bucket ``self.next``, move on) and ``_finish``."""
+    subclass calls :meth:`register_bucket_hooks` from its ``__init__`` and writes ``_launch``
+    (send bucket ``self.next``, move on) and ``_finish``."""
 
-    def _hook(self, buckets) -> None:
+    def register_bucket_hooks(self, buckets) -> None:
+        """The hooks' state (``next`` bucket to launch, ``ready`` gradients, ``queued`` finish)
+        and a gradient hook on every parameter of ``buckets`` (lists, in launch order)."""
         self.waiting = buckets            # the parameters of each bucket, in launch order
         self.next, self.ready, self.queued = 0, set(), False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for b in buckets for p in b]
@@ -123,11 +127,9 @@ def storage_bytes(tensors, seen: set) -> int:
 
 def check_bucket_bytes(bucket_bytes) -> None:
     """None (25 MiB) or an int >= 0, as :func:`make_buckets` reads it."""
-    if bucket_bytes is None:
-        return
-    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
-        raise ValueError(f"bucket_bytes must be an int >= 0 (0: one bucket per parameter; None: "
-                         f"torch's default, {DEFAULT_BUCKET_BYTES // 2**20} MiB), got {bucket_bytes!r}")
+    if bucket_bytes is not None:
+        check_int("bucket_bytes", bucket_bytes, 0, what=f"0: one bucket per parameter; None: torch's "
+                                                         f"default, {DEFAULT_BUCKET_BYTES // 2**20} MiB")
 
 
 class WrapsOptimizer:

@@ -15,7 +15,7 @@ from ..checks import require_process_group
 from ..runtime.compat import queue_backward_callback
 from .common import DEFAULT_BUCKET_BYTES, BucketHooks, broadcast_from_rank0, make_buckets, trainable
 
-__all__ = ["DataParallel", "WRAPPERS", "wrap_ddp", "wrap_torch_ddp", "unwrap"]
+__all__ = ["DataParallel", "unwrap"]
 
 
 class DataParallel(BucketHooks, nn.Module):
@@ -32,6 +32,9 @@ class DataParallel(BucketHooks, nn.Module):
     ``.grad`` (zeros if no rank used it, where torch DDP leaves None).
     """
 
+    #: a wrapper whose ``.module`` is the user's model (what :func:`unwrap` looks for)
+    wraps_module = True
+
     def __init__(self, module: nn.Module, bucket_bytes: int | None = DEFAULT_BUCKET_BYTES, *,
                  overlap: bool = True, group=None):
         super().__init__()
@@ -42,7 +45,7 @@ class DataParallel(BucketHooks, nn.Module):
         self.params = trainable(module)
         self.buckets = make_buckets(self.params, bucket_bytes)
         self.pending = []                   # (bucket, flat, work) in flight
-        self._hook(self.buckets)
+        self.register_bucket_hooks(self.buckets)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -101,37 +104,11 @@ class DataParallel(BucketHooks, nn.Module):
         return f"world_size={self.world_size}, buckets={len(sizes)} (elements {sizes}), overlap={self.overlap}"
 
 
-#: Wrapper classes whose ``.module`` is the user's model (``wrap_ddp(impl=...)`` adds its class).
-WRAPPERS: list = [DataParallel]
-
-
-def wrap_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, overlap=True, group=None, impl=None):
-    """The ``"ddp"`` strategy: ``(DataParallel(model), make_optimizer(its trainable parameters))``;
-    ``impl``: another class of ``MyDDP``'s shape, ``impl(model, bucket_bytes)`` (the learner's)."""
-    if impl is None or impl is DataParallel:
-        ddp = DataParallel(model, bucket_bytes, overlap=overlap, group=group)
-        return ddp, make_optimizer(ddp.params)
-    if impl not in WRAPPERS:
-        WRAPPERS.append(impl)
-    return impl(model, bucket_bytes), make_optimizer(trainable(model))
-
-
-def wrap_torch_ddp(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES, group=None):
-    """The ``"torch-ddp"`` strategy: torch's ``DistributedDataParallel`` (0 bytes: one bucket per parameter)."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    require_process_group("torch-ddp")
-    device = next(model.parameters()).device
-    cap_mb = None if bucket_bytes is None else max(bucket_bytes, 1) / 2**20
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                  process_group=group, bucket_cap_mb=cap_mb)
-    return ddp, make_optimizer(trainable(model))
-
-
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside a wrapper (torch DDP's or :class:`DataParallel`'s ``.module``)."""
+    """The user's module inside a wrapper: torch DDP's ``.module``, or that of any object marked
+    ``wraps_module = True`` (:class:`DataParallel`, a learner's class run by ``wrap("ddp", impl=...)``)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    while isinstance(model, (*WRAPPERS, DistributedDataParallel)):
+    while isinstance(model, DistributedDataParallel) or getattr(model, "wraps_module", False) is True:
         model = model.module
     return model

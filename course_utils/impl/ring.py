@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import string
 
-from ..checks import check_int
+from ..checks import check_int, check_number
+from ..theory.layout import padded_numel
 
 __all__ = ["ring_all_reduce_steps", "bytes_sent_per_rank", "chunk_label", "describe_step",
            "describe_ring", "ring_all_reduce"]
@@ -60,8 +61,7 @@ def ring_all_reduce_steps(world_size: int) -> list[dict]:
 def bytes_sent_per_rank(world_size: int, message_bytes) -> float:
     """Bytes each rank sends in a ring all-reduce of M bytes, counting the simulation's sends
     of M/N bytes each: 2(N-1)/N·M, ``comm.collective_bytes("all_reduce", M, N)``."""
-    if isinstance(message_bytes, bool) or not isinstance(message_bytes, (int, float)) or message_bytes < 0:
-        raise ValueError(f"message_bytes must be a number >= 0, got {message_bytes!r}")
+    check_number("message_bytes", message_bytes, minimum=0)
     steps = ring_all_reduce_steps(world_size)
     sends = [0] * world_size
     for step in steps:
@@ -73,8 +73,7 @@ def bytes_sent_per_rank(world_size: int, message_bytes) -> float:
 
 def chunk_label(chunk: int, contributors) -> str:
     """``"a0+a1"``: chunk ``a`` summed over ranks 0 and 1 (``"Σb"`` for all of 5+ ranks)."""
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 0 <= chunk < MAX_SIM_RANKS:
-        raise ValueError(f"chunk must be an int in 0..{MAX_SIM_RANKS - 1}, got {chunk!r}")
+    check_int("chunk", chunk, 0, MAX_SIM_RANKS - 1)
     letter = string.ascii_lowercase[chunk]
     ranks = list(contributors)
     if len(ranks) > 4:
@@ -130,7 +129,7 @@ def ring_all_reduce(tensor):
     if n == 1:
         return tensor
     numel = tensor.numel()
-    size = -(-numel // n)  # elements per chunk, ceil(numel / n)
+    size = padded_numel(numel, n) // n  # elements per chunk
     chunks = torch.zeros(n, size, dtype=tensor.dtype, device=tensor.device)
     chunks.view(-1)[:numel] = tensor.reshape(-1)
     right, left = (rank + 1) % n, (rank - 1) % n

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import require_process_group
+from ..checks import check_int, require_process_group
 from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 from .common import (DEFAULT_BUCKET_BYTES, BucketHooks, broadcast_from_rank0, clip_sharded_, flatten_and_pad,
                      make_buckets, register_grad_owner)
@@ -222,7 +222,7 @@ class Zero2(Zero1, BucketHooks):
     def __init__(self, params, optimizer_class, bucket_bytes=DEFAULT_BUCKET_BYTES, **options):
         super().__init__(params, optimizer_class, bucket_bytes, **options)
         self.in_flight = None                         # the bucket whose message is being sent
-        self._hook([b.params for b in self.buckets])
+        self.register_bucket_hooks([b.params for b in self.buckets])
 
     def _grad_buffers(self, bucket: ZeroBucket) -> None:
         """ZeRO-2 keeps only the shard's gradient: P_b/N elements."""
@@ -345,8 +345,7 @@ def zero_optimizer(params, optimizer_class, *, stage: int = 1, bucket_bytes=DEFA
                   observers: tuple = (), **defaults):
     """:class:`Zero1` (``stage=1``) or :class:`Zero2`, with the options' mixins (``observers``:
     more mixins in front, e.g. one that measures from outside)."""
-    if stage not in (1, 2) or isinstance(stage, bool):
-        raise ValueError(f"stage must be 1 or 2 (ZeRO-3 is course_utils.impl.zero3), got {stage!r}")
+    check_int("stage", stage, 1, 2, what="ZeRO-3 is course_utils.impl.zero3")
     if variant not in VARIANTS or (variant == "allreduce" and stage != 1):
         raise ValueError(f"variant must be one of {VARIANTS} ('allreduce': ZeRO-1 only), got {variant!r}")
     mixins = [m for m, on in ((AllReduceGradients, variant == "allreduce"), (BF16Master, mixed),

@@ -2,4 +2,4 @@
 ``impl`` from outside: the collective demos and their timing, when DDP's bucket
 all-reduces are issued (overlap), gradient accumulation under each strategy, ZeRO-3's
 gathers and frees, FSDP2's options and wrapping, the grand comparison, HSDP, hangs,
-DeepSpeed configs."""
+DeepSpeed configs; and the grading engine every exercise runs on (``grading``)."""

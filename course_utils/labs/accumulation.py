@@ -157,7 +157,7 @@ def predicted(setup: str, *, world_size: int = 2, micro_batches: int = 4) -> dic
         one = sharding.comm_bytes_per_step(meta, n)
         calls.update(reduce_scatter=syncs * per["reduce_scatter"], all_gather=k * per["all_gather"])
         ring.update(reduce_scatter=syncs * one["reduce_scatter"], all_gather=k * one["all_gather"])
-        between = 4 * psi if how else sharding.expected_state_bytes(meta, n, 0)["grads"]
+        between = 4 * psi if how else sharding.fsdp_state_bytes(meta, n, 0)["grads"]
     gloo = sum(ring.values()) + ring["reduce_scatter"]
     plain = {op: int(v) if v.denominator == 1 else float(v) for op, v in ring.items()}  # as CommLedger.totals()
     return {"calls": calls, "ring_bytes": plain, "gloo_bytes": int(gloo), "grad_bytes_between": int(between)}

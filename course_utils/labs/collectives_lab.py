@@ -15,6 +15,7 @@ from ..checks import check_int
 from ..impl.collectives import all_reduce_via_rs_ag
 from ..runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
 from ..runtime.launch import launch, rank_device
+from ..theory.layout import padded_numel
 
 __all__ = ["ROOT", "DEMOS", "demo_broadcast", "demo_all_reduce", "demo_reduce", "demo_scatter",
            "demo_gather", "demo_all_gather", "demo_reduce_scatter", "demo_allreduce_as_rs_ag",
@@ -41,7 +42,7 @@ def _expected_demo(name: str, rank: int, n: int) -> dict:
     v, total, every = _values, _sum_values, _concat_ranks
     root = rank == ROOT
     if name == "allreduce_as_rs_ag":
-        chunk = -(-_RS_AG_NUMEL // n)
+        chunk = padded_numel(_RS_AG_NUMEL, n) // n
         mine = total(n, range(rank * chunk, (rank + 1) * chunk))
         mine[max(0, _RS_AG_NUMEL - rank * chunk):] = 0.0  # padding beyond numel sums zeros
         whole = total(n, range(_RS_AG_NUMEL))
@@ -146,7 +147,7 @@ def demo_allreduce_as_rs_ag() -> dict:
     before = _values(rank, range(_RS_AG_NUMEL))
     direct = before.clone()
     dist.all_reduce(direct)
-    chunk = -(-_RS_AG_NUMEL // n)
+    chunk = padded_numel(_RS_AG_NUMEL, n) // n
     padded = torch.zeros(chunk * n, device=before.device)
     padded[:_RS_AG_NUMEL] = before
     mine = torch.empty(chunk, device=before.device)

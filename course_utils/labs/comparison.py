@@ -6,14 +6,13 @@ sent and calls per step per collective, the median step time (varies: printed wh
 from __future__ import annotations
 
 import dataclasses
-from numbers import Real
 
-from ..checks import check_int
+from ..checks import check_int, check_number
 from ..harness import experiments
 from ..harness.strategies import STRATEGIES
 from ..harness.strategies import get as get_strategy
 from ..runtime import launch
-from ..runtime.fmt import plural, sci
+from ..runtime.fmt import max_abs_diff, plural, sci
 
 __all__ = ["Row", "Comparison", "compare", "PEAK_NOTE"]
 
@@ -133,8 +132,7 @@ def compare(world_size: int = 4, *, steps: int = 3, strategies=None, seed: int =
     the distributed ones on ``world_size`` ranks; "single" (one process) first, the reference."""
     check_int("world_size", world_size, 2)
     check_int("steps", steps, 1)
-    if not isinstance(rel, Real) or rel <= 0:
-        raise ValueError(f"rel must be a positive tolerance such as 1e-6, got {rel!r}")
+    check_number("rel", rel, above=0, example="1e-6")
     names = list(strategies) if strategies is not None else sorted(STRATEGIES, key=lambda n: STRATEGIES[n].notebook)
     for name in names:
         get_strategy(name)                   # TypeError/ValueError for an unknown name
@@ -151,7 +149,7 @@ def compare(world_size: int = 4, *, steps: int = 3, strategies=None, seed: int =
         comm = {op: max(r.comm_bytes.get(op, 0) for r in results) / steps for op in _OPS}
         calls = {op: r0.comm_calls.get(op, 0) / steps for op in _OPS}
         peaks = [r.extra["peak_grad_bytes"] for r in results if "peak_grad_bytes" in r.extra]
-        rows.append(Row(name, n, tuple(r0.losses), experiments.max_abs_diff(r0.losses, reference), equal,
+        rows.append(Row(name, n, tuple(r0.losses), max_abs_diff(r0.losses, reference), equal,
                         *(max(r.state_bytes[k] for r in results) for k in ("params", "grads", "optimizer")),
                         comm, calls, max(r.step_time_s for r in results), max(peaks) if peaks else None))
         if not quiet:

@@ -8,9 +8,8 @@ selective``). Buckets follow the HF Trainer's "auto" rule: ``reduce_bucket_size 
 from __future__ import annotations
 
 import dataclasses
-from numbers import Real
 
-from ..checks import check_bool, check_choice, check_int, check_number
+from ..checks import check_bool, check_choice, check_int, check_number, is_int, is_number
 from ..harness.experiments import BETAS, LR, WEIGHT_DECAY
 from ..theory.memory import OP_SELECTIVE
 from ..theory.planner import Choice, PlanRow, as_choice
@@ -201,7 +200,7 @@ def deepspeed_config(plan_row_or_choice, *, train_batch_size: int | None = None,
 
 
 def _int_below(value, minimum: int) -> bool:
-    return isinstance(value, bool) or not isinstance(value, int) or value < minimum
+    return not is_int(value) or value < minimum
 
 
 def validate_deepspeed_config(cfg, *, world_size: int | None = None) -> str:
@@ -244,13 +243,13 @@ def validate_deepspeed_config(cfg, *, world_size: int | None = None) -> str:
     if len(enabled) == 2:
         problems.append("bf16 and fp16 are both enabled: choose one")
     clip = cfg.get("gradient_clipping", 0)
-    if isinstance(clip, bool) or not isinstance(clip, Real) or clip < 0:
+    if not is_number(clip) or clip < 0:
         bad("gradient_clipping", clip, "a number >= 0")
     zero, stage = cfg.get("zero_optimization", {"stage": 0}), 0
     if not isinstance(zero, dict):
         bad("zero_optimization", zero, "a dict such as {'stage': 2}")
         zero = {}
-    elif isinstance(zero.get("stage", 0), bool) or zero.get("stage", 0) not in (0, 1, 2, 3):
+    elif _int_below(zero.get("stage", 0), 0) or zero.get("stage", 0) > 3:
         bad("zero_optimization.stage", zero["stage"], "0, 1, 2 or 3")
     else:
         stage = zero.get("stage", 0)

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_int, require_process_group
+from ..checks import check_int, check_module, require_process_group
 from ..harness.experiments import GLOBAL_BATCH, local_tensor, param_digest
 from ..harness.model import SyntheticData
 from ..theory.sharding import fsdp_units
@@ -15,12 +15,6 @@ from ..runtime.ledger import CommLedger
 
 __all__ = ["batch", "HeldParams", "SavedActivations", "EventOrder", "unsharded_grad_bytes",
            "grad_bytes", "state_digest", "digest"]
-
-
-def _check_model(model) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    return model
 
 
 def batch(step: int = 0, *, seed: int = 0):
@@ -35,7 +29,7 @@ class HeldParams:
     """``held = HeldParams(model)`` after sharding; ``held()``: bytes of non-shard parameter storages (gathered now)."""
 
     def __init__(self, model: nn.Module):
-        self.model = _check_model(model)
+        self.model = check_module("model", model)
         self._shards = {local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
 
     def __call__(self) -> int:
@@ -49,7 +43,7 @@ class SavedActivations:
     each storage once (``.parameters``: the model's, apart), kept alive until the block ends or :meth:`reset`."""
 
     def __init__(self, model: nn.Module):
-        self.model = _check_model(model)
+        self.model = check_module("model", model)
         self.reset()
 
     def reset(self) -> None:
@@ -81,7 +75,7 @@ class EventOrder:
 
     def __init__(self, model: nn.Module):
         self.ledger, self.events = CommLedger(), []
-        blocks = fsdp_units(_check_model(model))
+        blocks = fsdp_units(check_module("model", model))
         self._groups = {"root": compat.fsdp2_param_group(model),
                         **{f"block{i}": compat.fsdp2_param_group(u) for i, u in enumerate(blocks)}}
         for i, block in enumerate(blocks):
@@ -129,7 +123,7 @@ class EventOrder:
 
 def unsharded_grad_bytes(model: nn.Module) -> int:
     """Bytes of the unsharded gradients FSDP2 holds now (0 once reduce-scattered)."""
-    return compat.fsdp2_unsharded_grad_bytes(_check_model(model))
+    return compat.fsdp2_unsharded_grad_bytes(check_module("model", model))
 
 
 def grad_bytes(model: nn.Module) -> dict:
@@ -137,7 +131,7 @@ def grad_bytes(model: nn.Module) -> dict:
     ``shards`` (the sharded parameters' ``.grad``; while a unit is gathered its module holds the
     unsharded parameters, so they are read from FSDP2's ``sharded_param``) and ``waiting`` (HSDP with
     ``set_requires_all_reduce(False)``: reduce-scattered, summed until the all-reduce)."""
-    groups = compat.fsdp2_param_groups(_check_model(model)).values()
+    groups = compat.fsdp2_param_groups(check_module("model", model)).values()
     shards = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in
               (fp.sharded_param.grad.to_local() for group in groups for fp in group.fsdp_params
                if fp.sharded_param.grad is not None)}
@@ -156,6 +150,6 @@ def state_digest(model: nn.Module, optimizer=None) -> str | None:
     """A collective: on rank 0 the :func:`digest` of the full parameters and optimizer states; else None."""
     from ..harness.checkpoint import full_state_dict, optimizer_tensors
 
-    state = full_state_dict(_check_model(model), optimizer)
+    state = full_state_dict(check_module("model", model), optimizer)
     extra = optimizer_tensors(state["optimizer"]) if state and optimizer is not None else {}
     return digest({**state["model"], **extra}) if state else None

@@ -16,26 +16,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checks import check_choice, check_int
+from ..checks import check_choice, check_int, check_module
 from ..harness import experiments
-from ..harness.experiments import max_rel_diff
 from ..harness.model import GPT, Block, SyntheticData, build_model, rows_per_rank
 from ..impl import fsdp
 from ..theory import sharding
 from ..impl.common import broadcast_from_rank0
 from ..runtime import compat
-from ..runtime.fmt import LOSS_RTOL, bound, nums, table
+from ..runtime.fmt import LOSS_RTOL, bound, max_rel_diff, nums, table
 from ..runtime.launch import launch, rank_device, where
 from ..runtime.ledger import CommLedger
 from ..theory.comm import OPS
 from ..theory.config import COURSE_CONFIG, TransformerConfig
 from ..theory.layout import padded_numel as flat_padded_numel
-from .fsdp_api import _check_model
 
 __all__ = ["GRANULARITIES", "UnshardedProbe", "predict_unsharded_peak", "measure_granularity",
            "GranularityReport", "STRATEGY_MAP", "strategy_table",
            "predict_strategy", "StrategyReport", "IssueReport", "issue_oom", "issue_slow",
-           "issue_inconsistent_init"]
+           "issue_inconsistent_init", "check_run", "exact_number", "error_of"]
 
 #: name -> (unit types given to :func:`course_utils.theory.sharding.fsdp_units` (None: the blocks;
 #: (): none, fully_shard(model) only), reshard_after_forward of the units); each wrapping is then
@@ -46,7 +44,9 @@ GRANULARITIES = {"root-only": ((), True), "per-block": (None, True),
 _VIEW_WARNING = r"FSDP2-wrapped module .* returned a view tensor"
 
 
-def _check_run(world_size, steps, seed, *, min_world: int = 2, min_steps: int = 1) -> None:
+def check_run(world_size, steps, seed, *, min_world: int = 2, min_steps: int = 1) -> None:
+    """The arguments of a launched experiment: at least ``min_world`` ranks that divide the
+    course's global batch, at least ``min_steps`` steps, a seed >= 0."""
     check_int("world_size", world_size, min_world)
     check_int("steps", steps, min_steps)
     check_int("seed", seed, 0)
@@ -60,7 +60,8 @@ def _check_names(name: str, given, known) -> tuple:
     return given
 
 
-def _exact(x):
+def exact_number(x):
+    """An exact count (a Fraction, an int, a float) as an int when it is whole, else a float."""
     x = Fraction(x)
     return int(x) if x.denominator == 1 else float(x)
 
@@ -83,7 +84,7 @@ class UnshardedProbe:
     }
 
     def __init__(self, model: nn.Module):
-        self.groups = list(compat.fsdp2_param_groups(_check_model(model)).items())
+        self.groups = list(compat.fsdp2_param_groups(check_module("model", model)).items())
         if not self.groups:
             raise ValueError("the model has no fully_shard units with parameters: call "
                              "fully_shard(...) on it (e.g. course_utils.impl.fsdp.wrap_torch_fsdp) first")
@@ -191,7 +192,7 @@ def _measured_run(model, optimizer, data, steps: int, device, probe: UnshardedPr
                 last_step.enter_context(probe)
     counts, totals = run["counts"], run["totals"]
     return dict(run, calls={op: counts[-1].get(op, 0) for op in OPS},
-                bytes={op: _exact(totals[-1].get(op, 0)) for op in OPS},
+                bytes={op: exact_number(totals[-1].get(op, 0)) for op in OPS},
                 every_step_same=all(c == counts[-1] for c in counts) and all(t == totals[-1] for t in totals),
                 functions=sorted({rec.function for rec in ledger.records}),
                 group_sizes=sorted({(rec.op, rec.world_size) for rec in ledger.records}), **extra)
@@ -264,7 +265,7 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
                         timeout_s: float = 180.0) -> GranularityReport:
     """Train with each wrapping of :data:`GRANULARITIES` (one launch): peak unsharded bytes, collectives,
     median step time (steps 1..steps-2), on GPUs ``max_memory_allocated``; ``steps`` >= 3."""
-    _check_run(world_size, steps, seed, min_steps=3)
+    check_run(world_size, steps, seed, min_steps=3)
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"config must be a TransformerConfig (e.g. COURSE_CONFIG), got {type(config).__name__}")
     names = _check_names("granularities", granularities, GRANULARITIES)
@@ -285,7 +286,7 @@ def measure_granularity(world_size: int = 2, *, granularities=tuple(GRANULARITIE
                  predicted_forward_order=pred["forward_order"],
                  predicted_calls=sharding.calls_per_step(len(sharding.fsdp_units(model, unit_types)),
                                                          reshard_after_forward=reshard),
-                 predicted_bytes={op: _exact(v) for op, v in pred_bytes.items()},
+                 predicted_bytes={op: exact_number(v) for op, v in pred_bytes.items()},
                  max_rel_loss_diff=max_rel_diff(r["losses"], single))
         rows.append(r)
     return GranularityReport(rows, world_size, steps, where(results), single)
@@ -312,7 +313,8 @@ def _run_api(model, opt, data, steps: int, device, api: str) -> dict:
     return _measured_run(model, opt, data, steps, device, units=units)
 
 
-def _error_of(fn) -> str:
+def error_of(fn) -> str:
+    """``"TypeName: message"`` of what ``fn()`` raises, or ``"no error"``."""
     try:
         fn()
     except Exception as exc:      # noqa: BLE001 - we report what torch says
@@ -345,10 +347,10 @@ def _strategy_rank(names, steps: int, seed: int) -> dict:
     data = SyntheticData(global_batch=experiments.GLOBAL_BATCH, seed=seed)
     out = {"errors": {     # what a tutorial's two spellings of the transformer policy do
         "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy, transformer_layer_cls={Block})":
-            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy,
+            error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy,
                                    transformer_layer_cls={Block}, device_id=device)),
         "FSDP(model, auto_wrap_policy=transformer_auto_wrap_policy)":
-            _error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy, device_id=device))}}
+            error_of(lambda: FSDP(build_model(device=device), auto_wrap_policy=policy, device_id=device))}}
 
     def digest(model, api):             # of the full parameters this rank would train
         if api == "fsdp1":
@@ -407,7 +409,7 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
     units = sharding.fsdp_units(model)
     if flavour == "fsdp2":
         messages = sharding.message_numels(model, S)
-        state = sharding.expected_state_bytes(model, S, 0)
+        state = sharding.fsdp_state_bytes(model, S, 0)
     else:
         messages = [flat_padded_numel(sum(p.numel() for p in ps), S) for ps in sharding.unit_params(model)]
         shard = 4 * sum(m // S for m in messages)
@@ -422,7 +424,7 @@ def predict_strategy(strategy: str, world_size: int = 4, *, flavour: str = "fsdp
     if R > 1:
         calls["all_reduce"] = len(units) + 1
         sent["all_reduce"] = 2 * Fraction(R - 1, R) * 4 * Fraction(sum(messages), S)
-    return {"calls": calls, "bytes": {op: _exact(v) for op, v in sent.items()},
+    return {"calls": calls, "bytes": {op: exact_number(v) for op, v in sent.items()},
             "state_bytes": state, "mesh": (R, S), "zero_stage": stage}
 
 
@@ -451,7 +453,7 @@ def strategy_table(world_size: int = 4, *, steps: int = 2, seed: int = 0,
                    strategies=_TABLE_ROWS, timeout_s: float = 240.0) -> StrategyReport:
     """Every FSDP1 ``ShardingStrategy`` and its FSDP2 form in one launch (HYBRID rows on a (2, N/2)
     mesh, or none for ``"HYBRID_SHARD (no mesh)"``); world_size: even, >= 4."""
-    _check_run(world_size, steps, seed, min_world=4)
+    check_run(world_size, steps, seed, min_world=4)
     names = _check_names("strategies", strategies, _TABLE_ROWS)
     if world_size % 2:
         raise ValueError(f"world_size must be even (a 2 x N/2 mesh): use 4, 6 or 12, got {world_size}")
@@ -593,7 +595,7 @@ def _seed_rank(steps: int, seed: int, lift_guard: bool) -> dict:
     # FSDP1: sync_module_states=False (the default) shards each rank's own init too
     out["seed+rank, FSDP1"] = _losses(_fsdp1(seeded(seed + rank), device), steps, seed)
     # fix 3: FSDP1's sync_module_states=True broadcasts rank 0's weights
-    out["sync_module_states error"] = _error_of(
+    out["sync_module_states error"] = error_of(
         lambda: _fsdp1(seeded(seed + rank), device, sync_module_states=True))
     with (compat.fsdp1_allow_cpu_sync_module_states() if out["guard lifted"]   # FSDP1 refuses CPU
           else contextlib.nullcontext()), CommLedger() as ledger:               # tensors (NCCL's limit)
@@ -607,7 +609,7 @@ def issue_inconsistent_init(world_size: int = 2, *, steps: int = 3, seed: int = 
                             lift_fsdp1_cpu_guard: bool = True, timeout_s: float = 120.0) -> IssueReport:
     """"Inconsistent results": ``manual_seed(seed + rank)`` before building; ``fully_shard`` does not
     broadcast. ``lift_fsdp1_cpu_guard``: lets ``sync_module_states=True`` run on CPU (NCCL's limit)."""
-    _check_run(world_size, steps, seed)
+    check_run(world_size, steps, seed)
     with torch.random.fork_rng(devices=[]):         # this process's global RNG is left as it was
         torch.manual_seed(seed)
         model = GPT(COURSE_CONFIG)

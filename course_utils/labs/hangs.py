@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..checks import check_choice, check_int, check_timeout
 from ..harness.experiments import GLOBAL_BATCH, make_adamw, run, wrap
-from ..harness.grading import compare, grade_on_ranks
+from .grading import compare, grade_on_ranks
 from ..harness.model import SyntheticData, build_model, warm_up
 from ..runtime import compat
 from ..runtime.fmt import show as _show
@@ -558,21 +558,24 @@ _STALL_S = 1.0      # a collective not completed for this long: dump (NCCL's wat
 
 def _recorded(fn: Callable, folder: str):
     """Run ``fn`` with a watchdog thread that writes this rank's Flight Recorder trace to
-    ``folder/rank_<r>`` once the last collective it enqueued has not completed for ``_STALL_S``."""
+    ``folder/rank_<r>`` whenever the last collective it enqueued has not completed for ``_STALL_S``
+    (again after each later stall, atomically: the file holds the latest state when the rank is killed)."""
     rank = dist.get_rank()
+    path = os.path.join(folder, f"rank_{rank}")
 
     def watch():
-        seen, since = None, time.monotonic()
+        seen, since, written = None, time.monotonic(), None
         while True:
             time.sleep(0.05)
             status = next(iter(compat.flight_recorder_trace().get("pg_status", {}).values()), {})
             pending = (status.get("last_enqueued_collective", -1), status.get("last_completed_collective", -1))
             if pending != seen:
                 seen, since = pending, time.monotonic()
-            elif pending[0] > pending[1] and time.monotonic() - since >= _STALL_S:
-                with open(os.path.join(folder, f"rank_{rank}"), "wb") as f:
+            elif pending[0] > pending[1] and pending != written and time.monotonic() - since >= _STALL_S:
+                with open(path + ".tmp", "wb") as f:
                     pickle.dump(compat.flight_recorder_trace(), f)
-                return
+                os.replace(path + ".tmp", path)
+                written = pending
     threading.Thread(target=watch, daemon=True).start()
     return fn()
 

@@ -33,8 +33,9 @@ from ..checks import check_int, check_timeout
 from .fmt import plural
 
 __all__ = ["launch", "LaunchError", "LaunchTimeout", "RankResults", "resolve_backend",
-           "choose_start_method", "START_METHODS", "FORKSERVER_PRELOAD", "autograd_survives_fork",
-           "rank_device", "describe_plan", "backend_label", "where", "loopback_interface", "gpu_count"]
+           "choose_start_method", "START_METHODS", "FORKSERVER_PRELOAD", "register_forkserver_preload",
+           "autograd_survives_fork", "rank_device", "describe_plan", "backend_label", "where",
+           "loopback_interface", "gpu_count"]
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_TIMEOUT_S = 60.0
@@ -42,7 +43,9 @@ _KILL_GRACE_S = 1.0
 
 
 class LaunchError(RuntimeError):
-    """A rank failed (raised, crashed or hung). ``rank`` is the rank that failed first."""
+    """A rank failed (raised, crashed or hung). ``rank`` is the one reported: a cause before a
+    consequence (an error of its own, then a crash, then a peer's death, then stopped by the
+    launcher), the lowest among equals; for a hang, the lowest still running."""
 
     def __init__(self, message: str, *, rank: int | None, exc_type: str | None = None,
                  rank_traceback: str = "", outputs: dict[int, str] | None = None):
@@ -87,14 +90,28 @@ def resolve_backend(world_size: int, backend: str = "auto") -> str:
 START_METHOD_ENV = "COURSE_START_METHOD"    # overrides the automatic start method
 START_METHODS = ("fork", "forkserver", "spawn")
 #: What the forkserver imports once, so ranks start like forked ones (FSDP alone: ~0.9 s per
-#: rank). Nothing that initialises CUDA, nor DeepSpeed (it probes the accelerator).
+#: rank). Nothing that initialises CUDA, nor DeepSpeed (it probes the accelerator). The layers
+#: above add their own modules with :func:`register_forkserver_preload` (the package's
+#: ``__init__`` does, on import): this module names none of them.
 FORKSERVER_PRELOAD = [
     "torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor",
     "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
     "torch.nn.parallel", "torch._dynamo", "numpy.random", "cloudpickle",  # the optimizers' step imports dynamo
-    "course_utils.runtime.launch", "course_utils.harness.experiments", "course_utils.harness.model",
-    "course_utils.labs.collectives_lab", "course_utils.impl.zero3", "course_utils.impl.hsdp",
+    __name__,
 ]
+
+
+def register_forkserver_preload(*modules: str) -> None:
+    """Add ``modules`` (dotted names) to :data:`FORKSERVER_PRELOAD`, each once, in order. A
+    forkserver imports the list when it starts (the first launch that uses one): a module
+    added later reaches only a server started later."""
+    for name in modules:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a module to preload is a dotted name (str), got {name!r}")
+        if name not in FORKSERVER_PRELOAD:
+            FORKSERVER_PRELOAD.append(name)
+
+
 #: The longest AF_UNIX socket path (104 bytes on macOS/BSD); the forkserver listens on
 #: ``$TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX``.
 _SUN_PATH_MAX = 108 if sys.platform.startswith("linux") else 104
@@ -141,15 +158,32 @@ def _forkserver_problem() -> str | None:
 
 
 _AUTOGRAD_FORK_BROKEN = False       # once broken in this process, it stays broken
+#: (pid, thread ids) of the last probe that passed: its answer holds while no thread started since
+_FORK_PROBE_PASSED: tuple | None = None
 FORK_PROBE_TIMEOUT_S = 10.0         # a probe child still running then is killed: "broken"
+
+
+def _thread_ids() -> frozenset | None:
+    """This process's OS threads (Linux: ``/proc/self/task``), or None where unknown."""
+    try:
+        return frozenset(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
 
 
 def autograd_survives_fork() -> bool:
     """Whether a process forked from this one can run a backward: with a GPU visible, a child
-    forked after the first backward refuses every backward (H200, torch 2.11). A False is kept."""
-    global _AUTOGRAD_FORK_BROKEN
+    forked after the first backward refuses every backward (H200, torch 2.11). Asked once per
+    process, by forking a child that runs one: a False is kept; a True is kept while no thread
+    has started here since (what breaks it, autograd's device threads, are new threads that
+    never end), else the child is forked again (where threads cannot be listed: every time)."""
+    global _AUTOGRAD_FORK_BROKEN, _FORK_PROBE_PASSED
     if _AUTOGRAD_FORK_BROKEN:
         return False
+    threads = _thread_ids()
+    if (threads is not None and _FORK_PROBE_PASSED is not None and _FORK_PROBE_PASSED[0] == os.getpid()
+            and threads <= _FORK_PROBE_PASSED[1]):
+        return True
     pid = os.fork()
     if pid == 0:                                     # the child: try, report, leave at once
         try:
@@ -166,6 +200,7 @@ def autograd_survives_fork() -> bool:
         os.waitpid(pid, 0)
     ok = done[0] != 0 and os.waitstatus_to_exitcode(done[1]) == 0
     _AUTOGRAD_FORK_BROKEN = not ok
+    _FORK_PROBE_PASSED = (os.getpid(), threads) if ok and threads is not None else None
     return ok
 
 
@@ -374,8 +409,7 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
             dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - report everything to the parent
         code = 1
-        info = {"time": time.time(), "type": type(exc).__name__, "message": str(exc),
-                "traceback": traceback.format_exc()}
+        info = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
         with contextlib.suppress(Exception):
             _write_atomic(base + ".error", pickle.dumps(info))
     finally:
@@ -418,11 +452,38 @@ _FAILURE_GRACE_S = 0.5
 _FAILURE_GRACE_MAX_S = 5.0
 
 
+def _peer_died(failure: dict) -> bool:
+    """Whether a rank's error is what a rank gets when a peer died (connection closed or reset)."""
+    return failure["type"] in _COMM_ERRORS or any(w in failure["message"] for w in _COMM_WORDS)
+
+
+def _first_failure(failures: dict, codes: list, missing: list) -> int | None:
+    """The rank a failed launch reports, by cause and then rank, never by time: the lowest rank
+    that raised an error of its own; else the lowest that died without a Python error before
+    the launcher stopped anyone (a signal, ``os._exit``); else the lowest whose error came from
+    a peer dying; else the lowest without a result (stopped by the launcher); None if none failed.
+    ``failures``: rank -> its error; ``codes``: exit codes before the launcher stopped anyone."""
+    own = [r for r, f in failures.items() if not _peer_died(f)]
+    crashed = [r for r, c in enumerate(codes) if c and r not in failures]
+    for ranks in (own, crashed, list(failures), missing):
+        if ranks:
+            return min(ranks)
+    return None
+
+
 def _user_stack(dump: str) -> str:
     """A faulthandler dump, innermost first, cut where the launcher's own frames begin."""
     lines = dump.splitlines()
     cut = next((i for i, line in enumerate(lines) if " in _rank_main" in line), len(lines))
     return "\n".join(lines[:cut]).strip()
+
+
+def _await_stacks(paths: list, timeout_s: float = 1.0) -> None:
+    """Until each stack dump reaches the launcher's frame (whole then: it is innermost first),
+    or ``timeout_s`` (a rank whose dump never comes)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(" in _rank_main" in _read(p) for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 _held_interrupts: list = []
@@ -570,7 +631,7 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
             for r in hung:  # dump each hung rank's Python stack into its stack file
                 with contextlib.suppress(Exception):
                     os.kill(procs[r].pid, signal.SIGUSR1)
-            time.sleep(0.3)
+            _await_stacks([os.path.join(workdir, f"rank{r}.stack") for r in hung])
     except KeyboardInterrupt:  # the kernel's Stop button
         interrupted = True
     finally:
@@ -611,21 +672,13 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         raise LaunchTimeout(f"rank(s) {hung} still running after timeout_s={timeout_s:g} s and were killed "
                             "(a hang: e.g. a rank waiting in a collective the others never call)."
                             + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""), rank=hung[0], outputs=outputs)
-    # Ranks that died without a Python error (a signal, os._exit) before we stopped them.
-    crashed = [r for r in range(world_size) if codes[r] and r not in failures]
-    # errors a rank got because a peer died (connection closed) are not a cause
-    primary = {r: f for r, f in failures.items()
-               if f["type"] not in _COMM_ERRORS and not any(w in f["message"] for w in _COMM_WORDS)}
-    if primary or (failures and not crashed):
-        # the lowest rank among errors within 1 s of the earliest (deterministic when all raise)
-        t0 = min(f["time"] for f in (primary or failures).values())
-        first = min(r for r, f in (primary or failures).items() if f["time"] - t0 < 1.0)
+    first = _first_failure(failures, codes, missing)
+    if first in failures:
         info = failures[first]
         raise LaunchError(f"rank {first} raised {info['type']}: {info['message']}\n"
                           f"--- traceback of rank {first} ---\n{info['traceback']}",
                           rank=first, exc_type=info["type"], rank_traceback=info["traceback"], outputs=outputs)
-    if crashed or missing:
-        first = min(crashed or missing)
+    if first is not None:
         code = codes[first]
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         raise LaunchError(

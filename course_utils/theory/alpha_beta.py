@@ -10,10 +10,8 @@ from typing import Sequence
 
 from ..checks import check_int, check_positive
 from .comm import OPS, collective_bytes
-from .text import fmt_bytes
 
-__all__ = ["ring_steps", "predict_time", "crossover_bytes", "AlphaBetaFit", "fit_alpha_beta",
-           "plot_alpha_beta"]
+__all__ = ["ring_steps", "predict_time", "crossover_bytes", "AlphaBetaFit", "fit_alpha_beta"]
 
 
 def ring_steps(op: str, world_size: int) -> int:
@@ -99,43 +97,3 @@ def fit_alpha_beta(sizes: Sequence, times: Sequence, op: str = "all_reduce",
     fitted = [float(alpha) * steps + float(s) / bandwidth for s in sent]
     return AlphaBetaFit(op=op, world_size=world_size, alpha_s=float(alpha), bandwidth=bandwidth,
                         sizes=tuple(sizes), times=tuple(float(x) for x in times), fitted=tuple(fitted))
-
-
-def _bytes_label(m: float) -> str:
-    return fmt_bytes(m, "auto", 3, sig=True, largest="MiB")
-
-
-def plot_alpha_beta(sizes: Sequence, times: Sequence, fit: AlphaBetaFit):
-    """Log-log plot: measured times, the fitted model, its latency floor and bandwidth line."""
-    import numpy as np
-    from matplotlib.figure import Figure
-    if not isinstance(fit, AlphaBetaFit):
-        raise TypeError(f"fit must be what fit_alpha_beta returns, got {type(fit).__name__}")
-    if len(sizes) != len(times) or not len(sizes):
-        raise ValueError("sizes and times must be non-empty and of the same length")
-    fig = Figure(figsize=(7.0, 4.2))
-    ax = fig.subplots()
-    grid = np.geomspace(min(sizes) / 2, max(sizes) * 2, 200)
-    ax.loglog(sizes, [t * 1e3 for t in times], "o", color="#4C72B0", label="measured (best of repeats, slowest rank)")
-    ax.loglog(grid, [fit.predict(m) * 1e3 for m in grid], "-", color="#C44E52",
-              label=f"fit: {fit.steps}·alpha + bytes sent / bandwidth")
-    if fit.alpha_s > 0:
-        ax.axhline(fit.alpha_s * fit.steps * 1e3, color="gray", linestyle=":", linewidth=1,
-                   label=f"latency: {fit.steps} × {fit.alpha_s * 1e6:.0f} us")
-    if math.isfinite(fit.bandwidth):
-        ax.loglog(grid, [collective_bytes(fit.op, m, fit.world_size) / fit.bandwidth * 1e3 for m in grid],
-                  "--", color="gray", linewidth=1, label=f"bandwidth: {fit.bandwidth / 1e9:.2f} GB/s")
-        ax.set_ylim(min(times) * 1e3 / 3, max(times) * 1e3 * 3)
-    if fit.alpha_s > 0 and math.isfinite(fit.bandwidth):
-        x = fit.crossover_bytes()
-        ax.axvline(x, color="black", linestyle=":", linewidth=0.8)
-        ax.text(x, ax.get_ylim()[1], f" crossover {_bytes_label(x)}", va="top", fontsize=8)
-    ticks = [m for m in (2 ** k for k in range(0, 41, 2)) if grid[0] <= m <= grid[-1]]
-    ax.set_xticks(ticks, [_bytes_label(m) for m in ticks], fontsize=8)
-    ax.minorticks_off()
-    ax.set(xlabel="message size M", ylabel="time (ms)")
-    ax.set_title(f"{fit.op} on {fit.world_size} ranks: t = alpha·steps + bytes sent / bandwidth", fontsize=9)
-    ax.legend(fontsize=8, frameon=False, loc="upper left")
-    ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
-    return fig

@@ -13,7 +13,7 @@ from .memory import GB, STAGE_NAMES, GiB, model_states
 
 __all__ = ["deepspeed_zero2", "deepspeed_zero3",
            "ACCELERATE_DTYPES", "accelerate_training_usage", "accelerate_peak",
-           "Row", "compare", "table", "plot"]
+           "Row", "compare", "table"]
 
 
 def _resolve(model, largest_layer_params=None, *, need_largest: bool = False):
@@ -198,39 +198,3 @@ def table(rows, unit: str = "GB") -> str:
     out.append(f"{dec} = 10**{round(math.log10(dec_b))} bytes; {binu} = 2**{int(math.log2(bin_b))} bytes. "
                f"CPU = host memory per node (DeepSpeed rows).")
     return "\n".join(out)
-
-
-_FAMILY_COLORS = (("ZeRO paper", "#4C72B0"), ("fp32 grads", "#64B5CD"), ("DeepSpeed", "#DD8452"),
-                  ("accelerate", "#55A868"))
-
-
-def _family(name: str) -> tuple[str, str]:
-    return next(((f, c) for f, c in _FAMILY_COLORS if name.startswith(f)), ("other", "#8C8C8C"))
-
-
-def plot(rows, *, title: str = ""):
-    """:func:`compare` rows as a bar chart of GPU GB (host memory is per node: left out)."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
-    rows = _rows(rows, "plot")
-    if not isinstance(title, str):
-        raise TypeError(f"title must be a str, got {title!r}")
-    ys = list(range(len(rows)))[::-1]
-    fig = Figure(figsize=(8.0, 0.3 * len(rows) + 1.4))
-    ax = fig.subplots()
-    values = [r.gpu_bytes / GB for r in rows]
-    ax.barh(ys, values, color=[_family(r.name)[1] for r in rows])
-    for y, v in zip(ys, values):
-        ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
-    ax.set_yticks(ys, [r.name for r in rows], fontsize=7)
-    ax.set_xlim(0, max(values) * 1.15)
-    ax.set_xlabel("model states per GPU, GB (1 GB = 1e9 bytes; DeepSpeed and accelerate print GiB)")
-    seen = dict.fromkeys(_family(r.name) for r in rows)
-    ax.legend(handles=[Patch(color=c, label=f) for f, c in seen], fontsize=7, frameon=False,
-              loc="lower right")
-    ax.spines[["top", "right"]].set_visible(False)
-    if title:
-        ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    return fig

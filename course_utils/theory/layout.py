@@ -14,7 +14,7 @@ def padded_numel(numel: int, world_size: int) -> int:
     """``numel`` rounded up to a multiple of ``world_size``: a flat buffer of N equal shards."""
     check_int("numel", numel, 0)
     check_int("world_size", world_size, 1)
-    return math.ceil(numel / world_size) * world_size
+    return -(-numel // world_size) * world_size      # integer ceil: exact for any size
 
 
 def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -30,10 +30,10 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int]:
 def dim0_padded_numel(shape, world_size: int) -> int:
     """Elements FSDP2 communicates for one parameter: dim 0 padded to a multiple of ``world_size``."""
     shape = tuple(shape) or (1,)
-    return math.ceil(shape[0] / world_size) * world_size * math.prod(shape[1:])
+    return padded_numel(shape[0], world_size) * math.prod(shape[1:])
 
 
 def local_rows(d0: int, world_size: int, rank: int) -> int:
     """Rows of a ``d0``-row parameter that rank ``rank`` really owns (``torch.chunk`` split)."""
-    c = math.ceil(d0 / world_size)
+    c = padded_numel(d0, world_size) // world_size
     return max(0, min(c, d0 - rank * c))

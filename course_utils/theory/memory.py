@@ -8,9 +8,8 @@ parts are the analytic ``num_params * bytes / world_size`` (notebooks 04-06 meas
 from __future__ import annotations
 
 import dataclasses
-from numbers import Real
 
-from ..checks import check_int, check_number
+from ..checks import check_int, check_number, is_int, is_number
 from .text import GB, UNITS, GiB, fmt_bytes, to_unit  # noqa: F401 (re-exported)
 
 __all__ = ["RECIPES", "ModelStates", "model_states", "GB", "GiB", "fmt_bytes", "to_unit",
@@ -63,7 +62,7 @@ def model_states(num_params, *, world_size: int = 1, stage: int = 0,
     """
     check_number("num_params", num_params, above=0, example="7e9")
     check_int("world_size", world_size, 1, what="number of data-parallel GPUs")
-    if stage not in STAGE_NAMES or isinstance(stage, bool):
+    if not is_int(stage) or stage not in STAGE_NAMES:
         raise ValueError(f"stage must be 0 (DDP), 1, 2 or 3 (ZeRO stages), got {stage!r}")
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
@@ -194,11 +193,9 @@ def _config_of(model):
 
 
 def _seq_batch(cfg, micro_batch, seq) -> tuple[int, int]:
-    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
-        raise ValueError(f"micro_batch must be an int >= 1 (sequences per GPU per step), got {micro_batch!r}")
+    check_int("micro_batch", micro_batch, 1, what="sequences per GPU per step")
     seq = cfg.seq if seq is None else seq
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
-        raise ValueError(f"seq must be an int >= 1 (tokens per sequence), got {seq!r}")
+    check_int("seq", seq, 1, what="tokens per sequence")
     return seq, micro_batch
 
 
@@ -304,7 +301,7 @@ def per_gpu(model, *, world_size: int = 1, stage: int = 0, recipe: str = "mixed"
     where = placement(states, offload_optimizer=offload_optimizer, offload_params=offload_params)
     acts = None
     if micro_batch is not None:
-        if isinstance(model, Real) and not isinstance(model, bool):
+        if is_number(model):
             raise ValueError("activations need an architecture: pass a TransformerConfig or a "
                              "preset name, or micro_batch=None for model states only")
         acts = activation_bytes(model, micro_batch=micro_batch, seq=seq, attention=attention,

@@ -22,7 +22,7 @@ from .comm import collective_bytes
 from .memory import model_states
 
 __all__ = ["flat_ring_wire", "cross_node_wire", "HybridCost", "hsdp_vs_fsdp_time", "crossovers",
-           "crossover_inter_bw", "plot_crossover"]
+           "crossover_inter_bw"]
 
 
 def _nics(nics_per_node, gpus_per_node: int) -> int:
@@ -170,53 +170,3 @@ def crossover_inter_bw(num_params, gpus_per_node: int, nodes: int, intra_bw: flo
     """The first of :func:`crossovers` (``math.inf``: HSDP is faster at every bandwidth)."""
     found = crossovers(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=nics_per_node, **model)
     return found[0] if found else math.inf
-
-
-def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra_bw: float = 450e9, *,
-                   nics_per_node=(8, 1), nic_bw_range=(3e9, 400e9), **model):
-    """Log-log panels (one per ``nics_per_node``): both strategies' time against one NIC's bandwidth."""
-    import numpy as np
-    from matplotlib.figure import Figure
-
-    counts = [nics_per_node] if isinstance(nics_per_node, int) else list(nics_per_node)
-    if not counts:
-        raise ValueError("nics_per_node must be an int or a non-empty sequence of ints")
-    lo, hi = nic_bw_range
-    check_positive("nic_bw_range[0]", lo)
-    if not hi > lo:
-        raise ValueError(f"nic_bw_range must be (low, high) with high > low, got {nic_bw_range!r}")
-    grid = np.geomspace(lo, hi, 200)
-    fig = Figure(figsize=(5.0 * len(counts), 4.0))
-    axes = fig.subplots(1, len(counts), squeeze=False)[0]
-    for ax, r in zip(axes, counts):
-        costs = [hsdp_vs_fsdp_time(num_params, gpus_per_node, nodes, intra_bw, float(b), nics_per_node=r,
-                                   **model) for b in grid]
-        serial = [hsdp_vs_fsdp_time(num_params, gpus_per_node, nodes, intra_bw, float(b), nics_per_node=r,
-                                    overlap=False, **model).hsdp_s for b in grid]
-        found = crossovers(num_params, gpus_per_node, nodes, intra_bw, nics_per_node=r, **model)
-        x = grid / 1e9
-        ax.loglog(x, [c.fsdp_s for c in costs], "-", color="#C44E52", label=f"full sharding over {nodes * gpus_per_node} GPUs")
-        ax.loglog(x, [c.hsdp_s for c in costs], "-", color="#4C72B0",
-                  label=f"HSDP ({gpus_per_node} shards x {nodes} replicas), all-reduce overlapped (FSDP2)")
-        ax.loglog(x, serial, ":", color="#4C72B0", linewidth=1, label="HSDP, its phases one after the other")
-        if found:
-            right = min(found[1], hi) if len(found) > 1 else hi
-            ax.axvspan(max(found[0], lo) / 1e9, right / 1e9, color="#C44E52", alpha=0.08,
-                       label="full sharding faster")
-        for b in found:
-            if lo <= b <= hi:
-                ax.axvline(b / 1e9, color="black", linestyle=":", linewidth=0.8)
-                ax.text(b / 1e9, ax.get_ylim()[1], f" {b / 1e9:.0f} GB/s", va="top", fontsize=8)
-        ax.set_xlim(lo / 1e9, hi / 1e9)
-        ticks = [t for t in (6.25, 12.5, 25, 50, 100, 200, 400) if lo / 1e9 <= t <= hi / 1e9]
-        ax.set_xticks(ticks, [f"{t:g}" for t in ticks], fontsize=8)
-        ax.minorticks_off()
-        ax.set_xlabel("bandwidth of one NIC, GB/s (x 8 = Gb/s: 50 GB/s is a 400 Gb/s card)", fontsize=8)
-        ax.set_ylabel("communication per step (s)")
-        ax.set_title(f"{r} NIC(s) per node of {gpus_per_node} GPUs", fontsize=9)
-        ax.legend(fontsize=7, frameon=False, loc="lower left")
-        ax.spines[["top", "right"]].set_visible(False)
-    fig.suptitle(f"{num_params / 1e9:g}B params, {nodes} nodes x {gpus_per_node} GPUs, NVLink "
-                 f"{intra_bw / 1e9:g} GB/s: 2 all-gathers + 1 reduce-scatter per step", fontsize=9)
-    fig.tight_layout()
-    return fig

@@ -17,8 +17,8 @@ from .layout import dim0_padded_numel, local_rows
 
 __all__ = ["DEFAULT_SHARDS", "MESH_DIM_NAMES", "mesh_shape", "mesh_groups", "fsdp_units", "unit_params",
            "message_numels", "calls_per_step", "comm_bytes_per_step",
-           "expected_state_bytes", "hsdp_calls_per_step", "hsdp_comm_bytes_per_step",
-           "hsdp_expected_state_bytes"]
+           "fsdp_state_bytes", "hsdp_calls_per_step", "hsdp_comm_bytes_per_step",
+           "hsdp_state_bytes"]
 
 #: Ranks per shard group of ``run("torch-hsdp", N)``: the course's pretend "GPUs per node".
 DEFAULT_SHARDS = 2
@@ -83,9 +83,9 @@ def comm_bytes_per_step(model: nn.Module, world_size: int, *, reshard_after_forw
             "all_gather": f * ((g if reshard_root else 1) * root + g * sum(units))}
 
 
-def expected_state_bytes(model: nn.Module, world_size: int, rank: int) -> dict:
-    """``fsdp_state_bytes`` on ``rank`` after an AdamW step, fp32: AdamW's states cover the rows
-    the rank really owns."""
+def fsdp_state_bytes(model: nn.Module, world_size: int, rank: int) -> dict:
+    """Bytes of params, grads and optimizer states FSDP2 holds on ``rank`` after an AdamW step,
+    fp32: the padded dim-0 shards; AdamW's states cover the rows the rank really owns."""
     params = [p for ps in unit_params(model) for p in ps]
     shard = sum(dim0_padded_numel(p.shape, world_size) for p in params) // world_size
     real = sum(local_rows((tuple(p.shape) or (1,))[0], world_size, rank) * math.prod(p.shape[1:]) for p in params)
@@ -133,8 +133,8 @@ def hsdp_comm_bytes_per_step(model, world_size: int, shards: int = DEFAULT_SHARD
     return out
 
 
-def hsdp_expected_state_bytes(model, world_size: int, rank: int, shards: int = DEFAULT_SHARDS) -> dict:
+def hsdp_state_bytes(model, world_size: int, rank: int, shards: int = DEFAULT_SHARDS) -> dict:
     """FSDP's local shards for ``shards`` ranks, at ``rank``'s place in its shard group."""
     mesh_shape(world_size, shards)
     check_int("rank", rank, 0, world_size - 1)
-    return expected_state_bytes(model, shards, rank % shards)
+    return fsdp_state_bytes(model, shards, rank % shards)

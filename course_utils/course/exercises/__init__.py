@@ -1,5 +1,5 @@
-"""The exercises' graders (``check_*``), one module per notebook, on :mod:`course_utils.harness.grading`."""
-from ...harness.grading import GRADER_BACKEND, Verdict, compare, grade_cases, grade_on_ranks
+"""The exercises' graders (``check_*``), one module per notebook, on :mod:`course_utils.labs.grading`."""
+from ...labs.grading import GRADER_BACKEND, Verdict, compare, grade_cases, grade_on_ranks
 from .nb00 import check_rank_sum
 from .nb01 import NotAllowed, check_all_reduce_from_rs_ag, check_ring_all_reduce
 from .nb02 import check_ddp, check_grad_average_hook

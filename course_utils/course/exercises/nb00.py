@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...harness.grading import Verdict, brief, compare_brief, judge_on_ranks, refuse_non_function
+from ...labs.grading import Verdict, brief, compare_brief, judge_on_ranks, refuse_non_function
 
 __all__ = ["check_rank_sum"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ...harness.grading import Verdict, compare_brief, judge_on_ranks, refuse_non_function
+from ...labs.grading import Verdict, compare_brief, judge_on_ranks, refuse_non_function
 
 __all__ = ["NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce"]
 

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ...harness.grading import Verdict, first_problem, grade_build, judge_on_ranks, refuse_non_function
+from ...labs.grading import Verdict, first_problem, grade_build, judge_on_ranks, refuse_non_function
 from ...runtime.fmt import GRAD_ATOL, bound
 
 __all__ = ["check_grad_average_hook", "check_ddp", "first_problem", "DDP_BUCKETS"]

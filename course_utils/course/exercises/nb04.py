@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ...harness.grading import (Verdict, grade_build, grade_cases)
+from ...labs.grading import (Verdict, grade_build, grade_cases)
 from ...impl.common import make_buckets, storage_bytes
 from ...theory.layout import padded_numel, shard_bounds
 from ...runtime.fmt import bound

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 
-from ...harness.grading import Verdict, grade_build
+from ...labs.grading import Verdict, grade_build
 from ...impl.common import DEFAULT_BUCKET_BYTES
 from .nb04 import params_right, zero_on_rank
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from ...harness.experiments import GLOBAL_BATCH, full_grads, reference_grads
 from ...harness.model import SyntheticData, build_model
 from ...runtime.ledger import CommLedger
-from ...harness.grading import (GRADER_BACKEND, Verdict, on_world_sizes,
-                                refuse_non_function, report_problems)
+from ...labs.grading import (GRADER_BACKEND, Verdict, on_world_sizes,
+                             refuse_non_function, report_problems)
 from ...runtime.launch import where
 from ...runtime.fmt import num
 

@@ -8,7 +8,7 @@ import io
 import math
 from typing import Callable
 
-from ...harness.grading import Verdict, brief, compare_brief, judge_on_ranks, refuse_non_function
+from ...labs.grading import Verdict, brief, compare_brief, judge_on_ranks, refuse_non_function
 from ...labs.hangs import SCENARIOS, graded_rank
 from ...runtime.fmt import plural
 from ...theory.config import preset

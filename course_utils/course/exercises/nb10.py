@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...harness.grading import Verdict, grade_cases
+from ...labs.grading import Verdict, grade_cases
 from ...theory.layout import local_rows
 
 __all__ = ["check_real_rows"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...harness.grading import Verdict, grade_cases
+from ...labs.grading import Verdict, grade_cases
 from ...theory.comm import collective_bytes
 from ...theory.layout import padded_numel
 

@@ -1,6 +1,6 @@
 """Solutions on demand: :func:`hint` prints the step of a build where learners get stuck, in
 words and shapes, not its code; :func:`solution` prints the course's answer to an exercise, a file of
-``solutions/`` (``NN.k.py``; a build's skeleton filled in: ``ddp.py``, ``zero1.py``, ...);
+``course_utils/course/solutions/`` (``NN.k.py``; a build's skeleton filled in: ``ddp.py``, ``zero1.py``, ...);
 :func:`yours` is the class the cells after a build run: the learner's once it passed its check
 in this kernel, else the reference (one line says which)."""
 import importlib
@@ -8,16 +8,17 @@ import inspect
 from pathlib import Path
 
 from ...checks import check_choice
-from ...harness.grading import PASSED
 from ...impl.ddp import DataParallel
 from ...impl.zero import Zero1, Zero2
 from ...impl.zero3 import FlatUnit
+from ...labs.grading import PASSED
 
 __all__ = ["BUILDS", "HINTS", "hint", "solution", "yours", "versus"]
 
 #: the answers, one file each: ``solutions/02.1.py`` for exercise 02.1, ``solutions/zero1.py``
-#: for the ZeRO-1 build
-SOLUTIONS = Path(__file__).resolve().parents[3] / "solutions"
+#: for the ZeRO-1 build; package data (``course_utils/course/solutions/``), so that an
+#: installed wheel has them too
+SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 
 #: build exercise -> (the learner's class name, the course's reference the cells after it fall back to)
 BUILDS = {"ddp": ("MyDDP", DataParallel), "zero1": ("MyZero1", Zero1), "zero2": ("MyZero2", Zero2),
@@ -71,7 +72,7 @@ def hint(name: str) -> None:
 
 def solution(name: str) -> None:
     """Print the course's answer to exercise ``name`` (``"02.1"``; a build: ``"ddp"``, ``"zero1"``,
-    ``"zero2"``, ``"zero3"``, its skeleton filled in) from its file in ``solutions/``, ready to
+    ``"zero2"``, ``"zero3"``, its skeleton filled in) from its file in :data:`SOLUTIONS`, ready to
     paste and run: it ends with the exercise's check, which it passes."""
     small = sorted(p.stem for p in SOLUTIONS.glob("*.py") if p.stem not in BUILDS)
     check_choice("exercise", name, [*small, *BUILDS], kind="exercise", kinds="exercises")

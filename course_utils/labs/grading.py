@@ -232,7 +232,7 @@ def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: C
         print(f"check_{name} takes your class (e.g. check_{name}({example})), got {type(cls).__name__}")
         return Verdict(name, False)
     from ..runtime.launch import where
-    from .model import warm_up
+    from ..harness.model import warm_up
     warm_up()
     rights = []
     for n, values in (runs := on_world_sizes(rank_fn, (2, 3, 4), cls, *args, timeout_s=30, quiet=True)):

@@ -1,4 +1,4 @@
-"""course_utils.harness.train: the torchrun training script reproduces experiments.run("single"),
+"""course_utils.harness.train_cli: the torchrun training script reproduces experiments.run("single"),
 on one node and as README's two-node command (two torchrun agents on loopback)."""
 import contextlib
 import json
@@ -14,13 +14,13 @@ import pytest
 
 from course_utils.harness import experiments
 from course_utils.harness import strategies
-from course_utils.harness import train
+from course_utils.harness import train_cli
 from course_utils.course.badges import ROOT
 from course_utils.runtime.launch import loopback_interface
 
 ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "-m", "course_utils.harness.train"]
+            "-m", "course_utils.harness.train_cli"]
 
 
 def _close(a, b, rel=1e-6):
@@ -34,22 +34,13 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("train")
     cmds = {s: TORCHRUN + ["--strategy", s, "--steps", "3", "--json", str(tmp / f"{s}.json")]
             for s in ("ddp", "zero2")}
-    cmds["single"] = [sys.executable, "-m", "course_utils.harness.train", "--strategy", "single",
+    cmds["single"] = [sys.executable, "-m", "course_utils.harness.train_cli", "--strategy", "single",
                       "--steps", "2"]
-    procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, env=ENV, cwd=ROOT) for name, cmd in cmds.items()}
-    results = {"expected": experiments.run("single", 1, steps=3)[0].losses}  # meanwhile
-    try:
-        for name, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=120)
-            assert proc.returncode == 0, (name, stderr[-3000:])
-            path = tmp / f"{name}.json"
-            results[name] = (stdout, json.loads(path.read_text()) if path.exists() else None)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    results = {"expected": experiments.run("single", 1, steps=3)[0].losses}
+    for name, (code, stdout, stderr) in _run_all(cmds, ENV, tmp, timeout=180).items():
+        assert code == 0, (name, stderr[-3000:])
+        path = tmp / f"{name}.json"
+        results[name] = (stdout, json.loads(path.read_text()) if path.exists() else None)
     return results
 
 
@@ -78,7 +69,7 @@ def test_single_process_without_torchrun(runs):
 
 def test_unknown_strategy_names_the_known_ones(capsys):
     with pytest.raises(SystemExit) as e:
-        train.parse_args(["--strategy", "zero9"])
+        train_cli.parse_args(["--strategy", "zero9"])
     assert e.value.code != 0
     err = capsys.readouterr().err
     assert "zero9" in err
@@ -88,7 +79,7 @@ def test_unknown_strategy_names_the_known_ones(capsys):
 
 def test_help_documents_torchrun(capsys):
     with pytest.raises(SystemExit) as e:
-        train.parse_args(["--help"])
+        train_cli.parse_args(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert "torchrun --standalone --nproc-per-node" in text
@@ -97,21 +88,21 @@ def test_help_documents_torchrun(capsys):
 
 def test_bad_arguments_fail_clearly(capsys):
     with pytest.raises(SystemExit):
-        train.parse_args(["--strategy", "ddp", "--steps", "0"])
+        train_cli.parse_args(["--strategy", "ddp", "--steps", "0"])
     assert "--steps must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        train.parse_args(["--strategy", "ddp", "--shards", "8"])
+        train_cli.parse_args(["--strategy", "ddp", "--shards", "8"])
     assert "--shards is for torch-hsdp, not 'ddp'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        train.parse_args(["--strategy", "torch-hsdp", "--shards", "0"])
+        train_cli.parse_args(["--strategy", "torch-hsdp", "--shards", "0"])
     assert "--shards must be >= 1" in capsys.readouterr().err
-    assert train.parse_args(["--strategy", "torch-hsdp", "--shards", "8"]).shards == 8
+    assert train_cli.parse_args(["--strategy", "torch-hsdp", "--shards", "8"]).shards == 8
 
 
 def test_the_help_commands_divide_their_global_batch():
     """Each torchrun line of --help gives a global batch its ranks divide (16 ranks: not 12)."""
     import re
-    for block in re.split(r"\n  (?=\S)", train._EPILOG):
+    for block in re.split(r"\n  (?=\S)", train_cli.EPILOG):
         ranks = re.search(r"--nproc-per-node (\d+)", block)
         if ranks:
             nodes = int(m.group(1)) if (m := re.search(r"--nnodes (\d+)", block)) else 1
@@ -173,7 +164,7 @@ def two_nodes(tmp_path_factory):
     env = dict(ENV)
     if (lo := loopback_interface()) is not None:
         env["GLOO_SOCKET_IFNAME"] = lo            # gloo's sockets on loopback too
-    train = ["-m", "course_utils.harness.train", "--steps", "3", "--timeout", "60"]
+    train = ["-m", "course_utils.harness.train_cli", "--steps", "3", "--timeout", "60"]
     cmds = {"single": [sys.executable, *train, "--strategy", "single", "--json", str(tmp / "single.json")]}
     for strategy, port in zip(MULTINODE, _free_ports(len(MULTINODE))):
         for node in (0, 1):
