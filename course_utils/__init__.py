@@ -46,7 +46,7 @@ from .runtime.launch import register_forkserver_preload as _register_forkserver_
 # What the notebooks' ranks import, loaded once by the forkserver (runtime names no layer above it)
 _register_forkserver_preload("course_utils.harness.experiments", "course_utils.harness.model",
                              "course_utils.labs.collectives_lab", "course_utils.impl.zero3",
-                             "course_utils.impl.hsdp")
+                             "course_utils.harness.strategies")
 
 
 def load_ipython_extension(ipython) -> None:

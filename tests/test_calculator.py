@@ -3,6 +3,7 @@ import pytest
 
 from course_utils.course import calculator
 from course_utils.course.calculator import CUSTOM, Calculator, Setting, rows, table
+from course_utils.course.widgets import LIVE_NOTE
 from course_utils.theory.memory import GB
 
 
@@ -38,7 +39,7 @@ def test_custom_size_and_bad_settings():
 def test_widget_bundle_and_interaction():
     c = Calculator()
     bundle = c._repr_mimebundle_()
-    assert bundle["text/plain"] == table(Setting())
+    assert bundle["text/plain"] == f"{LIVE_NOTE}\n{table(Setting())}"   # and the picture says it too
     assert {"image/png", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
     c.controls["gpus"].value = 64
     assert c.setting.gpus == 64

@@ -10,7 +10,7 @@ from course_utils.labs import collectives_lab as C
 from course_utils.theory import alpha_beta as AB
 from course_utils.runtime import compat
 from course_utils.impl import ring
-from course_utils.course import ring_view
+from course_utils.course import ring_view, widgets
 from course_utils.course.plots import plot_alpha_beta
 from course_utils.theory.comm import collective_bytes
 from course_utils.course.exercises import check_all_reduce_from_rs_ag, check_ring_all_reduce
@@ -309,7 +309,7 @@ def test_ring_widget_bundle_is_deterministic():
     w = ring_view.ring_step_widget(4)
     bundle = w._repr_mimebundle_()
     assert {"text/plain", "image/png", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
-    assert bundle["text/plain"] == ring.describe_ring(ring.ring_all_reduce_steps(4))
+    assert bundle["text/plain"] == f"{widgets.LIVE_NOTE}\n{ring.describe_ring(ring.ring_all_reduce_steps(4))}"
     assert bundle["text/plain"] == ring_view.ring_step_widget(4)._repr_mimebundle_()["text/plain"]
     assert base64.b64decode(bundle["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
     w.slider.value = 4

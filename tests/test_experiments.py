@@ -310,7 +310,8 @@ def test_single_wrap_registry_and_results_pickle(single):
 def test_a_learners_ddp_class_is_unwrapped_by_its_object_mark():
     """``wrap("ddp", impl=...)`` marks the object it builds, not a registry of classes: running a
     learner's class again (a re-run cell defines a new one each time) leaves nothing behind."""
-    from course_utils.harness import probes
+    from course_utils.harness import strategies as table
+    from course_utils.impl import ddp
 
     class MyDDP(nn.Module):
         def __init__(self, module, bucket_bytes):
@@ -319,8 +320,8 @@ def test_a_learners_ddp_class_is_unwrapped_by_its_object_mark():
 
     model = _toy(0)
     for _ in range(3):
-        wrapped, _ = probes.wrap_ddp(model, make_adamw, impl=MyDDP)
+        wrapped, _ = table.wrap_ddp(model, make_adamw, impl=MyDDP)
         assert unwrap(wrapped) is model and DataParallel.wraps_module
     plain = MyDDP(model, 0)                       # not built by wrap: a model like any other
     assert unwrap(plain) is plain
-    assert not hasattr(probes, "WRAPPERS") and not hasattr(probes.ddp, "WRAPPERS")
+    assert not hasattr(table, "WRAPPERS") and not hasattr(ddp, "WRAPPERS")

@@ -41,7 +41,7 @@ def test_a_function_defined_here_runs_by_value_and_sees_the_callers_env_and_fold
 
 #: What the package adds to the preload (course_utils/__init__.py): the launcher names none of it.
 ABOVE_THE_LAUNCHER = ["course_utils.harness.experiments", "course_utils.harness.model",
-                      "course_utils.labs.collectives_lab", "course_utils.impl.zero3", "course_utils.impl.hsdp"]
+                      "course_utils.labs.collectives_lab", "course_utils.impl.zero3", "course_utils.harness.strategies"]
 
 
 def test_the_preload_holds_torch_and_the_launcher_and_initialises_no_cuda():

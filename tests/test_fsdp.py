@@ -29,7 +29,7 @@ import course_utils.impl.fsdp  # noqa: F401  (registers "torch-fsdp" and "torch-
 from course_utils.runtime.ledger import CommLedger
 from course_utils.harness.experiments import GLOBAL_BATCH, make_adamw, run, state_bytes
 from course_utils.harness.strategies import STRATEGIES
-from course_utils.impl.fsdp import wrap_torch_fsdp
+from course_utils.harness.strategies import wrap_torch_fsdp
 from course_utils.theory.sharding import calls_per_step, comm_bytes_per_step, fsdp_state_bytes, message_numels
 from course_utils.runtime.launch import launch
 from course_utils.harness.model import SyntheticData, build_model

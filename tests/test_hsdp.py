@@ -1,4 +1,4 @@
-"""course_utils.impl.hsdp: FSDP2 on a 2-D (replicate, shard) mesh gives the losses of "single",
+"""course_utils.harness.strategies.wrap_torch_hsdp: FSDP2 on a 2-D (replicate, shard) mesh gives the losses of "single",
 sends exactly what its shard-group / replicate-group formula predicts, on the groups it
 should, and holds FSDP's shards for the shard-group size; the cost model's crossover is
 where full sharding and HSDP take equally long; FSDP1's HYBRID_SHARD without a mesh

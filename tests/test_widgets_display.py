@@ -26,7 +26,7 @@ from course_utils.course.questions import MultiChoice, Numeric, SingleChoice
 from course_utils.course.quizbank import QUIZZES
 from course_utils.course import ring_view
 from course_utils.impl import ring
-from course_utils.course.widgets import SUPPORTED_IPYWIDGETS, VIEW_MIME, ipywidgets_major
+from course_utils.course.widgets import LIVE_NOTE, SUPPORTED_IPYWIDGETS, VIEW_MIME, ipywidgets_major
 
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "tests" / "colab" / "colab-pins.txt"
@@ -168,12 +168,13 @@ def _static_text(source: str) -> str:
     call = source.strip().splitlines()[-1]
     if m := re.fullmatch(r'quiz\.show\("(\d\d)"\)', call):
         return quiz.get(m[1]).text()
+    note = LIVE_NOTE + "\n"          # a picture's static form says that running the cell gives live controls
     if call == "calculator.show()":
-        return calculator.table(calculator.Setting())
+        return note + calculator.table(calculator.Setting())
     if call == "ring_view.ring_step_widget(4)":
-        return ring.describe_ring(ring.ring_all_reduce_steps(4))
+        return note + ring.describe_ring(ring.ring_all_reduce_steps(4))
     if m := re.fullmatch(r"calculator\.planner_widget\((.*)\)", call):
-        return eval(f"calculator.PlannerSetting({m[1]})").text()      # the cell's own arguments
+        return note + eval(f"calculator.PlannerSetting({m[1]})").text()      # the cell's own arguments
     raise AssertionError(f"a widget cell this module does not know: {source!r}")
 
 
@@ -235,7 +236,7 @@ def test_quiz_form_answers_wrong_right_and_malformed_input(shell, key):
 def test_calculator_redraws_when_a_control_changes(shell):
     with capture_output() as cap:
         calculator.show()
-    box = _shown(dict(cap.outputs[0].data), calculator.table(calculator.Setting()))
+    box = _shown(dict(cap.outputs[0].data), f"{LIVE_NOTE}\n{calculator.table(calculator.Setting())}")
     (columns, out) = box.children
     controls = {c.description: c for col in columns.children for c in col.children}
     before = out.outputs[1]["text"]
@@ -251,7 +252,7 @@ def test_planner_widget_replans_when_a_control_changes(shell):
     bundles = _displayed(shell, 'calculator.planner_widget(model="llama-2-13b", gpu_memory="40 GB", '
                                 'gpus_per_node=8, nodes=2)')
     setting = calculator.PlannerSetting(model="llama-2-13b", gpu_memory="40 GB", gpus_per_node=8, nodes=2)
-    box = _shown(bundles[0], setting.text())
+    box = _shown(bundles[0], f"{LIVE_NOTE}\n{setting.text()}")
     (columns, out) = box.children
     controls = {c.description: c for col in columns.children for c in col.children}
     controls["nodes"].value = 4
@@ -264,7 +265,7 @@ def test_planner_widget_replans_when_a_control_changes(shell):
 def test_ring_slider_steps_through_the_all_reduce(shell):
     bundles = _displayed(shell, "ring_view.ring_step_widget(4)")
     steps = ring.ring_all_reduce_steps(4)
-    box = _shown(bundles[0], ring.describe_ring(steps))
+    box = _shown(bundles[0], f"{LIVE_NOTE}\n{ring.describe_ring(steps)}")
     slider, out = box.children
     assert out.outputs[1]["text"] == ring.describe_step(steps[0]) + "\n"
     slider.value = slider.max

@@ -160,7 +160,8 @@ class _Form:
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return widgets.bundle(self.box, self._text(), {"image/png": widgets.png_b64(self._figure())})
+        return widgets.bundle(self.box, f"{widgets.LIVE_NOTE}\n{self._text()}",
+                              {"image/png": widgets.static_png(self._figure(), self._text())})
 
 
 class Calculator(_Form):

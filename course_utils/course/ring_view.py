@@ -112,7 +112,8 @@ class RingStepper:
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        return widgets.bundle(self.box, describe_ring(self.steps), {"image/png": widgets.png_b64(draw_ring_sequence(self.steps))})
+        return widgets.bundle(self.box, f"{widgets.LIVE_NOTE}\n{describe_ring(self.steps)}",
+                              {"image/png": widgets.static_png(draw_ring_sequence(self.steps))})
 
 
 def ring_step_widget(world_size: int = 4) -> RingStepper:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import base64
 import io
 
-__all__ = ["VIEW_MIME", "SUPPORTED_IPYWIDGETS", "bundle", "ipywidgets_major", "png_b64"]
+__all__ = ["VIEW_MIME", "SUPPORTED_IPYWIDGETS", "LIVE_NOTE", "bundle", "ipywidgets_major", "png_b64", "static_png"]
 
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 #: The ipywidgets versions the course's widgets are written for (pyproject.toml says the same).
 SUPPORTED_IPYWIDGETS = ">=7.7,<9"
+#: What a saved (static) form says under its picture, where the live controls cannot render.
+LIVE_NOTE = "Saved picture of one setting: run this cell (JupyterLab or Colab) for live controls."
 
 
 def ipywidgets_major() -> int:
@@ -45,3 +47,29 @@ def png_b64(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def static_png(fig, text: str = "") -> str:
+    """``fig`` with ``text`` (a table, monospace) and :data:`LIVE_NOTE` under it, as base64 PNG:
+    the static form a saved notebook shows where the widget cannot render."""
+    import matplotlib.pyplot as plt
+
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    image = plt.imread(io.BytesIO(base64.b64decode(png_b64(fig))))
+    plt.close(fig)
+    lines = [*text.splitlines(), "", LIVE_NOTE]
+    height, width = image.shape[0] / 80, image.shape[1] / 80           # inches at 80 dpi
+    line = 0.15
+    width = max(width, 0.066 * max(len(t) for t in lines))            # 8-pt monospace, about 0.066 in a char
+    out = plt.figure(figsize=(width, height + line * (len(lines) + 1)))
+    top = height / (height + line * (len(lines) + 1))
+    ax = out.add_axes((0, 1 - top, image.shape[1] / 80 / width, top))
+    ax.imshow(image)
+    ax.set_axis_off()
+    for i, t in enumerate(lines):
+        out.text(0.01, 1 - top - line * (i + 1) / out.get_figheight(), t, family="monospace", fontsize=8,
+                 va="top", style="italic" if t == LIVE_NOTE else "normal")
+    encoded = png_b64(out)
+    plt.close(out)
+    return encoded

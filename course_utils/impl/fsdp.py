@@ -24,7 +24,7 @@ from ..checks import require_process_group
 from ..theory.sharding import MESH_DIM_NAMES, fsdp_units, mesh_shape
 from .common import broadcast_from_rank0
 
-__all__ = ["shard_per_unit", "wrap_fsdp2", "wrap_torch_fsdp", "wrap_torch_fsdp_zero2", "make_mesh"]
+__all__ = ["shard_per_unit", "wrap_fsdp2", "make_mesh"]
 
 
 # ------------------------------------------------------------------ wrapping
@@ -76,20 +76,3 @@ def shard_per_unit(model: nn.Module, *, mesh=None, reshard_after_forward: bool |
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward, **fully_shard_kwargs)
     return fully_shard(model, mesh=mesh, reshard_after_forward=bool(reshard_after_forward and reshard_root),
                        **fully_shard_kwargs)
-
-
-def wrap_torch_fsdp(model, make_optimizer, *, group=None, unit_types=None, reshard_root: bool = False,
-                    mesh=None, fully_shard_kwargs: dict | None = None):
-    """The ``"torch-fsdp"`` strategy: :func:`wrap_fsdp2` with ``reshard_after_forward=True``
-    (ZeRO-3). ``unit_types``: shard those submodules instead of the first ``nn.ModuleList``'s
-    children; ``mesh``: a 2-D one gives HSDP (notebook 08); ``fully_shard_kwargs``:
-    ``mp_policy``, ``offload_policy``, ..."""
-    return wrap_fsdp2(model, make_optimizer, reshard_after_forward=True, group=group, unit_types=unit_types,
-                      reshard_root=reshard_root, mesh=mesh, fully_shard_kwargs=fully_shard_kwargs)
-
-
-def wrap_torch_fsdp_zero2(model, make_optimizer, *, group=None, unit_types=None, mesh=None,
-                          fully_shard_kwargs: dict | None = None):
-    """The ``"torch-fsdp-zero2"`` strategy: parameters stay gathered from forward to backward."""
-    return wrap_fsdp2(model, make_optimizer, reshard_after_forward=False, group=group, unit_types=unit_types,
-                      mesh=mesh, fully_shard_kwargs=fully_shard_kwargs)

@@ -43,9 +43,9 @@ from ..runtime.compat import all_gather_into_tensor, queue_backward_callback, re
 from ..theory.layout import padded_numel
 from ..theory.sharding import find_units
 from .common import (alloc_storage, broadcast_from_rank0, clip_sharded_, flatten_and_pad, free_storage,
-                     real_optimizer, register_grad_owner)
+                     register_grad_owner)
 
-__all__ = ["Zero3", "FlatUnit", "wrap_zero3"]
+__all__ = ["Zero3", "FlatUnit"]
 
 
 def _before_backward(output, fn) -> bool:
@@ -329,16 +329,3 @@ class Zero3(nn.Module):
     def extra_repr(self) -> str:
         return (f"units={len(self.units)} (padded numels {[u.padded for u in self.units]}), "
                 f"prefetch={self.prefetch}, reshard_root={self.reshard_root}, async_reduce={self.async_reduce}")
-
-
-def wrap_zero3(model, make_optimizer, *, overlap: bool = True, group=None, unit_types=None,
-               reshard_root: bool = False, param_dtype=None, reduce_dtype=None, ignored_params=(),
-               async_reduce: bool = False):
-    """The ``"zero3"`` strategy: ``(Zero3(model), optimizer)``; ``overlap`` is the prefetch
-    switch. ``make_optimizer`` runs on the full-shaped Parameters (so groups made from
-    ``p.ndim`` are right), then the optimizer is rebuilt, same class, groups and
-    hyperparameters, over the same Parameters, at rest their pieces of the shards."""
-    groups, cls, defaults = real_optimizer(model, make_optimizer)   # grouped while full-shaped
-    z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root, param_dtype=param_dtype,
-              reduce_dtype=reduce_dtype, ignored_params=ignored_params, group=group, async_reduce=async_reduce)
-    return z, cls(groups, **defaults)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..checks import check_choice, check_int, check_module
-from ..harness import experiments
+from ..harness import experiments, strategies
 from ..harness.model import GPT, Block, SyntheticData, build_model, rows_per_rank
 from ..impl import fsdp
 from ..theory import sharding
@@ -87,7 +87,7 @@ class UnshardedProbe:
         self.groups = list(compat.fsdp2_param_groups(check_module("model", model)).items())
         if not self.groups:
             raise ValueError("the model has no fully_shard units with parameters: call "
-                             "fully_shard(...) on it (e.g. course_utils.impl.fsdp.wrap_torch_fsdp) first")
+                             "fully_shard(...) on it (e.g. course_utils.harness.strategies.wrap_torch_fsdp) first")
         self.timeline, self.forward_order, self._watch = [], [], None
         self.peak_params = self.peak_total = 0
 
@@ -204,7 +204,7 @@ def _granularity_rank(names, steps: int, seed: int, config: TransformerConfig) -
     out = {}
     for name in names:
         unit_types, reshard = GRANULARITIES[name]
-        wrap = fsdp.wrap_torch_fsdp if reshard else fsdp.wrap_torch_fsdp_zero2
+        wrap = strategies.wrap_torch_fsdp if reshard else strategies.wrap_torch_fsdp_zero2
         model, optimizer = wrap(build_model(config, seed=seed, device=device),
                                 experiments.make_adamw, unit_types=unit_types)
         probe = UnshardedProbe(model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..checks import check_int
 from ..harness import experiments
 from ..harness.model import rows_per_rank
-from ..impl.hsdp import wrap_torch_hsdp
+from ..harness.strategies import wrap_torch_hsdp
 from ..theory.sharding import DEFAULT_SHARDS, mesh_shape
 
 __all__ = ["measure_hsdp", "fsdp1_hybrid_without_mesh"]
