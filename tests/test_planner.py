@@ -9,6 +9,7 @@ import pytest
 from course_utils.theory import gpt2xl, planner
 from course_utils.course import calculator
 from course_utils.course.plots import plot_plan
+from course_utils.course.widgets import LIVE_NOTE
 from course_utils.theory.comm import comm_volume
 from course_utils.theory.config import preset
 from course_utils.theory.estimators import deepspeed_zero2, deepspeed_zero3
@@ -310,7 +311,7 @@ def test_bad_models_and_choices():
 def test_widget_bundle_and_interaction():
     w = calculator.planner_widget()
     bundle = w._repr_mimebundle_()
-    assert bundle["text/plain"] == PlannerSetting().text()
+    assert bundle["text/plain"] == f"{LIVE_NOTE}\n{PlannerSetting().text()}"
     assert {"image/png", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
     assert "llama-2-13b" in bundle["text/plain"] and "HSDP" in bundle["text/plain"]
     assert w.controls["nics_per_node"].label == "one per GPU" and "8 NIC(s) of 50 GB/s" in bundle["text/plain"]
