@@ -456,3 +456,13 @@ def init_deepspeed_on_gloo() -> None:
     # by module name: the attribute deepspeed.comm.torch is the torch package itself
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
+    # DeepSpeed binds torch's all_gather_into_tensor / reduce_scatter_tensor once, at init: look them
+    # up at each call instead, so that a CommLedger entered later sees them on every torch version
+    # (torch 2.13's deprecated names forward at call time; 2.10's and 2.11's do not).
+    import torch.distributed as dist
+
+    cdb = importlib.import_module("deepspeed.comm.comm").cdb
+    if getattr(cdb, "all_gather_function", None) is not None:
+        cdb.all_gather_function = lambda *a, **k: dist.all_gather_into_tensor(*a, **k)
+    if getattr(cdb, "reduce_scatter_function", None) is not None:
+        cdb.reduce_scatter_function = lambda *a, **k: dist.reduce_scatter_tensor(*a, **k)
