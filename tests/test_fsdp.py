@@ -25,7 +25,6 @@ from fractions import Fraction
 import pytest
 import torch.distributed as dist
 
-import course_utils.impl.fsdp  # noqa: F401  (registers "torch-fsdp" and "torch-fsdp-zero2")
 from course_utils.runtime.ledger import CommLedger
 from course_utils.harness.experiments import GLOBAL_BATCH, make_adamw, run, state_bytes
 from course_utils.harness.strategies import STRATEGIES
