@@ -80,14 +80,20 @@ def test_every_build_has_a_hint_that_is_not_its_answer(capsys):
     from course_utils.course.exercises import BUILDS, hint
     from course_utils.course.exercises.solutions import HINTS
 
+    from course_utils.course.exercises.solutions import _HINTS_GIVEN
     assert sorted(HINTS) == sorted(BUILDS)
+    _HINTS_GIVEN.clear()
     for name in BUILDS:
-        hint(name)
-        text = capsys.readouterr().out
-        assert text.strip() == HINTS[name] and len(text.splitlines()) >= 5
         answer = (SOLUTIONS / f"{name}.py").read_text(encoding="utf-8").splitlines()
         code = [l.strip() for l in answer if len(l.strip()) > 25 and not l.strip().startswith(("#", "def ", "class "))]
-        assert not [l for l in code if l in text], name
+        for level, text in enumerate(HINTS[name]):        # where to start, then how
+            hint(name)
+            out = capsys.readouterr().out
+            assert out.startswith(text) and len(text.splitlines()) >= 5
+            assert not [l for l in code if l in text], (name, level)
+            assert f'hint("{name}") again says how' in out if level == 0 else f'solution("{name}") prints' in out
+        hint(name)                                         # past the last: the last again
+        assert capsys.readouterr().out.startswith(HINTS[name][-1])
     with pytest.raises(ValueError, match="known build exercises: ddp"):
         hint("02.1")
     for p in (ROOT / "notebooks").glob("0[2-6]_*.ipynb"):

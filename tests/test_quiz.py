@@ -177,7 +177,10 @@ def test_reasoning_questions_follow_the_formulas():
     from course_utils.theory.memory import GB, model_states
 
     assert [model_states(7e9, world_size=n, stage=2).total <= 24 * GB for n in (9, 10)] == [False, True]
-    assert quiz.get("03").question(4).answer == {"b", "c", "d"}               # activations: not ZeRO-3
+    assert quiz.check("03", 4, "30 GB").correct and not quiz.check("03", 4, "3.75 GB").correct  # not ZeRO's
+    from course_utils.theory.alpha_beta import predict_time
+    assert quiz.check("01", 3, "14.02 ms").correct and not quiz.check("01", 3, "16.33 ms").correct
+    assert round(predict_time("all_reduce", 4e6, 8, 10e-6, 300e9) * 1e3, 2) == 0.16        # the bucket, as said
     assert quiz.check("03", 1, "d").correct                                   # 4 -> 8 GPUs: ZeRO-3 drops most
     assert quiz.check("03", 2, "10").correct and not quiz.check("03", 2, "9").correct   # 14 + 98 / N <= 24
     assert quiz.check("03", 3, "3.40x").correct and not quiz.check("03", 3, "4.00x").correct

@@ -113,13 +113,15 @@ def quiz_03() -> Quiz:
                                  "attention scores grow 4x; with flash attention there are no scores: exactly "
                                  f"2x. (4x: every term taken as quadratic; {per_token:.2f}x: the bracket alone, "
                                  "the s in front forgotten; 2x: the scores forgotten.)"),
-        MultiChoice("Which of these reduce activation memory per GPU?",
-                    ["ZeRO-3", "Activation recomputation", "A fused (flash) attention kernel",
-                     "A smaller micro-batch"],
-                    "b,c,d",
-                    "ZeRO shards model states, not activations: each rank's activations come from its "
-                    "own data and are not redundant. Recomputation, flash attention and smaller "
-                    "micro-batches all shrink them.", kind="explain"),
+        NumberChoice("A model trains on 8 GPUs with ZeRO-1, micro-batch 4 per GPU: 40 GB of model states "
+                     "and 30 GB of activations per GPU. You switch to ZeRO-3 on the same 8 GPUs, micro-batch "
+                     "unchanged. Predict the activations' GB per GPU.",
+                     30, [30 / 8, 15, 60], "{:g} GB", kind="predict",
+                     explanation="30 GB: ZeRO shards model states, not activations. Each GPU's activations come "
+                                 "from its own micro-batch and are not redundant, so there is nothing to "
+                                 "shard. (3.75: sharded over 8 like the states; 15 and 60: no such effect.) "
+                                 "What does shrink them: recomputation (section 5), a fused attention kernel "
+                                 "(no s x s scores), a smaller micro-batch."),
     ])
 
 
@@ -133,6 +135,13 @@ def quiz_01() -> Quiz:
     start = [[10 * r + i for i in range(8)] for r in range(2)]       # section 1.3's tensors, 2 ranks
     summed = [a + b for a, b in zip(*start)]
     keeps = summed[4:]                                                # rank 1's half of the sum
+    from ..theory.alpha_beta import predict_time, ring_steps
+    alpha, beta, small = 10e-6, 300e9, 40e3
+    one_by_one = 100 * predict_time("all_reduce", small, 8, alpha, beta)
+    bucket = predict_time("all_reduce", 100 * small, 8, alpha, beta)
+    bytes_part = one_by_one / 100 - alpha * ring_steps("all_reduce", 8)
+    alpha_once = 100 * (alpha + bytes_part)
+    half_steps = 100 * (alpha * ring_steps("reduce_scatter", 8) + bytes_part)    # N-1 steps
     return Quiz("01 collectives", [
         SingleChoice("Section 1.3's reduce-scatter on 2 ranks (rank r holds [10r, ..., 10r+7]): "
                      "what does rank 1 keep?",
@@ -145,14 +154,17 @@ def quiz_01() -> Quiz:
                 explanation=f"2(N-1)/N x M = 2 x 63/64 GB = {collective_bytes('all_reduce', m, 64) / 1e9:.2f} "
                             "GB: just under 2M however many ranks; each rank's share of the work "
                             "hardly grows with N. (2.00: the (N-1)/N forgotten.)", kind="predict"),
-        MultiChoice("In the alpha-beta model t = alpha x steps + bytes / bandwidth, which are true?",
-                    ["Small messages are dominated by the latency term alpha",
-                     "Large messages are dominated by the bandwidth term",
-                     "Bucketing many small tensors into one message reduces the number of alpha terms paid",
-                     "The ring all-reduce sends fewer bytes per rank as N grows"],
-                    "a,b,c",
-                    "The ring sends 2(N-1)/N x M per rank: that grows towards 2M with N, it does not shrink. "
-                    "Latency dominates small messages, which is why DDP buckets gradients.", kind="explain"),
+        NumberChoice("Section 4's NVLink-class numbers (alpha = 10 us per step, 300 GB/s): 8 GPUs all-reduce "
+                     "100 gradient tensors of 40 kB each, one collective per tensor. Predict the time, in ms "
+                     "(one bucket of all 4 MB would take 0.16 ms).",
+                     one_by_one * 1e3, [bucket * 1e3 * 100, alpha_once * 1e3, half_steps * 1e3], "{:.2f} ms",
+                     kind="predict",
+                     explanation=f"Each 40 kB all-reduce pays 2(N-1) = 14 steps of alpha, 140 us, and only "
+                                 f"{bytes_part * 1e6:.2f} us of bandwidth: {one_by_one * 1e3:.2f} ms for 100, about "
+                                 f"{one_by_one / bucket:.0f}x the one bucket. Latency dominates small messages; "
+                                 f"that is why DDP buckets. ({alpha_once * 1e3:.2f}: one alpha per collective "
+                                 f"instead of per step; {half_steps * 1e3:.2f}: N-1 steps, a reduce-scatter's; "
+                                 f"{bucket * 1e3 * 100:.2f}: the bucket's time x 100, but the bucket is one collective.)"),
     ])
 
 

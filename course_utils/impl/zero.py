@@ -106,15 +106,19 @@ class Zero1(torch.optim.Optimizer):
         ``step()`` or earlier in :meth:`clip_grad_norm_`."""
         if self._reduced:
             return
+        self._sum_gradients()
+        for b in self.buckets:
+            b.shard_grad.div_(self.n)
+        self._reduced = True
+
+    def _sum_gradients(self) -> None:
+        """ZeRO-1: each bucket's flat gradient reduce-scattered (SUM) into its shard's, now."""
         works = []
         for b in self.buckets:
             self._collect(b)
             works.append(self._reduce(b))
         for w in works:
             w.wait()
-        for b in self.buckets:
-            b.shard_grad.div_(self.n)
-        self._reduced = True
 
     def _reduce(self, b: ZeroBucket):
         # in place: rank r's slice of the buffer receives the sum of everyone's slice r
@@ -217,19 +221,20 @@ class Zero1(torch.optim.Optimizer):
 class Zero2(Zero1, BucketHooks):
     """ZeRO-2: ZeRO-1 whose gradients are reduce-scattered during backward, bucket by
     bucket, by DDP's hooks (``_on_grad`` of :class:`BucketHooks`, notebook 02), each full
-    ``.grad`` freed once sent: a rank keeps only its shard's gradient (P_b/N per bucket)."""
+    ``.grad`` freed once sent: a rank keeps only its shard's gradient (P_b/N per bucket).
+    The methods are the answer to notebook 05's build (``solutions/zero2.py``, tested equal),
+    plus the error of a backward after clipping."""
 
-    def __init__(self, params, optimizer_class, bucket_bytes=DEFAULT_BUCKET_BYTES, **options):
-        super().__init__(params, optimizer_class, bucket_bytes, **options)
+    def __init__(self, params, optimizer_class, bucket_bytes=DEFAULT_BUCKET_BYTES, **defaults):
+        super().__init__(params, optimizer_class, bucket_bytes, **defaults)
         self.in_flight = None                         # the bucket whose message is being sent
         self.register_bucket_hooks([b.params for b in self.buckets])
 
-    def _grad_buffers(self, bucket: ZeroBucket) -> None:
+    def _grad_buffers(self, bucket):
         """ZeRO-2 keeps only the shard's gradient: P_b/N elements."""
         bucket.shard_grad = bucket.shard.grad = torch.zeros_like(bucket.shard)
 
-    @torch.no_grad()
-    def _launch(self) -> None:
+    def _launch(self):
         """Bucket ``self.next``: its gradients into one padded message, freed, the message
         reduce-scattered asynchronously (the message before it finished first: at most
         one in flight, to bound the memory)."""
@@ -240,12 +245,11 @@ class Zero2(Zero1, BucketHooks):
         for p in b.params:
             p.grad = None                             # the full gradient is gone
         # in place: rank r's slice of the message receives the sum of everyone's slice r
-        b.work = reduce_scatter_tensor(b.message[b.lo:b.hi], b.message, op=dist.ReduceOp.SUM,
-                                       group=self.group, async_op=True)
+        b.work = reduce_scatter_tensor(b.message[b.lo:b.hi], b.message, group=self.group, async_op=True)
         self.in_flight = b
         self.next += 1
 
-    def _wait(self) -> None:
+    def _wait(self):
         """Wait for the message in flight; add this rank's slice into its shard gradient."""
         if self.in_flight is not None:
             b, self.in_flight = self.in_flight, None
@@ -253,8 +257,7 @@ class Zero2(Zero1, BucketHooks):
             b.shard_grad.add_(b.message[b.lo:b.hi])
             b.message = b.work = None
 
-    @torch.no_grad()
-    def _finish(self) -> None:
+    def _finish(self):
         """When backward ends: send what is left, wait. The next backward (gradient
         accumulation) adds into the same shard gradients."""
         self.queued = False
@@ -263,24 +266,19 @@ class Zero2(Zero1, BucketHooks):
         self._wait()
         self.next, self.ready = 0, set()
 
-    @torch.no_grad()
-    def reduce_gradients(self) -> None:
-        """The hooks already summed every backward's gradients into the shards: average."""
-        if not self._reduced:
-            for b in self.buckets:
-                b.shard_grad.div_(self.n)
-            self._reduced = True
+    def _sum_gradients(self):
+        """The hooks already summed every backward's gradients into the shards."""
+
+    def _zero_grads(self, bucket):
+        bucket.shard_grad.zero_()
+        for p in bucket.params:
+            p.grad = None
 
     def _on_grad(self, p) -> None:
         if self._reduced:
             raise RuntimeError("ZeRO-2: a backward after the gradients were reduced (clip_grad_norm_) "
                                "and before optimizer.step(); clip after the last backward of the step")
         super()._on_grad(p)
-
-    def _zero_grads(self, b: ZeroBucket) -> None:
-        b.shard_grad.zero_()
-        for p in b.params:
-            p.grad = None
 
 
 # ---------------------------------------------------------------- options, as mixins

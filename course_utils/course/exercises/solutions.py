@@ -1,10 +1,14 @@
-"""Solutions on demand: :func:`hint` prints the step of a build where learners get stuck, in
-words and shapes, not its code; :func:`solution` prints the course's answer to an exercise, a file of
-``course_utils/course/solutions/`` (``NN.k.py``; a build's skeleton filled in: ``ddp.py``, ``zero1.py``, ...);
+"""Solutions on demand: :func:`hint` prints, call after call, where to start a build and then how
+(in words and traces, not its code); :func:`solution` prints the course's answer to an exercise, a file of
+``course_utils/course/solutions/`` (``NN.k.py``; a build's answer: ``ddp.py``, ``zero1.py``, ...);
+:func:`skeleton` prints a build's skeleton, made from its answer (the spec: signatures, docstrings and
+the lines marked ``# given``; a test keeps each notebook's build cell equal to it);
 :func:`yours` is the class the cells after a build run: the learner's once it passed its check
 in this kernel, else the reference (one line says which)."""
+import ast
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 from ...checks import check_choice
@@ -13,7 +17,7 @@ from ...impl.zero import Zero1, Zero2
 from ...impl.zero3 import FlatUnit
 from ...labs.grading import PASSED
 
-__all__ = ["BUILDS", "HINTS", "hint", "solution", "yours", "versus"]
+__all__ = ["BUILDS", "HINTS", "hint", "solution", "skeleton", "yours", "versus"]
 
 #: the answers, one file each: ``solutions/02.1.py`` for exercise 02.1, ``solutions/zero1.py``
 #: for the ZeRO-1 build; package data (``course_utils/course/solutions/``), so that an
@@ -25,49 +29,117 @@ BUILDS = {"ddp": ("MyDDP", DataParallel), "zero1": ("MyZero1", Zero1), "zero2": 
           "zero3": ("MyFlatUnit", FlatUnit)}
 
 
-#: build exercise -> the hint: where learners get stuck, said as a trace or a shape, not as code
+#: build exercise -> its hints, one per call of :func:`hint`: where to start, then how; said as a
+#: trace or a shape, never as the answer's code
 HINTS = {
-    "ddp": """MyDDP, the in-order launch (TODO 3), traced with buckets [[p3, p2], [p1, p0]]:
-  hook(p3): first hook of this backward -> queue _finish once (self.queued); ready = {p3};
-            bucket 0 = [p3, p2] is not all in ready -> launch nothing
-  hook(p2): ready = {p3, p2}; bucket self.next = 0 is all in -> _launch() (next becomes 1);
+    "ddp": ("""MyDDP, where to start: __init__ first, then check_ddp tells you what it sees next.
+  - the same start: dist.broadcast each parameter and buffer (their .data) from rank 0;
+  - the buckets: make_buckets(trainable parameters, bucket_bytes) gives lists in backward's order;
+  - the hooks' state: which bucket goes next, which parameters have their gradient, what is in
+    flight (bucket, flat tensor, work handle), whether _finish is queued for this backward;
+  - a hook per trainable parameter: register_post_accumulate_grad_hook, with self._on_grad.""",
+            """MyDDP, how the hook and the callback go, traced with buckets [[p3, p2], [p1, p0]]:
+  hook(p3): first hook of this backward -> queue _finish (queue_backward_callback), once; p3 ready;
+            bucket 0 = [p3, p2] is not all ready -> launch nothing
+  hook(p2): bucket 0 is all ready -> launch it: torch.cat its .grads (zeros for a None) into one
+            flat tensor, dist.all_reduce(flat, async_op=True), keep (bucket, flat, work), move on;
             bucket 1 is not complete -> stop (a `while`: when gradients arrive out of order,
             one hook can complete several buckets)
-  hook(p1), hook(p0): the same; p0 completes bucket 1 -> _launch()
-  _finish (TODO 4): launch what is left (a frozen or unused parameter never fires a hook);
-            for each (bucket, flat, work) in self.pending: wait, divide by the world size, and
-            split flat by the parameters' numel back into their .grad (view_as);
-            then reset next, ready, pending and queued for the next backward.""",
-    "zero1": """MyZero1: one flat, padded buffer per param group; the parameters are views of it.
-  __init__: flat = flatten_and_pad(the group's params, N); point each p.data at its slice of flat
-            (view_as); lo, hi = shard_bounds(padded numel, N, rank); the inner optimizer gets one
-            Parameter, flat[lo:hi], whose .grad you create (zeros) so that step can fill it.
-  step: flatten the .grads the same way (zeros for a None), reduce_scatter_tensor into the shard's
-        .grad (a SUM: divide by N), copy the group's hyperparameters into its inner group (a
-        scheduler changes yours), inner.step(), then all_gather_into_tensor(flat, flat[lo:hi]):
-        in place, the input is this rank's own slice of the output, no copy needed; the views
-        now read every rank's update.""",
-    "zero2": """MyZero2: ZeRO-1's layout, but each bucket is reduce-scattered during backward.
-  _launch(bucket) (TODO 1): message = the bucket's .grads flattened and padded (zeros for a None);
-            set the full .grads to None (that is the memory ZeRO-2 saves); start
+  hook(p1), hook(p0): the same; p0 completes bucket 1 -> launch it
+  _finish: launch what is left (a frozen or unused parameter never fires a hook); for each
+            (bucket, flat, work): wait, divide by the world size, split flat by the parameters'
+            numel back into their .grad (view_as); then reset the state for the next backward."""),
+    "zero1": ("""MyZero1, where to start: __init__, one parameter group at a time.
+  - flatten_and_pad(the group's trainable parameters, N): one buffer; make each parameter a view
+    of its piece (p.data = a slice of it, view_as(p)): the all-gather then updates the model;
+  - shard_bounds(Ψ of the group, N, rank): this rank's [lo, hi); the shard is an nn.Parameter over
+    that slice of the buffer (a view, no copy), with a zeroed .grad the step will fill;
+  - the inner optimizer: built once, over a list of groups, {**hyper(group), "params": [shard]}.""",
+              """MyZero1, how step goes, per flat buffer: the .grads flattened and padded the same way (zeros for a
+  None); reduce_scatter_tensor(shard's .grad, that flat gradient): a SUM, so divide by N; copy
+  hyper(group) into the matching inner group (a scheduler changes yours); then one
+  self.inner.step(); then all_gather_into_tensor(flat, flat[lo:hi]): in place, the input is this
+  rank's own slice of the output, no copy needed; the views now read every rank's update."""),
+    "zero2": ("""MyZero2, where to start: what ZeRO-1 gives you. Each bucket of self.buckets (a ZeroBucket) has
+  .params, .flat (the padded parameter buffer), .lo/.hi (this rank's slice), .shard (what the inner
+  optimizer steps), .shard_grad (the shard's gradient, what _grad_buffers makes: here only P_b/N
+  elements), .message and .work (free for you). ZeRO-1's step() calls self._sum_gradients() (its
+  reduce-scatter) and then divides every shard_grad by N: your hooks already sum, so yours sends
+  nothing. register_bucket_hooks(list of each bucket's params) puts MyDDP's hooks on; they call
+  self._launch() for bucket self.next and queue self._finish.""",
+              """MyZero2, how _launch and _finish go:
+  _launch: first wait for the message still in flight (if any) and add its slice into its
+            bucket's shard_grad; then the bucket's .grads flattened and padded (zeros for a None)
+            into bucket.message; every p.grad = None (the memory ZeRO-2 saves); start
             reduce_scatter_tensor(message[lo:hi], message, async_op=True): the output is this
-            rank's piece of the message itself, so nothing else is allocated.
-  _finish (TODO 2): launch what is left; for every bucket wait, then ADD message[lo:hi] / N to the
-            shard's .grad (added, so micro-batches accumulate; step() zeroes it); drop the message.""",
-    "zero3": """MyFlatUnit, the piece that trips people up (TODO 2): backward needs the weights after forward
-freed them. forward: gather(); out = self.module(*args); free(); then out.register_hook(fn) and
-return out. Autograd calls fn(grad) when out's gradient arrives, just before this unit's own
-backward: fn gathers again and returns grad unchanged. Because the parameters are views of the
-same self.full, refilling it refills what autograd saved in forward (section 4's cell showed it).
-TODO 3: count the _grad_ready calls; at len(self.params), reduce_scatter() once, free again.""",
+            rank's piece of the message itself; remember it as in flight; move self.next on.
+  _finish: not queued any more; launch what is left; wait for the last one the same way; reset
+            self.next and self.ready. ADD into shard_grad (micro-batches accumulate); zero it in
+            _zero_grads, with every p.grad = None."""),
+    "zero3": ("""MyFlatUnit, where to start: __init__ is notebook 04's layout once more, with two changes:
+  self.full holds the unit's trainable parameters, padded to a multiple of N (padded_numel), each
+  parameter a view of its piece; self.shard is a COPY (.clone()) of chunk `rank`, since self.full
+  will be freed; end with self.free() and a hook per parameter. gather() is alloc_storage, then an
+  all-gather of every rank's shard (detached) into self.full; free() is free_storage: always
+  the same tensor, so the views, and what autograd saved from them, see what a gather writes.""",
+              """MyFlatUnit, the piece that trips people up: backward needs the weights after forward freed
+them. forward: gather(); out = the module's output; free(); then out.register_hook(fn) and return
+out. Autograd calls fn(grad) when out's gradient arrives, just before this unit's own backward: fn
+gathers again and returns grad unchanged. Because the parameters are views of the same self.full,
+refilling it refills what autograd saved in forward (section 4's cell showed it).
+_grad_ready: count the calls; at len(self.params), reduce_scatter(): the .grads flattened into
+self.padded elements (zeros for a None), reduce_scatter_tensor into a shard-sized tensor, divide by
+N, ADD it to self.shard.grad if there is one; every p.grad = None, the count back to 0, free."""),
 }
+
+#: how many times :func:`hint` was called for each build in this kernel
+_HINTS_GIVEN: dict = {}
 
 
 def hint(name: str) -> None:
-    """Print the hint for build ``name`` (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"zero3"``): the step
-    where learners get stuck, as a trace or in words. ``solution(name)`` prints the whole answer."""
+    """Print the next hint for build ``name`` (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"zero3"``):
+    where to start, then, called again, how; after the last, ``solution(name)`` prints the code."""
     check_choice("build", name, HINTS, kind="build exercise", kinds="build exercises")
-    print(HINTS[name])
+    k = _HINTS_GIVEN.get(name, 0)
+    _HINTS_GIVEN[name] = k + 1
+    levels = HINTS[name]
+    print(levels[min(k, len(levels) - 1)])
+    more = (f'hint("{name}") again says how.' if k + 1 < len(levels)
+            else f'solution("{name}") prints the code.')
+    print(f"({min(k, len(levels) - 1) + 1} of {len(levels)}; {more})")
+
+
+def skeleton(name: str) -> str:
+    """Build ``name``'s skeleton, made from its answer: the code outside the class, the class and
+    method lines and their docstrings (the spec), and the lines marked ``# given`` (the mark
+    dropped; ``# given: why`` keeps ``# why``); a method with neither docstring nor given line (a
+    helper of the answer's) is left out. The notebook's build cell is this text (tested)."""
+    check_choice("build", name, BUILDS, kind="build exercise", kinds="build exercises")
+    text = (SOLUTIONS / f"{name}.py").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    keep = [True] * len(lines)
+    keep[0] = not lines[0].startswith("# Exercise")          # the answer's header line
+    methods = [node for cls in ast.parse(text).body if isinstance(cls, ast.ClassDef)
+               for node in cls.body if isinstance(node, ast.FunctionDef)]
+    for node in methods:
+        first = min(d.lineno for d in node.decorator_list) if node.decorator_list else node.lineno
+        doc = ast.get_docstring(node) is not None
+        spec_end = node.body[0].end_lineno if doc else node.body[0].lineno - 1
+        given = [i for i in range(spec_end, node.end_lineno) if _GIVEN.search(lines[i])]
+        for i in range(spec_end, node.end_lineno):
+            keep[i] = i in given
+        if not doc and not given:
+            for i in range(first - 1, node.end_lineno):
+                keep[i] = False
+            if first - 2 >= 0 and not lines[first - 2].strip():
+                keep[first - 2] = False                         # its blank line before
+    out = [_GIVEN.sub(lambda m: f"{m.group(1)}# {m.group(2)}" if m.group(2) else "", line)
+           for line, k in zip(lines, keep) if k]
+    return "\n".join(out).strip("\n") + "\n"
+
+
+#: the mark of a skeleton's given line in an answer: ``# given`` or ``# given: comment``
+_GIVEN = re.compile(r"(\s*)# given(?:: (.*))?$")
 
 
 def solution(name: str) -> None:

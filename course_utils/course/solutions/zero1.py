@@ -2,7 +2,7 @@
 import torch
 import torch.distributed as dist
 from torch import nn
-from course_utils.course.exercises import check_zero1
+from course_utils.course.exercises import check_zero1, hint, solution
 from course_utils.impl.common import flatten_and_pad
 from course_utils.theory.layout import shard_bounds
 from course_utils.runtime.compat import all_gather_into_tensor, reduce_scatter_tensor
@@ -13,18 +13,24 @@ def hyper(group):                                    # a group's hyperparameters
 
 
 class MyZero1(torch.optim.Optimizer):
+    """MyZero1(params, torch.optim.AdamW, lr=...) trains like AdamW(params, lr=...), but this
+    rank's AdamW holds the state of its 1/N of each parameter group only."""
+
     def __init__(self, params, optimizer_class, **defaults):
-        super().__init__(params, defaults)
-        self.n, self.rank = dist.get_world_size(), dist.get_rank()
+        """Per parameter group, the trainable parameters become views of one flat buffer padded
+        to a multiple of N; this rank owns one slice of it, its shard. optimizer_class is built
+        once, over the shards, each with its group's hyperparameters."""
+        super().__init__(params, defaults)           # given: self.param_groups: your groups, as given
+        self.n, self.rank = dist.get_world_size(), dist.get_rank()  # given
         self.flats, inner_groups = [], []
         for group in self.param_groups:
             params = [p for p in group["params"] if p.requires_grad]
-            flat = flatten_and_pad([p.detach() for p in params], self.n)          # TODO 1
+            flat = flatten_and_pad([p.detach() for p in params], self.n)
             off = 0
             for p in params:
                 p.data = flat[off:off + p.numel()].view_as(p)
                 off += p.numel()
-            lo, hi = shard_bounds(off, self.n, self.rank)                          # TODO 2
+            lo, hi = shard_bounds(off, self.n, self.rank)
             shard = nn.Parameter(flat[lo:hi])
             shard.grad = torch.zeros_like(shard)
             inner_groups.append({**hyper(group), "params": [shard]})
@@ -33,7 +39,10 @@ class MyZero1(torch.optim.Optimizer):
         self.inner = optimizer_class(inner_groups, **defaults)
 
     @torch.no_grad()
-    def step(self, closure=None):                                                  # TODO 3
+    def step(self, closure=None):
+        """Each shard's gradient becomes the ranks' average of its slice; the inner optimizer
+        steps the shards with your groups' current hyperparameters (a scheduler changes them);
+        then every rank holds every updated slice again."""
         for f, inner in zip(self.flats, self.inner.param_groups):
             grads = flatten_and_pad([p.grad if p.grad is not None else torch.zeros_like(p)
                                      for p in f["params"]], self.n)

@@ -1,85 +1,62 @@
-# Exercise 05.1: build ZeRO-2. The skeleton filled in, as a learner would.
+# Exercise 05.1: build ZeRO-2 on ZeRO-1. The skeleton filled in, as a learner would.
 import torch
-import torch.distributed as dist
-from torch import nn
-from course_utils.course.exercises import check_zero2
-from course_utils.impl.common import flatten_and_pad, make_buckets
-from course_utils.theory.layout import shard_bounds
-from course_utils.runtime.compat import all_gather_into_tensor, queue_backward_callback, reduce_scatter_tensor
+from course_utils.course.exercises import check_zero2, hint, solution
+from course_utils.impl.common import BucketHooks, flatten_and_pad
+from course_utils.impl.zero import Zero1
+from course_utils.runtime.compat import reduce_scatter_tensor
 
 
-def hyper(group):
-    return {k: v for k, v in group.items() if k != "params"}
+class MyZero2(Zero1, BucketHooks):
+    """ZeRO-1 (the course's, one flat buffer per bucket) whose gradients are reduce-scattered
+    during backward, bucket by bucket, by your MyDDP's hooks (BucketHooks)."""
 
-
-class MyZero2(torch.optim.Optimizer):
     def __init__(self, params, optimizer_class, bucket_bytes=25 * 2**20, **defaults):
-        super().__init__(params, defaults)
-        self.n, self.rank = dist.get_world_size(), dist.get_rank()
-        self.buckets, inner_groups = [], []
-        for group in self.param_groups:
-            trained = [p for p in group["params"] if p.requires_grad]
-            made = [self._layout(b) for b in make_buckets(trained, bucket_bytes)]
-            self.buckets += made
-            inner_groups.append({**hyper(group), "params": [b["shard"] for b in made]})
-        self.inner = optimizer_class(inner_groups, **defaults)
-        self.bucket_of = {id(p): b for b in self.buckets for p in b["params"]}
-        self.next, self.queued = 0, False
-        for b in self.buckets:               # given: MyDDP's hooks, on these buckets
-            for p in b["params"]:
-                p.register_post_accumulate_grad_hook(self._on_grad)
+        """ZeRO-1 lays out self.buckets; then the hooks go on, bucket by bucket."""
+        super().__init__(params, optimizer_class, bucket_bytes, **defaults)  # given
+        self.in_flight = None
+        self.register_bucket_hooks([b.params for b in self.buckets])
 
-    @torch.no_grad()
-    def _layout(self, params):
-        flat = flatten_and_pad([p.detach() for p in params], self.n)
-        offsets = [0]
-        for p in params:
-            p.data = flat[offsets[-1]:offsets[-1] + p.numel()].view_as(p)
-            offsets.append(offsets[-1] + p.numel())
-        lo, hi = shard_bounds(offsets[-1], self.n, self.rank)
-        shard = nn.Parameter(flat[lo:hi])
-        shard.grad = torch.zeros_like(shard)
-        return {"params": params, "flat": flat, "lo": lo, "hi": hi, "shard": shard,
-                "ready": set(), "message": None, "work": None}
+    def _grad_buffers(self, bucket):
+        """ZeRO-1 calls it for each bucket it lays out: the gradient that bucket keeps."""
+        bucket.shard_grad = bucket.shard.grad = torch.zeros_like(bucket.shard)
 
-    def _on_grad(self, p):                   # given: MyDDP's, in order
-        if not self.queued:
-            queue_backward_callback(self._finish)
-            self.queued = True
-        self.bucket_of[id(p)]["ready"].add(id(p))
-        while self.next < len(self.buckets) and \
-                len(self.buckets[self.next]["ready"]) == len(self.buckets[self.next]["params"]):
-            self._launch(self.buckets[self.next])
-            self.next += 1
-
-    @torch.no_grad()
-    def _launch(self, bucket):                                            # TODO 1
-        bucket["message"] = flatten_and_pad([p.grad if p.grad is not None else torch.zeros_like(p)
-                                             for p in bucket["params"]], self.n)
-        for p in bucket["params"]:
+    def _launch(self):
+        """Sends bucket self.next, as MyDDP's hook sent its buckets, without waiting; its full
+        gradients are then gone. At most one bucket's message is alive at a time."""
+        self._wait()
+        b = self.buckets[self.next]
+        b.message = flatten_and_pad([p.grad if p.grad is not None else torch.zeros_like(p)
+                                     for p in b.params], self.n)
+        for p in b.params:
             p.grad = None
-        lo, hi = bucket["lo"], bucket["hi"]
-        bucket["work"] = reduce_scatter_tensor(bucket["message"][lo:hi], bucket["message"], async_op=True)
+        b.work = reduce_scatter_tensor(b.message[b.lo:b.hi], b.message, async_op=True)
+        self.in_flight = b
+        self.next += 1
 
-    @torch.no_grad()
-    def _finish(self):                                                    # TODO 2
+    def _wait(self):
+        if self.in_flight is not None:
+            b, self.in_flight = self.in_flight, None
+            b.work.wait()
+            b.shard_grad.add_(b.message[b.lo:b.hi])
+            b.message = b.work = None
+
+    def _finish(self):
+        """When backward ends: everything sent and summed into the shards' gradients, which
+        keep accumulating until step(); ready for the next backward."""
+        self.queued = False
         while self.next < len(self.buckets):
-            self._launch(self.buckets[self.next])
-            self.next += 1
-        for b in self.buckets:
-            b["work"].wait()
-            b["shard"].grad += b["message"][b["lo"]:b["hi"]] / self.n
-            b["message"], b["work"], b["ready"] = None, None, set()
-        self.next, self.queued = 0, False
+            self._launch()
+        self._wait()
+        self.next, self.ready = 0, set()
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        for inner, group in zip(self.inner.param_groups, self.param_groups):
-            inner.update(hyper(group))
-        self.inner.step()
-        for b in self.buckets:
-            all_gather_into_tensor(b["flat"], b["flat"][b["lo"]:b["hi"]])
-            b["shard"].grad.zero_()
+    def _sum_gradients(self):       # step() calls it, then divides by N: ZeRO-1 reduce-scatters here
+        pass                         # the hooks already summed every backward into the shards
+
+    def _zero_grads(self, bucket):
+        """zero_grad() calls it for each bucket."""
+        bucket.shard_grad.zero_()
+        for p in bucket.params:
+            p.grad = None
 
 
 check_zero2(MyZero2)
