@@ -58,7 +58,8 @@ PLANTED = {NoDivide: "SUM over the 2 ranks: divide by the world size",
            IgnoresBuckets: "all-reduces in one backward with bucket_bytes=26214400, expected 1",
            SendsAfterBackward: "every all-reduce started after the last gradient arrived",
            ForwardOrder: "every all-reduce started after the last gradient arrived",
-           ForgetsToReset: "backward 2 issued 0 all-reduces, the first 66: reset self.next"}
+           ForgetsToReset: "backward 2 launched no all-reduces, backward 1 launched 66: the hooks' state "
+                           "(self.next, self.ready) was not reset at the end of _finish"}
 
 
 def _planted(rank, world_size):

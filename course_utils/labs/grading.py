@@ -13,8 +13,8 @@ from ..runtime.fmt import show as _show
 from ..runtime.launch import LaunchError, LaunchTimeout, launch
 
 __all__ = ["GRADER_BACKEND", "Verdict", "compare", "compare_brief", "brief", "launch_or_report", "on_world_sizes",
-           "refuse_non_function", "report_problems", "report_ranks", "judge_on_ranks",
-           "grade_on_ranks", "grade_cases", "first_problem", "PASSED", "grade_build"]
+           "refuse_non_function", "report_problems", "error_hint", "GLOO_ABORT", "graded_on_rank", "report_ranks", "judge_on_ranks",
+           "grade_on_ranks", "grade_cases", "first_problem", "carried_over", "PASSED", "grade_build"]
 
 
 def compare(got, expected, *, atol: float = 1e-6) -> str:
@@ -88,39 +88,116 @@ class Verdict:
 GRADER_BACKEND = "gloo"
 
 
-def launch_or_report(fn: Callable, world_size: int, *args, timeout_s: float, quiet: bool = False):
-    """``launch`` on gloo CPU ranks; a failed or hung rank: one line printed, None returned."""
+#: What a rank killed by signal 6 (SIGABRT) usually means in a grader's gloo ranks.
+GLOO_ABORT = ("gloo aborted it (signal 6): this usually means the ranks called collectives whose sizes or "
+              "order differ (e.g. a bucket order that differs between ranks)")
+
+#: A hint for an error that names no mistake of its own: (words in the message, hint).
+_HINTS = (("process group has not been initialized",
+           "the process group was destroyed while the grader still ran: leave it to the launcher "
+           "(a __del__ or cleanup that calls dist.destroy_process_group()?)"),
+          ("'NoneType' object has no attribute 'wait'",
+           "a collective called without async_op=True waits at once and returns None, no Work to wait for"))
+
+
+def error_hint(message: str) -> str:
+    """`` (<hint>)`` for an error message that :data:`_HINTS` explains, else ''."""
+    return next((f" ({hint})" for words, hint in _HINTS if words in message), "")
+
+
+def _hang_lines(exc: LaunchTimeout) -> list[str]:
+    """One line per hung rank: the collective it waits in, or that it still runs (an endless
+    loop), and the learner's frame it is in; then one line of advice."""
+    from .frames import collective_of, describe, frames_of, in_torch, learner_frame
+    lines, looping, waiting, returned = [], [], {}, []
+    for rank, stack in sorted(exc.stacks.items()):
+        frames = frames_of(stack, innermost_first=True)
+        if rank in exc.results or (frames and all(in_torch(f.file) for f in frames)):   # the launcher's barrier
+            returned.append(rank)
+            lines.append(f"  rank {rank}: had returned; waited for the others at the end")
+            continue
+        if not frames:
+            continue
+        mine, collective = learner_frame(frames), collective_of(frames)
+        at = f" at {describe(mine)}" if mine else ""
+        if collective and rank not in exc.moving:
+            waiting[rank] = collective = "a Work's wait()" if collective == "wait" else collective
+            lines.append(f"  rank {rank}: waiting in {collective}" + (f", called{at}" if mine else
+                                                                   " (the grader's own, after your code)"))
+        else:
+            looping.append(rank)
+            lines.append(f"  rank {rank}: still running" + (f" your code{at}" if mine else
+                                                             f" in {frames[0].func}"))
+    ranks = lambda rs: ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))  # noqa: E731
+    if looping:
+        lines.append(f"  {ranks(looping[:1])} never stopped running your code: an endless loop?"
+                     + (" (the others wait for it in a collective)" if waiting else ""))
+    elif waiting and returned:
+        lines.append(f"  {ranks(list(waiting))} {'waits' if len(waiting) == 1 else 'wait'} in a collective that "
+                     f"{ranks(returned)} never called (it returned): every rank must call the same collectives")
+    elif len(set(waiting.values())) > 1:
+        lines.append("  The ranks wait in different collectives: every rank must call the same collectives in "
+                     "the same order (does a condition, a count or a loop differ between ranks?)")
+    elif waiting and set(waiting.values()) == {"broadcast"}:
+        lines.append("  Every rank waits in broadcast: a broadcast needs the same src on every rank (rank src "
+                     "sends, the others receive)")
+    elif waiting:
+        lines.append("  The ranks wait for one another: do all ranks call the same collectives, in the same "
+                     "order, the same number of times?")
+    return lines
+
+
+def launch_or_report(fn: Callable, world_size: int, *args, timeout_s: float, quiet: bool = False,
+                     finished: Callable[[dict], str] | None = None):
+    """``launch`` on gloo CPU ranks; a failed or hung rank: a few lines printed (the exception
+    or the collective it waits in, and where in the learner's code), None returned.
+    ``finished(values by rank)``: for a hang, what the ranks that did return found ('' if nothing)."""
+    from .frames import describe, frames_of, learner_frame
+    label = plural(world_size, "rank")
     try:
         return launch(fn, world_size, *args, backend=GRADER_BACKEND, timeout_s=timeout_s, quiet=quiet)
     except LaunchTimeout as exc:
-        print(f"{plural(world_size, 'rank')}: rank {exc.rank} and maybe others never finished within "
-              f"{timeout_s:g} s. Do all ranks call the same collectives in the same order?")
+        found = finished(exc.results) if finished is not None and exc.results else ""
+        print(f"{label}: never finished within {timeout_s:g} s (stopped)"
+              + (f"; meanwhile {found}" if found else "") + ":")
+        lines = _hang_lines(exc)
+        print("\n".join(lines) if lines else
+              "  Do all ranks call the same collectives in the same order?")
     except LaunchError as exc:
         if exc.exc_type is None:     # killed by a signal (e.g. gloo aborted it): no Python error
-            print(f"{plural(world_size, 'rank')}: {str(exc).splitlines()[0]}")
+            if exc.signal == 6:
+                print(f"{label}: rank {exc.rank} was killed: {GLOO_ABORT}")
+            else:
+                print(f"{label}: {str(exc).splitlines()[0]}")
         else:
-            print(f"{plural(world_size, 'rank')}: rank {exc.rank} raised {exc.exc_type}: "
-                  f"{str(exc).splitlines()[0].split(': ', 1)[-1]}")
+            message = str(exc).splitlines()[0].split(": ", 1)[-1]
+            mine = learner_frame(frames_of(exc.rank_traceback, innermost_first=False))
+            print(f"{label}: rank {exc.rank} raised {exc.exc_type}: {message}{error_hint(message)}"
+                  + (f"\n  at {describe(mine)}" if mine else ""))
     return None
 
 
 class on_world_sizes:
     """Yields ``(n, values)`` for each world size whose ranks all returned
-    (:func:`launch_or_report`); ``completed`` is False when one failed or hung."""
+    (:func:`launch_or_report`); ``completed`` is False when one failed or hung, and the
+    world sizes after it are not tried (one timeout, not one per world size)."""
 
     def __init__(self, rank_fn: Callable, world_sizes: Sequence[int], *args, timeout_s: float,
-                 quiet: bool = False):
+                 quiet: bool = False, finished: Callable[[dict], str] | None = None):
         self.rank_fn, self.world_sizes, self.args, self.timeout_s = rank_fn, world_sizes, args, timeout_s
-        self.quiet = quiet
+        self.quiet, self.finished = quiet, finished
         self.completed = True
 
     def __iter__(self):
-        for n in self.world_sizes:
+        for i, n in enumerate(self.world_sizes):
             values = launch_or_report(self.rank_fn, n, *self.args, timeout_s=self.timeout_s,
-                                      quiet=self.quiet)
+                                      quiet=self.quiet, finished=self.finished)
             if values is None:
                 self.completed = False
-                continue
+                rest = list(self.world_sizes[i + 1:])
+                if rest:
+                    print(f"  (not tried on {' and '.join(map(str, rest))} ranks after that)")
+                return
             yield n, values
 
 
@@ -212,6 +289,16 @@ def grade_cases(fn: Callable, cases: Sequence[dict], expected: Callable[..., obj
     return Verdict(name, not wrong)
 
 
+def carried_over(problem: str, step: int, why: str = "state not reset? gradients not zeroed?") -> str:
+    """``problem``, found at ``step`` (from 0) after the earlier steps matched one process, said
+    so: something carried over. Left as it is when about that step by design (``"step …"``: an
+    LR changed after step 1) or an exception."""
+    if not problem or not step or problem.startswith("step ") or " raised " in problem:
+        return problem
+    return (f"step 1 matched one process; step {step + 1} did not: {problem}: something from an "
+            f"earlier step carried over ({why})")
+
+
 def first_problem(values) -> tuple | None:
     """``(rank, problem)`` to show from per-rank lists of ``(problem or '', seen)``: a
     constructor's problem first (it causes the rest); None when none."""
@@ -224,10 +311,44 @@ def first_problem(values) -> tuple | None:
 PASSED: dict = {}
 
 
-def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: Callable) -> Verdict:
+#: Words of a rank's error that a peer caused (it hung or died): not the learner's mistake.
+_CONSEQUENCES = ("Timed out waiting", "Connection closed by peer", "Connection reset", "Broken pipe")
+
+
+def _returned(values: dict) -> str:
+    """For a hang: what the ranks that returned found (their :func:`first_problem`), or ''."""
+    per_rank = [values.get(r, []) for r in range(max(values) + 1)]
+    try:          # a rank's collective that timed out while a peer hung: a consequence, not shown
+        first = first_problem([[(p, seen) for p, seen in per if not any(w in p for w in _CONSEQUENCES)]
+                               for per in per_rank])
+    except (TypeError, ValueError):      # not a build's [(problem, seen)]
+        return ""
+    return f"rank {first[0]} returned: {first[1]}" if first else ""
+
+
+#: What :func:`graded_on_rank` says when the process group is gone once the learner's objects are.
+GROUP_GONE = ("once the grader dropped your objects, the process group was gone: something (a __del__?) "
+              "called dist.destroy_process_group(); leave the process group to the launcher")
+
+
+def graded_on_rank(rank_fn: Callable, cls, *args) -> list:
+    """``rank_fn(cls, *args)``, then the learner's objects collected (``gc``): a class whose
+    ``__del__`` destroys the process group is found here, not by chance in a later exercise."""
+    import gc
+
+    import torch.distributed as dist
+    values = list(rank_fn(cls, *args))
+    gc.collect()
+    if not dist.is_initialized():
+        values.append((GROUP_GONE, {}))
+    return values
+
+
+def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: Callable,
+                timeout_s: float = 30) -> Verdict:
     """The driver of every "build it" exercise: ``rank_fn(cls, *args)`` on 2, 3 and 4 gloo
     ranks, one line each: the :func:`first_problem` or ``right: <right(values)>``; a class that
-    passes is noted in :data:`PASSED`."""
+    passes is noted in :data:`PASSED`. A world size that raised or hung (``timeout_s``) is the last tried."""
     if not isinstance(cls, type):
         print(f"check_{name} takes your class (e.g. check_{name}({example})), got {type(cls).__name__}")
         return Verdict(name, False)
@@ -235,7 +356,9 @@ def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: C
     from ..harness.model import warm_up
     warm_up()
     rights = []
-    for n, values in (runs := on_world_sizes(rank_fn, (2, 3, 4), cls, *args, timeout_s=30, quiet=True)):
+    runs = on_world_sizes(graded_on_rank, (2, 3, 4), rank_fn, cls, *args, timeout_s=timeout_s, quiet=True,
+                          finished=_returned)
+    for n, values in runs:
         first = first_problem(values)   # right(values) only when there is none
         rights.append(report_problems(where(n, GRADER_BACKEND, backend_first=True),
                                       [f"rank {first[0]}: {first[1]}"] if first else [], first or right(values)))

@@ -39,6 +39,8 @@ __all__ = ["launch", "LaunchError", "LaunchTimeout", "RankResults", "resolve_bac
 
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_TIMEOUT_S = 60.0
+#: Seconds the process group's timeout exceeds ``launch``'s ``timeout_s`` (see :func:`launch`).
+PG_TIMEOUT_GRACE_S = 10.0
 _KILL_GRACE_S = 1.0
 
 
@@ -48,10 +50,20 @@ class LaunchError(RuntimeError):
     launcher), the lowest among equals; for a hang, the lowest still running."""
 
     def __init__(self, message: str, *, rank: int | None, exc_type: str | None = None,
-                 rank_traceback: str = "", outputs: dict[int, str] | None = None):
+                 rank_traceback: str = "", outputs: dict[int, str] | None = None,
+                 signal: int | None = None, stacks: dict[int, str] | None = None,
+                 results: dict | None = None, moving: set | None = None):
         super().__init__(message)
         self.rank, self.exc_type, self.rank_traceback = rank, exc_type, rank_traceback
         self.outputs = outputs or {}
+        #: the signal that killed ``rank`` (e.g. 6: gloo aborted it), else None
+        self.signal = signal
+        #: a hang: each hung rank's Python stack (innermost first, the launcher's frames cut)
+        self.stacks = stacks or {}
+        #: a hang: the values of the ranks that had returned before the others were killed
+        self.results = results or {}
+        #: a hang: the hung ranks whose two stack dumps, 0.2 s apart, differ (still running, not waiting)
+        self.moving = moving or set()
 
 
 class LaunchTimeout(LaunchError):
@@ -389,7 +401,8 @@ def _rank_main(rank: int, cfg: _Config, fn: Callable, args: tuple, kwargs: dict)
         store = dist.FileStore(os.path.join(cfg.workdir, "store"), cfg.world_size)
         # device_id: NCCL builds its communicator now (fails here, not in fn), barriers on this GPU
         dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world_size,
-                                timeout=timedelta(seconds=cfg.timeout_s), device_id=device_id)
+                                timeout=timedelta(seconds=cfg.timeout_s + PG_TIMEOUT_GRACE_S),
+                                device_id=device_id)
         # Wait for every rank's group: else a rank failing at once exits while a peer still connects
         # its gloo mesh, and the peer's error is reported (seen in CI).
         store.set(f"course-ready-{rank}", "1")
@@ -478,12 +491,22 @@ def _user_stack(dump: str) -> str:
     return "\n".join(lines[:cut]).strip()
 
 
-def _await_stacks(paths: list, timeout_s: float = 1.0) -> None:
-    """Until each stack dump reaches the launcher's frame (whole then: it is innermost first),
-    or ``timeout_s`` (a rank whose dump never comes)."""
+def _user_stacks(dumps: str) -> list[str]:
+    """Each of the faulthandler dumps in one stack file, as :func:`_user_stack`."""
+    parts = re.split(r"^.*\(most recent call first\):$", dumps, flags=re.MULTILINE)
+    return [_user_stack(part) for part in parts if " in _rank_main" in part]
+
+
+def _await_stacks(paths: list, timeout_s: float = 1.0, count: int = 1) -> None:
+    """Until each stack file holds ``count`` dumps that reached the launcher's frame (whole then:
+    they are innermost first), or ``timeout_s`` (a rank whose dump never comes)."""
     deadline = time.monotonic() + timeout_s
-    while not all(" in _rank_main" in _read(p) for p in paths) and time.monotonic() < deadline:
+    while not all(_read(p).count(" in _rank_main") >= count for p in paths) and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+#: Seconds between a hung rank's two stack dumps: a rank whose stacks differ is still running.
+_SECOND_DUMP_S = 0.2
 
 
 _held_interrupts: list = []
@@ -534,8 +557,10 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks, the default process group
     initialised, ``rank``/``world_size`` parameters filled in; its values by rank (tensors on CPU).
 
-    ``timeout_s``: ranks still running then are killed (:class:`LaunchTimeout`); also the
-    process-group timeout. ``env``: extra environment variables for the ranks.
+    ``timeout_s``: ranks still running then are killed (:class:`LaunchTimeout`); the process
+    group's timeout is :data:`PG_TIMEOUT_GRACE_S` longer, so that a hung collective is still
+    waiting (its stack shows where) when the launcher stops it, not failing on its own at the
+    same moment. ``env``: extra environment variables for the ranks.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable (a function each rank runs), got {type(fn).__name__}")
@@ -628,10 +653,13 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         codes = [p.exitcode for p in procs]
         hung = [r for r, c in enumerate(codes) if c is None]
         if timed_out and hasattr(signal, "SIGUSR1"):
-            for r in hung:  # dump each hung rank's Python stack into its stack file
-                with contextlib.suppress(Exception):
-                    os.kill(procs[r].pid, signal.SIGUSR1)
-            _await_stacks([os.path.join(workdir, f"rank{r}.stack") for r in hung])
+            for count in (1, 2):  # dump each hung rank's Python stack into its stack file, twice
+                if count == 2:
+                    time.sleep(_SECOND_DUMP_S)
+                for r in hung:
+                    with contextlib.suppress(Exception):
+                        os.kill(procs[r].pid, signal.SIGUSR1)
+                _await_stacks([os.path.join(workdir, f"rank{r}.stack") for r in hung], count=count)
     except KeyboardInterrupt:  # the kernel's Stop button
         interrupted = True
     finally:
@@ -655,7 +683,9 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         raise _ForkserverFailed(f"rank {never_ran[0]} died ({how}) before it started")
     try:
         outputs = {r: _read(b + ".out") for r, b in enumerate(base)}
-        stacks_seen = {r: _user_stack(_read(b + ".stack")) for r, b in enumerate(base)}
+        dumps = {r: _user_stacks(_read(b + ".stack")) for r, b in enumerate(base)}
+        stacks_seen = {r: d[0] for r, d in dumps.items() if d}
+        moving = {r for r, d in dumps.items() if len(d) > 1 and d[1] != d[0]}
         for stream, texts in ((sys.stdout, outputs), (sys.stderr, {r: _read(b + ".err") for r, b in enumerate(base)})):
             for r in sorted(texts):
                 for line in texts[r].splitlines():
@@ -671,7 +701,9 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         stacks = "\n".join(f"--- rank {r} ---\n{stacks_seen[r]}" for r in hung if stacks_seen.get(r))
         raise LaunchTimeout(f"rank(s) {hung} still running after timeout_s={timeout_s:g} s and were killed "
                             "(a hang: e.g. a rank waiting in a collective the others never call)."
-                            + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""), rank=hung[0], outputs=outputs)
+                            + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""), rank=hung[0], outputs=outputs,
+                            stacks={r: stacks_seen.get(r, "") for r in hung}, moving=moving & set(hung),
+                            results={r: results[r] for r in range(world_size) if r not in missing})
     first = _first_failure(failures, codes, missing)
     if first in failures:
         info = failures[first]
@@ -683,7 +715,8 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         raise LaunchError(
             f"rank {first} {how} without reporting a result (it crashed, was killed, e.g. out of "
-            "memory, or called sys.exit/os._exit)", rank=first, outputs=outputs)
+            "memory, or called sys.exit/os._exit)", rank=first, outputs=outputs,
+            signal=-code if code is not None and code < 0 else None)
     out = RankResults(results)
     out.backend, out.start_method, out.world_size, out.outputs = chosen, method, world_size, outputs
     return out

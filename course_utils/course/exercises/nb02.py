@@ -7,7 +7,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ...labs.grading import Verdict, first_problem, grade_build, judge_on_ranks, refuse_non_function
+from ...labs.grading import (Verdict, carried_over, first_problem, grade_build, judge_on_ranks,
+                             refuse_non_function)
 from ...runtime.fmt import GRAD_ATOL, bound
 
 __all__ = ["check_grad_average_hook", "check_ddp", "first_problem", "DDP_BUCKETS"]
@@ -60,10 +61,62 @@ def _frozen_model(seed: int):
     return model
 
 
+class _WatchedWork:
+    """An async all-reduce's Work that notes how many gradients had arrived when it was waited for."""
+
+    def __init__(self, work, record: dict, watch: "_AllReduceWatch"):
+        self._work, self._record, self._watch = work, record, watch
+
+    def wait(self, *args, **kwargs):
+        if self._record["waited"] is None:
+            self._record["waited"] = self._watch.grads
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+class _AllReduceWatch:
+    """A ledger transport (every collective goes through it while pushed): for each all-reduce,
+    how many gradients had arrived when it was issued (``at``) and when it was waited for
+    (``waited``; at once for a synchronous one). ``grads`` counts the gradient hooks' spies."""
+
+    def __init__(self):
+        self.grads, self.calls = 0, []
+
+    def __call__(self, call):
+        out = call.run()
+        if call.name != "all_reduce":
+            return out
+        record = {"at": self.grads, "waited": self.grads if out is None else None, "sync": out is None}
+        self.calls.append(record)
+        return out if out is None else _WatchedWork(out, record, self)
+
+
+def _overlap_problem(calls: list, grads: int, per_parameter: bool) -> str:
+    """'' when backward went on while an all-reduce was in flight, else what stopped the overlap.
+    ``calls``: :class:`_AllReduceWatch`'s records; ``grads``: the gradients of one backward."""
+    last = grads - 1 if per_parameter else grads      # per parameter: issued before the last gradient
+    early = [(k, c) for k, c in enumerate(calls) if c["at"] < last]
+    if calls and not early:
+        return ("every all-reduce started after the last gradient arrived: nothing overlapped "
+                "backward; launch each bucket from _on_grad as soon as it is complete, in "
+                "backward's order (buckets from params[::-1])")
+    if per_parameter and early and all(c["waited"] == c["at"] for _, c in early):   # none in flight
+        k, c = early[0]
+        how = (f"bucket {k}'s all-reduce was synchronous (no async_op=True) inside the hook"
+               if c["sync"] else f"you waited for bucket {k}'s all-reduce inside the hook")
+        return how + ": backward could not go on meanwhile; launch it with async_op=True and wait in _finish"
+    return ""
+
+
 def _ddp_on_rank(cls, steps: int = 2) -> list:
     """Rank side of :func:`check_ddp`: per bucket size, (first problem or '', what was seen)."""
     from ...harness.experiments import global_loss
     from ...harness.model import SyntheticData
+    from ...labs.frames import raised_at
+    from ...labs.grading import error_hint
+    from ...runtime import ledger as ledgers
     from ...runtime.ledger import CommLedger
     rank, world = dist.get_rank(), dist.get_world_size()
     data = SyntheticData(global_batch=12, seed=0)
@@ -71,13 +124,14 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
     for bucket_bytes in DDP_BUCKETS:
         ref = _frozen_model(seed=100)                  # rank 0's start, which every rank must take
         model = _frozen_model(seed=100 + rank)          # every rank starts elsewhere
-        expected_calls = sum(p.requires_grad for p in ref.parameters()) if bucket_bytes == 0 else 1
+        trained = sum(p.requires_grad for p in ref.parameters())
+        expected_calls = trained if bucket_bytes == 0 else 1
         seen = {"bucket_bytes": bucket_bytes, "calls": None, "losses": [], "ref_losses": []}
         try:
             ddp = cls(model, bucket_bytes=bucket_bytes)
         except Exception as exc:  # noqa: BLE001 - reported to the learner
             out.append((f"{cls.__name__}(model, bucket_bytes={bucket_bytes}) raised "
-                        f"{type(exc).__name__}: {exc}", seen))
+                        f"{type(exc).__name__}: {exc}{error_hint(str(exc))}{raised_at(exc)}", seen))
             continue
         problem = ""
         if not all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters())):
@@ -85,38 +139,42 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                        "parameter and buffer from rank 0 in __init__")
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
         ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.5)
-        now, issued = {}, []            # all-reduces issued when each gradient arrived (after yours ran)
-        spies = [p.register_post_accumulate_grad_hook(
-            lambda _: issued.append(now["ledger"].counts().get("all_reduce", 0)))
-            for p in model.parameters() if p.requires_grad]
+        watch = _AllReduceWatch()
+        spies = [p.register_post_accumulate_grad_hook(lambda _: setattr(watch, "grads", watch.grads + 1))
+                 for p in model.parameters() if p.requires_grad]
+        timings, first_right = [], None
         for step in range(steps):       # every rank runs every step (a rank that stopped early
             x, y = data.shard(step, rank, world)    # would leave the others in a collective)
             local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
             local(x, y).backward()
-            issued.clear()
-            with CommLedger() as now["ledger"]:
-                loss = ddp(x, y)
-                loss.backward()
-            calls = now["ledger"].counts().get("all_reduce", 0)
+            watch.grads, watch.calls = 0, []
+            with CommLedger() as ledger:
+                ledgers.push_transport(watch)
+                try:
+                    loss = ddp(x, y)
+                    loss.backward()
+                finally:
+                    ledgers.pop_transport(watch)
+            calls = ledger.counts().get("all_reduce", 0)
             seen["calls"] = calls
+            timings.append([c["at"] for c in watch.calls])
             ref_loss = ref(*data.batch(step))
             ref_loss.backward()
-            if not problem and step and calls != seen["first_calls"] == expected_calls:
-                problem = (f"backward {step + 1} issued {calls} all-reduces, the first {expected_calls}: "
-                           "reset self.next, self.ready and self.pending at the end of _finish, "
-                           "for the next backward")
-            seen.setdefault("first_calls", calls)
-            problem = problem or _grad_problem(model, ref, local, world)
+            if not problem and step and first_right is not None:
+                problem = _state_problem(step, calls, timings)
+            found = problem or _grad_problem(model, ref, local, world)
+            if not problem and first_right is not None:
+                found = carried_over(found, step, "state not reset at the end of _finish? gradients not zeroed?")
+            problem = found
             if not problem and calls != expected_calls:
                 problem = (f"{calls} all-reduces in one backward with bucket_bytes={bucket_bytes}, "
                            f"expected {expected_calls}: " + ("one per trainable parameter"
                                                              if bucket_bytes == 0 else
                                                              "one bucket holds the whole model"))
-            early = issued[-2] if bucket_bytes == 0 and len(issued) > 1 else (issued[-1] if issued else 1)
-            if not problem and calls and not early:
-                problem = ("every all-reduce started after the last gradient arrived: nothing overlapped "
-                           "backward; launch each bucket from _on_grad as soon as it is complete, in "
-                           "backward's order (buckets from params[::-1])")
+            if not problem:
+                problem = _overlap_problem(watch.calls, trained, bucket_bytes == 0)
+            if step == 0 and not problem:
+                first_right = calls
             seen["losses"].append(global_loss(loss))
             seen["ref_losses"].append(ref_loss.item())
             for o in (opt, ref_opt):
@@ -128,6 +186,23 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
             ddp.remove_hooks()
         out.append((problem, seen))
     return out
+
+
+_NOT_RESET = ("the hooks' state (self.next, self.ready) was not reset at the end of _finish: reset "
+              "self.next, self.ready and self.pending there, for the next backward")
+
+
+def _state_problem(step: int, calls: int, timings: list) -> str:
+    """'' when backward ``step + 1`` launched its all-reduces as the first did, else why not."""
+    first, now = timings[0], timings[step]
+    if len(now) != len(first):
+        return (f"backward {step + 1} launched {len(now) or 'no'} all-reduces, backward 1 launched "
+                f"{len(first)}: {_NOT_RESET}")
+    early = sum(a < b for a, b in zip(now, first))
+    if early:
+        return (f"backward {step + 1} launched {early} all-reduces early, before their gradients "
+                f"arrived: {_NOT_RESET}")
+    return ""
 
 
 def _grad_problem(model, ref, local, world: int) -> str:
@@ -149,17 +224,20 @@ def _grad_problem(model, ref, local, world: int) -> str:
                     "(a callback queued with queue_backward_callback)")
         if torch.allclose(p.grad, world * q.grad, rtol=1e-4, atol=1e-6):
             return f"the gradients are the SUM over the {world} ranks: divide by the world size"
+        if world > 1 and torch.allclose(p.grad, q.grad / world, rtol=1e-4, atol=1e-7):
+            return (f"the gradients are the average divided by {world} again: divide the sum by the "
+                    "world size once")
         worst = (p.grad - q.grad).abs().max().item()
         return (f"after loss.backward(), {name}.grad differs from the global batch's gradient by "
                 f"up to {worst:.3g}")
     return ""
 
 
-def check_ddp(cls) -> Verdict:
+def check_ddp(cls, *, timeout_s: float = 30) -> Verdict:
     """Exercise 02.2: ``cls(module, bucket_bytes=...)`` is DDP, checked on 2, 3 and 4 ranks with
     per-parameter and 25 MiB buckets, two SGD steps against one process: broadcast start,
     averaged gradients when backward returns, none for frozen parameters, one all-reduce per bucket."""
-    return grade_build("ddp", "MyDDP", cls, _ddp_on_rank, right=_ddp_right)
+    return grade_build("ddp", "MyDDP", cls, _ddp_on_rank, right=_ddp_right, timeout_s=timeout_s)
 
 
 def _ddp_right(values) -> str:

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ...labs.grading import (Verdict, grade_build, grade_cases)
+from ...labs.grading import (Verdict, carried_over, grade_build, grade_cases)
 from ...impl.common import make_buckets, storage_bytes
 from ...theory.layout import padded_numel, shard_bounds
 from ...runtime.fmt import bound
@@ -177,9 +177,13 @@ def _grad_problem(flats: list, grads: list, ref: dict, own: dict, n: int, rank: 
             continue
         if torch.allclose(g, n * want, rtol=1e-4, atol=1e-6):
             return f"the shard gradient is the SUM over the {n} ranks: divide by the world size"
-        if torch.allclose(g, f.full(own)[rank * size:(rank + 1) * size], rtol=1e-5, atol=1e-7):
+        mine = f.full(own)[rank * size:(rank + 1) * size]
+        if any(torch.allclose(g, m, rtol=1e-5, atol=1e-7) for m in (mine / n, mine)):
             return ("the shard gradient is this rank's own: reduce-scatter (SUM) the flat gradient "
                     "into the own slice first")
+        if n > 1 and torch.allclose(g, want / n, rtol=1e-4, atol=1e-7):
+            return (f"the shard gradient is the average divided by {n} again: divide the sum by the "
+                    "world size once")
         for k in range(n):
             if torch.allclose(g, want_all[k * size:(k + 1) * size], rtol=1e-4, atol=1e-6):
                 return (f"the shard gradient is rank {k}'s slice: rank {rank} owns "
@@ -251,6 +255,8 @@ def _backward_problem(bw_counts: dict, model, buckets: int, second: bool = False
 def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
     from ...harness.model import SyntheticData
     from ...theory.zero import expected_state_bytes
+    from ...labs.frames import raised_at
+    from ...labs.grading import error_hint
     from ...runtime.ledger import CommLedger
     from .nb02 import _frozen_model
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -270,7 +276,8 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
         opt = cls(groups, SpyAdamW, **options, lr=LR, betas=BETAS, eps=EPS)
     except Exception as exc:  # noqa: BLE001 - reported to the learner
         args = "".join(f", {k}={v}" for k, v in options.items())
-        problem = f"{cls.__name__}(groups, optimizer_class{args}, lr=...) raised {type(exc).__name__}: {exc}"
+        problem = (f"{cls.__name__}(groups, optimizer_class{args}, lr=...) raised {type(exc).__name__}: "
+                   f"{exc}{error_hint(str(exc))}{raised_at(exc)}")
     if not problem and [[id(p) for p in g["params"]] for g in getattr(opt, "param_groups", [])] != \
             [[id(p) for p in g["params"]] for g in groups]:
         problem = ("self.param_groups are not the groups given: call super().__init__(params, "
@@ -287,6 +294,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
     inner = SpyAdamW.made[0]
     micro = 2 if stage == 2 else 1      # ZeRO-2 accumulates: two backwards before each step
     for step in range(steps):           # every rank runs every step
+        before_step = problem
         x, y = data.shard(step, rank, n)
         local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
         local(x, y).backward()
@@ -305,7 +313,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
             with CommLedger() as st:
                 opt.step()
         except Exception as exc:  # noqa: BLE001 - reported to the learner
-            return problem or f"step() raised {type(exc).__name__}: {exc}", seen
+            return problem or f"step() raised {type(exc).__name__}: {exc}{error_hint(str(exc))}{raised_at(exc)}", seen
         ref_opt.step()
         counts = {op: in_backward.get(op, 0) + st.counts().get(op, 0)
                   for op in ("reduce_scatter", "all_gather", "all_reduce")}
@@ -333,6 +341,8 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
         found, worst = _param_problem(flats, model, ref, before, n, rank, step)
         seen["worst"] = max(seen["worst"], worst)
         problem = problem or found or _comm_problem(counts, len(flats), micro)
+        if step and problem and not before_step:
+            problem = carried_over(problem, step)
         opt.zero_grad()
         ref_opt.zero_grad()
         for g in opt.param_groups + ref_opt.param_groups:      # as an LR scheduler would
@@ -366,8 +376,9 @@ def _zero1_right(values) -> str:
             f"{seen['counts']['all_gather']} all-gathers, {params_right(values)}")
 
 
-def check_zero1(cls) -> Verdict:
+def check_zero1(cls, *, timeout_s: float = 30) -> Verdict:
     """Exercise 04.2: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1, checked on 2, 3
     and 4 ranks (course GPT, two groups, AdamW, two steps, lr halved between) against one
     process: inner optimizer over shards, gradients, hyperparameters, collectives, parameters."""
-    return grade_build("zero1", "MyZero1", cls, zero_on_rank, (None,), 1, right=_zero1_right)
+    return grade_build("zero1", "MyZero1", cls, zero_on_rank, (None,), 1, right=_zero1_right,
+                       timeout_s=timeout_s)

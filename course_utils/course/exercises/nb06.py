@@ -11,7 +11,7 @@ from torch import nn
 
 from ...impl.common import flatten_and_pad, storage_bytes, trainable
 from ...theory.layout import padded_numel
-from ...labs.grading import Verdict, grade_build
+from ...labs.grading import Verdict, carried_over, grade_build
 from ...runtime.fmt import bound
 
 __all__ = ["check_zero3", "build_units", "zero3_on_rank", "units_on_rank"]
@@ -63,7 +63,7 @@ def _spying_all_gathers(gathered: list):
 
 # ------------------------------------------------------------------ exercise 06.1: build ZeRO-3
 #: Global batch (divides by 2, 3 and 4), SGD learning rate and steps of exercise 06.1.
-BUILD_BATCH, BUILD_LR, BUILD_STEPS = 12, 0.5, 2
+BUILD_BATCH, BUILD_LR, BUILD_STEPS = 12, 0.5, 3     # the last step: two micro-batches
 
 
 class _TiedTwice(nn.Module):
@@ -180,7 +180,8 @@ def _backward_problem(counts: dict, units: int) -> str:
     return ""
 
 
-def _grad_problem(model, wrapped, units, ref_units, rank: int, world: int, shard_bytes: int) -> str:
+def _grad_problem(model, wrapped, units, ref_units, rank: int, world: int, shard_bytes: int,
+                  second: list | None = None) -> str:
     for i, (w, unit, ref) in enumerate(zip(wrapped, units, ref_units)):
         frozen = [n for n, p in unit.named_parameters() if not p.requires_grad and p.grad is not None]
         if frozen:
@@ -197,6 +198,13 @@ def _grad_problem(model, wrapped, units, ref_units, rank: int, world: int, shard
             continue
         if got.numel() == want.numel() and _close(got, world * want):
             return f"unit {i}: the shard gradient is the SUM over the {world} ranks: divide by the world size"
+        if got.numel() == want.numel() and world > 1 and _close(got * world, want):
+            return (f"unit {i}: the shard gradient is the average divided by {world} again: divide the "
+                    "sum by the world size once")
+        if second is not None and got.numel() == want.numel() and _close(got, _shard_of(second[i], rank, world)[0]):
+            return (f"step {BUILD_STEPS} runs two backwards (micro-batches) before the step: unit {i}'s shard.grad "
+                    "is the second's alone: the second backward replaced the shard's gradient instead of "
+                    "adding to it")
         worst = (got - want).abs().max().item() if got.numel() == want.numel() else float("nan")
         return (f"unit {i}: after backward, shard.grad differs from chunk {rank} of the global batch's "
                 f"flat padded gradient by up to {worst:.3g}")
@@ -208,20 +216,41 @@ def _grad_problem(model, wrapped, units, ref_units, rank: int, world: int, shard
 
 
 def _raised(phase: str, exc: Exception) -> str:
-    message = str(exc).splitlines()[0] if str(exc) else ""
+    from ...labs.frames import raised_at
+    message, at = (str(exc).splitlines()[0] if str(exc) else ""), raised_at(exc)
     if "storage of size 0" in message:
+        kind = phase.rsplit(" ", 1)[-1]
         return {"forward": "forward used a freed parameter (0 bytes of storage): gather into self.full "
                            "itself (alloc_storage, then the all-gather) before running the unit",
                 "backward": "backward used a freed parameter (0 bytes of storage): re-gather before the "
                             "unit's backward (a hook on the forward's output)"}.get(
-            phase, f"{phase} used a freed parameter (0 bytes of storage)")
-    return f"{phase} raised {type(exc).__name__}: {message}"
+            kind, f"{phase} used a freed parameter (0 bytes of storage)") + at
+    return f"{phase} raised {type(exc).__name__}: {message}{at}"
 
 
-def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
+def _second_only(ref_units, x, y, world: int) -> list:
+    """Per unit, one process's flat padded gradient of the global batch's second micro-batches
+    alone (each rank's rows ``[cut, end)``, weighted as in :func:`zero3_on_rank`): what
+    ``shard.grad`` holds when the second backward replaced the first's instead of adding to it."""
+    import copy
+    units = copy.deepcopy(ref_units)
+    for p in (p for u in units for p in u.parameters()):
+        p.grad = None
+    model, total = nn.Sequential(*units), 0.0
+    for r in range(world):
+        lo, hi = r * BUILD_BATCH // world, (r + 1) * BUILD_BATCH // world
+        cut = lo + (hi - lo) // 2
+        total = total + torch.nn.functional.mse_loss(model(x[cut:hi]), y[cut:hi]) * ((hi - cut) / (hi - lo)) / world
+    total.backward()
+    return [[p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable(u)] for u in units]
+
+
+def zero3_on_rank(cls, steps: int = BUILD_STEPS, accumulate: int | None = BUILD_STEPS - 1) -> list:
     """Rank side of :func:`check_zero3`: ``[(first problem or '', what was seen)]``; every rank
-    runs every step whatever it found (else the others would wait in a collective)."""
+    runs every step whatever it found (else the others would wait in a collective). Step
+    ``accumulate`` (from 0) runs two backwards, of two micro-batches, before the optimizer's step."""
     from ...harness.experiments import global_loss
+    from ...labs.frames import raised_at
     from ...runtime.ledger import CommLedger
     rank, world = dist.get_rank(), dist.get_world_size()
     ref_units, units = build_units(), build_units()
@@ -233,7 +262,7 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
     try:
         wrapped = [cls(u) for u in units]
     except Exception as exc:  # noqa: BLE001 - reported to the learner
-        return [(f"{cls.__name__}(unit) raised {type(exc).__name__}: {exc}", seen)]
+        return [(f"{cls.__name__}(unit) raised {type(exc).__name__}: {exc}{raised_at(exc)}", seen)]
     model = nn.Sequential(*wrapped)
     problem = (_shard_problem(wrapped, ref_units, rank, world, "after construction") or
                _at_rest_problem(model, wrapped, rank, shard_bytes + frozen, "after construction",
@@ -244,27 +273,42 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS) -> list:
         opt = torch.optim.SGD(model.parameters(), lr=BUILD_LR)
         ref_opt = torch.optim.SGD(trainable(ref), lr=BUILD_LR)
         for step in range(steps):
+            before_step = problem
             g = torch.Generator().manual_seed(1000 + step)
             x, y = torch.randn(BUILD_BATCH, 4, generator=g), torch.randn(BUILD_BATCH, 5, generator=g)
+            second = _second_only(ref_units, x, y, world) if step == accumulate else None
             ref_out = ref(x)
             ref_loss = torch.nn.functional.mse_loss(ref_out, y)
             ref_loss.backward()
-            phase, gathered = "forward", []
-            with CommLedger() as ledger, _spying_all_gathers(gathered):
-                out = model(x[lo:hi])
-            alive = _alive_after(gathered) if step == 0 else 0
-            seen["calls"]["forward all_gather"] = ledger.counts().get("all_gather", 0)
-            problem = problem or _forward_problem(out, ref_out[lo:hi].detach(),
-                                                  seen["calls"]["forward all_gather"], alive, len(units))
-            loss = torch.nn.functional.mse_loss(out, y[lo:hi])
-            phase = "backward"
-            with CommLedger() as ledger:
-                loss.backward()
-            counts = ledger.counts()
-            seen["calls"].update({f"backward {k}": v for k, v in counts.items() if v})
-            problem = (problem or _backward_problem(counts, len(units)) or
-                       _grad_problem(model, wrapped, units, ref_units, rank, world, shard_bytes))
-            seen["losses"].append(global_loss(loss))
+            cut = lo + (hi - lo) // 2
+            micro = [(lo, cut), (cut, hi)] if step == accumulate else [(lo, hi)]
+            total = 0.0
+            for i, (a, b) in enumerate(micro):
+                phase, gathered = "forward" if len(micro) == 1 else f"micro-batch {i + 1}'s forward", []
+                with CommLedger() as ledger, _spying_all_gathers(gathered):
+                    out = model(x[a:b])
+                alive = _alive_after(gathered) if step == 0 else 0
+                gathers = ledger.counts().get("all_gather", 0)
+                if step == 0:
+                    seen["calls"]["forward all_gather"] = gathers
+                problem = problem or _forward_problem(out, ref_out[a:b].detach(), gathers, alive, len(units))
+                loss = torch.nn.functional.mse_loss(out, y[a:b]) * ((b - a) / (hi - lo))
+                phase = "backward" if len(micro) == 1 else f"micro-batch {i + 1}'s backward"
+                with CommLedger() as ledger:
+                    loss.backward()
+                counts = ledger.counts()
+                if step == 0:
+                    seen["calls"].update({f"backward {k}": v for k, v in counts.items() if v})
+                problem = problem or _backward_problem(counts, len(units))
+                total = total + loss.detach()
+            problem = problem or _grad_problem(model, wrapped, units, ref_units, rank, world, shard_bytes,
+                                               second=second)
+            if problem and not before_step and step:
+                problem = (carried_over(problem, step) if step != accumulate else problem if
+                           problem.startswith("step ") else
+                           f"the steps of one backward matched one process; step {step + 1}, two "
+                           f"backwards (micro-batches) before the step, did not: {problem}")
+            seen["losses"].append(global_loss(total))
             seen["ref_losses"].append(ref_loss.item())
             phase = "optimizer.step()"
             if any(p.grad is not None and p.untyped_storage().nbytes() <     # freed: stepping it
@@ -294,13 +338,13 @@ def _zero3_right(values) -> str:
     return (f"per step {calls['forward all_gather']} + {calls['backward all_gather']} all-gathers "
             f"(forward, backward) and {calls['backward reduce_scatter']} reduce-scatters for "
             f"{len(build_units())} units; rank 0 holds 4·P/N = {seen['shard_bytes']} B of params at rest "
-            f"(+ {seen['frozen']} B frozen), full buffers and grads freed; shard grads, weights and "
-            f"losses = one process (|diff| {bound(seen['loss_diff'], 1e-5)})")
+            f"(+ {seen['frozen']} B frozen), full buffers and grads freed; shard grads (step {BUILD_STEPS}: "
+            f"two backwards added), weights and losses = one process (|diff| {bound(seen['loss_diff'], 1e-5)})")
 
 
-def check_zero3(cls) -> Verdict:
+def check_zero3(cls, *, timeout_s: float = 30) -> Verdict:
     """Exercise 06.1: ``cls(unit)`` is one ZeRO-3 flat unit (``shard``, ``shard.grad``, ``full``)."""
-    return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank, right=_zero3_right)
+    return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank, right=_zero3_right, timeout_s=timeout_s)
 
 
 def units_on_rank(cls, steps: int = 2) -> dict:
