@@ -27,7 +27,7 @@ from .common import (DEFAULT_BUCKET_BYTES, BucketHooks, broadcast_from_rank0, cl
 from ..theory.layout import shard_bounds
 
 __all__ = ["Zero1", "Zero2", "ZeroBucket", "zero_optimizer", "AllReduceGradients",
-           "SendAfterBackward", "BF16Master", "VARIANTS"]
+           "SendAfterBackward", "BF16Master", "MixedZero1", "VARIANTS"]
 
 #: How ZeRO-1 reduces the gradients: a reduce-scatter, or an all-reduce then keep a slice.
 VARIANTS = ("reduce_scatter", "allreduce")
@@ -331,6 +331,11 @@ class BF16Master:
         for b in self.buckets:
             b.shard.grad = None
             b.flat[b.lo:b.hi].copy_(b.shard)          # the master, rounded to bf16, then all-gathered
+
+
+class MixedZero1(BF16Master, Zero1):
+    """ZeRO-1 with bf16 parameters and an fp32 master shard (``zero_optimizer(..., mixed=True)``): the
+    course's answer to notebook 04's optional mixed-precision build."""
 
 
 @functools.cache

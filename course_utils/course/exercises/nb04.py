@@ -14,7 +14,7 @@ from ...theory.layout import padded_numel, shard_bounds
 from ...runtime.fmt import bound
 
 __all__ = ["check_zero1", "check_shard_bounds", "SpyAdamW", "zero_on_rank",
-           "params_right"]
+           "params_right", "check_mixed", "mixed_on_rank"]
 
 
 _SHARD_CASES = [dict(numel=k, world_size=n, rank=r) for k, n, r in (
@@ -382,3 +382,145 @@ def check_zero1(cls, *, timeout_s: float = 30) -> Verdict:
     process: inner optimizer over shards, gradients, hyperparameters, collectives, parameters."""
     return grade_build("zero1", "MyZero1", cls, zero_on_rank, (None,), 1, right=_zero1_right,
                        timeout_s=timeout_s)
+
+
+# --------------------------------------------- exercise 04.3 (optional): ZeRO-1 in mixed precision
+#: the mixed-precision grader's learning rate (AdamW's first steps move each master element by about lr)
+MIXED_LR = 1e-3
+
+
+def _mixed_run(cls, steps: int) -> tuple[str, dict]:
+    from ...harness.model import SyntheticData
+    from ...impl.zero import MixedZero1
+    from .nb02 import _frozen_model
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model, ref = _frozen_model(seed=100), _frozen_model(seed=100)
+    groups, seen = _groups(model), {}
+    fp32 = [_flat_of(p.detach() for p in g["params"] if p.requires_grad) for g in groups]
+    bounds = [shard_bounds(f.numel(), n, rank) for f in fp32]
+    SpyAdamW.made.clear()
+    try:
+        opt = cls(groups, SpyAdamW, lr=MIXED_LR, betas=BETAS, eps=EPS)
+    except Exception as exc:  # noqa: BLE001 - reported to the learner
+        return f"{cls.__name__}(groups, optimizer_class, lr=...) raised {type(exc).__name__}: {exc}", seen
+    ref_opt = MixedZero1(_groups(ref), SpyAdamW, lr=MIXED_LR, betas=BETAS, eps=EPS)   # its bytes
+    problem = _mixed_layout_problem(model, fp32, bounds)
+    if _anyone(problem):                # every rank stops here, none waits in a collective
+        return problem, seen
+    inner = SpyAdamW.made[0]
+    masters = [q for g in inner.param_groups for q in g["params"]]
+    data = SyntheticData(global_batch=12, seed=0)
+    for step in range(steps):
+        x, y = data.shard(step, rank, n)
+        model(x, y).backward()
+        avg = [_flat_of(p.grad for p in g["params"] if p.requires_grad).float() for g in groups]
+        for a in avg:                   # the ranks' average gradient, in fp32
+            dist.all_reduce(a)
+            a /= n
+        try:
+            opt.step()
+        except Exception as exc:  # noqa: BLE001 - reported to the learner
+            return f"step {step + 1}: step() raised {type(exc).__name__}: {exc}", seen
+        opt.zero_grad()
+        problem = _mixed_step_problem(inner, step, avg, bounds, groups, masters, n)
+        mine = torch.tensor([sum(float(f.double().sum()) for f in
+                                 (_flat_of(p.detach() for p in g["params"]) for g in groups))], dtype=torch.float64)
+        spread = [torch.zeros_like(mine) for _ in range(n)]
+        dist.all_gather(spread, mine)
+        if _anyone(problem):
+            return problem, seen
+        if len({t.item() for t in spread}) > 1:
+            return (f"step {step + 1}: the ranks' parameters differ: all-gather every rank's updated slice "
+                    "into the bf16 buffer"), seen
+    ref(*data.shard(0, rank, n)).backward()
+    ref_opt.step()
+    from ...harness.experiments import state_bytes
+    seen.update(optimizer=state_bytes(model, opt)["optimizer"], want=state_bytes(ref, ref_opt)["optimizer"],
+                params=state_bytes(model, opt)["params"], shard=sum(q.numel() for q in masters))
+    if seen["optimizer"] != seen["want"]:
+        return (f"the optimizer holds {seen['optimizer']:,} B on rank {rank}, expected 12·P/N + 4 per "
+                f"shard = {seen['want']:,} B (fp32 master 4 + m and v 8 bytes per element)"), seen
+    return "", seen
+
+
+def _anyone(problem: str) -> bool:
+    """Whether any rank found a problem (a collective: every rank calls it)."""
+    flag = torch.tensor([float(bool(problem))])
+    dist.all_reduce(flag)
+    return flag.item() > 0
+
+
+def _mixed_layout_problem(model, fp32: list, bounds: list) -> str:
+    if len(SpyAdamW.made) != 2:
+        return "__init__ did not build optimizer_class once: build it once, over the masters"
+    named = dict(model.named_parameters())
+    wrong = [(k, p.dtype) for k, p in named.items() if p.requires_grad and p.dtype != torch.bfloat16]
+    if wrong:
+        return (f"after __init__, {wrong[0][0]} is {wrong[0][1]}: the trainable parameters must be views "
+                "of a bf16 flat buffer (2 bytes each)")
+    if any(not p.requires_grad and p.dtype != torch.float32 for p in named.values()):
+        return "a frozen parameter changed dtype: leave frozen parameters alone"
+    masters = [q for g in SpyAdamW.made[0].param_groups for q in g["params"]]
+    if [q.dtype for q in masters] != [torch.float32] * len(fp32) or \
+            [q.numel() for q in masters] != [hi - lo for lo, hi in bounds]:
+        return (f"the inner optimizer steps {[(str(q.dtype)[6:], q.numel()) for q in masters]} (dtype, "
+                f"elements), expected one fp32 master per group of this rank's slice: "
+                f"{[('float32', hi - lo) for lo, hi in bounds]}")
+    want = [_padded(f, lo, hi) for f, (lo, hi) in zip(fp32, bounds)]
+    if all(torch.equal(q.detach(), w) for q, w in zip(masters, want)):
+        return ""
+    if all(torch.equal(q.detach(), w.bfloat16().float()) for q, w in zip(masters, want)):
+        return "the masters hold the weights rounded to bf16: copy this rank's slice in fp32 before converting the buffer"
+    return ("the masters are not this rank's slice of the weights (in fp32, in the group's parameter order): "
+            "rank r owns shard_bounds(Ψ of the group, N, r)")
+
+
+def _mixed_step_problem(inner, step: int, avg: list, bounds: list, groups: list, masters: list, n: int) -> str:
+    if len(inner.seen) != step + 1:
+        return f"step {step + 1}: step() called the inner optimizer's step() {len(inner.seen) - step} times"
+    for g, a, (lo, hi) in zip(inner.seen[-1]["grads"], avg, bounds):
+        r = _padded(a, lo, hi)
+        if g is None or g.dtype != torch.float32:
+            return (f"step {step + 1}: a master's .grad is {None if g is None else g.dtype} at the inner step: "
+                    "give it this rank's slice of the averaged gradient, as fp32")
+        atol = 2e-2 * r.abs().max().item()        # bf16 sums, in another order
+        if n > 1 and torch.allclose(g, n * r, rtol=2e-2, atol=n * atol):
+            return f"step {step + 1}: the masters' gradient is the SUM over the {n} ranks: divide by N"
+        if not torch.allclose(g, r, rtol=2e-2, atol=atol):
+            return (f"step {step + 1}: the masters' gradient differs from the ranks' average of this slice by "
+                    f"up to {(g - r).abs().max().item():.3g}")
+    for g, q, (lo, hi) in zip(groups, masters, bounds):
+        flat = _flat_of(p.detach() for p in g["params"] if p.requires_grad)[lo:hi]
+        if not torch.equal(flat, q.detach().bfloat16()[:flat.numel()]):
+            return (f"step {step + 1}: this rank's parameters do not show its masters' update: write each "
+                    "master, rounded, into this rank's slice of the bf16 buffer before the all-gather")
+    return ""
+
+
+def _padded(flat: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Elements [lo, hi) of ``flat`` padded with zeros (the last rank's slice runs past its end)."""
+    return torch.cat([flat, flat.new_zeros(hi - lo)])[lo:hi]
+
+
+def _flat_of(tensors) -> torch.Tensor:
+    """The tensors flattened, in order."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def mixed_on_rank(cls, steps: int = 2) -> list:
+    """Rank side of the mixed-precision ZeRO-1: [(problem or '', seen)]."""
+    return [_mixed_run(cls, steps)]
+
+
+def _mixed_right(values) -> str:
+    seen = values[0][0][1]
+    return (f"bf16 parameters ({seen['params']:,} B), fp32 masters of P/N = {seen['shard']:,} elements; "
+            f"optimizer 12·P/N + 4 per shard = {seen['optimizer']:,} B on rank 0 (K = 12); master gradients = "
+            f"the ranks' average, parameters = the masters rounded, the same on every rank, 2 steps")
+
+
+def check_mixed(cls) -> Verdict:
+    """Exercise 04.3 (optional): ``cls(params, optimizer_class, **defaults)`` is ZeRO-1 with bf16
+    parameters and fp32 masters, checked on 2, 3 and 4 ranks against the course's ``MixedZero1``:
+    dtypes, masters (fp32 slices, not rounded), their gradients, parameters after 2 AdamW steps, bytes."""
+    return grade_build("mixed", "MyMixedZero1", cls, mixed_on_rank, right=_mixed_right)

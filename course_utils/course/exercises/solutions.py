@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...checks import check_choice
 from ...impl.ddp import DataParallel
-from ...impl.zero import Zero1, Zero2
+from ...impl.zero import MixedZero1, Zero1, Zero2
 from ...impl.zero3 import FlatUnit
 from ...labs.grading import PASSED
 
@@ -25,8 +25,8 @@ __all__ = ["BUILDS", "HINTS", "hint", "solution", "skeleton", "yours", "versus"]
 SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 
 #: build exercise -> (the learner's class name, the course's reference the cells after it fall back to)
-BUILDS = {"ddp": ("MyDDP", DataParallel), "zero1": ("MyZero1", Zero1), "zero2": ("MyZero2", Zero2),
-          "zero3": ("MyFlatUnit", FlatUnit)}
+BUILDS = {"ddp": ("MyDDP", DataParallel), "zero1": ("MyZero1", Zero1), "mixed": ("MyMixedZero1", MixedZero1),
+          "zero2": ("MyZero2", Zero2), "zero3": ("MyFlatUnit", FlatUnit)}
 
 
 #: build exercise -> its hints, one per call of :func:`hint`: where to start, then how; said as a
@@ -60,6 +60,16 @@ HINTS = {
   hyper(group) into the matching inner group (a scheduler changes yours); then one
   self.inner.step(); then all_gather_into_tensor(flat, flat[lo:hi]): in place, the input is this
   rank's own slice of the output, no copy needed; the views now read every rank's update."""),
+    "mixed": ("""MyMixedZero1, where to start: your MyZero1, copied, with the order of two things changed.
+  - in __init__, flatten and pad in fp32 first; the master is an nn.Parameter holding a .clone() of
+    this rank's slice of that fp32 buffer; only then convert the buffer to bf16 (.to(torch.bfloat16))
+    and make the parameters views of the bf16 one; the inner optimizer gets the masters;
+  - the bf16 buffer is what the all-gather fills, so keep it, and the slice bounds, per group.""",
+              """MyMixedZero1, how step goes, per group: flatten and pad the bf16 .grads; reduce-scatter them
+  into a bf16 tensor of this rank's slice size; the master's .grad is that tensor as fp32 (.float())
+  divided by N; copy the group's hyperparameters in; one self.inner.step(); then write each master into
+  this rank's slice of its bf16 buffer (an assignment rounds it) and all-gather the buffer in place.
+  The master keeps every small update; the bf16 parameters only show it once it adds up."""),
     "zero2": ("""MyZero2, where to start: what ZeRO-1 gives you. Each bucket of self.buckets (a ZeroBucket) has
   .params, .flat (the padded parameter buffer), .lo/.hi (this rank's slice), .shard (what the inner
   optimizer steps), .shard_grad (the shard's gradient, what _grad_buffers makes: here only P_b/N
@@ -97,7 +107,7 @@ _HINTS_GIVEN: dict = {}
 
 
 def hint(name: str) -> None:
-    """Print the next hint for build ``name`` (``"ddp"``, ``"zero1"``, ``"zero2"``, ``"zero3"``):
+    """Print the next hint for build ``name`` (``"ddp"``, ``"zero1"``, ``"mixed"``, ``"zero2"``, ``"zero3"``):
     where to start, then, called again, how; after the last, ``solution(name)`` prints the code."""
     check_choice("build", name, HINTS, kind="build exercise", kinds="build exercises")
     k = _HINTS_GIVEN.get(name, 0)
