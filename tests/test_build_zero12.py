@@ -12,20 +12,22 @@ from course_utils.course.exercises import check_zero1, check_zero2
 from course_utils.labs.grading import first_problem
 from course_utils.course.exercises.nb04 import zero_on_rank
 from course_utils.course.exercises.nb05 import ZERO2_BUCKETS
-from course_utils.impl import zero
+from course_utils.impl import zero, zero1, zero2
 from course_utils.impl.zero import AllReduceGradients, SendAfterBackward, Zero1, Zero2
 from course_utils.runtime.launch import launch
 
 
 class _Patched:
-    """Builds the reference with some of impl.zero's helpers replaced (``PATCHES``)."""
+    """Builds the reference with some of impl.zero1's and zero2's helpers replaced (``PATCHES``)."""
 
     PATCHES: dict = {}
 
     def __init__(self, *args, **kwargs):
         with contextlib.ExitStack() as stack:
             for name, fake in self.PATCHES.items():
-                stack.enter_context(mock.patch.object(zero, name, fake))
+                for module in (zero1, zero2):          # where the reference looks each name up
+                    if hasattr(module, name):
+                        stack.enter_context(mock.patch.object(module, name, fake))
             super().__init__(*args, **kwargs)
 
 
@@ -76,7 +78,7 @@ class _Done:
 
 class NoAllGather(Zero1):
     def step(self, closure=None):
-        with mock.patch.object(zero, "all_gather_into_tensor", lambda *a, **k: _Done()):
+        with mock.patch.object(zero1, "all_gather_into_tensor", lambda *a, **k: _Done()):
             return super().step(closure)
 
 

@@ -70,13 +70,13 @@ HINTS = {
   divided by N; copy the group's hyperparameters in; one self.inner.step(); then write each master into
   this rank's slice of its bf16 buffer (an assignment rounds it) and all-gather the buffer in place.
   The master keeps every small update; the bf16 parameters only show it once it adds up."""),
-    "zero2": ("""MyZero2, where to start: what ZeRO-1 gives you. Each bucket of self.buckets (a ZeroBucket) has
-  .params, .flat (the padded parameter buffer), .lo/.hi (this rank's slice), .shard (what the inner
-  optimizer steps), .shard_grad (the shard's gradient, what _grad_buffers makes: here only P_b/N
-  elements), .message and .work (free for you). ZeRO-1's step() calls self._sum_gradients() (its
-  reduce-scatter) and then divides every shard_grad by N: your hooks already sum, so yours sends
-  nothing. register_bucket_hooks(list of each bucket's params) puts MyDDP's hooks on; they call
-  self._launch() for bucket self.next and queue self._finish.""",
+    "zero2": ("""MyZero2, where to start: __init__ and the two small methods, then check_zero2 says what is next.
+  - __init__: after ZeRO-1's __init__ (self.buckets exists), the hooks go on:
+    self.register_bucket_hooks with the list of each bucket's .params; nothing in flight yet;
+  - _grad_buffers(bucket): one zeroed tensor the size of the shard, set as both bucket.shard_grad
+    and bucket.shard.grad (the same tensor: step() divides one, the inner optimizer reads the other);
+  - _zero_grads(bucket): that tensor zeroed, and every p.grad of the bucket None;
+  - _sum_gradients: ZeRO-1's would reduce-scatter again in step(); the hooks already did.""",
               """MyZero2, how _launch and _finish go:
   _launch: first wait for the message still in flight (if any) and add its slice into its
             bucket's shard_grad; then the bucket's .grads flattened and padded (zeros for a None)

@@ -49,8 +49,10 @@ class MyZero2(Zero1, BucketHooks):
         self._wait()
         self.next, self.ready = 0, set()
 
-    def _sum_gradients(self):       # step() calls it, then divides by N: ZeRO-1 reduce-scatters here
-        pass                         # the hooks already summed every backward into the shards
+    def _sum_gradients(self):
+        """ZeRO-1's step() calls it, then divides every shard_grad by N. ZeRO-1's reduce-scatters
+        each bucket's flat gradient here. What must ZeRO-2's do?"""
+        pass                         # nothing: the hooks already summed every backward into the shards
 
     def _zero_grads(self, bucket):
         """zero_grad() calls it for each bucket."""
