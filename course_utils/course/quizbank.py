@@ -267,6 +267,8 @@ def quiz_05() -> Quiz:
 
     psi = COURSE_CONFIG.num_params()
     peak_one = 4 * psi + 4 * padded_numel(psi, 2) // 2     # one bucket on 2 ranks (notebook 05 §4)
+    p4 = padded_numel(psi, 4)
+    peak_four = 4 * p4 + 4 * p4 // 4                        # on 4: the padded message beside the shard
     return Quiz("05 ZeRO-2", [
         SingleChoice(
             "Why can ZeRO-1 not free the full gradients during backward, while ZeRO-2 can?",
@@ -286,23 +288,14 @@ def quiz_05() -> Quiz:
             explanation=f"Ψ padded to a multiple of 8 is {padded_numel(psi, 8):,}; 4 bytes x "
                         f"{padded_numel(psi, 8):,} / 8 = {4 * padded_numel(psi, 8) // 8:,} bytes, the shard's "
                         "gradient, 4·P/N (section 3 checked it on 2 and 4 ranks)."),
-        SingleChoice(
-            f"With one 25 MiB bucket on 2 ranks, ZeRO-2's measured peak gradient memory was "
-            f"{peak_one:,} bytes, more than the course's ZeRO-1 with its {4 * psi:,} (its .grads are views of "
-            "one flat buffer). Why?",
-            ["ZeRO-2 keeps an fp32 master copy of the gradients next to the ones backward produces",
-             "With one bucket nothing leaves before backward ends: every full gradient waits beside the "
-             "shard",
-             "gloo runs the reduce-scatter as an all-reduce, so every rank receives and keeps a full copy "
-             "of the gradient",
-             "The flat buffer is padded to a multiple of the world size, and one bucket pads the most"],
-            "b",
-            f"Peak = every full gradient, 4Ψ = {4 * psi:,} B, plus the shard buffer, 4P/N = "
-            f"{4 * padded_numel(psi, 2) // 2:,} B: {peak_one:,} B. The course's ZeRO-1 accumulates into its flat "
-            "buffer directly (4Ψ). Smaller buckets are sent during backward and freed, so the "
-            "peak falls towards the shard. How gloo sends changes the bytes on the wire, not the "
-            f"gradient bytes a rank holds, and there is no padding on 2 ranks ({psi:,} is even).",
-            kind="explain"),
+        NumberChoice(
+            f"Section 4 measured ZeRO-2's peak gradient bytes on 2 ranks with one 25 MiB bucket. Predict "
+            f"them on 4 ranks, one bucket (Ψ = {psi:,} fp32, padded to {padded_numel(psi, 4):,}).",
+            peak_four, [4 * p4, peak_one, 4 * p4 // 4], kind="predict",
+            explanation=f"With one bucket nothing leaves before backward ends: every full gradient waits, then "
+                        f"goes into the one padded message, 4·P = {4 * p4:,} B, beside the shard's gradient, "
+                        f"4·P/N = {4 * p4 // 4:,} B: {peak_four:,} B. ({4 * p4:,}: the shard forgotten; "
+                        f"{peak_one:,}: 2 ranks' figure; {4 * p4 // 4:,}: the shard alone, what smaller buckets approach.)"),
     ])
 
 
@@ -349,17 +342,15 @@ def quiz_07() -> Quiz:
 
     course = calls_per_step(4)
     return Quiz("07 FSDP in PyTorch", [
-        SingleChoice("Why does the plain torch.nn.utils.clip_grad_norm_ clip FSDP2's sharded "
-                     "gradients to the right global norm?",
-                     ["FSDP2 all-gathers the full gradients on every rank before it clips them",
-                      "The gradients are DTensors: the squared norms of the shards are all-reduced",
-                      "Each shard's own norm equals the global norm, so no communication is needed",
-                      "It does not: you must call model.clip_grad_norm_ as with FSDP1's wrapper"],
-                     "b", "Each rank holds a DTensor shard of every gradient; the utility sums the "
-                          "shards' squared norms with one all-reduce, so every rank gets the norm of "
-                          "one process. A shard's own norm is smaller and differs per rank: each "
-                          "would scale its gradients differently. FSDP2 has no clip_grad_norm_ method.",
-                     kind="explain"),
+        NumberChoice("FSDP2 on 2 ranks: the squared norms of rank 0's gradient shards add up to 9 (its "
+                     "shards' norm is 3), rank 1's to 16 (norm 4). Both call torch.nn.utils.clip_grad_norm_("
+                     "model.parameters(), max_norm=1.0). Predict the factor rank 0's gradients are multiplied by.",
+                     1 / 5, [1 / 3, 1 / 7, 1 / 4], "{:.3g}", kind="predict",
+                     explanation="The gradients are DTensors: the utility adds the shards' squared norms with one "
+                                 "all-reduce, 9 + 16 = 25, so both ranks see the global norm 5 and scale by 1/5 "
+                                 "(times max_norm 1.0), exactly as one process would. (1/3: each rank clips by its "
+                                 "own shard's norm, and the two halves of the model get different factors; 1/7: "
+                                 "the norms added instead of their squares; 1/4: the other rank's.)"),
         SingleChoice("Each rank builds the model after torch.manual_seed(rank), then calls "
                      "fully_shard. What happens?",
                      ["Each rank keeps its own init's rows: the model is a mix of N inits, and the losses "
