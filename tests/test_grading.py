@@ -26,3 +26,49 @@ def test_report_problems_is_one_line(capsys):
     assert report_problems("3 gloo ranks on CPU", [], "fine")
     assert capsys.readouterr().out.splitlines() == [
         "2 gloo ranks on CPU: not yet: a is wrong; b is wrong", "3 gloo ranks on CPU: right: fine"]
+
+
+def test_the_learners_frame_and_the_collective_it_waits_in():
+    """A hung rank's stack (innermost first): the innermost frame in the learner's code (not the
+    course's package, torch or the standard library) and the collective the frames above wait in."""
+    import os
+
+    import torch
+
+    from course_utils.labs.frames import collective_of, describe, frames_of, learner_frame
+    tdist = os.path.join(os.path.dirname(torch.__file__), "distributed")
+    course = os.path.dirname(os.path.dirname(frames_of.__code__.co_filename))
+    stack = "\n".join([f'File "{tdist}/distributed_c10d.py", line 4943 in reduce_scatter_single',
+                       f'  File "{tdist}/c10d_logger.py", line 83 in wrapper',
+                       f'  File "{course}/runtime/compat.py", line 60 in reduce_scatter_tensor',
+                       '  File "/tmp/ipykernel_1234/2217.py", line 79 in reduce_scatter',
+                       f'  File "{course}/course/exercises/nb06.py", line 298 in zero3_on_rank'])
+    frames = frames_of(stack, innermost_first=True)
+    assert collective_of(frames) == "reduce_scatter_tensor"           # the name the learner called
+    mine = learner_frame(frames)
+    assert (mine.file, mine.line, mine.func) == ("/tmp/ipykernel_1234/2217.py", 79, "reduce_scatter")
+    assert describe(mine) == "your cell, line 79 in reduce_scatter"
+    getting_rank = [frames_of(f'File "{tdist}/distributed_c10d.py", line 9 in get_rank', innermost_first=True)[0]]
+    assert collective_of(getting_rank + frames[3:]) == ""               # not waiting for anyone
+    tb = ("Traceback (most recent call last):\n"
+          f'  File "{course}/course/exercises/nb02.py", line 10, in _ddp_on_rank\n    loss.backward()\n'
+          '  File "/x/answers/ddp.py", line 42, in _launch\n    bucket = self.buckets[self.next + 1]\n'
+          "IndexError: list index out of range\n")
+    assert describe(learner_frame(frames_of(tb, innermost_first=False))) == \
+        "answers/ddp.py:42 in _launch: bucket = self.buckets[self.next + 1]"
+
+
+def test_a_rank_aborted_by_gloo_is_explained_and_the_next_world_sizes_are_not_tried(capsys, monkeypatch):
+    from course_utils.labs import grading
+    from course_utils.runtime.launch import LaunchError
+
+    def aborted(*args, **kwargs):
+        raise LaunchError("rank 1 was killed by signal 6 without reporting a result", rank=1, signal=6)
+
+    monkeypatch.setattr(grading, "launch", aborted)
+    runs = grading.on_world_sizes(lambda: 0, (2, 3, 4), timeout_s=5)
+    assert list(runs) == [] and not runs.completed
+    out = capsys.readouterr().out
+    assert "2 ranks: rank 1 was killed: gloo aborted it (signal 6): this usually means the ranks called " \
+           "collectives whose sizes or order differ" in out
+    assert "(not tried on 3 and 4 ranks after that)" in out

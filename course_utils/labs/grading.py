@@ -5,6 +5,7 @@ learner's tensor made without a device must be graded, not rejected by NCCL.
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Sequence
 
 from ..runtime.fmt import num as _num
@@ -96,6 +97,9 @@ GLOO_ABORT = ("gloo aborted it (signal 6): this usually means the ranks called c
 _HINTS = (("process group has not been initialized",
            "the process group was destroyed while the grader still ran: leave it to the launcher "
            "(a __del__ or cleanup that calls dist.destroy_process_group()?)"),
+          ("a gradient arrived twice in one backward",
+           "with every parameter used once per backward: the hooks' state (self.ready, self.queued) was "
+           "not reset at the end of _finish, for the next backward"),
           ("'NoneType' object has no attribute 'wait'",
            "a collective called without async_op=True waits at once and returns None, no Work to wait for"))
 
@@ -124,10 +128,13 @@ def _hang_lines(exc: LaunchTimeout) -> list[str]:
             waiting[rank] = collective = "a Work's wait()" if collective == "wait" else collective
             lines.append(f"  rank {rank}: waiting in {collective}" + (f", called{at}" if mine else
                                                                    " (the grader's own, after your code)"))
-        else:
+        elif rank in exc.moving or (mine is frames[0] and not exc.cpu_measured):
             looping.append(rank)
             lines.append(f"  rank {rank}: still running" + (f" your code{at}" if mine else
                                                              f" in {frames[0].func}"))
+        else:
+            lines.append(f"  rank {rank}: stopped" + (at or f" in {frames[0].func}") +
+                         ", not using the CPU (sleeping, or waiting for something?)")
     ranks = lambda rs: ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))  # noqa: E731
     if looping:
         lines.append(f"  {ranks(looping[:1])} never stopped running your code: an endless loop?"
@@ -301,10 +308,16 @@ def carried_over(problem: str, step: int, why: str = "state not reset? gradients
 
 def first_problem(values) -> tuple | None:
     """``(rank, problem)`` to show from per-rank lists of ``(problem or '', seen)``: a
-    constructor's problem first (it causes the rest); None when none."""
+    constructor's problem first (it causes the rest), a rank's parameters or losses that differ
+    from one process's last (a consequence: another rank may say why); None when none."""
     problems = [(r, p) for r, per in enumerate(values) for p, _ in per if p]
     causes = [(r, p) for r, p in problems if p.startswith("after construction") or " raised " in p]
-    return (causes or problems or [None])[0]
+    consequences = [(r, p) for r, p in problems if _CONSEQUENCE.search(p)]
+    return (causes or [rp for rp in problems if rp not in consequences] or problems or [None])[0]
+
+
+#: A problem that another rank's may explain: parameters or losses off after a step.
+_CONSEQUENCE = re.compile(r"^(after step \d+, \S+ differs from one process|the losses differ from one process)")
 
 
 #: The class that last passed each build exercise in this kernel (``"zero1"`` -> your MyZero1).
@@ -345,10 +358,11 @@ def graded_on_rank(rank_fn: Callable, cls, *args) -> list:
 
 
 def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: Callable,
-                timeout_s: float = 30) -> Verdict:
+                timeout_s: float = 30, world_sizes: Sequence[int] = (2, 3, 4)) -> Verdict:
     """The driver of every "build it" exercise: ``rank_fn(cls, *args)`` on 2, 3 and 4 gloo
     ranks, one line each: the :func:`first_problem` or ``right: <right(values)>``; a class that
-    passes is noted in :data:`PASSED`. A world size that raised or hung (``timeout_s``) is the last tried."""
+    passes (on every world size) is noted in :data:`PASSED`. A world size that raised or hung
+    (``timeout_s``) is the last tried; ``world_sizes``: fewer, for tests."""
     if not isinstance(cls, type):
         print(f"check_{name} takes your class (e.g. check_{name}({example})), got {type(cls).__name__}")
         return Verdict(name, False)
@@ -356,13 +370,13 @@ def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: C
     from ..harness.model import warm_up
     warm_up()
     rights = []
-    runs = on_world_sizes(graded_on_rank, (2, 3, 4), rank_fn, cls, *args, timeout_s=timeout_s, quiet=True,
+    runs = on_world_sizes(graded_on_rank, tuple(world_sizes), rank_fn, cls, *args, timeout_s=timeout_s, quiet=True,
                           finished=_returned)
     for n, values in runs:
         first = first_problem(values)   # right(values) only when there is none
         rights.append(report_problems(where(n, GRADER_BACKEND, backend_first=True),
                                       [f"rank {first[0]}: {first[1]}"] if first else [], first or right(values)))
     PASSED.pop(name, None)
-    if all(rights) and runs.completed:
+    if all(rights) and runs.completed and set(world_sizes) >= {2, 3, 4}:
         PASSED[name] = cls
     return Verdict(name, name in PASSED)

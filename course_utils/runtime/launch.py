@@ -52,7 +52,7 @@ class LaunchError(RuntimeError):
     def __init__(self, message: str, *, rank: int | None, exc_type: str | None = None,
                  rank_traceback: str = "", outputs: dict[int, str] | None = None,
                  signal: int | None = None, stacks: dict[int, str] | None = None,
-                 results: dict | None = None, moving: set | None = None):
+                 results: dict | None = None, moving: set | None = None, cpu_measured: bool = False):
         super().__init__(message)
         self.rank, self.exc_type, self.rank_traceback = rank, exc_type, rank_traceback
         self.outputs = outputs or {}
@@ -62,8 +62,11 @@ class LaunchError(RuntimeError):
         self.stacks = stacks or {}
         #: a hang: the values of the ranks that had returned before the others were killed
         self.results = results or {}
-        #: a hang: the hung ranks whose two stack dumps, 0.2 s apart, differ (still running, not waiting)
+        #: a hang: the hung ranks still running (not waiting): their two stack dumps, 0.3 s apart,
+        #: differ, or they used CPU meanwhile
         self.moving = moving or set()
+        #: whether ``moving`` includes the ranks that used CPU (Linux), not only changed stacks
+        self.cpu_measured = cpu_measured
 
 
 class LaunchTimeout(LaunchError):
@@ -505,8 +508,21 @@ def _await_stacks(paths: list, timeout_s: float = 1.0, count: int = 1) -> None:
         time.sleep(0.01)
 
 
-#: Seconds between a hung rank's two stack dumps: a rank whose stacks differ is still running.
-_SECOND_DUMP_S = 0.2
+#: Seconds between a hung rank's two stack dumps: a rank whose stacks differ, or that used more
+#: than :data:`_BUSY_FRACTION` of a core meanwhile, is still running (a rank waiting in a
+#: collective sleeps; one looping over collectives may be caught in the same wait twice).
+_SECOND_DUMP_S = 0.3
+_BUSY_FRACTION = 0.25
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds process ``pid`` used so far (Linux ``/proc``); 0.0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 _held_interrupts: list = []
@@ -622,6 +638,7 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         cfg.caller_env, cfg.caller_cwd = dict(os.environ), os.getcwd()
     procs = []
     timed_out = interrupted = False
+    busy: set = set()
     try:
         sys.stdout.flush(), sys.stderr.flush()
         with _interrupts_held():
@@ -653,13 +670,16 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         codes = [p.exitcode for p in procs]
         hung = [r for r, c in enumerate(codes) if c is None]
         if timed_out and hasattr(signal, "SIGUSR1"):
+            cpu = {}
             for count in (1, 2):  # dump each hung rank's Python stack into its stack file, twice
                 if count == 2:
                     time.sleep(_SECOND_DUMP_S)
                 for r in hung:
+                    cpu[r] = _cpu_seconds(procs[r].pid) - cpu.get(r, 0.0)
                     with contextlib.suppress(Exception):
                         os.kill(procs[r].pid, signal.SIGUSR1)
                 _await_stacks([os.path.join(workdir, f"rank{r}.stack") for r in hung], count=count)
+            busy = {r for r in hung if cpu[r] > _BUSY_FRACTION * _SECOND_DUMP_S}
     except KeyboardInterrupt:  # the kernel's Stop button
         interrupted = True
     finally:
@@ -685,7 +705,7 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         outputs = {r: _read(b + ".out") for r, b in enumerate(base)}
         dumps = {r: _user_stacks(_read(b + ".stack")) for r, b in enumerate(base)}
         stacks_seen = {r: d[0] for r, d in dumps.items() if d}
-        moving = {r for r, d in dumps.items() if len(d) > 1 and d[1] != d[0]}
+        moving = {r for r, d in dumps.items() if len(d) > 1 and d[1] != d[0]} | busy
         for stream, texts in ((sys.stdout, outputs), (sys.stderr, {r: _read(b + ".err") for r, b in enumerate(base)})):
             for r in sorted(texts):
                 for line in texts[r].splitlines():
@@ -703,6 +723,7 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
                             "(a hang: e.g. a rank waiting in a collective the others never call)."
                             + (f"\nWhere they were stuck:\n{stacks}" if stacks else ""), rank=hung[0], outputs=outputs,
                             stacks={r: stacks_seen.get(r, "") for r in hung}, moving=moving & set(hung),
+                            cpu_measured=os.path.exists("/proc/self/stat"),
                             results={r: results[r] for r in range(world_size) if r not in missing})
     first = _first_failure(failures, codes, missing)
     if first in failures:

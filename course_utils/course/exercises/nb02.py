@@ -64,7 +64,7 @@ def _frozen_model(seed: int):
 class _WatchedWork:
     """An async all-reduce's Work that notes how many gradients had arrived when it was waited for."""
 
-    def __init__(self, work, record: dict, watch: "_AllReduceWatch"):
+    def __init__(self, work, record: dict, watch: "CollectiveWatch"):
         self._work, self._record, self._watch = work, record, watch
 
     def wait(self, *args, **kwargs):
@@ -76,26 +76,33 @@ class _WatchedWork:
         return getattr(self._work, name)
 
 
-class _AllReduceWatch:
-    """A ledger transport (every collective goes through it while pushed): for each all-reduce,
-    how many gradients had arrived when it was issued (``at``) and when it was waited for
-    (``waited``; at once for a synchronous one). ``grads`` counts the gradient hooks' spies."""
+class CollectiveWatch:
+    """A ledger transport (every collective goes through it while pushed): for each collective
+    named in ``names`` (None: every one), how many gradients had arrived when it was issued
+    (``at``) and when it was waited for (``waited``; at once for a synchronous one). ``grads``
+    counts the gradient hooks' spies (:meth:`spy_on`)."""
 
-    def __init__(self):
-        self.grads, self.calls = 0, []
+    def __init__(self, names=("all_reduce",)):
+        self.names, self.grads, self.calls = names, 0, []
+
+    def spy_on(self, params) -> list:
+        """A gradient hook on each of ``params`` (after the learner's: registered later) that counts."""
+        return [p.register_post_accumulate_grad_hook(lambda _: setattr(self, "grads", self.grads + 1))
+                for p in params]
 
     def __call__(self, call):
         out = call.run()
-        if call.name != "all_reduce":
+        if self.names is not None and call.name not in self.names:
             return out
-        record = {"at": self.grads, "waited": self.grads if out is None else None, "sync": out is None}
+        record = {"name": call.name, "at": self.grads, "waited": self.grads if out is None else None,
+                  "sync": out is None}
         self.calls.append(record)
         return out if out is None else _WatchedWork(out, record, self)
 
 
 def _overlap_problem(calls: list, grads: int, per_parameter: bool) -> str:
     """'' when backward went on while an all-reduce was in flight, else what stopped the overlap.
-    ``calls``: :class:`_AllReduceWatch`'s records; ``grads``: the gradients of one backward."""
+    ``calls``: :class:`CollectiveWatch`'s records; ``grads``: the gradients of one backward."""
     last = grads - 1 if per_parameter else grads      # per parameter: issued before the last gradient
     early = [(k, c) for k, c in enumerate(calls) if c["at"] < last]
     if calls and not early:
@@ -139,9 +146,8 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                        "parameter and buffer from rank 0 in __init__")
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
         ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.5)
-        watch = _AllReduceWatch()
-        spies = [p.register_post_accumulate_grad_hook(lambda _: setattr(watch, "grads", watch.grads + 1))
-                 for p in model.parameters() if p.requires_grad]
+        watch = CollectiveWatch()
+        spies = watch.spy_on([p for p in model.parameters() if p.requires_grad])
         timings, first_right = [], None
         for step in range(steps):       # every rank runs every step (a rank that stopped early
             x, y = data.shard(step, rank, world)    # would leave the others in a collective)
@@ -233,11 +239,12 @@ def _grad_problem(model, ref, local, world: int) -> str:
     return ""
 
 
-def check_ddp(cls, *, timeout_s: float = 30) -> Verdict:
+def check_ddp(cls, *, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
     """Exercise 02.2: ``cls(module, bucket_bytes=...)`` is DDP, checked on 2, 3 and 4 ranks with
     per-parameter and 25 MiB buckets, two SGD steps against one process: broadcast start,
     averaged gradients when backward returns, none for frozen parameters, one all-reduce per bucket."""
-    return grade_build("ddp", "MyDDP", cls, _ddp_on_rank, right=_ddp_right, timeout_s=timeout_s)
+    return grade_build("ddp", "MyDDP", cls, _ddp_on_rank, right=_ddp_right, timeout_s=timeout_s,
+                       world_sizes=world_sizes)
 
 
 def _ddp_right(values) -> str:

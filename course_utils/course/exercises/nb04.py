@@ -163,7 +163,10 @@ def _hyper_problem(flats: list, got: list, lrs: list, when: str) -> str:
     return ""
 
 
-def _grad_problem(flats: list, grads: list, ref: dict, own: dict, n: int, rank: int) -> str:
+def _grad_problem(flats: list, grads: list, ref: dict, own: dict, n: int, rank: int,
+                  second: dict | None = None) -> str:
+    """'' or what is wrong with the first shard gradient; ``second``: one process's gradient of
+    the step's second micro-batches alone (ZeRO-2 accumulates two backwards)."""
     for f, g in zip(flats, grads):
         size = f.padded // n
         want_all = f.full(ref)
@@ -177,10 +180,23 @@ def _grad_problem(flats: list, grads: list, ref: dict, own: dict, n: int, rank: 
             continue
         if torch.allclose(g, n * want, rtol=1e-4, atol=1e-6):
             return f"the shard gradient is the SUM over the {n} ranks: divide by the world size"
-        mine = f.full(own)[rank * size:(rank + 1) * size]
-        if any(torch.allclose(g, m, rtol=1e-5, atol=1e-7) for m in (mine / n, mine)):
-            return ("the shard gradient is this rank's own: reduce-scatter (SUM) the flat gradient "
-                    "into the own slice first")
+        if second is not None:
+            alone = f.full(second)[rank * size:(rank + 1) * size]
+            if any(torch.allclose(g, m, rtol=1e-4, atol=1e-7) for m in (alone, n * alone)):
+                return ("the shard gradient is the step's second backward's alone: the second backward "
+                        "replaced the shard's gradient instead of adding to it")
+            if any(torch.allclose(g, m, rtol=1e-4, atol=1e-7) for m in (want - alone, n * (want - alone))):
+                return ("the shard gradient is the step's first backward's alone: the second backward's "
+                        "reduce-scatter was not added by the time backward returned (wait for every "
+                        "reduce-scatter, the last one too, and add it in _finish)")
+        own_all = f.full(own)
+        for k in [rank] + [k for k in range(n) if k != rank]:
+            mine = own_all[k * size:(k + 1) * size]
+            if any(torch.allclose(g, m, rtol=1e-5, atol=1e-7) for m in (mine / n, mine)):
+                return ("the shard gradient is this rank's own: reduce-scatter (SUM) the flat gradient "
+                        "into the own slice first" if k == rank else
+                        f"the shard gradient is this rank's own, not reduced, chunk {k} of the flat "
+                        "gradient: read the reduce-scatter's output where it wrote it (the own slice)")
         if n > 1 and torch.allclose(g, want / n, rtol=1e-4, atol=1e-7):
             return (f"the shard gradient is the average divided by {n} again: divide the sum by the "
                     "world size once")
@@ -235,10 +251,14 @@ def _comm_problem(counts: dict, buckets: int, backwards: int = 1) -> str:
 
 def _backward_problem(bw_counts: dict, model, buckets: int, second: bool = False) -> str:
     rs = bw_counts.get("reduce_scatter", 0)
+    if bw_counts.get("all_reduce", 0):
+        return (f"{bw_counts['all_reduce']} all-reduces during backward: the same numbers, but an "
+                "all-reduce sends twice the bytes of a reduce-scatter; reduce-scatter (SUM) each bucket "
+                "into the own slice")
     if rs == 0 and second:
-        return ("the step's second backward (gradient accumulation) sent nothing: finish each "
-                "backward's buckets when it ends (queue self._finish, as MyDDP does) and add into "
-                "the shard gradients")
+        return ("the step's second backward (gradient accumulation) sent nothing: the hooks' state "
+                "(self.next, self.ready) was not reset at the end of _finish, or no _finish was queued "
+                "for it; each backward sends its buckets and adds into the shard gradients")
     if rs == 0:
         return ("no reduce-scatter while backward ran: reduce-scatter from the hooks, during "
                 "backward, not in step()")
@@ -252,13 +272,51 @@ def _backward_problem(bw_counts: dict, model, buckets: int, second: bool = False
     return ""
 
 
+def _second_only(ref, data, step: int, n: int) -> dict:
+    """One process's gradient of step ``step``'s second micro-batches alone (every rank's rows
+    from the middle of its shard on, each micro-batch's loss weighted by its share of the rows)."""
+    model = copy.deepcopy(ref)
+    model.zero_grad(set_to_none=True)
+    rows = [data.shard(step, r, n) for r in range(n)]
+    xs = torch.cat([x[x.shape[0] // 2:] for x, _ in rows])
+    ys = torch.cat([y[y.shape[0] // 2:] for _, y in rows])
+    (model(xs, ys) * (xs.shape[0] / sum(x.shape[0] for x, _ in rows))).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def _order_problem(records, calls: list) -> str:
+    """'' when every rank issued the same collectives (op, message size), in the same order, at
+    the same points of this backward (gradients in: ``calls``, a :class:`CollectiveWatch`'s);
+    else which rank differs from rank 0, and where. Every rank calls it (it is a collective)."""
+    mine = [(r.op, r.message_bytes) for r in records]
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (mine, [c["at"] for c in calls]))
+    first, first_at = everyone[0]
+    for rank, (theirs, at) in enumerate(everyone[1:], 1):
+        if theirs != first:
+            k = next((i for i, (a, b) in enumerate(zip(first, theirs)) if a != b), min(len(theirs), len(first)))
+            said = lambda seq: (f"{seq[k][0].replace('_', '-')} of {seq[k][1]:,} B" if k < len(seq)  # noqa: E731
+                                else "nothing")
+            return (f"rank {rank}'s collectives in backward differ from rank 0's, from the {k + 1}th on "
+                    f"(rank 0: {said(first)}, rank {rank}: {said(theirs)}): every rank must launch "
+                    "the same buckets in the same order")
+        if at != first_at:
+            k = next(i for i, (a, b) in enumerate(zip(first_at, at)) if a != b)
+            return (f"rank {rank} launched bucket {k} after {at[k]} gradients had arrived, rank 0 after "
+                    f"{first_at[k]}: the same buckets at other moments, so one of them sent gradients that "
+                    "were not in yet; launch bucket self.next once all ITS gradients are in (the hooks "
+                    "must wait for the bucket that _launch sends)")
+    return ""
+
+
 def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
     from ...harness.model import SyntheticData
     from ...theory.zero import expected_state_bytes
     from ...labs.frames import raised_at
     from ...labs.grading import error_hint
+    from ...runtime import ledger as ledgers
     from ...runtime.ledger import CommLedger
-    from .nb02 import _frozen_model
+    from .nb02 import CollectiveWatch, _frozen_model
     rank, n = dist.get_rank(), dist.get_world_size()
     data = SyntheticData(global_batch=12, seed=0)
     ref, model = _frozen_model(seed=100), _frozen_model(seed=100)
@@ -293,19 +351,28 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
         return problem, seen
     inner = SpyAdamW.made[0]
     micro = 2 if stage == 2 else 1      # ZeRO-2 accumulates: two backwards before each step
+    watch = CollectiveWatch(names=None)             # when each collective left, in gradients arrived
+    watch.spy_on([p for p in model.parameters() if p.requires_grad])
     for step in range(steps):           # every rank runs every step
         before_step = problem
         x, y = data.shard(step, rank, n)
         local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
         local(x, y).backward()
         cut = x.shape[0] // 2 if micro == 2 else x.shape[0]
+        second = _second_only(ref, data, step, n) if micro == 2 else None
         in_backward = {}
         for i, (xs, ys) in enumerate(((x[:cut], y[:cut]), (x[cut:], y[cut:]))[:micro]):
+            watch.grads, watch.calls = 0, []
             with CommLedger() as bw:        # each micro-batch's loss weighted by its share of the rows
-                (model(xs, ys) * (xs.shape[0] / x.shape[0])).backward()
+                ledgers.push_transport(watch)
+                try:
+                    (model(xs, ys) * (xs.shape[0] / x.shape[0])).backward()
+                finally:
+                    ledgers.pop_transport(watch)
             if stage == 2:
                 seen["rs_in_backward"] = bw.counts().get("reduce_scatter", 0)
-                problem = problem or _backward_problem(bw.counts(), model, buckets, second=i > 0)
+                order = _order_problem(bw.records, watch.calls)   # a collective: every rank, every time
+                problem = problem or order or _backward_problem(bw.counts(), model, buckets, second=i > 0)
             in_backward = {op: in_backward.get(op, 0) + k for op, k in bw.counts().items()}
         ref(*data.batch(step)).backward()
         before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -330,7 +397,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
             own = {name: p.grad for name, p in local.named_parameters()}
             problem = (problem or _grad_problem(flats, record["grads"],
                                                 {name: p.grad for name, p in ref.named_parameters()},
-                                                own, n, rank)
+                                                own, n, rank, second)
                        or _state_problem(record["state_bytes"], want_state["optimizer"], n)
                        or (f"the shard gradients take {record['grad_bytes']:,} B, expected 4·P/N = "
                            f"{want_state['grads']:,} B: keep one P/N-element gradient buffer per "
@@ -376,12 +443,12 @@ def _zero1_right(values) -> str:
             f"{seen['counts']['all_gather']} all-gathers, {params_right(values)}")
 
 
-def check_zero1(cls, *, timeout_s: float = 30) -> Verdict:
+def check_zero1(cls, *, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
     """Exercise 04.2: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1, checked on 2, 3
     and 4 ranks (course GPT, two groups, AdamW, two steps, lr halved between) against one
     process: inner optimizer over shards, gradients, hyperparameters, collectives, parameters."""
     return grade_build("zero1", "MyZero1", cls, zero_on_rank, (None,), 1, right=_zero1_right,
-                       timeout_s=timeout_s)
+                       timeout_s=timeout_s, world_sizes=world_sizes)
 
 
 # --------------------------------------------- exercise 04.3 (optional): ZeRO-1 in mixed precision

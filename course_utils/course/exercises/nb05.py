@@ -24,9 +24,9 @@ def _zero2_right(values) -> str:
             f"{4 * last['padded']:,} B), {params_right(values)}")
 
 
-def check_zero2(cls, *, timeout_s: float = 30) -> Verdict:
+def check_zero2(cls, *, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
     """Exercise 05.1: ``cls(params, optimizer_class, bucket_bytes=..., **defaults)`` is ZeRO-2,
     checked as ``check_zero1`` plus: one reduce-scatter per bucket in backward, no full
     ``.grad`` left, shard gradients of 4·P/N bytes."""
     return grade_build("zero2", "MyZero2", cls, zero_on_rank, ZERO2_BUCKETS, 2, right=_zero2_right,
-                       timeout_s=timeout_s)
+                       timeout_s=timeout_s, world_sizes=world_sizes)

@@ -342,9 +342,10 @@ def _zero3_right(values) -> str:
             f"two backwards added), weights and losses = one process (|diff| {bound(seen['loss_diff'], 1e-5)})")
 
 
-def check_zero3(cls, *, timeout_s: float = 30) -> Verdict:
+def check_zero3(cls, *, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
     """Exercise 06.1: ``cls(unit)`` is one ZeRO-3 flat unit (``shard``, ``shard.grad``, ``full``)."""
-    return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank, right=_zero3_right, timeout_s=timeout_s)
+    return grade_build("zero3", "MyFlatUnit", cls, zero3_on_rank, right=_zero3_right, timeout_s=timeout_s,
+                       world_sizes=world_sizes)
 
 
 def units_on_rank(cls, steps: int = 2) -> dict:
