@@ -72,8 +72,7 @@ VARIANTS = {
         "bucket order reversed on rank 1": W(("self.buckets = make_buckets(params, bucket_bytes)",
                                               "self.buckets = make_buckets(params, bucket_bytes)"
                                               "[::(-1 if dist.get_rank() == 1 else 1)]"),
-                                             "gloo aborted it (signal 6): this usually means the ranks called "
-                                             "collectives whose sizes or order differ", EVERY),
+                                             "collectives whose sizes or order differ", EVERY),  # abort or error
         "next never advances (endless loop)": W(("        self.next += 1\n", ""),
                                                 ("in _launch: ", "an endless loop?"), EVERY),
         "bucket indexed by rank: rank 1 raises": W(("bucket = self.buckets[self.next]",

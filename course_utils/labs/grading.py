@@ -93,6 +93,11 @@ GRADER_BACKEND = "gloo"
 GLOO_ABORT = ("gloo aborted it (signal 6): this usually means the ranks called collectives whose sizes or "
               "order differ (e.g. a bucket order that differs between ranks)")
 
+#: What gloo's own errors of a mismatched collective usually mean (a peer sent another size, or
+#: closed its connection when it aborted on one): said whichever rank reports first.
+_MISMATCH = ("gloo saw the ranks disagree: this usually means the ranks called collectives whose sizes or "
+             "order differ (e.g. a bucket order that differs between ranks)")
+
 #: A hint for an error that names no mistake of its own: (words in the message, hint).
 _HINTS = (("process group has not been initialized",
            "the process group was destroyed while the grader still ran: leave it to the launcher "
@@ -100,6 +105,9 @@ _HINTS = (("process group has not been initialized",
           ("a gradient arrived twice in one backward",
            "with every parameter used once per backward: the hooks' state (self.ready, self.queued) was "
            "not reset at the end of _finish, for the next backward"),
+          ("op.preamble.length", _MISMATCH),
+          ("Connection closed by peer", _MISMATCH),
+          ("Connection reset by peer", _MISMATCH),
           ("'NoneType' object has no attribute 'wait'",
            "a collective called without async_op=True waits at once and returns None, no Work to wait for"))
 

@@ -31,6 +31,7 @@ from typing import Callable
 
 from ..checks import check_int, check_timeout
 from .fmt import plural
+from .stacks import dump_hung_stacks, user_stacks
 
 __all__ = ["launch", "LaunchError", "LaunchTimeout", "RankResults", "resolve_backend",
            "choose_start_method", "START_METHODS", "FORKSERVER_PRELOAD", "register_forkserver_preload",
@@ -487,44 +488,6 @@ def _first_failure(failures: dict, codes: list, missing: list) -> int | None:
     return None
 
 
-def _user_stack(dump: str) -> str:
-    """A faulthandler dump, innermost first, cut where the launcher's own frames begin."""
-    lines = dump.splitlines()
-    cut = next((i for i, line in enumerate(lines) if " in _rank_main" in line), len(lines))
-    return "\n".join(lines[:cut]).strip()
-
-
-def _user_stacks(dumps: str) -> list[str]:
-    """Each of the faulthandler dumps in one stack file, as :func:`_user_stack`."""
-    parts = re.split(r"^.*\(most recent call first\):$", dumps, flags=re.MULTILINE)
-    return [_user_stack(part) for part in parts if " in _rank_main" in part]
-
-
-def _await_stacks(paths: list, timeout_s: float = 1.0, count: int = 1) -> None:
-    """Until each stack file holds ``count`` dumps that reached the launcher's frame (whole then:
-    they are innermost first), or ``timeout_s`` (a rank whose dump never comes)."""
-    deadline = time.monotonic() + timeout_s
-    while not all(_read(p).count(" in _rank_main") >= count for p in paths) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-#: Seconds between a hung rank's two stack dumps: a rank whose stacks differ, or that used more
-#: than :data:`_BUSY_FRACTION` of a core meanwhile, is still running (a rank waiting in a
-#: collective sleeps; one looping over collectives may be caught in the same wait twice).
-_SECOND_DUMP_S = 0.3
-_BUSY_FRACTION = 0.25
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU seconds process ``pid`` used so far (Linux ``/proc``); 0.0 where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 _held_interrupts: list = []
 _hold_interrupt = lambda signum, frame: _held_interrupts.append(signum)  # noqa: E731 - a SIGINT handler
 
@@ -670,16 +633,7 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         codes = [p.exitcode for p in procs]
         hung = [r for r, c in enumerate(codes) if c is None]
         if timed_out and hasattr(signal, "SIGUSR1"):
-            cpu = {}
-            for count in (1, 2):  # dump each hung rank's Python stack into its stack file, twice
-                if count == 2:
-                    time.sleep(_SECOND_DUMP_S)
-                for r in hung:
-                    cpu[r] = _cpu_seconds(procs[r].pid) - cpu.get(r, 0.0)
-                    with contextlib.suppress(Exception):
-                        os.kill(procs[r].pid, signal.SIGUSR1)
-                _await_stacks([os.path.join(workdir, f"rank{r}.stack") for r in hung], count=count)
-            busy = {r for r in hung if cpu[r] > _BUSY_FRACTION * _SECOND_DUMP_S}
+            busy = dump_hung_stacks(procs, hung, workdir, _read)
     except KeyboardInterrupt:  # the kernel's Stop button
         interrupted = True
     finally:
@@ -703,7 +657,7 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
         raise _ForkserverFailed(f"rank {never_ran[0]} died ({how}) before it started")
     try:
         outputs = {r: _read(b + ".out") for r, b in enumerate(base)}
-        dumps = {r: _user_stacks(_read(b + ".stack")) for r, b in enumerate(base)}
+        dumps = {r: user_stacks(_read(b + ".stack")) for r, b in enumerate(base)}
         stacks_seen = {r: d[0] for r, d in dumps.items() if d}
         moving = {r for r, d in dumps.items() if len(d) > 1 and d[1] != d[0]} | busy
         for stream, texts in ((sys.stdout, outputs), (sys.stderr, {r: _read(b + ".err") for r, b in enumerate(base)})):
