@@ -1,4 +1,4 @@
-"""Exercise 04.3 (optional), ZeRO-1 in mixed precision: the answer passes ``check_mixed`` with 12·P/N + 4
+"""Exercise 04.2 (optional), ZeRO-1 in mixed precision: the answer passes ``check_mixed`` with 12·P/N + 4
 optimizer bytes per rank (K = 12, measured by ``state_bytes``), and the typical mistakes, one-line edits
 of the answer, are each named."""
 import pytest

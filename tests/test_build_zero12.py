@@ -1,4 +1,4 @@
-"""Exercises 04.2 (build ZeRO-1) and 05.1 (build ZeRO-2): the course's Zero1 and Zero2
+"""Exercises 04.1 (build ZeRO-1) and 05.1 (build ZeRO-2): the course's Zero1 and Zero2
 pass the graders; planted mistakes, each a subclass of it that breaks one thing, fail
 with the message that names them."""
 import contextlib

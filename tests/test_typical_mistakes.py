@@ -75,8 +75,8 @@ VARIANTS = {
                                              "collectives whose sizes or order differ", EVERY),  # abort or error
         "next never advances (endless loop)": W(("        self.next += 1\n", ""),
                                                 ("in _launch: ", "an endless loop?"), EVERY),
-        "bucket indexed by rank: rank 1 raises": W(("bucket = self.buckets[self.next]",
-                                                    "bucket = self.buckets[self.next + dist.get_rank()]"),
+        "bucket indexed by rank: rank 1 raises": W(("bucket = self.buckets[self.next]",   # before any collective
+                                                    "bucket = self.buckets[self.next + len(self.buckets) * dist.get_rank()]"),
                                                    "rank 1 raised IndexError: list index out of range\n  at ", EVERY),
         "while for if on rank 1 (endless loop)": W(("        self.ready.add(p)\n",
                                                     "        while dist.get_rank() == 1: self.ready.add(p)\n"),

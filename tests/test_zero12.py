@@ -23,7 +23,6 @@ from course_utils.theory.layout import padded_numel, shard_bounds
 from course_utils.harness.experiments import state_bytes
 from course_utils.harness.probes import grad_bytes
 from course_utils.theory.zero import expected_comm_bytes, expected_state_bytes
-from course_utils.course import exercises
 from course_utils.theory.comm import collective_bytes
 from course_utils.runtime.ledger import CommLedger
 from course_utils.harness.experiments import GLOBAL_BATCH, full_parameters, global_loss, run, wrap
@@ -329,11 +328,3 @@ def test_expected_comm_bytes_with_micro_batches():
         expected_comm_bytes([PSI], 2, micro_batches=0)
     with pytest.raises(ValueError, match="leave micro_batches=1"):
         expected_comm_bytes([PSI], 2, variant="allreduce", micro_batches=2)
-
-
-# ------------------------------------------------------------------ exercises
-
-def test_exercise_checkers(capsys):
-    assert exercises.check_shard_bounds(shard_bounds)
-    assert not exercises.check_shard_bounds(lambda numel, world_size, rank: (
-        rank * (numel // world_size), (rank + 1) * (numel // world_size)))   # no padding

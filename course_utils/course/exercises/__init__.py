@@ -4,7 +4,7 @@ from .nb00 import check_rank_sum
 from .nb01 import NotAllowed, check_all_reduce_from_rs_ag, check_ring_all_reduce
 from .nb02 import check_ddp, check_grad_average_hook
 from .nb03 import check_bytes_per_gpu
-from .nb04 import check_mixed, check_shard_bounds, check_zero1
+from .nb04 import check_mixed, check_zero1
 from .nb05 import check_zero2
 from .nb06 import check_zero3
 from .nb07 import check_fsdp_step
@@ -19,7 +19,7 @@ __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_rank
            "NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce",
            "check_grad_average_hook", "check_ddp",
            "check_bytes_per_gpu",
-           "check_shard_bounds", "check_zero1", "check_mixed",
+           "check_zero1", "check_mixed",
            "check_zero2", "check_zero3",
            "check_fsdp_step", "check_skipped_collective",
            "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone",

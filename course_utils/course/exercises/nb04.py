@@ -3,31 +3,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from ...labs.grading import (Verdict, carried_over, grade_build, grade_cases)
+from ...labs.grading import (Verdict, carried_over, grade_build)
 from ...impl.common import make_buckets, storage_bytes
 from ...theory.layout import padded_numel, shard_bounds
 from ...runtime.fmt import bound
 
-__all__ = ["check_zero1", "check_shard_bounds", "SpyAdamW", "zero_on_rank",
+__all__ = ["check_zero1", "SpyAdamW", "zero_on_rank",
            "params_right", "check_mixed", "mixed_on_rank"]
 
 
-_SHARD_CASES = [dict(numel=k, world_size=n, rank=r) for k, n, r in (
-    (12, 4, 0), (10, 4, 3), (10, 4, 1), (7, 3, 2), (129350, 3, 1), (5, 8, 7), (1, 1, 0))]
-
-
-def check_shard_bounds(fn: Callable) -> Verdict:
-    """Exercise 04.1: ``fn(numel, world_size, rank)`` -> ``(start, stop)`` of rank's padded shard."""
-    return grade_cases(lambda numel, world_size, rank: tuple(fn(numel=numel, world_size=world_size, rank=rank)),
-                       _SHARD_CASES, shard_bounds, name="shard_bounds")
-
-
-# ------------------------------------------------------------ exercise 04.2: build ZeRO-1
+# ------------------------------------------------------------ exercise 04.1: build ZeRO-1
 #: AdamW of the build graders (ZeRO-1 and ZeRO-2); weight decay on the matrices (group 0:
 #: 126,650 elements; group 1: 2,600). A small lr and eps 1e-6 keep AdamW's first steps
 #: (about lr·sign(g), however small g) from amplifying the rounding of near-zero gradients
@@ -444,14 +433,14 @@ def _zero1_right(values) -> str:
 
 
 def check_zero1(cls, *, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
-    """Exercise 04.2: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1, checked on 2, 3
+    """Exercise 04.1: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1, checked on 2, 3
     and 4 ranks (course GPT, two groups, AdamW, two steps, lr halved between) against one
     process: inner optimizer over shards, gradients, hyperparameters, collectives, parameters."""
     return grade_build("zero1", "MyZero1", cls, zero_on_rank, (None,), 1, right=_zero1_right,
                        timeout_s=timeout_s, world_sizes=world_sizes)
 
 
-# --------------------------------------------- exercise 04.3 (optional): ZeRO-1 in mixed precision
+# --------------------------------------------- exercise 04.2 (optional): ZeRO-1 in mixed precision
 #: the mixed-precision grader's learning rate (AdamW's first steps move each master element by about lr)
 MIXED_LR = 1e-3
 
@@ -587,7 +576,7 @@ def _mixed_right(values) -> str:
 
 
 def check_mixed(cls) -> Verdict:
-    """Exercise 04.3 (optional): ``cls(params, optimizer_class, **defaults)`` is ZeRO-1 with bf16
+    """Exercise 04.2 (optional): ``cls(params, optimizer_class, **defaults)`` is ZeRO-1 with bf16
     parameters and fp32 masters, checked on 2, 3 and 4 ranks against the course's ``MixedZero1``:
     dtypes, masters (fp32 slices, not rounded), their gradients, parameters after 2 AdamW steps, bytes."""
     return grade_build("mixed", "MyMixedZero1", cls, mixed_on_rank, right=_mixed_right)

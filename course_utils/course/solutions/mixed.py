@@ -1,4 +1,4 @@
-# Exercise 04.3 (optional): ZeRO-1 in mixed precision. The skeleton filled in, as a learner would.
+# Exercise 04.2 (optional): ZeRO-1 in mixed precision. The skeleton filled in, as a learner would.
 import torch
 import torch.distributed as dist
 from torch import nn

@@ -1,4 +1,4 @@
-# Exercise 04.2: build ZeRO-1. The skeleton filled in, as a learner would.
+# Exercise 04.1: build ZeRO-1. The skeleton filled in, as a learner would.
 import torch
 import torch.distributed as dist
 from torch import nn
