@@ -495,21 +495,21 @@ def quiz_03(b: Browser, model: dict, check: Checks):
     quiz = _quiz_box(b, model)
     rows = _rows(quiz)
     check("03: quiz is a live form", len(rows) == len(questions), f"{len(rows)} question rows")
-    k = next(i for i, q in enumerate(questions) if isinstance(q, quizmod.MultiChoice))
+    # The number to pick (question 4): the typical mistake (activations sharded like the states), then the right one.
+    k = next(i for i, q in enumerate(questions) if isinstance(q, quizmod.SingleChoice) and "switch to ZeRO-3" in q.prompt)
     q, row = questions[k], rows[k]
-    boxes = {lab.text[1]: lab for lab in row.find_elements(By.CSS_SELECTOR, ".widget-checkbox label")
-             if lab.text.startswith("(")}
+    right = sorted(q.answer)[0]
+    wrong = q.letters[q.options.index("3.75 GB")]
+    labels = {lab.text[1]: lab for lab in row.find_elements(By.CSS_SELECTOR, ".widget-radio-box label")}
     button = row.find_element(By.CSS_SELECTOR, "button")
-    first = sorted(q.answer)[0]
-    _click(b, boxes[first])
+    _click(b, labels[wrong])
     _click(b, button)
     text = _expect(row, "Not quite.")
-    check(f"03: question {k + 1}, only ({first}) -> 'Not quite.'", "missing" in text, text[:90])
-    for c in sorted(q.answer - {first}):
-        _click(b, boxes[c])
+    check(f"03: question {k + 1}, ({wrong}) 3.75 GB -> 'Not quite.'", True, text[:90])
+    _click(b, labels[right])
     _click(b, button)
     text = _expect(row, "Correct.")
-    check(f"03: question {k + 1}, ({', '.join(sorted(q.answer))}) -> 'Correct.'", True, text[:90])
+    check(f"03: question {k + 1}, ({right}) {q.options[q.letters.index(right)]} -> 'Correct.'", True, text[:90])
 
 
 JS_CONTROL = """
