@@ -247,7 +247,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "rank 1 ran out of batches and left the training loop; rank 0's next backward "
              "starts DDP's gradient all-reduce, which no other rank joins",
              "agree on the number of steps first (all_reduce of the loader lengths with MIN), or "
-             "give every rank as many batches (DistributedSampler pads), or torch's Join",
+             "give every rank as many batches (DistributedSampler pads), or wrap the loop in torch's "
+             "Join, which has a finished rank shadow the others' collectives (DDP's: all-reduces of zeros)",
              atol=1e-5),
     Scenario("shape_mismatch", "rank 1 builds the model with hidden 60 instead of 50",
              shape_mismatch, shape_mismatch_fixed, VIAS,
