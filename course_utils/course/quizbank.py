@@ -224,7 +224,7 @@ def quiz_04() -> Quiz:
     ar8, ag8 = (collective_bytes(op, m8, 8) for op in ("all_reduce", "all_gather"))
     return Quiz("04 ZeRO-1", [
         SingleChoice(
-            "Section 1 printed ZeRO-1 on 4 GPUs for 7B parameters: mixed precision falls from "
+            "Section 1 gave ZeRO-1 on 4 GPUs for 7B parameters: mixed precision falls from "
             f"{ms['mixed', 0]:g} to {ms['mixed', 1]:g} GB, fp32 only from {ms['fp32', 0]:g} to "
             f"{ms['fp32', 1]:g} GB, although both hold 16 bytes per parameter. Why does ZeRO-1 save "
             "less in fp32?",
