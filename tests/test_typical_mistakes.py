@@ -120,6 +120,9 @@ VARIANTS = {
         "an assert that fails on rank 1 (step)": W(("        self.inner.step()\n",
                                                     "        self.inner.step(); assert self.rank != 1, 'debugging rank 1'\n"),
                                                    "rank 1 returned: step() raised AssertionError: debugging rank 1", EVERY),
+        "a new inner optimizer every step": W(("        self.inner.step()\n",
+                                               "        self.inner = type(self.inner)(self.inner.param_groups); self.inner.step()\n"),
+                                              "the inner optimizer was built 2 times: build it once, in __init__"),
         "__del__ destroys the process group": W(("        self.inner = optimizer_class(inner_groups, **defaults)\n",
                                                   "        self.inner = optimizer_class(inner_groups, **defaults)\n"
                                                   "    def __del__(self): dist.destroy_process_group()\n"),

@@ -149,11 +149,19 @@ def quiz_01() -> Quiz:
                      "a", f"The sum is {summed}; each rank keeps its 1/N piece of it, rank 1 the "
                           "second half. An all-gather would then give everyone all 8: the all-reduce.",
                      kind="predict"),
-        Numeric("Ring all-reduce of a 1 GB message on 64 ranks: GB sent per rank (two decimals)?",
-                collective_bytes("all_reduce", m, 64) / 1e9, unit="GB", tol=0.01, minimum=0,
-                explanation=f"2(N-1)/N x M = 2 x 63/64 GB = {collective_bytes('all_reduce', m, 64) / 1e9:.2f} "
-                            "GB: just under 2M however many ranks; each rank's share of the work "
-                            "hardly grows with N. (2.00: the (N-1)/N forgotten.)", kind="predict"),
+        SingleChoice("A ring all-reduce of 1 GB runs on 8 ranks, then on 64 ranks over the same links. "
+                     "What happens to the bytes each rank sends?",
+                     [f"They fall from {m / 8 / 1e9 * 2:.2f} to {m / 64 / 1e9 * 2:.2f} GB: each rank is responsible "
+                      "for only its 1/N of the message",
+                      f"They grow from {collective_bytes('all_reduce', m, 8) / 1e9:.2f} to "
+                      f"{collective_bytes('all_reduce', m, 64) / 1e9:.2f} GB: 2(N-1) chunks of M/N each, just under 2M",
+                      "They grow eightfold, from 1.75 to 14 GB: each rank exchanges data with eight times as many peers",
+                      "They stay at 1 GB on both: every rank sends its whole message once to its right neighbour"],
+                     "b", f"Each of the 2(N-1) steps moves one chunk of M/N: 2(N-1)/N x M, "
+                          f"{collective_bytes('all_reduce', m, 8) / 1e9:.2f} GB on 8 ranks and "
+                          f"{collective_bytes('all_reduce', m, 64) / 1e9:.2f} on 64. A rank's bytes hardly grow with "
+                          "N: the ring is bandwidth-optimal. What grows is the number of steps, 2(N-1), each "
+                          "paying the latency alpha.", kind="predict"),
         NumberChoice("Section 4's NVLink-class numbers (alpha = 10 us per step, 300 GB/s): 8 GPUs all-reduce "
                      "100 gradient tensors of 40 kB each, one collective per tensor. Predict the time, in ms "
                      "(one bucket of all 4 MB would take 0.16 ms).",
@@ -198,11 +206,13 @@ def quiz_02() -> Quiz:
                           "from different models). Nothing in the all-reduce looks at the weights.",
                      kind="predict"),
         Numeric(f"Section 6 printed the bytes rank 0 sends per step of DDP on 4 ranks, the course GPT "
-                f"(Ψ = {psi:,} fp32 gradients). Predict them on 8 ranks, in the ring model.",
-                sent[8], unit="bytes", rel_tol=0.001, minimum=0, kind="predict",
-                explanation=f"2(N-1)/N x 4 bytes x {psi:,} = {sent[8]:,.0f} bytes per step on 8 ranks. "
-                            f"Section 6 printed {sent[4]:,.0f} on 4: the bytes per rank grow with N towards "
-                            f"2 x 4 x Ψ, they do not shrink.",
+                f"(Ψ = {psi:,} fp32 gradients). The global batch doubles, from 12 rows to 24, on the same "
+                f"4 ranks: predict the bytes rank 0 sends per step.",
+                sent[4], unit="bytes", rel_tol=0.001, minimum=0, kind="predict",
+                explanation=f"Section 6 printed {sent[4]:,.0f}, and it stays. The all-reduce carries the gradients, one per "
+                            f"parameter, 2(N-1)/N x 4 bytes x {psi:,}, whatever the batch. A bigger batch makes the "
+                            f"communication a smaller share of the step; more ranks (8: {sent[8]:,.0f}) make "
+                            f"it grow towards 2 x 4 x Ψ.",
                 printed="02"),
     ])
 
@@ -235,8 +245,8 @@ def quiz_04() -> Quiz:
             "c",
             f"ZeRO-1 shards the optimizer state only, 12 of the 16 bytes in mixed precision, 8 in fp32: "
             f"on 4 GPUs it saves 3/4 x 12 x 7 = {ms['mixed', 0] - ms['mixed', 1]:g} GB against "
-            f"3/4 x 8 x 7 = {ms['fp32', 0] - ms['fp32', 1]:g} GB. Section 1 printed {ms['mixed', 1]:.1f} and "
-            f"{ms['fp32', 1]:.1f} GB.", kind="explain", printed="04"),
+            f"3/4 x 8 x 7 = {ms['fp32', 0] - ms['fp32', 1]:g} GB: {ms['mixed', 1]:g} and {ms['fp32', 1]:g} GB "
+            "are left.", kind="explain"),
         NumberChoice(
             "DeepSpeed's ZeRO-1, as it runs by default, all-reduces the gradients (each rank then keeps "
             "its slice) instead of reduce-scattering them, then all-gathers the updated parameters. In the "
@@ -249,15 +259,19 @@ def quiz_04() -> Quiz:
                         f"(2: the all-gather counted as an all-reduce; {(ar8 + m8) / ar8:.2f}: its (N-1)/N "
                         "forgotten.) Appendix 11 §3.2 runs DeepSpeed and counts 1.50.",
         ),
-        Numeric(
-            "Section 6 measured ZeRO-1's optimizer bytes per rank on 1, 2 and 4 ranks. Predict the bytes of "
-            "AdamW's m and v per rank on 8 ranks (leave out its 4-byte step counter): the course GPT in fp32 "
-            f"(Ψ = {psi:,} elements, padded to a multiple of 8).",
-            z1_8, unit="bytes", tol=0.5, minimum=0, kind="predict",
-            explanation=f"The padded buffer has {padded_numel(psi, 8):,} elements, {padded_numel(psi, 8) // 8:,} per "
-                        f"rank; m and v take 4 bytes each per element: 8 x {padded_numel(psi, 8) // 8:,} = "
-                        f"{z1_8:,} bytes; the step counter's 4 bytes come on top.",
-        ),
+        SingleChoice(
+            "A learner's MyZero1 builds its inner AdamW inside step(), a new one at every step, over the same "
+            "shard parameters. What happens over two steps, against one process training on the whole batch?",
+            ["Nothing wrong: AdamW derives m and v from the current gradient, so a new one gives the same update",
+             "A hang in step 2: the ranks build their optimizers at different moments, so the collectives mismatch",
+             "Step 1 matches one process and step 2 does not: each new AdamW starts from m = v = 0 and step 1",
+             "Right numbers, but the optimizer bytes per rank grow by 8·P/N each step as the old states pile up"],
+            "c",
+            "AdamW's m and v are running averages over the steps, and its step counter sets the bias correction: "
+            "a new AdamW makes every step a first step (an update of about lr x the gradient's sign). Step 1 is "
+            "right, step 2 is not. The states are what ZeRO-1 shards; they must live from step to step, so the "
+            "inner optimizer is built once, in __init__. (No collective runs in building it, and the old one is "
+            "freed.)", kind="explain"),
     ])
 
 
@@ -281,13 +295,19 @@ def quiz_05() -> Quiz:
                  "step() needs the whole flat gradient as input; ZeRO-2 moves the same reduce-scatter "
                  "into backward, bucket by bucket, so a bucket's full gradients can go once it is sent.",
             kind="explain"),
-        Numeric(
-            f"Course GPT (Ψ = {psi:,}), fp32: predict the gradient bytes each of 8 ranks keeps after "
-            "optimizer.step() (the buffer padded to a multiple of 8).",
-            4 * padded_numel(psi, 8) / 8, unit="bytes", tol=0.5, minimum=0, kind="predict",
-            explanation=f"Ψ padded to a multiple of 8 is {padded_numel(psi, 8):,}; 4 bytes x "
-                        f"{padded_numel(psi, 8):,} / 8 = {4 * padded_numel(psi, 8) // 8:,} bytes, the shard's "
-                        "gradient, 4·P/N (section 3 checked it on 2 and 4 ranks)."),
+        SingleChoice(
+            "A learner's MyZero2 trains exactly like one process, but after every backward each rank still "
+            "holds 4·Ψ bytes of full gradients besides its shard gradients. Which line did it leave out?",
+            ["Dividing every shard's gradient by N before the inner optimizer steps the shard",
+             "Waiting for the message in flight before the next bucket's message is launched",
+             "Adding the received slice into the shard's gradient rather than assigning it",
+             "Setting each parameter's .grad to None once its bucket's message is built"],
+            "d",
+            "Only the missing free leaves the numbers right: the message already holds a copy of the bucket's "
+            "gradients, so the full .grad tensors are dead weight, 4·Ψ bytes, ZeRO-1's memory. Without the "
+            "division the update is N times too large; without the wait two messages can be in flight and "
+            "the shard reads an unfinished sum; assigning instead of adding loses the other micro-batches.",
+            kind="explain"),
         NumberChoice(
             f"Section 4 measured ZeRO-2's peak gradient bytes on 2 ranks with one 25 MiB bucket. Predict "
             f"them on 4 ranks, one bucket (Ψ = {psi:,} fp32, padded to {padded_numel(psi, 4):,}).",

@@ -375,7 +375,11 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
                   for op in ("reduce_scatter", "all_gather", "all_reduce")}
         seen.update(counts=counts, buckets=len(flats), full_state=_state_of(ref_opt),
                     padded=sum(f.padded for f in flats))
-        if len(inner.seen) != step + 1:
+        if len(SpyAdamW.made) > 1:          # the states must live from step to step
+            problem = problem or (f"the inner optimizer was built {len(SpyAdamW.made)} times: build it once, in "
+                                  "__init__; a new one starts from m = v = 0 and step 1 again, so every step "
+                                  "is a first step")
+        elif len(inner.seen) != step + 1:
             calls = len(inner.seen) - step
             problem = problem or ("step() did not call the inner optimizer's step()" if calls <= 0 else
                                   f"step() called the inner optimizer's step() {calls} times, expected once")
