@@ -18,8 +18,8 @@ NOTEBOOKS = [
      "Optimizer-state sharding: flat buffer, reduce-scatter, sharded Adam, all-gather; you build "
      "ZeRO-1 as a torch optimizer, graded on 2-4 ranks."),
     ("05_zero2.ipynb", "ZeRO-2",
-     "Gradient sharding during backward; peak gradient memory measured; accumulation; you build "
-     "ZeRO-2, graded on 2-4 ranks."),
+     "Gradient sharding during backward; peak gradient memory measured; accumulation; optionally, "
+     "you join your ZeRO-1 and DDP hooks into ZeRO-2, graded on 2-4 ranks."),
     ("06_zero3.ipynb", "ZeRO-3",
      "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit, graded on 2-4 ranks, then "
      "measure its bytes and gathers on the course model; 1.5x DDP in the ring model; prefetching."),
