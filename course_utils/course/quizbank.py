@@ -329,11 +329,17 @@ def quiz_06() -> Quiz:
     deeper = collective_calls(3, num_layers=8 + 1, skip_last_regather=True)   # 8 blocks + the root
     wide = {s: comm_volume(7e9, world_size=64, stage=s)["total"] for s in (0, 3)}
     return Quiz("06 ZeRO-3", [
-        Numeric("The course GPT with 8 blocks instead of 4 (the root still gathered once): "
-                "all-gathers per step?", deeper["all_gather"], tol=0, minimum=0, kind="predict",
-                explanation=f"2L + 1 with L = 8: each block in forward and again in backward, the root "
-                            f"once: {deeper['all_gather']}, and {deeper['reduce_scatter']} reduce-scatters "
-                            "(one per unit). Section 7's 9 was L = 4."),
+        SingleChoice("Per step, ZeRO-3 all-gathers each block twice but reduce-scatters it only once. Why?",
+                     ["The second all-gather fetches the weights the optimizer has just updated, for the next step",
+                      "Forward and backward both need the block's full weights, freed in between; its gradient comes once",
+                      "One reduce-scatter carries the gradients of forward and of backward together, so it serves both",
+                      "Backward needs the weights in fp32 while forward ran in bf16, so each pass gathers its own copy"],
+                     "b", f"A block's full weights are needed in forward and again in backward (for its input's "
+                          f"gradient and its weights' gradient), and between the two they were freed so that one "
+                          f"block at a time is gathered: two all-gathers. Its gradient is produced once, in "
+                          f"backward: one reduce-scatter. The root, needed at both ends, stays gathered: 2L + 1 "
+                          f"all-gathers, {deeper['all_gather']} with 8 blocks, 9 with the course GPT's 4.",
+                     kind="explain"),
         NumberChoice("A model whose every unit is gathered twice per step (no root kept gathered) sends "
                      "1.5x DDP's bytes under ZeRO-3 on 4 ranks, in the ring model. What is the ratio on 64 ranks?", wide[3] / wide[0], [1, 2, wide[0] / wide[3]], "{:.2f}", kind="predict",
                      explanation=f"{wide[3] / wide[0]:g}: both volumes carry the same (N-1)/N x M factor, "
@@ -404,20 +410,23 @@ def quiz_08() -> Quiz:
     hsdp13 = model_states(13e9, world_size=8, stage=3, recipe="mixed").total / GB     # sharded in a node
     full13 = model_states(13e9, world_size=32, stage=3, recipe="mixed").total / GB
     return Quiz("08 Beyond one box", [
-        Numeric("HSDP's price: 13B parameters, mixed-precision Adam (16 bytes per parameter), 4 nodes of "
-                "8 GPUs, sharded inside each node. Predict the GB of model states per GPU.",
-                hsdp13, unit="GB", tol=0.5, minimum=0, kind="predict",
-                explanation=f"HSDP shards over the 8 GPUs of a node only: 16 x 13e9 / 8 = {hsdp13:g} GB per GPU; "
-                            f"full sharding over all 32 would hold {full13:g} GB. The replicas trade memory "
-                            f"for fewer bytes across nodes. ({16 * 13e9 / 4 / GB:g}: sharded over the 4 "
-                            f"replicas instead; {16 * 13e9 / GB:g}: nothing sharded.)"),
+        SingleChoice("A 13B model (mixed-precision Adam, 16 bytes per parameter) trains with HSDP, sharded "
+                     "inside each node of 8 GPUs, on 4 nodes; then on 8 nodes. Its model states per GPU?",
+                     [f"Unchanged at {hsdp13:g} GB: HSDP shards over a node's 8 GPUs, and more nodes only add replicas",
+                      f"Halved, from {hsdp13:g} to {hsdp13 / 2:g} GB: twice the GPUs share the same states, as in full sharding",
+                      f"Doubled, from {hsdp13:g} to {2 * hsdp13:g} GB: each node also keeps the replicas of the new nodes",
+                      f"Unchanged at {full13:g} GB: HSDP shards over every GPU once a job spans more than one node"],
+                     "a", f"HSDP shards over the g GPUs of a node only: 16 x 13e9 / 8 = {hsdp13:g} GB per GPU on any "
+                          f"number of nodes. Full sharding over 32 GPUs holds {full13:g} GB, over 64 half that. "
+                          "HSDP's price is memory that does not shrink as the job grows; what it buys is fewer "
+                          "bytes across nodes.", kind="predict"),
         SingleChoice("Section 2's model, 7B on 4 nodes of 8 GPUs, on two clusters: A has one 100 GB/s NIC "
                      "per GPU, B a single 100 GB/s NIC per node. Which strategy is faster on each?",
                      ["A: full sharding; B: HSDP",
                       "HSDP on both, since it sends half the bytes across nodes",
                       "Full sharding on both, since both cards are fast",
                       "A: HSDP; B: full sharding"],
-                     "a", f"Section 2 printed where the two cross: with a NIC per GPU HSDP is faster below "
+                     "a", f"Section 2's plot marks where the two cross: with a NIC per GPU HSDP is faster below "
                           f"{per_gpu:.0f} GB/s per NIC, with one NIC per node at every bandwidth. On A, "
                           "full sharding's rings use NVLink and all 8 cards at once, and 100 GB/s is above "
                           "the crossover. On B, every byte that leaves the node goes through one card, and "
