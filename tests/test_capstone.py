@@ -1,4 +1,4 @@
-"""Capstone 08.2: the learner computes each option's memory per GPU from the model-state
+"""Capstone 11.4 (appendix 11): the learner computes each option's memory per GPU from the model-state
 formulas and picks a strategy; both are graded against the planner."""
 import pytest
 from toys import answer
@@ -108,7 +108,7 @@ def test_the_scenario_gives_numbers_not_the_planner():
 
 
 def _first_fit(s, strategies):
-    return answer("08.2")[0]["first_fit"](s, strategies)
+    return answer("11.4")[0]["first_fit"](s, strategies)
 
 
 def _few_nics(s):
@@ -132,6 +132,6 @@ def test_step_two_is_graded(capsys):
         failed = [line for line in capsys.readouterr().out.splitlines() if "choice differs" in line]
         assert failed and all(scenario in line for line in failed), (scenario, failed)
     hsdp_first = lambda s: (_first_fit(s, ["HSDP", "DDP", "ZeRO-1"]) or _first_fit(s, ["ZeRO-2", "ZeRO-3"])  # noqa: E731
-                            ) if _few_nics(s) and s.model == "llama-2-7b" else answer("08.2")[0]["choose_solution"](s)
+                            ) if _few_nics(s) and s.model == "llama-2-7b" else answer("11.4")[0]["choose_solution"](s)
     assert check_capstone(hsdp_first)
     assert "7B on 2 nodes, one NIC per node: memory right" in capsys.readouterr().out

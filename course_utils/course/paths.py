@@ -19,14 +19,15 @@ NOTEBOOKS = [
      "ZeRO-1 as a torch optimizer, graded on 2-4 ranks."),
     ("05_zero2.ipynb", "ZeRO-2",
      "Gradient sharding during backward; peak gradient memory measured; accumulation; optionally, "
-     "you join your ZeRO-1 and DDP hooks into ZeRO-2, graded on 2-4 ranks."),
+     "you join ZeRO-1 and DDP's hooks into ZeRO-2, graded on 2-4 ranks."),
     ("06_zero3.ipynb", "ZeRO-3",
      "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit, graded on 2-4 ranks, then "
      "measure its bytes and gathers on the course model; 1.5x DDP in the ring model; prefetching."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",
      "fully_shard on the course model: wrapping, mixed precision, offload, checkpoints."),
     ("08_beyond_one_box.ipynb", "Beyond one box",
-     "Hybrid sharding, DeepSpeed configs, choosing a strategy, torchrun on several nodes."),
+     "Hybrid sharding, and when it beats full sharding, in bytes and on the clock; torchrun on several "
+     "nodes; finding where a job hangs."),
     ("09_appendix_forensics.ipynb", "Appendix: published runs",
      "Optional: what accumulation and more GPUs cost in a published gpt2-xl benchmark, the planner "
      "against its every figure, Megatron's distributed optimizer, why memory estimators disagree, "
@@ -35,8 +36,8 @@ NOTEBOOKS = [
      "Optional: FSDP1's names in detail, the options' finer points, checkpoint internals, three "
      "common problems fixed, every strategy of the course side by side."),
     ("11_appendix_at_scale.ipynb", "Appendix: at scale, in depth",
-     "Optional: the multi-node time model, the planner's assumptions, a DeepSpeed config next to "
-     "torch's in full, more hangs."),
+     "Optional: the multi-node time model, choosing a strategy with the planner (its assumptions, a "
+     "widget, the capstone), a DeepSpeed config next to torch's in full, more hangs."),
     ("12_appendix_zero3_in_depth.ipynb", "Appendix: ZeRO-3 in depth",
      "Optional: ZeRO-3's bytes unit by unit and on gloo's wire, the root freed after forward, a 7B "
      "model's count, gradient accumulation, ZeRO-3 next to tensor parallelism, and LoRA on a frozen "

@@ -432,7 +432,7 @@ def quiz_08() -> Quiz:
                           "the crossover. On B, every byte that leaves the node goes through one card, and "
                           "full sharding sends about twice HSDP's.",
                      kind="compare"),
-        SingleChoice("Section 5's uneven data again, on gloo ranks, but the model is wrapped with fully_shard "
+        SingleChoice("Section 4's uneven data again, on gloo ranks, but the model is wrapped with fully_shard "
                      "(notebook 07) instead of torch DDP: rank 1 has one batch fewer. Where does rank 0 wait?",
                      ["In backward, in the gradient all-reduce, as with DDP, since the gradients still need "
                       "averaging",

@@ -1,5 +1,5 @@
 """What the implementations of :mod:`course_utils.impl` share: the same start on every
-rank, buckets and the hooks that send them during backward (DDP, ZeRO-2), flat padded
+rank, buckets (the hooks that send them during backward: :mod:`.hooks`), flat padded
 buffers and their shards, who holds the gradients (for clipping).
 """
 from __future__ import annotations
@@ -12,11 +12,10 @@ import torch.distributed as dist
 from torch import nn
 
 from ..checks import check_int
-from ..runtime.compat import queue_backward_callback
 from ..theory.layout import padded_numel
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "broadcast_from_rank0", "trainable", 
-           "make_buckets", "BucketHooks", "flatten_and_pad", "free_storage", "alloc_storage", "storage_bytes", "check_bucket_bytes",
+           "make_buckets", "flatten_and_pad", "free_storage", "alloc_storage", "storage_bytes", "check_bucket_bytes",
            "WrapsOptimizer", "register_grad_owner", "grad_owners", "clip_sharded_", "real_optimizer"]
 
 #: Gradient bucket size of ``"ddp"``, ``"torch-ddp"`` and ZeRO-1/2: 25 MiB, torch DDP's default.
@@ -55,38 +54,6 @@ def make_buckets(params, bucket_bytes=DEFAULT_BUCKET_BYTES) -> list[list[nn.Para
         buckets[-1].append(p)
         size += p.numel() * p.element_size()
     return [b for b in buckets if b]
-
-
-class BucketHooks:
-    """DDP's and ZeRO-2's hooks: each marks its gradient ready and launches, strictly in
-    order (the same collectives on every rank), each bucket whose gradients are all in; the
-    first of a backward queues ``_finish``, which autograd runs when backward ends. A
-    subclass calls :meth:`register_bucket_hooks` from its ``__init__`` and writes ``_launch``
-    (send bucket ``self.next``, move on) and ``_finish``."""
-
-    def register_bucket_hooks(self, buckets) -> None:
-        """The hooks' state (``next`` bucket to launch, ``ready`` gradients, ``queued`` finish)
-        and a gradient hook on every parameter of ``buckets`` (lists, in launch order)."""
-        self.waiting = buckets            # the parameters of each bucket, in launch order
-        self.next, self.ready, self.queued = 0, set(), False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for b in buckets for p in b]
-
-    def _on_grad(self, p) -> None:
-        if not self.queued:               # once per backward: finish when it ends
-            queue_backward_callback(self._finish)
-            self.queued = True
-        if id(p) in self.ready:
-            raise RuntimeError("a gradient arrived twice in one backward (a parameter used by two "
-                               "autograd graphs?); its bucket is sent once per backward")
-        self.ready.add(id(p))
-        while self.next < len(self.waiting) and all(id(q) in self.ready for q in self.waiting[self.next]):
-            self._launch()
-
-    def remove_hooks(self) -> None:
-        """Detach the gradient hooks."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
 
 
 # ------------------------------------------- flat buffers and shards (their sizes: theory.layout)

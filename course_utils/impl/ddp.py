@@ -13,7 +13,8 @@ from torch import nn
 
 from ..checks import require_process_group
 from ..runtime.compat import queue_backward_callback
-from .common import DEFAULT_BUCKET_BYTES, BucketHooks, broadcast_from_rank0, make_buckets, trainable
+from .common import DEFAULT_BUCKET_BYTES, broadcast_from_rank0, make_buckets, trainable
+from .hooks import BucketHooks
 
 __all__ = ["DataParallel", "unwrap"]
 

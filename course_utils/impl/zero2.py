@@ -1,6 +1,6 @@
 """ZeRO-2 = ZeRO-1 + DDP's hooks: :class:`Zero2` is :class:`~course_utils.impl.zero1.Zero1` whose
 gradients are reduce-scattered during backward, bucket by bucket, by
-:class:`~course_utils.impl.common.BucketHooks` (``notebooks/02``'s ``_on_grad``). Its methods are the
+:class:`~course_utils.impl.hooks.BucketHooks` (``notebooks/02``'s ``_on_grad``). Its methods are the
 answer to notebook 05's build (``course/solutions/zero2.py``, tested equal), kept apart from ``Zero1``
 (:mod:`~course_utils.impl.zero1`) so that reading ZeRO-1's hook points does not show the answer. ``overlap=False``:
 :class:`SendAfterBackward`.
@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..runtime.compat import reduce_scatter_tensor
-from .common import DEFAULT_BUCKET_BYTES, BucketHooks, flatten_and_pad
+from .common import DEFAULT_BUCKET_BYTES, flatten_and_pad
+from .hooks import BucketHooks
 from .zero1 import Zero1
 
 __all__ = ["Zero2", "SendAfterBackward"]

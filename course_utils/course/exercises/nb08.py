@@ -1,4 +1,4 @@
-"""The capstone of ``notebooks/08_beyond_one_box.ipynb``: ``choose(scenario) -> (choice, gb)``."""
+"""The capstone of ``notebooks/11_appendix_at_scale.ipynb`` (exercise 11.4): ``choose(scenario) -> (choice, gb)``; and 08's hang fix."""
 from __future__ import annotations
 
 import contextlib

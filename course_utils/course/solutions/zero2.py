@@ -1,7 +1,8 @@
 # Exercise 05.1: build ZeRO-2 on ZeRO-1. The skeleton filled in, as a learner would.
 import torch
 from course_utils.course.exercises import check_zero2, hint, solution
-from course_utils.impl.common import BucketHooks, flatten_and_pad
+from course_utils.impl.common import flatten_and_pad
+from course_utils.impl.hooks import BucketHooks
 from course_utils.impl.zero import Zero1
 from course_utils.runtime.compat import reduce_scatter_tensor
 

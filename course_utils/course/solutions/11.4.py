@@ -1,4 +1,4 @@
-# Exercise 08.2: size it, then pick it. The course's answer.
+# Exercise 11.4 (appendix 11, the capstone): size it, then pick it. The course's answer.
 from course_utils.course import exercises
 from course_utils.theory import planner
 
