@@ -21,7 +21,7 @@ class MyFlatUnit(nn.Module):
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.padded = padded_numel(sum(p.numel() for p in self.params), self.world)
-        self.full = torch.zeros(self.padded, dtype=self.params[0].dtype)
+        self.full = torch.zeros(self.padded, dtype=self.params[0].dtype, device=self.params[0].device)
         off = 0
         for p in self.params:
             self.full[off:off + p.numel()] = p.detach().reshape(-1)
