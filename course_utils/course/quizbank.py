@@ -308,14 +308,18 @@ def quiz_05() -> Quiz:
             "division the update is N times too large; without the wait two messages can be in flight and "
             "the shard reads an unfinished sum; assigning instead of adding loses the other micro-batches.",
             kind="explain"),
-        NumberChoice(
-            f"Section 4 measured ZeRO-2's peak gradient bytes on 2 ranks with one 25 MiB bucket. Predict "
-            f"them on 4 ranks, one bucket (Ψ = {psi:,} fp32, padded to {padded_numel(psi, 4):,}).",
-            peak_four, [4 * p4, peak_one, 4 * p4 // 4], kind="predict",
-            explanation=f"With one bucket nothing leaves before backward ends: every full gradient waits, then "
-                        f"goes into the one padded message, 4·P = {4 * p4:,} B, beside the shard's gradient, "
-                        f"4·P/N = {4 * p4 // 4:,} B: {peak_four:,} B. ({4 * p4:,}: the shard forgotten; "
-                        f"{peak_one:,}: 2 ranks' figure; {4 * p4 // 4:,}: the shard alone, what smaller buckets approach.)"),
+        SingleChoice(
+            "Section 4 measured ZeRO-2's peak gradient bytes with one 25 MiB bucket above ZeRO-1's, although "
+            "ZeRO-2 frees each gradient once it is sent. Why?",
+            ["ZeRO-2 keeps a second, full-size copy of each shard's gradient for accumulation, which ZeRO-1 never does",
+             "Reduce-scatter needs every rank's whole gradient in memory until step(), so nothing can be freed early",
+             "Nothing is sent before backward ends: the whole gradient waits, then its padded message sits beside the shard",
+             "The one bucket is padded up to its full 25 MiB, far more than the course GPT's 517,400 bytes of gradients"],
+            "c",
+            f"A bucket is sent when its last gradient arrives; with one bucket that is the end of backward, so "
+            f"the whole gradient is there, and then the padded message, 4·P, beside the shard's gradient, 4·P/N: "
+            f"{peak_one:,} B on 2 ranks against ZeRO-1's 4·P = {4 * psi:,}. Smaller buckets leave earlier and "
+            "bring the peak down towards the shard alone.", kind="explain"),
     ])
 
 
@@ -389,13 +393,18 @@ def quiz_07() -> Quiz:
                      "a", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
                           "sync_module_states=True). Build the same initial model on every rank, or "
                           "broadcast from rank 0 before sharding.", kind="predict"),
-        Numeric("Gradient accumulation over 4 micro-batches with set_requires_gradient_sync(False) "
-                "on all but the last: reduce-scatters per optimizer step (4 blocks + root)?",
-                course["reduce_scatter"], tol=0, minimum=0, kind="predict",
-                explanation=f"Only the last micro-batch's backward reduce-scatters: one per unit, "
-                            f"{course['reduce_scatter']}, instead of 4 x {course['reduce_scatter']}. The "
-                            "price: unsharded gradients stay allocated between micro-batches. (1: one for "
-                            f"the whole model; {course['reduce_scatter'] - 1}: the root forgotten.)"),
+        SingleChoice("Gradient accumulation over 4 micro-batches, set_requires_gradient_sync(False) on all "
+                     "but the last. What does each rank hold between micro-batches, and what does it buy?",
+                     ["Only its shards' gradients, as usual; the all-gathers of the next forward are skipped",
+                      f"Full, unsharded gradients of every unit; {course['reduce_scatter']} reduce-scatters per "
+                      f"step instead of {4 * course['reduce_scatter']}",
+                      "Nothing: each micro-batch's gradients are recomputed from saved activations at the end",
+                      "Full gradients of the root only; the blocks still reduce-scatter after every micro-batch"],
+                     "b", f"Without the reduce-scatter each backward adds into full-size gradients, which stay "
+                          f"allocated until the last micro-batch reduce-scatters their sum: one per unit, "
+                          f"{course['reduce_scatter']}, instead of 4 x {course['reduce_scatter']}. Fewer "
+                          "collectives, more memory in between (section 5.5 measured 517,400 B held).",
+                     kind="compare", printed="07"),
     ])
 
 
