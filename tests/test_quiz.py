@@ -257,14 +257,14 @@ def test_quiz_05_asks_only_what_05_teaches():
 
 def test_quiz_05_peak_is_the_measured_one():
     """Quiz 05 Q3 asks why ZeRO-2's one-bucket peak is above ZeRO-1's: both measured here, and the
-    explanation's 4·P + 4·P/N."""
+    explanation's 4·Ψ + 4·P + 4·P/N."""
     from course_utils.harness.experiments import run
     from course_utils.impl.zero import DEFAULT_BUCKET_BYTES
 
     peaks = {n: run("zero2", n, steps=1, bucket_bytes=DEFAULT_BUCKET_BYTES, quiet=True)[0].extra["peak_grad_bytes"]
              for n in (2, 4)}
     zero1 = run("zero1", 2, steps=1, quiet=True)[0].extra["peak_grad_bytes"]
-    assert peaks == {2: 776_100, 4: 646_760}          # 4·P + 4·P/N: the padded message and the shard
+    assert peaks == {2: 1_293_500, 4: 1_164_160}      # 4·Ψ + 4·P + 4·P/N: gradients, message, shard
     assert peaks[2] > zero1 == 517_400                # above ZeRO-1's 4·P, as the question says
     assert quiz.check("05", 3, "c").correct
 

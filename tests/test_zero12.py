@@ -117,7 +117,7 @@ def test_variants_mixed_and_peak_gradient_memory():
     assert allreduce[0].comm_bytes == expected_comm_bytes([PSI], 2, STEPS, variant="allreduce")
     # ZeRO-1 always holds the flat gradient buffer, 4·P bytes
     assert ref[0].extra["peak_grad_bytes"] == 4 * PSI
-    # ZeRO-2 with one bucket per parameter: the shard + about one bucket in flight
+    # ZeRO-2 with one bucket per parameter: the shard + at most the biggest bucket's gradients and message
     small = run("zero2", 2, steps=STEPS, bucket_bytes=0, quiet=True)
     biggest = 4 * max(padded_numel(k, 2) for k in small[0].extra["bucket_numels"])
     shard = 4 * sum(padded_numel(k, 2) for k in small[0].extra["bucket_numels"]) // 2

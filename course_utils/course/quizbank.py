@@ -280,9 +280,8 @@ def quiz_05() -> Quiz:
     from ..theory.layout import padded_numel
 
     psi = COURSE_CONFIG.num_params()
-    peak_one = 4 * psi + 4 * padded_numel(psi, 2) // 2     # one bucket on 2 ranks (notebook 05 §4)
-    p4 = padded_numel(psi, 4)
-    peak_four = 4 * p4 + 4 * p4 // 4                        # on 4: the padded message beside the shard
+    p2 = padded_numel(psi, 2)
+    peak_one = 4 * psi + 4 * p2 + 4 * p2 // 2               # one bucket on 2 ranks (notebook 05 §4)
     return Quiz("05 ZeRO-2", [
         SingleChoice(
             "Why can ZeRO-1 not free the full gradients during backward, while ZeRO-2 can?",
@@ -313,13 +312,13 @@ def quiz_05() -> Quiz:
             "ZeRO-2 frees each gradient once it is sent. Why?",
             ["ZeRO-2 keeps a second, full-size copy of each shard's gradient for accumulation, which ZeRO-1 never does",
              "Reduce-scatter needs every rank's whole gradient in memory until step(), so nothing can be freed early",
-             "Nothing is sent before backward ends: the whole gradient waits, then its padded message sits beside the shard",
+             "Nothing is sent before backward ends: the whole gradient waits, then is copied into a message beside the shard",
              "The one bucket is padded up to its full 25 MiB, far more than the course GPT's 517,400 bytes of gradients"],
             "c",
             f"A bucket is sent when its last gradient arrives; with one bucket that is the end of backward, so "
-            f"the whole gradient is there, and then the padded message, 4·P, beside the shard's gradient, 4·P/N: "
-            f"{peak_one:,} B on 2 ranks against ZeRO-1's 4·P = {4 * psi:,}. Smaller buckets leave earlier and "
-            "bring the peak down towards the shard alone.", kind="explain"),
+            f"the whole gradient, 4·Ψ, is there when it is copied into the padded message, 4·P, beside the "
+            f"shard's gradient, 4·P/N: {peak_one:,} B on 2 ranks against ZeRO-1's 4·P = {4 * psi:,}. Smaller "
+            "buckets leave earlier and bring the peak down towards the shard alone.", kind="explain"),
     ])
 
 

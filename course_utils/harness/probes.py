@@ -22,7 +22,8 @@ def grad_bytes(opt) -> int:
 
 class PeakGradBytes:
     """An observer mixed into Zero1/Zero2 (``zero_optimizer(..., observers=(PeakGradBytes,))``):
-    :func:`grad_bytes` noted after each hook, launch and wait."""
+    :func:`grad_bytes` noted after each hook, launch and wait, and inside each launch, where a
+    bucket's gradients and its new message are both alive."""
     peak_grad_bytes = 0
 
     def reset_peak(self) -> None:
@@ -36,6 +37,12 @@ class PeakGradBytes:
         super()._on_grad(p)
 
     def _launch(self) -> None:
+        # Inside a launch, the bucket's gradients and its new padded message coexist for a moment
+        # (after the message in flight, if any, was waited for and freed): count that moment too.
+        flight = getattr(self, "in_flight", None)
+        waited = grad_bytes(self) - (_nbytes(flight.message) if flight is not None else 0)
+        bucket = self.buckets[self.next]
+        self.peak_grad_bytes = max(self.peak_grad_bytes, waited + bucket.flat.numel() * bucket.flat.element_size())
         super()._launch()
         self._note()
 

@@ -59,12 +59,18 @@ def make_buckets(params, bucket_bytes=DEFAULT_BUCKET_BYTES) -> list[list[nn.Para
 # ------------------------------------------- flat buffers and shards (their sizes: theory.layout)
 
 def flatten_and_pad(tensors, world_size: int, *, dtype=None) -> torch.Tensor:
-    """One 1-D tensor: the tensors flattened in order, then zeros up to :func:`padded_numel`."""
+    """One 1-D tensor: the tensors flattened in order, then zeros up to :func:`padded_numel`
+    (allocated once, at its padded size)."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("flatten_and_pad needs at least one tensor")
-    flat = torch.cat([t.reshape(-1).to(dtype or tensors[0].dtype) for t in tensors])
-    return torch.cat([flat, flat.new_zeros(padded_numel(flat.numel(), world_size) - flat.numel())])
+    numel = sum(t.numel() for t in tensors)
+    flat = tensors[0].new_zeros(padded_numel(numel, world_size), dtype=dtype or tensors[0].dtype)
+    offset = 0
+    for t in tensors:                     # copied into the one buffer: no second, unpadded copy
+        flat[offset:offset + t.numel()].copy_(t.reshape(-1))
+        offset += t.numel()
+    return flat
 
 
 def free_storage(t: torch.Tensor) -> None:
