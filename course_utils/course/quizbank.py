@@ -9,7 +9,7 @@ import random
 import zlib
 
 from ..theory.memory import GB, model_states
-from .questions import MultiChoice, Numeric, Quiz, SingleChoice
+from .questions import Numeric, Quiz, SingleChoice
 
 
 class NumberChoice(SingleChoice):
@@ -155,7 +155,8 @@ def quiz_01() -> Quiz:
                       "for only its 1/N of the message",
                       f"They grow from {collective_bytes('all_reduce', m, 8) / 1e9:.2f} to "
                       f"{collective_bytes('all_reduce', m, 64) / 1e9:.2f} GB: 2(N-1) chunks of M/N each, just under 2M",
-                      "They grow eightfold, from 1.75 to 14 GB: each rank exchanges data with eight times as many peers",
+                      f"They grow eightfold, from {collective_bytes('all_reduce', m, 8) / 1e9:.2f} to "
+                      f"{8 * collective_bytes('all_reduce', m, 8) / 1e9:.0f} GB: each rank exchanges data with eight times as many peers",
                       "They stay at 1 GB on both: every rank sends its whole message once to its right neighbour"],
                      "b", f"Each of the 2(N-1) steps moves one chunk of M/N: 2(N-1)/N x M, "
                           f"{collective_bytes('all_reduce', m, 8) / 1e9:.2f} GB on 8 ranks and "
@@ -224,10 +225,8 @@ QUIZZES["02"] = quiz_02
 def quiz_04() -> Quiz:
     from ..theory.comm import collective_bytes
     from ..theory.config import COURSE_CONFIG
-    from ..theory.layout import padded_numel
 
     psi = COURSE_CONFIG.num_params()                    # the course GPT
-    z1_8 = 8 * (padded_numel(psi, 8) // 8)               # AdamW's m and v of one shard, 8 ranks
     ms = {(r, st): model_states(7e9, world_size=4, stage=st, recipe=r).total / GB
           for r in ("mixed", "fp32") for st in (0, 1)}
     m8 = 4 * psi                                         # the fp32 gradient, bytes
@@ -313,7 +312,7 @@ def quiz_05() -> Quiz:
             ["ZeRO-2 keeps a second, full-size copy of each shard's gradient for accumulation, which ZeRO-1 never does",
              "Reduce-scatter needs every rank's whole gradient in memory until step(), so nothing can be freed early",
              "Nothing is sent before backward ends: the whole gradient waits, then is copied into a message beside the shard",
-             "The one bucket is padded up to its full 25 MiB, far more than the course GPT's 517,400 bytes of gradients"],
+             f"The one bucket is padded up to its full 25 MiB, far more than the course GPT's {4 * psi:,} bytes of gradients"],
             "c",
             f"A bucket is sent when its last gradient arrives; with one bucket that is the end of backward, so "
             f"the whole gradient, 4·Ψ, is there when it is copied into the padded message, 4·P, beside the "
