@@ -72,3 +72,19 @@ def test_a_rank_aborted_by_gloo_is_explained_and_the_next_world_sizes_are_not_tr
     assert "2 ranks: rank 1 was killed: gloo aborted it (signal 6): this usually means the ranks called " \
            "collectives whose sizes or order differ" in out
     assert "(not tried on 3 and 4 ranks after that)" in out
+
+
+def test_a_rank_that_segfaults_in_gloo_is_explained_as_a_mismatch(capsys, monkeypatch):
+    """gloo can also crash (signal 11) on mismatched collectives: a CI run saw it for a bucket
+    order reversed on one rank."""
+    from course_utils.labs import grading
+    from course_utils.runtime.launch import LaunchError
+
+    def crashed(*args, **kwargs):
+        raise LaunchError("rank 0 was killed by signal 11 without reporting a result", rank=0, signal=11)
+
+    monkeypatch.setattr(grading, "launch", crashed)
+    assert list(grading.on_world_sizes(lambda: 0, (2, 3), timeout_s=5)) == []
+    out = capsys.readouterr().out
+    assert "2 ranks: rank 0 was killed: it crashed inside gloo (signal 11" in out
+    assert "collectives whose sizes or order differ" in out

@@ -14,7 +14,7 @@ from ..runtime.fmt import show as _show
 from ..runtime.launch import LaunchError, LaunchTimeout, launch
 
 __all__ = ["GRADER_BACKEND", "Verdict", "compare", "compare_brief", "brief", "launch_or_report", "on_world_sizes",
-           "refuse_non_function", "report_problems", "error_hint", "GLOO_ABORT", "graded_on_rank", "report_ranks", "judge_on_ranks",
+           "refuse_non_function", "report_problems", "error_hint", "GLOO_ABORT", "GLOO_CRASH", "graded_on_rank", "report_ranks", "judge_on_ranks",
            "grade_on_ranks", "grade_cases", "first_problem", "carried_over", "PASSED", "grade_build"]
 
 
@@ -92,6 +92,10 @@ GRADER_BACKEND = "gloo"
 #: What a rank killed by signal 6 (SIGABRT) usually means in a grader's gloo ranks.
 GLOO_ABORT = ("gloo aborted it (signal 6): this usually means the ranks called collectives whose sizes or "
               "order differ (e.g. a bucket order that differs between ranks)")
+#: A grader's rank runs only Python and collectives: a segmentation fault there is gloo reading a
+#: message of another size than it expected, as after an abort.
+GLOO_CRASH = ("it crashed inside gloo (signal 11, a segmentation fault): this usually means the ranks called "
+              "collectives whose sizes or order differ (e.g. a bucket order that differs between ranks)")
 
 #: What gloo's own errors of a mismatched collective usually mean (a peer sent another size, or
 #: closed its connection when it aborted on one): said whichever rank reports first.
@@ -180,8 +184,8 @@ def launch_or_report(fn: Callable, world_size: int, *args, timeout_s: float, qui
               "  Do all ranks call the same collectives in the same order?")
     except LaunchError as exc:
         if exc.exc_type is None:     # killed by a signal (e.g. gloo aborted it): no Python error
-            if exc.signal == 6:
-                print(f"{label}: rank {exc.rank} was killed: {GLOO_ABORT}")
+            if exc.signal in (6, 11):
+                print(f"{label}: rank {exc.rank} was killed: {GLOO_ABORT if exc.signal == 6 else GLOO_CRASH}")
             else:
                 print(f"{label}: {str(exc).splitlines()[0]}")
         else:

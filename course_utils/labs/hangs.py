@@ -633,8 +633,11 @@ def flight_recorder(name: str = "skipped_collective", *, last: int = 3, timeout_
     for rank, d in enumerate(dumps):
         done = next(iter(d.get("pg_status", {}).values()), {}).get("last_completed_collective", -1)
         ops = sorted(_ops(d).items())
-        calls = ", ".join(f"#{seq} {op} {sizes}{'' if seq <= done else ' (not completed)'}"
-                          for seq, (op, sizes) in ops[-last:])
+        # Only the last one can still be waiting: each earlier one was a blocking call the rank got past
+        # (the recorder marks completion asynchronously, so its status of those varies from run to run).
+        shown = ops[-last:]
+        calls = ", ".join(f"#{seq} {op} {sizes}{' (not completed)' if seq == shown[-1][0] and seq > done else ''}"
+                          for seq, (op, sizes) in shown)
         lines.append(f"  rank {rank}: {'..., ' if len(ops) > last else ''}{calls}")
     found = first_mismatch(dumps)
     if found is None:
