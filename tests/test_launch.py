@@ -1,8 +1,11 @@
 """The launcher: results by rank, errors, hangs, interrupts, no process left behind."""
+import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -399,6 +402,15 @@ def test_ranks_die_with_a_killed_parent(tmp_path, start_method):
     proc.kill()
     proc.communicate(timeout=30)
     assert _all_gone(pids), "a rank outlived its killed parent"
+    left = glob.glob(os.path.join(tempfile.gettempdir(), f"course-launch-{proc.pid}-*"))
+    assert left, "the killed launch left no work directory: the next assertion tests nothing"
+    live = tempfile.mkdtemp(prefix=f"course-launch-{os.getpid()}-")     # a live launcher's
+    try:
+        launch(rank_fns.rank_and_sum, 1, quiet=True)
+        assert not any(os.path.exists(d) for d in left), "the next launch left a dead launch's directory"
+        assert os.path.isdir(live), "the next launch removed a live launcher's directory"
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
 
 
 @pytest.mark.parametrize("world_size,start_method", [(4, "fork"), (2, "forkserver"), (2, "spawn")])
