@@ -1,6 +1,7 @@
 """Exercise 06.1 (build ZeRO-3): the course's FlatUnit (what Zero3 is made of) passes the
 grader as it is; the notebook's scaffold, completed as its TODOs say (``solution("zero3")``), passes; planted mistakes fail
 with the message that names them."""
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -117,7 +118,7 @@ def test_a_non_class_is_refused(capsys):
 
 def test_the_learners_unit_is_measured_on_the_course_model(capsys):
     """Notebook 06 §5: once a unit passed check_zero3, ``yours`` hands it to ``units_on_rank``,
-    which measures it on the course model's blocks; the reference gives the same measurement,
+    which measures it on the whole course model (the blocks and the root its units); the reference gives the same measurement,
     and a unit that never frees after forward shows every block gathered at once."""
     PASSED.clear()
     PASSED["zero3"] = Solution
@@ -125,15 +126,62 @@ def test_the_learners_unit_is_measured_on_the_course_model(capsys):
         assert yours("zero3", Solution) is Solution
     finally:
         PASSED.clear()
-    block = 4 * 30_650                                      # one block's fp32 bytes, even: no padding on 2
+    root, block = 4 * 6_750, 4 * 30_650                     # fp32 bytes, even: no padding on 2
+    model = root + 4 * block
     mine, ref = (launch(units_on_rank, 2, cls, quiet=True) for cls in (Solution, FlatUnit))
     for m, r in zip(mine, ref):
-        assert m["at_rest"] == m["at_rest_after"] == r["at_rest"] == 4 * block // 2
-        assert m["calls"] == r["calls"] == {"all_reduce": 0, "reduce_scatter": 4, "all_gather": 8}
-        assert m["sent"] == r["sent"] and m["peak_gathered"] == block and m["after_step"] == 0
+        assert m["at_rest"] == m["at_rest_after"] == r["at_rest"] == model // 2
+        assert m["calls"] == r["calls"] == {"all_reduce": 0, "reduce_scatter": 5, "all_gather": 9}  # 2L + 1
+        assert m["sent"] == r["sent"] and m["peak_gathered"] == root + block and m["after_step"] == 0
         assert max(abs(a - b) for a, b in zip(m["losses"], m["ref_losses"])) < 1e-6
     keeps = launch(units_on_rank, 2, NeverFreesAfterForward, quiet=True)[0]
-    assert keeps["peak_gathered"] == 4 * block and keeps["at_rest_after"] == 4 * block // 2
+    assert keeps["peak_gathered"] == model and keeps["at_rest_after"] == model // 2
+
+
+def _units_loop(rank, world_size, cls=Solution, steps=3):
+    """An ordinary loop (SGD with momentum, a scheduler, clipping) on the whole model made of ``cls``'s units,
+    then the full parameters; and what ``wrap`` says to a model it cannot shard that way."""
+    from course_utils.harness import experiments as ex
+    from course_utils.harness.model import SyntheticData, build_model
+    model = build_model(seed=0)
+    if world_size > 1:
+        model, opt = ex.wrap("zero3", model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), impl=cls)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 / (1 + k))
+    data, norms = SyntheticData(global_batch=ex.GLOBAL_BATCH, seed=0), []
+    for step in range(steps):
+        model(*data.shard(step, rank, world_size)).backward()
+        norms.append(float(ex.clip_grad_norm_(model, 0.5)))
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    errors = []
+    tied = build_model(seed=0)
+    tied.blocks[1].attn = tied.blocks[0].attn
+    two = lambda ps: torch.optim.AdamW([{"params": list(ps)[:2], "lr": 1.0}, {"params": list(ps)[2:]}])
+    for bad in (lambda: ex.wrap("zero3", tied, torch.optim.AdamW, impl=cls),
+                lambda: ex.wrap("zero3", build_model(seed=0), two, impl=cls)):
+        try:
+            bad()
+            errors.append(None)
+        except ValueError as exc:
+            errors.append(str(exc))
+    return {"norms": norms, "params": ex.full_parameters(model), "errors": errors}
+
+
+def test_the_whole_model_from_the_learners_unit_behaves_like_torch():
+    """``wrap("zero3", impl=MyFlatUnit)``: SGD, an LR scheduler and clipping in an ordinary
+    loop give one process's norms and parameters (3 ranks: every unit padded); a tied weight
+    across blocks and two parameter groups are refused by name."""
+    one = launch(_units_loop, 1, quiet=True)[0]
+    for got in launch(_units_loop, 3, quiet=True):
+        assert got["norms"] == pytest.approx(one["norms"], rel=1e-5)
+        assert got["params"].keys() == one["params"].keys()
+        for name, t in one["params"].items():
+            torch.testing.assert_close(got["params"][name], t, rtol=0, atol=1e-6, msg=name)
+        assert "shares a trainable parameter with another unit" in got["errors"][0]
+        assert "make_optimizer must build a single parameter group" in got["errors"][1]
 
 
 def test_zero3_step_bytes_is_the_ledgers_count(capsys):

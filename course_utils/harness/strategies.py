@@ -111,12 +111,23 @@ def wrap_torch_zero1(model, make_optimizer, *, bucket_bytes=DEFAULT_BUCKET_BYTES
 
 def wrap_zero3(model, make_optimizer, *, overlap: bool = True, group=None, unit_types=None,
                reshard_root: bool = False, param_dtype=None, reduce_dtype=None, ignored_params=(),
-               async_reduce: bool = False):
+               async_reduce: bool = False, impl=None):
     """The ``"zero3"`` strategy: ``(Zero3(model), optimizer)``; ``overlap`` is the prefetch
     switch. ``make_optimizer`` runs on the full-shaped Parameters (so groups made from
     ``p.ndim`` are right), then the optimizer is rebuilt, same class, groups and
-    hyperparameters, over the same Parameters, at rest their pieces of the shards."""
+    hyperparameters, over the same Parameters, at rest their pieces of the shards.
+    ``impl``: a unit class of ``MyFlatUnit``'s shape instead, the whole model made of its units
+    (:class:`~course_utils.harness.units.UnitModel`: no prefetch; one flat shard per unit, so one
+    set of hyperparameters)."""
     groups, cls, defaults = real_optimizer(model, make_optimizer)   # grouped while full-shaped
+    if impl is not None:
+        from .units import UnitModel
+        if any({k: v for k, v in g.items() if k != "params"} != {k: v for k, v in groups[0].items() if k != "params"}
+               for g in groups):
+            raise ValueError(f"impl={impl.__name__} keeps one flat shard per unit, so one set of optimizer "
+                             "hyperparameters: make_optimizer must build a single parameter group")
+        units = UnitModel(model, impl)
+        return units, cls(units.shard_parameters(), **defaults)
     z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root, param_dtype=param_dtype,
               reduce_dtype=reduce_dtype, ignored_params=ignored_params, group=group, async_reduce=async_reduce)
     return z, cls(groups, **defaults)

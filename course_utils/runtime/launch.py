@@ -32,6 +32,7 @@ from typing import Callable
 from ..checks import check_int, check_timeout
 from .fmt import plural
 from .stacks import dump_hung_stacks, user_stacks
+from .workdir import make_workdir
 
 __all__ = ["launch", "LaunchError", "LaunchTimeout", "RankResults", "resolve_backend",
            "choose_start_method", "START_METHODS", "FORKSERVER_PRELOAD", "register_forkserver_preload",
@@ -577,32 +578,6 @@ def _wait(procs: list, timeout: float) -> int:
     return sum(p.exitcode is None for p in procs)
 
 
-#: a launch's files (each rank's output, result, error) live in ``<tmp>/course-launch-<pid>-*``
-_WORKDIR_PREFIX = "course-launch-"
-
-
-def _sweep_stale_workdirs() -> list[str]:
-    """Remove the work directories of launching processes that no longer exist (a kernel killed
-    mid-launch leaves its directory behind); which it removed. POSIX only: elsewhere a dead
-    process cannot be told from a live one without side effects."""
-    if os.name != "posix":
-        return []
-    removed = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(tempfile.gettempdir()):
-            match = re.fullmatch(re.escape(_WORKDIR_PREFIX) + r"(\d+)-\w+", entry.name)
-            if not match or not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
-                continue
-            try:
-                os.kill(int(match.group(1)), 0)
-            except ProcessLookupError:                 # its launcher is gone
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed.append(entry.path)
-            except (PermissionError, OverflowError):   # alive (another user's), or not a pid
-                pass
-    return removed
-
-
 def _load(path: str):
     with open(path, "rb") as f:
         return pickle.load(f)
@@ -619,8 +594,7 @@ def _launch_with(method: str, fn: Callable, world_size: int, chosen: str, args: 
     if method != "fork":           # fn, args, kwargs travel by value (notebook functions too)
         fn, args, rank_kwargs = _by_value(fn, args, rank_kwargs, method), (), [{}] * world_size
 
-    _sweep_stale_workdirs()
-    workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+    workdir = make_workdir()
     cfg = _Config(world_size, chosen, float(timeout_s), workdir, dict(env or {}))
     ctx = mp.get_context(method)
     if method == "forkserver":

@@ -349,25 +349,24 @@ def check_zero3(cls, *, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict
 
 
 def units_on_rank(cls, steps: int = 2) -> dict:
-    """``cls`` measured on the course model: each of its blocks wrapped as ``cls(block)``, the
-    root (embeddings, final norm) frozen and whole on every rank, SGD on the global batch of 12
-    beside one process. Returns what this rank holds, sends and frees, and the losses."""
+    """``cls`` measured on the whole course model: each of its blocks ``cls(block)`` and the root
+    (embeddings, final norm) one more ``cls`` (:class:`~course_utils.harness.units.UnitModel`), SGD
+    on the global batch of 12 beside one process. Returns what this rank holds, sends and frees,
+    and the losses."""
     from ...harness.experiments import global_loss
     from ...harness.model import SyntheticData, build_model
+    from ...harness.units import UnitModel
     from ...runtime.ledger import CommLedger
     rank, world = dist.get_rank(), dist.get_world_size()
-    ref, model = build_model(seed=0), build_model(seed=0)
-    for name, p in [*ref.named_parameters(), *model.named_parameters()]:
-        p.requires_grad_(name.startswith("blocks."))
-    model.blocks = nn.ModuleList(cls(block) for block in model.blocks)
-    units, gathered, peaks = list(model.blocks), [], []
-    for unit in units:       # while a block computes: the bytes of every gathered buffer alive
+    ref, model = build_model(seed=0), UnitModel(build_model(seed=0), cls)
+    gathered, peaks = [], []
+    for unit in model.units[1:]:   # while a block computes: the bytes of every gathered buffer alive
         unit.module.register_forward_hook(lambda *_: peaks.append(_held_bytes([r() for r in gathered])))
     def at_rest():
         return _held_bytes([p for p in model.parameters() if p.requires_grad] +
-                           [getattr(u, name, None) for u in units for name in ("shard", "full")])
+                           [getattr(u, name, None) for u in model.units for name in ("shard", "full")])
     seen = {"at_rest": at_rest(), "losses": [], "ref_losses": []}
-    opt, ref_opt = (torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=BUILD_LR) for m in (model, ref))
+    opt, ref_opt = (torch.optim.SGD(ps, lr=BUILD_LR) for ps in (model.shard_parameters(), ref.parameters()))
     data = SyntheticData(global_batch=BUILD_BATCH, seed=0)
     for step in range(steps):
         ref_loss = ref(*data.batch(step))
