@@ -169,7 +169,7 @@ def test_quiz_00_numbers_come_from_the_calculator():
 
     assert model_states(7e9, world_size=8, stage=0).total / GB == 112
     assert quiz.check("00", 1, "112 GB").correct and not quiz.check("00", 1, "14 GB").correct
-    assert quiz.check("00", 2, "6").correct and not quiz.check("00", 2, "10").correct   # section 4's example
+    assert quiz.check("00", 2, "36").correct and not quiz.check("00", 2, "12").correct   # the sum, summed again
     assert quiz.check("00", 3, "c").correct                      # a dead rank: the others wait
 
 
@@ -182,7 +182,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("01", 3, "14.02 ms").correct and not quiz.check("01", 3, "16.33 ms").correct
     assert round(predict_time("all_reduce", 4e6, 8, 10e-6, 300e9) * 1e3, 2) == 0.16        # the bucket, as said
     assert quiz.check("03", 1, "d").correct                                   # 4 -> 8 GPUs: ZeRO-3 drops most
-    assert quiz.check("03", 2, "10").correct and not quiz.check("03", 2, "9").correct   # 14 + 98 / N <= 24
+    assert quiz.check("03", 2, "b").correct                                   # ZeRO-2's floor: the weights, 14 GB
     assert quiz.check("03", 3, "3.40x").correct and not quiz.check("03", 3, "4.00x").correct
     from course_utils.theory.memory import activation_bytes, block_terms
     blocks = [sum(block_terms("gpt2-xl", micro_batch=1, seq=s).values()) for s in (1024, 2048)]

@@ -45,10 +45,13 @@ def quiz_00() -> Quiz:
         ),
         Numeric(
             "Section 3's hello() on 3 ranks instead of 4: each rank puts rank + 1 in a tensor and "
-            "all-reduces it. What does rank 0's tensor hold afterwards?",
-            1 + 2 + 3, tol=0, kind="predict",
-            explanation="all_reduce (op=SUM) gives every rank the sum of every rank's tensor: "
-                        "1 + 2 + 3 = 6, on all 3 ranks, not only rank 0.",
+            "all-reduces it. Then every rank doubles its tensor and all-reduces it once more. What "
+            "does rank 2's tensor hold at the end?",
+            3 * 2 * (1 + 2 + 3), tol=0, kind="predict",
+            explanation="all_reduce (op=SUM) leaves the sum of every rank's tensor on every rank: after the "
+                        "first, all 3 hold 1 + 2 + 3 = 6. Doubled, each holds 12, and the second all-reduce "
+                        "sums the three: 36, on every rank. (12: the second all-reduce taken to change "
+                        "nothing, since the ranks already agree; but it sums, it does not average.)",
         ),
         SingleChoice(
             "Four processes started by hand (nothing watches them) train together. Rank 2 gets "
@@ -95,13 +98,22 @@ def quiz_03() -> Quiz:
             "From 4 to 8 GPUs: " + ", ".join(f"{names[st]} {four[st]:g} -> {eight[st]:g} GB" for st in range(4))
             + ". Only the sharded parts shrink, and ZeRO-3 shards all 16 bytes; DDP gains nothing.",
             kind="compare"),
-        Numeric(f"The same 7B model with ZeRO-2: how many GPUs at least bring its model states to "
-                f"{small} GB per GPU or less?",
-                z2_gpus, tol=0, minimum=1, kind="predict",
-                explanation=f"ZeRO-2 keeps the 2-byte parameters whole ({whole7.params / GB:g} GB) and shards "
-                            f"the other 14 bytes: {whole7.params / GB:g} + {(whole7.total - whole7.params) / GB:g} / N "
-                            f"<= {small} needs N >= {z2_gpus}. ZeRO-1 never gets there: it keeps parameters and "
-                            f"gradients whole, {(whole7.params + whole7.grads) / GB:g} GB on every GPU."),
+        SingleChoice(
+            "The same 7B model with ZeRO-2 on ever more GPUs: what do its model states per GPU "
+            "approach, and why?",
+            [f"{(whole7.params + whole7.grads) / GB:g} GB: weights and gradients stay whole on every GPU, only "
+             "the optimizer states are split",
+             f"{whole7.params / GB:g} GB: the 2-byte weights stay whole on every GPU, the other 14 bytes are "
+             "split ever finer",
+             "0 GB: all 16 bytes of each parameter are split, so each GPU's share shrinks without a floor",
+             f"{whole7.optimizer / GB:g} GB: Adam's 12 bytes must stay together on one GPU to be updated, "
+             "the rest is split"],
+            "b",
+            f"ZeRO-2 shards gradients and optimizer states and keeps the parameters whole: "
+            f"{whole7.params / GB:g} + {(whole7.total - whole7.params) / GB:g} / N GB, which falls towards "
+            f"{whole7.params / GB:g} GB (with {small} GB per GPU, N = {z2_gpus} GPUs are enough). ZeRO-1's floor is "
+            f"{(whole7.params + whole7.grads) / GB:g} GB, weights and gradients; only ZeRO-3 has none.",
+            kind="explain"),
         NumberChoice(f"gpt2-xl's blocks (h = {xl_cfg.hidden}, a = {xl_cfg.heads} heads), micro-batch 1, "
                      "standard (not fused) attention: by what factor do the activations of a block grow "
                      "when the sequence doubles from 1024 to 2048 tokens (section 5's formula)?",
