@@ -236,6 +236,9 @@ def test_crossover_is_where_the_times_meet():
     assert multinode.crossovers(1e8, G, NODES, INTRA) == () and math.isinf(multinode.crossover_inter_bw(1e8, G, NODES, INTRA))
     fig = plot_crossover()
     assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes][1].startswith("1 NIC")
+    # one legend below both panels (inside a panel it covered the lines), each label once
+    assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1
+    assert [t.get_text() for t in fig.legends[0].get_texts()].count("full sharding faster") == 1
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

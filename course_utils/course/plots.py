@@ -192,9 +192,10 @@ def plot_crossover(num_params=7e9, gpus_per_node: int = 8, nodes: int = 4, intra
         ax.set_xlabel("bandwidth of one NIC, GB/s (x 8 = Gb/s: 50 GB/s is a 400 Gb/s card)", fontsize=8)
         ax.set_ylabel("communication per step (s)")
         ax.set_title(f"{r} NIC(s) per node of {gpus_per_node} GPUs", fontsize=9)
-        ax.legend(fontsize=7, frameon=False, loc="lower left")
         ax.spines[["top", "right"]].set_visible(False)
     fig.suptitle(f"{num_params / 1e9:g}B params, {nodes} nodes x {gpus_per_node} GPUs, NVLink "
                  f"{intra_bw / 1e9:g} GB/s: 2 all-gathers + 1 reduce-scatter per step", fontsize=9)
-    fig.tight_layout()
+    labelled = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(labelled.values(), labelled.keys(), loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))      # the legend below the panels, off the lines
     return fig
