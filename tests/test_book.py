@@ -174,8 +174,8 @@ def test_quizzes_show_their_answers_behind_a_click(built):
                 assert html.escape(r, quote=False) in details, (nb_path.name, i, r)
             assert html.escape(question.explanation, quote=False).split("`")[0] in details, (nb_path.name, i)
             after = at
-    page = (built.out_dir / "03_memory_anatomy.html").read_text(encoding="utf-8")
-    assert "<details><summary>Answer</summary><p><b>10</b></p>" in page   # 03, question 2: 10 GPUs
+    page = (built.out_dir / "00_orientation.html").read_text(encoding="utf-8")
+    assert "<details><summary>Answer</summary><p><b>36</b></p>" in page   # 00, question 2: summed twice
 
 
 def _css_rules(page):

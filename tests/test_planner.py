@@ -314,6 +314,12 @@ def test_widget_bundle_and_interaction():
     assert bundle["text/plain"] == f"{LIVE_NOTE}\n{PlannerSetting().text()}"
     assert {"image/png", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
     assert "llama-2-13b" in bundle["text/plain"] and "HSDP" in bundle["text/plain"]
+    # the saved picture (what an untrusted notebook shows) is as wide as its plot: the long
+    # inputs and recommendation lines are wrapped, not stretched to 2,500 px
+    import base64, io
+    import matplotlib.pyplot as plt
+    picture = plt.imread(io.BytesIO(base64.b64decode(bundle["image/png"])))
+    assert picture.shape[1] <= 1100, picture.shape
     assert w.controls["nics_per_node"].label == "one per GPU" and "8 NIC(s) of 50 GB/s" in bundle["text/plain"]
     w.controls["nics_per_node"].value = 1
     assert w.setting.nics_per_node == 1 and "1 NIC(s) of 50 GB/s" in w.out.outputs[1]["text"]

@@ -22,7 +22,7 @@ NOTEBOOKS = [
      "you join ZeRO-1 and DDP's hooks into ZeRO-2, graded on 2-4 ranks."),
     ("06_zero3.ipynb", "ZeRO-3",
      "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit, graded on 2-4 ranks, then "
-     "measure its bytes and gathers on the course model; 1.5x DDP in the ring model; prefetching."),
+     "run the whole course model on your units, measured and timed; 1.5x DDP in the ring model; prefetching."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",
      "fully_shard on the course model: wrapping, mixed precision, offload, checkpoints."),
     ("08_beyond_one_box.ipynb", "Beyond one box",

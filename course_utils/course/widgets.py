@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import base64
 import io
+import textwrap
 
 __all__ = ["VIEW_MIME", "SUPPORTED_IPYWIDGETS", "LIVE_NOTE", "bundle", "ipywidgets_major", "png_b64", "static_png"]
 
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 #: The ipywidgets versions the course's widgets are written for (pyproject.toml says the same).
 SUPPORTED_IPYWIDGETS = ">=7.7,<9"
+#: the width of a character of 8-pt monospace, inches
+CHAR_IN = 0.066
 #: What a saved (static) form says under its picture, where the live controls cannot render.
 LIVE_NOTE = "Saved picture of one setting: run this cell (JupyterLab or Colab) for live controls."
 
@@ -58,10 +61,12 @@ def static_png(fig, text: str = "") -> str:
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     image = plt.imread(io.BytesIO(base64.b64decode(png_b64(fig))))
     plt.close(fig)
-    lines = [*text.splitlines(), "", LIVE_NOTE]
     height, width = image.shape[0] / 80, image.shape[1] / 80           # inches at 80 dpi
+    fits = max(int(width / CHAR_IN), 100)      # a longer line (a sentence, not a table row) is wrapped
+    lines = [part for t in [*text.splitlines(), "", LIVE_NOTE]
+             for part in (textwrap.wrap(t, fits, subsequent_indent="    ") if len(t) > fits else [t])]
     line = 0.15
-    width = max(width, 0.066 * max(len(t) for t in lines))            # 8-pt monospace, about 0.066 in a char
+    width = max(width, CHAR_IN * max(len(t) for t in lines))
     out = plt.figure(figsize=(width, height + line * (len(lines) + 1)))
     top = height / (height + line * (len(lines) + 1))
     ax = out.add_axes((0, 1 - top, image.shape[1] / 80 / width, top))

@@ -50,7 +50,7 @@ HINTS = {
             (bucket, flat, work): wait, divide by the world size, split flat by the parameters'
             numel back into their .grad (view_as); then reset the state for the next backward."""),
     "zero1": ("""MyZero1, where to start: __init__, one parameter group at a time.
-  - flatten_and_pad(the group's trainable parameters, N): one buffer; make each parameter a view
+  - flatten_and_pad(the group's trainable parameters, detached, N): one buffer (outside autograd); make each parameter a view
     of its piece (p.data = a slice of it, view_as(p)): the all-gather then updates the model;
   - shard_bounds(Ψ of the group, N, rank): this rank's [lo, hi); the shard is an nn.Parameter over
     that slice of the buffer (a view, no copy), with a zeroed .grad the step will fill;
