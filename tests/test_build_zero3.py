@@ -145,7 +145,9 @@ def _units_loop(rank, world_size, cls=Solution, steps=3):
     from course_utils.harness.model import SyntheticData, build_model
     model = build_model(seed=0)
     if world_size > 1:
-        model, opt = ex.wrap("zero3", model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), impl=cls)
+        # the group's own lr, not the optimizer's default, must reach the shards' optimizer
+        make = lambda ps: torch.optim.SGD([{"params": list(ps), "lr": 0.1}], lr=0.5, momentum=0.9)
+        model, opt = ex.wrap("zero3", model, make, impl=cls)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1 / (1 + k))

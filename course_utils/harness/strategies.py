@@ -127,7 +127,7 @@ def wrap_zero3(model, make_optimizer, *, overlap: bool = True, group=None, unit_
             raise ValueError(f"impl={impl.__name__} keeps one flat shard per unit, so one set of optimizer "
                              "hyperparameters: make_optimizer must build a single parameter group")
         units = UnitModel(model, impl)
-        return units, cls(units.shard_parameters(), **defaults)
+        return units, cls([{**groups[0], "params": units.shard_parameters()}], **defaults)
     z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root, param_dtype=param_dtype,
               reduce_dtype=reduce_dtype, ignored_params=ignored_params, group=group, async_reduce=async_reduce)
     return z, cls(groups, **defaults)
