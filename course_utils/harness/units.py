@@ -37,7 +37,7 @@ class UnitModel(nn.Module):
             raise ValueError("UnitModel makes the children of the model's first nn.ModuleList units; "
                              f"{type(module).__name__} has no nn.ModuleList")
         (_, root_params), *owned = find_units(module)
-        for (block, params), i in zip(owned, range(len(blocks))):
+        for i, (block, params) in enumerate(owned):
             mine = [p for p in block.parameters() if p.requires_grad]
             if {id(p) for p in mine} != {id(p) for p in params}:
                 raise ValueError(f"block {i} shares a trainable parameter with another unit (tied weights): "
