@@ -114,17 +114,23 @@ def quiz_03() -> Quiz:
             f"{whole7.params / GB:g} GB (with {small} GB per GPU, N = {z2_gpus} GPUs are enough). ZeRO-1's floor is "
             f"{(whole7.params + whole7.grads) / GB:g} GB, weights and gradients; only ZeRO-3 has none.",
             kind="explain"),
-        NumberChoice(f"gpt2-xl's blocks (h = {xl_cfg.hidden}, a = {xl_cfg.heads} heads), micro-batch 1, "
-                     "standard (not fused) attention: by what factor do the activations of a block grow "
-                     "when the sequence doubles from 1024 to 2048 tokens (section 5's formula)?",
-                     blocks_grow, [4, per_token, 2], "{:.2f}x", kind="predict",
-                     explanation=f"s·b·h·(34 + 5·a·s/h): the bracket is 34 + 5 x {xl_cfg.heads} x 1024 / "
-                                 f"{xl_cfg.hidden} = {34 + 5 * xl_cfg.heads * 1024 / xl_cfg.hidden:g} at s = 1024 "
-                                 f"and {34 + 5 * xl_cfg.heads * 2048 / xl_cfg.hidden:g} at 2048; with the s in "
-                                 f"front doubling, {blocks_grow:.2f}x. Most terms are linear in s, the s x s "
-                                 "attention scores grow 4x; with flash attention there are no scores: exactly "
-                                 f"2x. (4x: every term taken as quadratic; {per_token:.2f}x: the bracket alone, "
-                                 "the s in front forgotten; 2x: the scores forgotten.)"),
+        SingleChoice(f"gpt2-xl's blocks (h = {xl_cfg.hidden}, a = {xl_cfg.heads} heads), micro-batch 1, "
+                     "standard (not fused) attention: the sequence doubles from 1024 to 2048 tokens. How "
+                     "do a block's activations grow (section 5's formula), and why?",
+                     ["4x: attention compares every token with every other, so every saved tensor "
+                      "grows with the square of the sequence",
+                      "2x exactly: each token's activations are the same size whatever the sequence, "
+                      "so twice the tokens save twice the bytes",
+                      f"{blocks_grow:.2f}x: most terms hold one value per token and double, the "
+                      "attention scores hold one per pair of tokens and grow 4x",
+                      f"{per_token:.2f}x: only the bracket 34 + 5·a·s/h grows with the sequence; "
+                      "the s·b·h in front of it is the model's fixed size"],
+                     "c", f"s·b·h·(34 + 5·a·s/h): the bracket is 34 + 5 x {xl_cfg.heads} x 1024 / "
+                          f"{xl_cfg.hidden} = {34 + 5 * xl_cfg.heads * 1024 / xl_cfg.hidden:g} at s = 1024 and "
+                          f"{34 + 5 * xl_cfg.heads * 2048 / xl_cfg.hidden:g} at 2048; with the s in front "
+                          f"doubling, {blocks_grow:.2f}x. The 34 terms are per token (linear in s), the "
+                          "5·a·s/h term is the s x s scores (quadratic); with flash attention there are no "
+                          "saved scores: exactly 2x.", kind="explain"),
         NumberChoice("A model trains on 8 GPUs with ZeRO-1, micro-batch 4 per GPU: 40 GB of model states "
                      "and 30 GB of activations per GPU. You switch to ZeRO-3 on the same 8 GPUs, micro-batch "
                      "unchanged. Predict the activations' GB per GPU.",
@@ -175,17 +181,22 @@ def quiz_01() -> Quiz:
                           f"{collective_bytes('all_reduce', m, 64) / 1e9:.2f} on 64. A rank's bytes hardly grow with "
                           "N: the ring is bandwidth-optimal. What grows is the number of steps, 2(N-1), each "
                           "paying the latency alpha.", kind="predict"),
-        NumberChoice("Section 4's NVLink-class numbers (alpha = 10 us per step, 300 GB/s): 8 GPUs all-reduce "
-                     "100 gradient tensors of 40 kB each, one collective per tensor. Predict the time, in ms "
-                     "(one bucket of all 4 MB would take 0.16 ms).",
-                     one_by_one * 1e3, [bucket * 1e3 * 100, alpha_once * 1e3, half_steps * 1e3], "{:.2f} ms",
-                     kind="predict",
-                     explanation=f"Each 40 kB all-reduce pays 2(N-1) = 14 steps of alpha, 140 us, and only "
-                                 f"{bytes_part * 1e6:.2f} us of bandwidth: {one_by_one * 1e3:.2f} ms for 100, about "
-                                 f"{one_by_one / bucket:.0f}x the one bucket. Latency dominates small messages; "
-                                 f"that is why DDP buckets. ({alpha_once * 1e3:.2f}: one alpha per collective "
-                                 f"instead of per step; {half_steps * 1e3:.2f}: N-1 steps, a reduce-scatter's; "
-                                 f"{bucket * 1e3 * 100:.2f}: the bucket's time x 100, but the bucket is one collective.)"),
+        SingleChoice("Section 4's NVLink-class link (alpha = 10 us per step, 300 GB/s): 8 GPUs all-reduce "
+                     "100 gradient tensors of 40 kB each, one collective per tensor. Which change cuts "
+                     "that time the most?",
+                     ["Halve alpha, so that each of the ring's steps starts sooner",
+                      "Double the bandwidth to 600 GB/s, so that every byte crosses in half the time",
+                      "Send the 100 tensors as one 4 MB all-reduce instead of 100 small ones",
+                      "All-reduce over 4 of the GPUs instead of 8, so that each ring has fewer steps"],
+                     "c", f"Each 40 kB all-reduce pays 2(N-1) = 14 steps of alpha, 140 us, and only "
+                          f"{bytes_part * 1e6:.2f} us of bandwidth: {one_by_one * 1e3:.2f} ms for 100, almost all "
+                          f"latency. One bucket pays the 14 alphas once: {bucket * 1e3:.2f} ms, about "
+                          f"{one_by_one / bucket:.0f}x less. Halving alpha halves it at best "
+                          f"({(one_by_one - 100 * alpha * ring_steps('all_reduce', 8) / 2) * 1e3:.2f} ms); twice the "
+                          f"bandwidth saves a few us; 4 GPUs pay 6 steps instead of 14 "
+                          f"({100 * predict_time('all_reduce', small, 4, alpha, beta) * 1e3:.2f} ms), still per tensor. "
+                          "The bytes are not the problem. That is why DDP buckets.",
+                     kind="compare"),
     ])
 
 
@@ -391,18 +402,24 @@ def quiz_07() -> Quiz:
                                  "(times max_norm 1.0), exactly as one process would. (1/3: each rank clips by its "
                                  "own shard's norm, and the two halves of the model get different factors; 1/7: "
                                  "the norms added instead of their squares; 1/4: the other rank's.)"),
-        SingleChoice("Each rank builds the model after torch.manual_seed(rank), then calls "
-                     "fully_shard. What happens?",
-                     ["Each rank keeps its own init's rows: the model is a mix of N inits, and the losses "
-                      "differ from one process",
-                      "Nothing: fully_shard broadcasts rank 0's weights to every rank when it shards them, "
-                      "as DDP does when built",
-                      "An error at the first all-gather: fully_shard checks that every rank holds the same "
-                      "weights",
-                      "The ranks hang in the first all-gather, waiting for weights that match"],
-                     "a", "FSDP2 shards what each rank holds, with no broadcast (FSDP1 had "
-                          "sync_module_states=True). Build the same initial model on every rank, or "
-                          "broadcast from rank 0 before sharding.", kind="predict"),
+        SingleChoice("Section 3 measured the peak of gathered parameters per block: 149,800 B with "
+                     "reshard_after_forward=True, 517,600 B (the whole model) with False. A 48-block model "
+                     "with 1 GB of bf16 weights per block, on 8 GPUs: what does False do to that peak, "
+                     "and what does it buy?",
+                     ["Raises it from about 6 to 12 GB: each block is now gathered twice at once, "
+                      "once for forward and once for backward; it saves nothing on the link",
+                      "Leaves it at about 2-3 GB: the blocks are freed after backward either way; "
+                      "it saves the reduce-scatters of backward",
+                      "Lowers it to 1/8 of 48 GB, 6 GB: the gathered weights stay sharded over the 8 "
+                      "GPUs in between; it saves forward's 48 all-gathers",
+                      "Raises it from about 2-3 GB to about 48 GB: every block stays gathered from its "
+                      "forward to its backward; it saves backward's 48 all-gathers"],
+                     "d", "With False a block is not resharded after its forward, so by the end of forward "
+                          "all 48 are gathered at once (section 3 printed 517,600 B, root-only's peak); True keeps "
+                          "about the root and one block (149,800 B; two blocks with prefetch). What it buys: backward needs no "
+                          "all-gather, 48 fewer per step; on a link the prefetch already hides, little "
+                          "waiting (section 3's clock). ZeRO-2's trade: bytes for all-gathers.",
+                     kind="compare", printed="07"),
         SingleChoice("Gradient accumulation over 4 micro-batches, set_requires_gradient_sync(False) on all "
                      "but the last. What does each rank hold between micro-batches, and what does it buy?",
                      ["Only its shards' gradients, as usual; the all-gathers of the next forward are skipped",
