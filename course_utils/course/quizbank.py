@@ -212,7 +212,7 @@ def quiz_02() -> Quiz:
                      ["64 KiB buckets, by more than 60 ms",
                       "one bucket, by about 60 ms",
                       "both, by the same 60 ms",
-                      "neither, by more than a few ms"],
+                      "neither shortens by more than a few ms"],
                      "b", "One bucket waits for the whole all-reduce after backward, so its step falls by "
                           "80 - 20 = 60 ms. With 64 KiB buckets most of the 80 ms was already hidden behind "
                           "backward; only the exposed tail (the red part of section 7's plot) can shrink. "
@@ -229,15 +229,18 @@ def quiz_02() -> Quiz:
                           "stay equal, unequal ones stay unequal (and the gradients they average come "
                           "from different models). Nothing in the all-reduce looks at the weights.",
                      kind="predict"),
-        Numeric(f"Section 6 printed the bytes rank 0 sends per step of DDP on 4 ranks, the course GPT "
-                f"(Ψ = {psi:,} fp32 gradients). The global batch doubles, from 12 rows to 24, on the same "
-                f"4 ranks: predict the bytes rank 0 sends per step.",
-                sent[4], unit="bytes", rel_tol=0.001, minimum=0, kind="predict",
-                explanation=f"Section 6 printed {sent[4]:,.0f}, and it stays. The all-reduce carries the gradients, one per "
-                            f"parameter, 2(N-1)/N x 4 bytes x {psi:,}, whatever the batch. A bigger batch makes the "
-                            f"communication a smaller share of the step; more ranks (8: {sent[8]:,.0f}) make "
-                            f"it grow towards 2 x 4 x Ψ.",
-                printed="02"),
+        SingleChoice(f"Section 6 printed {sent[4]:,.0f} B sent by rank 0 per DDP step on 4 ranks, whatever the "
+                     "buckets. Which one change makes that number different?",
+                     ["Doubling the global batch from 12 to 24 rows, on the same 4 ranks",
+                      "Overlapping the all-reduces with backward instead of sending after it",
+                      "Running on 8 ranks instead of 4, with the same global batch of 12 rows",
+                      "Sending 64 KiB buckets instead of one bucket holding every gradient"],
+                     "c", f"The all-reduce carries one gradient per parameter, 2(N-1)/N x 4 bytes x {psi:,}: "
+                          f"only N changes it. Section 6 printed {sent[4]:,.0f} on 4 ranks. On 8 it is {sent[8]:,.0f}, "
+                          "towards 2 x 4 x Ψ. The batch changes the compute, not the gradients' size (a bigger batch "
+                          "makes communication a smaller share of the step); buckets change the number of "
+                          "messages, overlap their timing, never the bytes.",
+                     kind="explain", printed="02"),
     ])
 
 
@@ -404,8 +407,8 @@ def quiz_07() -> Quiz:
                                  "the norms added instead of their squares; 1/4: the other rank's.)"),
         SingleChoice("Section 3 measured the peak of gathered parameters per block: 149,800 B with "
                      "reshard_after_forward=True, 517,600 B (the whole model) with False. A 48-block model "
-                     "with 1 GB of bf16 weights per block, on 8 GPUs: what does False do to that peak, "
-                     "and what does it buy?",
+                     "whose blocks hold 1 GB of bf16 weights each (whole, before sharding), on 8 GPUs: what "
+                     "does False do to that peak, and what does it buy?",
                      ["Raises it from about 6 to 12 GB: each block is now gathered twice at once, "
                       "once for forward and once for backward; it saves nothing on the link",
                       "Leaves it at about 2-3 GB: the blocks are freed after backward either way; "
