@@ -86,12 +86,15 @@ def test_every_build_has_a_hint_that_is_not_its_answer(capsys):
     for name in BUILDS:
         answer = (SOLUTIONS / f"{name}.py").read_text(encoding="utf-8").splitlines()
         code = [l.strip() for l in answer if len(l.strip()) > 25 and not l.strip().startswith(("#", "def ", "class "))]
-        for level, text in enumerate(HINTS[name]):        # where to start, then how
+        assert len(HINTS[name]) == 3, name                # where to start, what each piece is, how
+        for level, text in enumerate(HINTS[name]):
             hint(name)
             out = capsys.readouterr().out
-            assert out.startswith(text) and len(text.splitlines()) >= 5
+            assert out.startswith(text) and len(text.splitlines()) >= (3 if level == 0 else 5)
             assert not [l for l in code if l in text], (name, level)
-            assert f'hint("{name}") again says how' in out if level == 0 else f'solution("{name}") prints' in out
+            assert "where to start" in text.splitlines()[0] if level == 0 else "where to start" not in text
+            assert ({0: 'again says what each piece is', 1: 'again says how'}.get(level, f'solution("{name}") prints')
+                    in out), (name, level, out[-80:])
         hint(name)                                         # past the last: the last again
         assert capsys.readouterr().out.startswith(HINTS[name][-1])
     with pytest.raises(ValueError, match="known build exercises: ddp"):

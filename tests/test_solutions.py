@@ -132,3 +132,21 @@ def test_versus_hides_the_measurement_until_there_is_a_prediction(capsys):
     none, close, off = capsys.readouterr().out.splitlines()
     assert "258" not in none and "predict first" in none
     assert close.endswith("measured 258,708: right") and off.endswith("off by 50%")
+
+
+def test_versus_in_a_notebook_keeps_the_measurement_behind_a_closed_reveal(monkeypatch):
+    """In a kernel the prompt is the text; the HTML (what GitHub and the book show a reader of the
+    saved notebook) has the measurement behind a <details> that starts closed."""
+    import IPython
+    import IPython.display
+
+    from course_utils.course.exercises import versus
+    shown = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: type("Shell", (), {"kernel": object()})())
+    monkeypatch.setattr(IPython.display, "display", lambda bundle, raw: shown.append(bundle))
+    versus(None, 258_708, "optimizer bytes")
+    (bundle,) = shown
+    assert "258" not in bundle["text/plain"] and "predict first" in bundle["text/plain"]
+    html = bundle["text/html"]
+    assert "<details>" in html and "<details open" not in html
+    assert html.index("predict first") < html.index("<details>") < html.index("measured 258,708")

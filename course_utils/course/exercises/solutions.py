@@ -29,10 +29,16 @@ BUILDS = {"ddp": ("MyDDP", DataParallel), "zero1": ("MyZero1", Zero1), "mixed": 
           "zero2": ("MyZero2", Zero2), "zero3": ("MyFlatUnit", FlatUnit)}
 
 
-#: build exercise -> its hints, one per call of :func:`hint`: where to start, then how; said as a
-#: trace or a shape, never as the answer's code
+#: build exercise -> its hints, one per call of :func:`hint`: where to start (the questions to ask),
+#: what each piece is, then how, as a trace; said as a trace or a shape, never as the answer's code
 HINTS = {
-    "ddp": ("""MyDDP, where to start: __init__ first, then check_ddp tells you what it sees next.
+    "ddp": ("""MyDDP, where to start: __init__, then check_ddp says what it sees next.
+  - __init__ has three jobs, in this order: every rank's model made equal to rank 0's; the trainable
+    parameters cut into buckets in the order backward produces their gradients (the cell imports a
+    helper for it); a hook on each trainable parameter that calls self._on_grad.
+  - the hooks run one at a time, with memory between calls: decide what state says which bucket
+    goes next, which gradients are in and what is in flight, before writing _on_grad.""",
+            """MyDDP, what each piece is, __init__ first:
   - the same start: dist.broadcast each parameter and buffer (their .data) from rank 0;
   - the buckets: make_buckets(trainable parameters, bucket_bytes) gives lists in backward's order;
   - the hooks' state: which bucket goes next, which parameters have their gradient, what is in
@@ -50,6 +56,10 @@ HINTS = {
             (bucket, flat, work): wait, divide by the world size, split flat by the parameters'
             numel back into their .grad (view_as); then reset the state for the next backward."""),
     "zero1": ("""MyZero1, where to start: __init__, one parameter group at a time.
+  - section 4's cell did every piece on 2 ranks: a flat padded buffer that the parameters view,
+    this rank's slice of it, an inner optimizer that sees only that slice;
+  - for each piece ask: a copy or a view? seen by autograd or not? step() depends on the answers.""",
+              """MyZero1, what each piece is, per parameter group:
   - flatten_and_pad(the group's trainable parameters, detached, N): one buffer (outside autograd); make each parameter a view
     of its piece (p.data = a slice of it, view_as(p)): the all-gather then updates the model;
   - shard_bounds(Ψ of the group, N, rank): this rank's [lo, hi); the shard is an nn.Parameter over
@@ -60,7 +70,11 @@ HINTS = {
   hyper(group) into the matching inner group (a scheduler changes yours); then one
   self.inner.step(); then all_gather_into_tensor(flat, flat[lo:hi]): in place, the input is this
   rank's own slice of the output, no copy needed; the views now read every rank's update."""),
-    "mixed": ("""MyMixedZero1, where to start: your MyZero1, copied, with the order of two things changed.
+    "mixed": ("""MyMixedZero1, where to start: your MyZero1, copied. Two things change:
+  - which dtype each buffer has (the model's parameters, the optimizer's masters, the gradients);
+  - where the fp32 master comes from, and when: a master taken after rounding to bf16 has already
+    lost what it is there to keep.""",
+              """MyMixedZero1, what changes, and in which order:
   - in __init__, flatten and pad in fp32 first; the master is an nn.Parameter holding a .clone() of
     this rank's slice of that fp32 buffer; only then convert the buffer to bf16 (.to(torch.bfloat16))
     and make the parameters views of the bf16 one; the inner optimizer gets the masters;
@@ -70,7 +84,11 @@ HINTS = {
   divided by N; copy the group's hyperparameters in; one self.inner.step(); then write each master into
   this rank's slice of its bf16 buffer (an assignment rounds it) and all-gather the buffer in place.
   The master keeps every small update; the bf16 parameters only show it once it adds up."""),
-    "zero2": ("""MyZero2, where to start: __init__ and the two small methods, then check_zero2 says what is next.
+    "zero2": ("""MyZero2, where to start: the two small methods and __init__'s one addition, then check_zero2.
+  - _grad_buffers decides the only gradient memory a bucket keeps: the tensor step() divides must be
+    the one the inner optimizer reads;
+  - _sum_gradients: once the hooks have sent everything during backward, what is left for step()?""",
+              """MyZero2, what __init__ and the two small methods do:
   - __init__: after ZeRO-1's __init__ (self.buckets exists), the hooks go on:
     self.register_bucket_hooks with the list of each bucket's .params; nothing in flight yet;
   - _grad_buffers(bucket): one zeroed tensor the size of the shard, set as both bucket.shard_grad
@@ -86,7 +104,12 @@ HINTS = {
   _finish: not queued any more; launch what is left; wait for the last one the same way; reset
             self.next and self.ready. ADD into shard_grad (micro-batches accumulate); zero it in
             _zero_grads, with every p.grad = None."""),
-    "zero3": ("""MyFlatUnit, where to start: __init__ is notebook 04's layout once more, with two changes:
+    "zero3": ("""MyFlatUnit, where to start: __init__, notebook 04's flat layout once more; then gather() and free().
+  - ask what must survive a free(): the parameters' views of the flat buffer, or this rank's shard?
+    One of them has to be a copy;
+  - section 4's first cell showed the two tools that free a buffer and refill it while the views
+    of it (and what autograd saved from them) stay valid.""",
+              """MyFlatUnit, what each piece is: __init__ is notebook 04's layout once more, with two changes:
   self.full holds the unit's trainable parameters, padded to a multiple of N (padded_numel), each
   parameter a view of its piece; self.shard is a COPY (.clone()) of chunk `rank`, since self.full
   will be freed; end with self.free() and a hook per parameter. gather() is alloc_storage, then an
@@ -108,15 +131,21 @@ _HINTS_GIVEN: dict = {}
 
 def hint(name: str) -> None:
     """Print the next hint for build ``name`` (``"ddp"``, ``"zero1"``, ``"mixed"``, ``"zero2"``, ``"zero3"``):
-    where to start, then, called again, how; after the last, ``solution(name)`` prints the code."""
+    where to start, then, called again, what each piece is, then how; after the last,
+    ``solution(name)`` prints the code."""
     check_choice("build", name, HINTS, kind="build exercise", kinds="build exercises")
     k = _HINTS_GIVEN.get(name, 0)
     _HINTS_GIVEN[name] = k + 1
     levels = HINTS[name]
-    print(levels[min(k, len(levels) - 1)])
-    more = (f'hint("{name}") again says how.' if k + 1 < len(levels)
+    shown = min(k, len(levels) - 1)
+    print(levels[shown])
+    more = (f'hint("{name}") again says {_NEXT_HINT[shown + 1]}.' if shown + 1 < len(levels)
             else f'solution("{name}") prints the code.')
-    print(f"({min(k, len(levels) - 1) + 1} of {len(levels)}; {more})")
+    print(f"({shown + 1} of {len(levels)}; {more})")
+
+
+#: what the next call of :func:`hint` says, by level
+_NEXT_HINT = {1: "what each piece is", 2: "how, as a trace"}
 
 
 def skeleton(name: str) -> str:
@@ -178,10 +207,31 @@ def yours(name: str, cls):
 
 def versus(prediction, measured: int, what: str, name: str = "my_prediction", tol: float = 0.01) -> None:
     """Your prediction (None: not made yet; ``name``: the variable that holds it) next to the
-    measurement, in one line: right within ``tol`` (relative; a step time: 0.2)."""
-    if prediction is None:             # the measurement stays hidden until there is a prediction
-        print(f"{what}: predict first (set {name} above, then run this cell again)")
+    measurement, in one line: right within ``tol`` (relative; a step time: 0.2). Before a
+    prediction the measurement stays hidden: in a notebook, behind a closed "reading, not
+    running?" (for a reader of the saved notebook, on GitHub or in the book); elsewhere, not shown."""
+    if prediction is None:
+        prompt = f"{what}: predict first (set {name} above, then run this cell again)"
+        _hidden_behind(prompt, f"{what}: measured {measured:,}")
     else:
         off = abs(prediction - measured) / measured if measured else float(prediction != 0)
         verdict = ("right" if tol <= 0.01 else f"right, within {tol:.0%}") if off <= tol else f"off by {off:.0%}"
         print(f"{what}: you predicted {prediction:,}, measured {measured:,}: {verdict}")
+
+
+def _hidden_behind(prompt: str, reveal: str) -> None:
+    """``prompt`` as text; in an IPython kernel, also as HTML with ``reveal`` behind a closed <details>."""
+    try:
+        from IPython import get_ipython
+        kernel = get_ipython() is not None and hasattr(get_ipython(), "kernel")
+    except ImportError:
+        kernel = False
+    if not kernel:
+        print(prompt)
+        return
+    import html
+
+    from IPython.display import display
+    display({"text/plain": prompt,
+             "text/html": f"<pre>{html.escape(prompt)}</pre><details><summary>reading, not running? "
+                          f"the measurement</summary><pre>{html.escape(reveal)}</pre></details>"}, raw=True)
