@@ -42,6 +42,9 @@ nav.book-nav { max-width: 1100px; margin: 0.6em auto; font-family: var(--jp-ui-f
 .jp-OutputArea-output pre { white-space: pre; word-break: normal; overflow-wrap: normal;
                             word-wrap: normal; overflow-x: auto; }
 .jp-OutputArea-output pre .book-prose { white-space: pre-wrap; overflow-wrap: break-word; }
+/* an HTML output's <pre> (versus()'s reveal) in the code font, as the printed lines around it */
+.jp-RenderedHTMLCommon pre { font-family: var(--jp-code-font-family); }
+.jp-RenderedMarkdown details, .jp-RenderedHTMLCommon details { margin: 0.4em 0; }
 </style>{%- endblock html_head_css -%}
 {%- block body_header -%}{{ super() }}{{ resources.book_nav }}{%- endblock body_header -%}
 {% block body_footer %}{{ resources.book_nav }}{{ super() }}{% endblock body_footer %}

@@ -233,5 +233,5 @@ def _hidden_behind(prompt: str, reveal: str) -> None:
 
     from IPython.display import display
     display({"text/plain": prompt,
-             "text/html": f"<pre>{html.escape(prompt)}</pre><details><summary>reading, not running? "
-                          f"the measurement</summary><pre>{html.escape(reveal)}</pre></details>"}, raw=True)
+             "text/html": f"<div><pre>{html.escape(prompt)}</pre><details><summary>reading, not running? "
+                          f"the measurement</summary><pre>{html.escape(reveal)}</pre></details></div>"}, raw=True)
