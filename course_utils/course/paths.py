@@ -26,8 +26,8 @@ NOTEBOOKS = [
     ("07_fsdp.ipynb", "FSDP in PyTorch",
      "fully_shard on the course model: wrapping, mixed precision, offload, checkpoints."),
     ("08_beyond_one_box.ipynb", "Beyond one box",
-     "Hybrid sharding, and when it beats full sharding, in bytes and on the clock; torchrun on several "
-     "nodes; finding where a job hangs."),
+     "Hybrid sharding, and when it beats full sharding, in bytes and on the clock; choosing a strategy "
+     "for a cluster; torchrun on several nodes; finding where a job hangs."),
     ("09_appendix_forensics.ipynb", "Appendix: published runs",
      "Optional: what accumulation and more GPUs cost in a published gpt2-xl benchmark, the planner "
      "against its every figure, Megatron's distributed optimizer, why memory estimators disagree, "
