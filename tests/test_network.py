@@ -18,6 +18,8 @@ from course_utils.runtime.ledger import CommLedger
 from course_utils.runtime.network import (FREE, Link, ModelledNetwork, Network, Transfer, as_network,
                                           current_network, modelled_network, predict_step)
 
+from clock_checks import measured_twice
+
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
 MB4 = 1_000_000            # float32 elements: a 4 MB message
@@ -204,11 +206,17 @@ def test_overlap_on_the_clock_beats_sending_after_backward_as_predicted():
     <= 0.8 x the sent-after-backward one, and each is within 15 % of its prediction."""
     net, backward = clock.matched_network()          # the all-reduce takes as long as backward here
     assert net["bandwidth"] == pytest.approx(517_400 / backward, rel=0.05)
-    over = clock.time_step("ddp", network=net, bucket_bytes=overlap.BUCKET_BYTES)
-    after = clock.time_step("ddp", network=net, bucket_bytes=overlap.BUCKET_BYTES, overlap=False)
-    assert over.measured_s <= 0.8 * after.measured_s, clock.describe({"overlapped": over, "after": after})
-    for t in (over, after):
-        assert abs(t.error) <= 0.15, clock.describe({"overlapped": over, "after": after})
+
+    def measure():
+        return (clock.time_step("ddp", network=net, bucket_bytes=overlap.BUCKET_BYTES),
+                clock.time_step("ddp", network=net, bucket_bytes=overlap.BUCKET_BYTES, overlap=False))
+
+    def problem(pair):
+        over, after = pair
+        ok = over.measured_s <= 0.8 * after.measured_s and all(abs(t.error) <= 0.15 for t in pair)
+        return "" if ok else clock.describe({"overlapped": over, "after": after})
+
+    over, after = measured_twice(measure, problem)
     # what the plot draws: the link was busy for the all-reduce's time in both
     assert over.wire_s() == pytest.approx(after.wire_s(), rel=0.01)
     assert after.exposed_s() > 2 * over.exposed_s()

@@ -310,7 +310,7 @@ def quiz_05() -> Quiz:
     return Quiz("05 ZeRO-2", [
         SingleChoice(
             "Why can ZeRO-1 not free the full gradients during backward, while ZeRO-2 can?",
-            ["ZeRO-1's optimizer needs the full gradients to step its shard, so it cannot free them early",
+            ["ZeRO-1's inner optimizer steps every parameter of the model, so it needs every full gradient",
              "ZeRO-2 recomputes the gradients inside step() from saved activations, trading compute for memory",
              "ZeRO-1 all-reduces the gradients, which needs them whole on every rank until backward ends",
              "ZeRO-1 reduces only in step(), so every gradient lives until then; ZeRO-2 sends each bucket "
@@ -407,8 +407,8 @@ def quiz_07() -> Quiz:
                                  "the norms added instead of their squares; 1/4: the other rank's.)"),
         SingleChoice("Section 3 measured the peak of gathered parameters per block: 149,800 B with "
                      "reshard_after_forward=True, 517,600 B (the whole model) with False. A 48-block model "
-                     "whose blocks hold 1 GB of bf16 weights each (whole, before sharding), on 8 GPUs: what "
-                     "does False do to that peak, and what does it buy?",
+                     "whose blocks hold 1 GB of bf16 weights each (whole, before sharding) and whose root is "
+                     "small, on 8 GPUs: what does False do to that peak, and what does it buy?",
                      ["Raises it from about 6 to 12 GB: each block is now gathered twice at once, "
                       "once for forward and once for backward; it saves nothing on the link",
                       "Leaves it at about 2-3 GB: the blocks are freed after backward either way; "

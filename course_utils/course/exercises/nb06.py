@@ -150,19 +150,19 @@ def _at_rest_problem(model, wrapped, rank: int, expected: int, when: str, fix: s
     return f"{when}, rank {rank} holds {held} B of parameters, expected 4·P/N + frozen = {expected} B: {fix}"
 
 
-def _forward_problem(out, want, gathers: int, alive: int, units: int) -> str:
+def _forward_problem(out, want, gathers: int, alive: int, units: int, when: str = "") -> str:
     if not isinstance(out, torch.Tensor) or out.shape != want.shape:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return f"forward returned {got}, expected a tensor of shape {tuple(want.shape)}"
+        return f"forward{when} returned {got}, expected a tensor of shape {tuple(want.shape)}"
     if not _close(out, want):
-        return (f"the output of forward differs from one process's by up to "
+        return (f"the output of forward{when} differs from one process's by up to "
                 f"{(out - want).abs().max().item():.3g}: gather the full parameters into the module's "
                 "views before running it")
     if gathers != units:
-        return (f"{gathers} all-gathers in forward for {units} units, expected {units}: one per unit, "
+        return (f"{gathers} all-gathers in forward{when} for {units} units, expected {units}: one per unit, "
                 "the whole flat buffer at once")
     if alive:
-        return (f"after forward {alive} gathered buffer(s) still hold memory: ZeRO-3 frees the full "
+        return (f"after forward{when} {alive} gathered buffer(s) still hold memory: ZeRO-3 frees the full "
                 "parameters after forward (free_storage)")
     return ""
 
@@ -218,6 +218,10 @@ def _grad_problem(model, wrapped, units, ref_units, rank: int, world: int, shard
 def _raised(phase: str, exc: Exception) -> str:
     from ...labs.frames import raised_at
     message, at = (str(exc).splitlines()[0] if str(exc) else ""), raised_at(exc)
+    if "register a hook on a tensor that doesn't require gradient" in message:
+        return (f"{phase}: register_hook raised ({message}): under torch.no_grad() nothing will run "
+                "backward, so the output needs no gradient; register the hook only when "
+                "out.requires_grad" + at)
     if "storage of size 0" in message:
         kind = phase.rsplit(" ", 1)[-1]
         return {"forward": "forward used a freed parameter (0 bytes of storage): gather into self.full "
@@ -322,6 +326,11 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS, accumulate: int | None = BUILD_
             problem = problem or _at_rest_problem(
                 model, wrapped, rank, shard_bytes + frozen, "at rest after a step",
                 "free the full buffer once the unit's gradient is reduce-scattered")
+        phase, gathered = "a forward under torch.no_grad() (evaluation)", []
+        with torch.no_grad(), _spying_all_gathers(gathered):
+            out, want = model(x[lo:hi]), ref(x[lo:hi])
+        problem = problem or _forward_problem(out, want, len(units), _alive_after(gathered), len(units),
+                                              when=" under torch.no_grad()")
     except Exception as exc:  # noqa: BLE001 - reported to the learner
         return [(problem or _raised(phase, exc), seen)]
     problem = problem or _shard_problem(wrapped, ref_units, rank, world, f"after {steps} SGD steps")

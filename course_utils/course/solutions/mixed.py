@@ -26,6 +26,8 @@ class MyMixedZero1(torch.optim.Optimizer):
         self.flats, inner_groups = [], []
         for group in self.param_groups:
             params = [p for p in group["params"] if p.requires_grad]
+            if not params:                           # a group of frozen parameters: nothing to shard
+                continue
             full = flatten_and_pad([p.detach() for p in params], self.n)           # fp32
             lo, hi = shard_bounds(sum(p.numel() for p in params), self.n, self.rank)
             master = nn.Parameter(full[lo:hi].clone())

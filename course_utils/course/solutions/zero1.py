@@ -25,6 +25,8 @@ class MyZero1(torch.optim.Optimizer):
         self.flats, inner_groups = [], []
         for group in self.param_groups:
             params = [p for p in group["params"] if p.requires_grad]
+            if not params:                           # a group of frozen parameters: nothing to shard
+                continue
             flat = flatten_and_pad([p.detach() for p in params], self.n)
             off = 0
             for p in params:

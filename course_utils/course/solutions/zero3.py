@@ -45,11 +45,12 @@ class MyFlatUnit(nn.Module):
 
     def forward(self, *args):
         """Runs the module with its full weights, which are freed again before it returns;
-        backward will need them back."""
+        backward will need them back (under torch.no_grad(), evaluation, no backward comes)."""
         self.gather()
         out = self.module(*args)
         self.free()
-        out.register_hook(self._before_backward)
+        if out.requires_grad:              # under torch.no_grad() no backward will come
+            out.register_hook(self._before_backward)
         return out
 
     def _before_backward(self, grad):
