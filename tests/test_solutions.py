@@ -150,3 +150,11 @@ def test_versus_in_a_notebook_keeps_the_measurement_behind_a_closed_reveal(monke
     html = bundle["text/html"]
     assert "<details>" in html and "<details open" not in html
     assert html.index("predict first") < html.index("<details>") < html.index("measured 258,708")
+
+
+def test_once_predicted_prints_the_table_only_after_every_prediction(capsys):
+    from course_utils.course.exercises import once_predicted
+    once_predicted("row 1\nrow 2", 250, None, what="the table")
+    once_predicted("row 1\nrow 2", 250, 200, what="the table")
+    hidden, *shown = capsys.readouterr().out.splitlines()
+    assert hidden == "the table: shown once you have predicted" and shown == ["row 1", "row 2"]

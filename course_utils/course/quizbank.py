@@ -205,7 +205,7 @@ def quiz_02() -> Quiz:
     from ..theory.config import COURSE_CONFIG
 
     psi = COURSE_CONFIG.num_params()
-    sent = {n: comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (4, 8)}    # per step
+    sent = {n: comm_volume(psi, world_size=n, stage=0, bytes_per_elem=4)["total"] for n in (4, 6)}    # per step
     return Quiz("02 data parallelism", [
         SingleChoice("In section 7 the gradients' all-reduce takes about as long on the link as backward "
                      "takes, say 80 ms. The link becomes 4x faster (20 ms). Which step gets shorter by more?",
@@ -233,10 +233,10 @@ def quiz_02() -> Quiz:
                      "buckets. Which one change makes that number different?",
                      ["Doubling the global batch from 12 to 24 rows, on the same 4 ranks",
                       "Overlapping the all-reduces with backward instead of sending after it",
-                      "Running on 8 ranks instead of 4, with the same global batch of 12 rows",
+                      "Running on 6 ranks instead of 4, with the same global batch of 12 rows",
                       "Sending 64 KiB buckets instead of one bucket holding every gradient"],
                      "c", f"The all-reduce carries one gradient per parameter, 2(N-1)/N x 4 bytes x {psi:,}: "
-                          f"only N changes it. Section 6 printed {sent[4]:,.0f} on 4 ranks. On 8 it is {sent[8]:,.0f}, "
+                          f"only N changes it. Section 6 printed {sent[4]:,.0f} on 4 ranks. On 6 it is {sent[6]:,.0f}, "
                           "towards 2 x 4 x Ψ. The batch changes the compute, not the gradients' size (a bigger batch "
                           "makes communication a smaller share of the step); buckets change the number of "
                           "messages, overlap their timing, never the bytes.",
@@ -411,11 +411,11 @@ def quiz_07() -> Quiz:
                      "small, on 8 GPUs: what does False do to that peak, and what does it buy?",
                      ["Raises it from about 6 to 12 GB: each block is now gathered twice at once, "
                       "once for forward and once for backward; it saves nothing on the link",
-                      "Leaves it at about 2-3 GB: the blocks are freed after backward either way; "
+                      "Leaves it at about 1-2 GB: the blocks are freed after backward either way; "
                       "it saves the reduce-scatters of backward",
                       "Lowers it to 1/8 of 48 GB, 6 GB: the gathered weights stay sharded over the 8 "
                       "GPUs in between; it saves forward's 48 all-gathers",
-                      "Raises it from about 2-3 GB to about 48 GB: every block stays gathered from its "
+                      "Raises it from about 1-2 GB to about 48 GB: every block stays gathered from its "
                       "forward to its backward; it saves backward's 48 all-gathers"],
                      "d", "With False a block is not resharded after its forward, so by the end of forward "
                           "all 48 are gathered at once (section 3 printed 517,600 B, root-only's peak); True keeps "
@@ -423,8 +423,9 @@ def quiz_07() -> Quiz:
                           "all-gather, 48 fewer per step; on a link the prefetch already hides, little "
                           "waiting (section 3's clock). ZeRO-2's trade: bytes for all-gathers.",
                      kind="compare", printed="07"),
-        SingleChoice("Gradient accumulation over 4 micro-batches, set_requires_gradient_sync(False) on all "
-                     "but the last. What does each rank hold between micro-batches, and what does it buy?",
+        SingleChoice("The course GPT (5 units) under FSDP2, gradient accumulation over 4 micro-batches, "
+                     "set_requires_gradient_sync(False) on all but the last. What does each rank hold between "
+                     "micro-batches, and what does it buy?",
                      ["Only its shards' gradients, as usual; the all-gathers of the next forward are skipped",
                       f"Full, unsharded gradients of every unit; {course['reduce_scatter']} reduce-scatters per "
                       f"step instead of {4 * course['reduce_scatter']}",

@@ -219,6 +219,15 @@ def versus(prediction, measured: int, what: str, name: str = "my_prediction", to
         print(f"{what}: you predicted {prediction:,}, measured {measured:,}: {verdict}")
 
 
+def once_predicted(text: str, *predictions, what: str = "the measurements") -> None:
+    """``text`` (a table of measurements) printed once every prediction is made; before, kept
+    behind the same closed reveal as :func:`versus`'s."""
+    if all(p is not None for p in predictions):
+        print(text)
+    else:
+        _hidden_behind(f"{what}: shown once you have predicted", text)
+
+
 def _hidden_behind(prompt: str, reveal: str) -> None:
     """``prompt`` as text; in an IPython kernel, also as HTML with ``reveal`` behind a closed <details>."""
     try:
