@@ -158,8 +158,6 @@ def quiz_01() -> Quiz:
     one_by_one = 100 * predict_time("all_reduce", small, 8, alpha, beta)
     bucket = predict_time("all_reduce", 100 * small, 8, alpha, beta)
     bytes_part = one_by_one / 100 - alpha * ring_steps("all_reduce", 8)
-    alpha_once = 100 * (alpha + bytes_part)
-    half_steps = 100 * (alpha * ring_steps("reduce_scatter", 8) + bytes_part)    # N-1 steps
     return Quiz("01 collectives", [
         SingleChoice("Section 1.3's reduce-scatter on 2 ranks (rank r holds [10r, ..., 10r+7]): "
                      "what does rank 1 keep?",

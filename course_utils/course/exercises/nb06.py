@@ -327,10 +327,12 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS, accumulate: int | None = BUILD_
                 model, wrapped, rank, shard_bytes + frozen, "at rest after a step",
                 "free the full buffer once the unit's gradient is reduce-scattered")
         phase, gathered = "a forward under torch.no_grad() (evaluation)", []
-        with torch.no_grad(), _spying_all_gathers(gathered):
-            out, want = model(x[lo:hi]), ref(x[lo:hi])
-        problem = problem or _forward_problem(out, want, len(units), _alive_after(gathered), len(units),
-                                              when=" under torch.no_grad()")
+        with torch.no_grad(), CommLedger() as ledger, _spying_all_gathers(gathered):
+            out = model(x[lo:hi])
+        with torch.no_grad():
+            want = ref(x[lo:hi])
+        problem = problem or _forward_problem(out, want, ledger.counts().get("all_gather", 0),
+                                              _alive_after(gathered), len(units), when=" under torch.no_grad()")
     except Exception as exc:  # noqa: BLE001 - reported to the learner
         return [(problem or _raised(phase, exc), seen)]
     problem = problem or _shard_problem(wrapped, ref_units, rank, world, f"after {steps} SGD steps")
