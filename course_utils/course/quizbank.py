@@ -470,8 +470,9 @@ def quiz_08() -> Quiz:
                           "the crossover. On B, every byte that leaves the node goes through one card, and "
                           "full sharding sends about twice HSDP's.",
                      kind="compare"),
-        SingleChoice("Section 4's uneven data again, on gloo ranks, but the model is wrapped with fully_shard "
-                     "(notebook 07) instead of torch DDP: rank 1 has one batch fewer. Where does rank 0 wait?",
+        SingleChoice("Rank 1's data loader has one batch fewer than rank 0's (section 4's uneven data), on "
+                     "gloo ranks; the model is wrapped with fully_shard (notebook 07), not torch DDP. Rank 1 "
+                     "leaves the loop. Where does rank 0 wait?",
                      ["In backward, in the gradient all-reduce, as with DDP, since the gradients still need "
                       "averaging",
                       "Nowhere: fully_shard notices that rank 1 has left and skips the step on the others",
