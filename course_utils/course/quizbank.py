@@ -290,7 +290,8 @@ def quiz_04() -> Quiz:
              "Step 1 matches one process and step 2 does not: each new AdamW starts from m = v = 0 and step 1",
              "Right numbers, but the optimizer bytes per rank grow by 8·P/N each step as the old states pile up"],
             "c",
-            "AdamW's m and v are running averages over the steps, and its step counter sets the bias correction: "
+            "AdamW's m and v are running averages over the steps, and its step counter sets the bias "
+            "correction (Adam's rescaling of m and v, which start at zero): "
             "a new AdamW makes every step a first step (an update of about lr x the gradient's sign). Step 1 is "
             "right, step 2 is not. The states are what ZeRO-1 shards; they must live from step to step, so the "
             "inner optimizer is built once, in __init__. (No collective runs in building it, and the old one is "
