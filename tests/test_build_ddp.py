@@ -59,7 +59,7 @@ PLANTED = {NoDivide: "SUM over the 2 ranks: divide by the world size",
            SendsAfterBackward: "every all-reduce started after the last gradient arrived",
            ForwardOrder: "every all-reduce started after the last gradient arrived",
            ForgetsToReset: "backward 2 launched no all-reduces, backward 1 launched 66: the hooks' state "
-                           "(self.next, self.ready) was not reset at the end of _finish"}
+                           "was not reset at the end of _finish"}
 
 
 def _planted(rank, world_size):

@@ -325,3 +325,30 @@ def test_a_learners_ddp_class_is_unwrapped_by_its_object_mark():
     plain = MyDDP(model, 0)                       # not built by wrap: a model like any other
     assert unwrap(plain) is plain
     assert not hasattr(table, "WRAPPERS") and not hasattr(ddp, "WRAPPERS")
+
+
+class _Wraps(torch.optim.Optimizer):
+    """A learner's ZeRO-1 shape: a torch Optimizer whose states live in an inner one, named freely."""
+
+    def __init__(self, params, name, as_list=False):
+        params = list(params)
+        super().__init__(params, {})
+        self.adamw = torch.optim.AdamW(params, lr=1e-3)
+        setattr(self, name, [self.adamw] if as_list else self.adamw)
+        if name != "adamw":
+            del self.adamw
+
+
+@pytest.mark.parametrize("name, as_list", [("inner", False), ("opt", False), ("optimizers", True)])
+def test_state_bytes_finds_the_inner_optimizer_whatever_its_name(name, as_list):
+    """04 measures the learner's MyZero1: its inner optimizer may be self.opt or a list, not only
+    .inner; the bytes must not fall silently to 0."""
+    from course_utils.harness.experiments import state_bytes
+    model = torch.nn.Linear(6, 5)
+    wrapped = _Wraps(model.parameters(), name, as_list)
+    inner = getattr(wrapped, name)[0] if as_list else getattr(wrapped, name)
+    model(torch.ones(2, 6)).sum().backward()
+    inner.step()
+    expected = state_bytes(model, inner)["optimizer"]
+    assert expected == 2 * 4 * 35 + 2 * 4       # m and v of 35 elements, a step counter per tensor
+    assert state_bytes(model, wrapped)["optimizer"] == expected

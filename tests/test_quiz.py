@@ -170,14 +170,14 @@ def test_quiz_00_numbers_come_from_the_calculator():
     assert model_states(7e9, world_size=8, stage=0).total / GB == 112
     assert quiz.check("00", 1, "112 GB").correct and not quiz.check("00", 1, "14 GB").correct
     assert quiz.check("00", 2, "36").correct and not quiz.check("00", 2, "12").correct   # the sum, summed again
-    assert quiz.check("00", 3, "c").correct                      # a dead rank: the others wait
+    assert quiz.check("00", 3, "c").correct                      # a call no peer joins: it waits
 
 
 def test_reasoning_questions_follow_the_formulas():
     from course_utils.theory.memory import GB, model_states
 
     assert [model_states(7e9, world_size=n, stage=2).total <= 24 * GB for n in (9, 10)] == [False, True]
-    assert quiz.check("03", 4, "30 GB").correct and not quiz.check("03", 4, "3.75 GB").correct  # not ZeRO's
+    assert quiz.check("03", 4, "15 GB").correct and not quiz.check("03", 4, "1.875 GB").correct  # not ZeRO's
     from course_utils.theory.alpha_beta import predict_time
     assert quiz.check("01", 3, "c").correct                                   # latency-bound: bucket them
     one_by_one = 100 * predict_time("all_reduce", 40e3, 8, 10e-6, 300e9)
@@ -198,7 +198,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("02", 3, "c").correct                                      # only N changes the bytes
     assert quiz.check("01", 1, "a").correct                                      # 2 ranks: rank 1's half
     assert quiz.check("01", 2, "b").correct                                      # 1.75 -> 1.97 GB: under 2M
-    assert quiz.check("06", 1, "b").correct and quiz.check("06", 2, "1.50").correct     # twice the weights; any N
+    assert quiz.check("06", 1, "17").correct and quiz.check("06", 2, "1.50").correct    # 2L + 1; any N
     assert quiz.check("06", 3, "c").correct                                      # prefetch: peak up
     assert quiz.check("07", 2, "d").correct                                      # False: every block gathered
     assert quiz.check("07", 3, "b").correct                                      # accumulation: 5, not 20
@@ -269,7 +269,7 @@ def test_quiz_05_peak_is_the_measured_one():
     zero1 = run("zero1", 2, steps=1, quiet=True)[0].extra["peak_grad_bytes"]
     assert peaks == {2: 1_293_500, 4: 1_164_160}      # 4·Ψ + 4·P + 4·P/N: gradients, message, shard
     assert peaks[2] > zero1 == 517_400                # above ZeRO-1's 4·P, as the question says
-    assert quiz.check("05", 3, "c").correct
+    assert quiz.check("05", 3, "1,164,160 B").correct
 
 
 def test_quiz_07_clipping_factor_is_torchs():

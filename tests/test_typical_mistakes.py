@@ -55,7 +55,7 @@ VARIANTS = {
                            "divided by 2 again: divide the sum by the world size once"),
         "ready not reset": W(_ddp_reset("self.next, self.pending, self.queued = 0, [], False"),
                              "launched 66 all-reduces early, before their gradients arrived: the hooks' state "
-                             "(self.next, self.ready) was not reset at the end of _finish"),
+                             "was not reset at the end of _finish"),
         "next not reset": W(_ddp_reset("self.ready, self.pending, self.queued = set(), [], False"),
                             "backward 2 launched no all-reduces, backward 1 launched 66: the hooks' state"),
         "queued not reset": W(_ddp_reset("self.next, self.ready, self.pending = 0, set(), []"),

@@ -54,19 +54,22 @@ def quiz_00() -> Quiz:
                         "nothing, since the ranks already agree; but it sums, it does not average.)",
         ),
         SingleChoice(
-            "Four processes started by hand (nothing watches them) train together. Rank 2 gets "
-            "stuck in an endless loop just before an all-reduce that ranks 0, 1 and 3 are already "
-            "waiting in. What do ranks 0, 1 and 3 do?",
-            ["They finish the all-reduce with the sum of the three tensors that did arrive",
-             "They raise an error at once, since gloo notices that rank 2 is missing",
-             "They keep waiting in the all-reduce until the process group's timeout",
-             "They skip the all-reduce and carry on with the next training step"],
+            "Four ranks each put rank + 1 in a tensor and all-reduce it, as in section 3. Rank 2 alone "
+            "then all-reduces its tensor a second time, while ranks 0, 1 and 3 go on to a computation "
+            "longer than the process group's timeout, with no collective. What happens?",
+            ["The first all-reduce fails on every rank, since rank 2 makes more calls than the others",
+             "Every rank gets 10; rank 2's second call returns at once, its tensor unchanged, since no peer joins",
+             "Ranks 0, 1 and 3 get 10 and go on; rank 2 waits in its second call until the timeout",
+             "Rank 2 ends with 40, two sums of the four ranks, and the other three with 10"],
             "c",
-            "A collective completes only when every rank of the group has joined it, and a waiting "
-            "rank cannot tell a slow peer from a stuck one: it waits for the timeout given to "
-            "init_process_group. That is why a launcher (torchrun, or this course's launch) "
-            "watches the processes, and why section 3.3 passes a timeout.",
-            kind="explain",
+            "Collectives are matched by call order: the first call of every rank forms the first all-reduce, "
+            "which completes with 1 + 2 + 3 + 4 = 10 everywhere. Rank 2's second call waits for three peers "
+            "that never come, and a waiting rank cannot tell a slow peer from one that will never call: it "
+            "waits until the timeout given to init_process_group (section 3.3). No rank can know in advance "
+            "that the counts will differ, so nothing fails early. (Had the others called their next "
+            "all-reduce before the timeout, it would have been matched with rank 2's second call: a silent "
+            "sum of the wrong tensors.)",
+            kind="predict",
         ),
     ])
 
@@ -132,14 +135,16 @@ def quiz_03() -> Quiz:
                           "5·a·s/h term is the s x s scores (quadratic); with flash attention there are no "
                           "saved scores: exactly 2x.", kind="explain"),
         NumberChoice("A model trains on 8 GPUs with ZeRO-1, micro-batch 4 per GPU: 40 GB of model states "
-                     "and 30 GB of activations per GPU. You switch to ZeRO-3 on the same 8 GPUs, micro-batch "
-                     "unchanged. Predict the activations' GB per GPU.",
-                     30, [30 / 8, 15, 60], "{:g} GB", kind="predict",
-                     explanation="30 GB: ZeRO shards model states, not activations. Each GPU's activations come "
+                     "and 30 GB of activations per GPU. You move to ZeRO-3 on 16 GPUs, with the same global "
+                     "batch, so each GPU now runs micro-batch 2. Predict the activations' GB per GPU.",
+                     15, [30, 30 / 16, 7.5], "{:g} GB", kind="predict",
+                     explanation="15 GB: activations are linear in the micro-batch (section 5), which halves, "
+                                 "and ZeRO shards model states, not activations: each GPU's activations come "
                                  "from its own micro-batch and are not redundant, so there is nothing to "
-                                 "shard. (3.75: sharded over 8 like the states; 15 and 60: no such effect.) "
-                                 "What does shrink them: recomputation (section 5), a fused attention kernel "
-                                 "(no s x s scores), a smaller micro-batch."),
+                                 "shard. (30: the smaller micro-batch forgotten; 1.875: sharded over 16 GPUs "
+                                 "like the states; 7.5: halved twice, once more for ZeRO-3.) What does shrink "
+                                 "them: recomputation (section 5), a fused attention (no s x s scores), a "
+                                 "smaller micro-batch.")
     ])
 
 
@@ -305,19 +310,21 @@ def quiz_05() -> Quiz:
 
     psi = COURSE_CONFIG.num_params()
     p2 = padded_numel(psi, 2)
+    p4 = padded_numel(psi, 4)
     peak_one = 4 * psi + 4 * p2 + 4 * p2 // 2               # one bucket on 2 ranks (notebook 05 §4)
+    peak_four = 4 * psi + 4 * p4 + 4 * p4 // 4
     return Quiz("05 ZeRO-2", [
-        SingleChoice(
-            "Why can ZeRO-1 not free the full gradients during backward, while ZeRO-2 can?",
-            ["ZeRO-1's inner optimizer steps every parameter of the model, so it needs every full gradient",
-             "ZeRO-2 recomputes the gradients inside step() from saved activations, trading compute for memory",
-             "ZeRO-1 all-reduces the gradients, which needs them whole on every rank until backward ends",
-             "ZeRO-1 reduces only in step(), so every gradient lives until then; ZeRO-2 sends each bucket "
-             "in backward"],
-            "d", "What a rank keeps is decided by when the reduction runs. ZeRO-1's reduce-scatter in "
-                 "step() needs the whole flat gradient as input; ZeRO-2 moves the same reduce-scatter "
-                 "into backward, bucket by bucket, so a bucket's full gradients can go once it is sent.",
-            kind="explain"),
+        NumberChoice(
+            f"A variant of ZeRO-2 reduce-scatters each bucket during backward, as ZeRO-2 does, but frees the "
+            f"full .grad tensors only in step(). Predict the gradient bytes a rank holds when backward ends: "
+            f"the course GPT on 2 ranks, fp32, Ψ = P = {psi:,}.",
+            4 * psi + 4 * p2 // 2, [4 * p2 // 2, 4 * psi, peak_one], "{:,} B", kind="predict",
+            explanation=f"{4 * psi + 4 * p2 // 2:,} B: the full gradients, 4·Ψ = {4 * psi:,}, which nothing freed, "
+                        f"plus the shard gradients the reduce-scatters filled, 4·P/N = {4 * p2 // 2:,}: more than "
+                        f"ZeRO-1's {4 * psi:,}. Sending during backward saves nothing by itself; what saves "
+                        f"memory is freeing each bucket's gradients once its message holds them. ({4 * p2 // 2:,}: "
+                        f"ZeRO-2's, the full gradients freed; {peak_one:,}: the one-bucket peak, a message "
+                        "still alive.)"),
         SingleChoice(
             "A learner's MyZero2 trains exactly like one process, but after every backward each rank still "
             "holds 4·Ψ bytes of full gradients besides its shard gradients. Which line did it leave out?",
@@ -331,18 +338,15 @@ def quiz_05() -> Quiz:
             "division the update is N times too large; without the wait two messages can be in flight and "
             "the shard reads an unfinished sum; assigning instead of adding loses the other micro-batches.",
             kind="explain"),
-        SingleChoice(
-            "Section 4 measured ZeRO-2's peak gradient bytes with one 25 MiB bucket above ZeRO-1's, although "
-            "ZeRO-2 frees each gradient once it is sent. Why?",
-            ["ZeRO-2 keeps a second, full-size copy of each shard's gradient for accumulation, which ZeRO-1 never does",
-             "Reduce-scatter needs every rank's whole gradient in memory until step(), so nothing can be freed early",
-             "Nothing is sent before backward ends: the whole gradient waits, then is copied into a message beside the shard",
-             f"The one bucket is padded up to its full 25 MiB, far more than the course GPT's {4 * psi:,} bytes of gradients"],
-            "c",
-            f"A bucket is sent when its last gradient arrives; with one bucket that is the end of backward, so "
-            f"the whole gradient, 4·Ψ, is there when it is copied into the padded message, 4·P, beside the "
-            f"shard's gradient, 4·P/N: {peak_one:,} B on 2 ranks against ZeRO-1's 4·P = {4 * psi:,}. Smaller "
-            "buckets leave earlier and bring the peak down towards the shard alone.", kind="explain"),
+        NumberChoice(
+            f"Section 4: with one 25 MiB bucket, ZeRO-2's peak on 2 ranks was 4·Ψ + 4·P + 4·P/N = {peak_one:,} B, "
+            f"above ZeRO-1's 4·P. Predict it on 4 ranks (P = {p4:,}, Ψ = {psi:,}).",
+            peak_four, [peak_one, peak_one // 2, 4 * psi], "{:,} B", kind="predict",
+            explanation=f"{peak_four:,} B = {4 * psi:,} + {4 * p4:,} + {4 * p4 // 4:,}. With one bucket nothing "
+                        f"is sent before backward ends, so the whole gradient (4·Ψ) is still there when it is copied "
+                        f"into the padded message (4·P); only the shard's gradient (4·P/N) shrinks with N. "
+                        f"({peak_one:,}: the 2-rank figure, N left out; {peak_one // 2:,}: everything taken to "
+                        f"shrink with N; {4 * psi:,}: ZeRO-1's, as if the copy into the message cost nothing.)"),
     ])
 
 
@@ -356,17 +360,17 @@ def quiz_06() -> Quiz:
     deeper = collective_calls(3, num_layers=8 + 1, skip_last_regather=True)   # 8 blocks + the root
     wide = {s: comm_volume(7e9, world_size=64, stage=s)["total"] for s in (0, 3)}
     return Quiz("06 ZeRO-3", [
-        SingleChoice("Per step, ZeRO-3 all-gathers each block twice but reduce-scatters it only once. Why?",
-                     ["The second all-gather fetches the weights the optimizer has just updated, for the next step",
-                      "Forward and backward both need the block's full weights, freed in between; its gradient comes once",
-                      "One reduce-scatter carries the gradients of forward and of backward together, so it serves both",
-                      "Backward needs the weights in fp32 while forward ran in bf16, so each pass gathers its own copy"],
-                     "b", f"A block's full weights are needed in forward and again in backward (for its input's "
-                          f"gradient and its weights' gradient), and between the two they were freed so that one "
-                          f"block at a time is gathered: two all-gathers. Its gradient is produced once, in "
-                          f"backward: one reduce-scatter. The root, needed at both ends, stays gathered: 2L + 1 "
-                          f"all-gathers, {deeper['all_gather']} with 8 blocks, 9 with the course GPT's 4.",
-                     kind="explain"),
+        NumberChoice(f"ZeRO-3 on a model of 8 transformer blocks and a root unit, the root kept gathered "
+                     f"as in section 3, prefetching on (section 8). Predict the all-gathers per step.",
+                     deeper["all_gather"], [deeper["all_gather"] + 8, 2 * (8 + 1), 8 + 1], "{:g}",
+                     kind="predict",
+                     explanation=f"2L + 1 = {deeper['all_gather']}: each block is needed in forward and again in "
+                                 "backward (for its input's gradient), and freed in between, so it is gathered "
+                                 "twice; the root, used first and last in forward and first in backward, stays "
+                                 "gathered, once. Prefetching starts each all-gather earlier; it adds none. Its "
+                                 f"gradient is produced once: {deeper['reduce_scatter']} reduce-scatters, one per "
+                                 f"unit. ({deeper['all_gather'] + 8}: a prefetch counted as one more gather per "
+                                 "block; 18: the root gathered twice like a block; 9: once per unit.)"),
         NumberChoice("A model whose every unit is gathered twice per step (no root kept gathered) sends "
                      "1.5x DDP's bytes under ZeRO-3 on 4 ranks, in the ring model. What is the ratio on 64 ranks?", wide[3] / wide[0], [1, 2, wide[0] / wide[3]], "{:.2f}", kind="predict",
                      explanation=f"{wide[3] / wide[0]:g}: both volumes carry the same (N-1)/N x M factor, "
@@ -375,15 +379,22 @@ def quiz_06() -> Quiz:
                                  "forgotten; 2: the gradients all-reduced, not reduce-scattered; "
                                  f"{wide[0] / wide[3]:.2f}: the ratio upside down.) The course GPT keeps its "
                                  "root gathered, one all-gather fewer: section 7's 1.474."),
-        SingleChoice("Prefetching turned on: what changes?",
-                     ["Fewer bytes are sent, since each all-gather starts before its unit is needed",
-                      "The peak falls, since each unit is freed as soon as the next one arrives",
-                      "The peak of full parameters rises; bytes sent and losses stay the same",
-                      "The losses change slightly, since the units now compute in another order"],
-                     "c", "Prefetch starts the next unit's all-gather while the current one computes: "
-                          "one more unit alive, no byte less. Section 8's figure draws the peak at root + 1 "
-                          "block without prefetch and root + 2 with it; the calls, bytes and losses stay "
-                          "the same.", kind="compare"),
+        SingleChoice("Section 8's timeline held the root + 1 block gathered at the peak without prefetching. "
+                     "A 32-block model whose blocks hold 0.5 GB of bf16 weights each (whole, before "
+                     "sharding), on 8 GPUs: what does turning prefetching on do to the peak and to the step?",
+                     ["Lowers the peak by 0.5 GB, since each block is freed as soon as the next one has "
+                      "arrived; the step is unchanged",
+                      "Raises the peak by 0.5 GB/8 per GPU, a shard more; the step sends fewer bytes, "
+                      "since the next all-gather starts early",
+                      "Raises the peak by 0.5 GB, one more gathered block; the same bytes, but the next "
+                      "all-gather can hide behind compute",
+                      "Leaves the peak unchanged, since the next block's buffer reuses the freed one's "
+                      "memory; the losses shift slightly"],
+                     "c", "Prefetch starts the next unit's all-gather while the current one computes, so two "
+                          "blocks are whole at once: root + 2 blocks at the peak, one more 0.5 GB block (a "
+                          "gathered block is whole on every GPU, not 1/8 of it). The calls, bytes and losses stay "
+                          "the same; what changes is when the all-gather travels: behind compute, instead of "
+                          "in front of it (section 9 times it).", kind="compare"),
     ])
 
 

@@ -152,23 +152,19 @@ def state_bytes(model: nn.Module, optimizer, *, detail: bool = False) -> dict:
     """Bytes of ``"params"``, ``"grads"``, ``"optimizer"`` this rank holds now (after ``step()``,
     before ``zero_grad()``), each storage once; not torch DDP's C++ bucket buffers."""
     check_module("model", model)
-    inner = getattr(optimizer, "inner", optimizer)
-    inner = getattr(inner, "optim", inner)
-    if not isinstance(getattr(inner, "state", None), dict):
-        raise TypeError(f"optimizer must be a torch optimizer or wrap one in .inner, got "
-                        f"{type(optimizer).__name__}")
+    inners = inner_optimizers(optimizer)
     params = list(unwrap(model).parameters())
     if any(p.is_meta for p in params):
         raise ValueError("the model is on the meta device (shapes only, no memory); "
                          "build it on 'cpu' to measure bytes")
-    updated = [p for g in inner.param_groups for p in g["params"]]
+    updated = [p for inner in inners for g in inner.param_groups for p in g["params"]]
     seen: set = set()
     grads = [g for p in params + updated for g in (p.grad, getattr(p, "main_grad", None))]
     grads += [getattr(b, "shard_grad", None) for b in getattr(optimizer, "buckets", ())]   # ZeRO-2 (mixed)
     out = {"params": storage_bytes(map(local_tensor, params), seen),
            "grads": storage_bytes(map(local_tensor, grads), seen)}
     found = {"master": storage_bytes(map(local_tensor, updated), seen)}
-    for per_param in inner.state.values():
+    for per_param in (v for inner in inners for v in inner.state.values()):
         for name, value in per_param.items():
             if isinstance(value, torch.Tensor):
                 found[name] = found.get(name, 0) + storage_bytes([local_tensor(value)], seen)
@@ -176,6 +172,19 @@ def state_bytes(model: nn.Module, optimizer, *, detail: bool = False) -> dict:
     if detail:
         out["optimizer_detail"] = {k: v for k, v in found.items() if v or k != "master"}
     return out
+
+
+def inner_optimizers(optimizer) -> list:
+    """The optimizers that hold the states: those ``optimizer`` wraps (any attribute that is a
+    torch optimizer, or a list, tuple or dict of them, whatever its name: a learner's
+    ``MyZero1`` may call it ``self.opt``), else ``optimizer`` itself."""
+    if not isinstance(getattr(optimizer, "state", None), dict):
+        raise TypeError(f"optimizer must be a torch optimizer, got {type(optimizer).__name__}")
+    found = []
+    for value in vars(optimizer).values():
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        found += [v for v in items if isinstance(v, torch.optim.Optimizer) and v is not optimizer]
+    return found or [optimizer]
 
 
 def local_tensor(t):

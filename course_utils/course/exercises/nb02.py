@@ -194,8 +194,9 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
     return out
 
 
-_NOT_RESET = ("the hooks' state (self.next, self.ready) was not reset at the end of _finish: reset "
-              "self.next, self.ready and self.pending there, for the next backward")
+_NOT_RESET = ("the hooks' state was not reset at the end of _finish: whatever your class keeps between "
+              "hooks (the next bucket to start, the gradients in, the all-reduces in flight, whether "
+              "_finish is queued) must start afresh for the next backward")
 
 
 def _state_problem(step: int, calls: int, timings: list) -> str:
