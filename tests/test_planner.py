@@ -588,3 +588,22 @@ def test_torchtitan_sac_rows_memory_and_recomputed_matmuls():
         "none", "torchtitan", "full"]
     assert not any(r.choice.recompute == "torchtitan" for r in plan("llama-3.1-8b", **kw))
     assert not any(r.choice.recompute == "torchtitan" for r in plan(8e9, framework="torch", **dict(kw, micro_batch=None)))
+
+
+def test_plot_choices_has_one_row_per_cluster_with_its_recommendation():
+    """08 §2.2: each cluster's recommended option, its memory against its GPU's and its step in parts."""
+    from course_utils.course.plots import plot_choices
+    plans = [plan("llama-2-7b", global_batch=64, **H100),
+             plan("llama-2-13b", gpu_mem_gb=40, gpus_per_node=8, nodes=2, intra_bw_gbps=450,
+                  inter_bw_gbps=12.5, seq_len=4096, global_batch=64)]
+    fig = plot_choices(plans)
+    ax_mem, ax_t = fig.axes[:2]
+    labels = [t.get_text() for t in ax_mem.get_yticklabels()]
+    assert [lab.endswith(p.recommend().label()) for lab, p in zip(labels, plans)] == [True, True]
+    assert len(ax_mem.patches) == len(ax_t.patches) == 3 * len(plans)
+    assert sorted(line.get_xdata()[0] for line in ax_mem.get_lines()) == [40, 80]   # each GPU's memory
+    texts = [t.get_text() for t in ax_t.texts]
+    best = plans[0].recommend().row
+    assert any(t.startswith(f" {best.step_s:.1f} s = {best.compute_s:.1f}") for t in texts)
+    with pytest.raises(TypeError):
+        plot_choices([])

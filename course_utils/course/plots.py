@@ -1,7 +1,8 @@
 """The theory models' figures: each takes what a function of ``theory/`` returns (or its
 inputs) and draws it as a matplotlib ``Figure``. ``theory/`` itself draws nothing.
 
-:func:`plot_alpha_beta` (notebook 01), :func:`plot_plan` (08, the planner widget),
+:func:`plot_alpha_beta` (notebook 01), :func:`plot_plan` (11, the planner widget),
+:func:`plot_choices` (08, four clusters' recommendations),
 :func:`plot_estimators` (09) and :func:`plot_crossover` (11).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..theory.multinode import crossovers, hsdp_vs_fsdp_time
 from ..theory.planner import Choice, Plan, as_choice, recommend
 from ..theory.text import fmt_bytes
 
-__all__ = ["plot_alpha_beta", "plot_plan", "plot_estimators", "plot_crossover"]
+__all__ = ["plot_alpha_beta", "plot_plan", "plot_choices", "plot_estimators", "plot_crossover"]
 
 
 # ------------------------------------------------------------------ alpha-beta (notebook 01)
@@ -105,6 +106,53 @@ def plot_plan(rows: Plan, *, highlight: Choice | None = None):
     fig.suptitle(f"{a.model} on {a.nodes} x {a.gpus_per_node} GPUs of {a.gpu_mem_gb:g} GB, seq {a.seq_len}"
                  + (f": recommended {rec.label(a.framework, amp=a.amp)}" if rec else ": nothing fits"), fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+def plot_choices(plans: Sequence[Plan]):
+    """Each plan's recommended option, one row per cluster (notebook 08 §2.2): its memory per GPU
+    against the GPU's (dashed), and its step split into compute, exposed communication and offload."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    plans = list(plans)
+    if not plans or not all(isinstance(p, Plan) for p in plans):
+        raise TypeError("plot_choices() takes a list of the Plans returned by planner.plan(...)")
+    fig = Figure(figsize=(11.0, 0.75 * len(plans) + 1.5))
+    ax_mem, ax_t = fig.subplots(1, 2, sharey=True)
+    ys = list(range(len(plans)))[::-1]
+    labels, widest = [], {"mem": 1.0, "t": 1e-9}
+    for y, p in zip(ys, plans):
+        a, r = p.assumptions, recommend(p).row
+        labels.append(f"{a.model}, {a.nodes} x {a.gpus_per_node} GPUs of {a.gpu_mem_gb:g} GB,\n"
+                      f"{a.inter_bw_gbps:g} GB/s NICs: " + (r.label() if r else "nothing fits"))
+        ax_mem.plot([a.gpu_mem_gb] * 2, [y - 0.4, y + 0.4], color="black", linestyle="--", linewidth=1)
+        widest["mem"] = max(widest["mem"], a.gpu_mem_gb)
+        if r is None:
+            continue
+        exposed = r.step_s - r.compute_s - r.offload_s
+        for ax, parts in ((ax_mem, (("states", r.states / GB), ("activations", r.activations / GB),
+                                    ("buffers", (r.buffers + r.copies) / GB))),
+                          (ax_t, (("compute", r.compute_s), ("comm", exposed), ("offload", r.offload_s)))):
+            left = 0.0
+            for part, value in parts:
+                ax.barh(y, value, left=left, color=_PART_COLORS[part], height=0.6)
+                left += value
+        ax_mem.text(r.total / GB, y, f" {r.total / GB:.0f} GB", va="center", fontsize=8)
+        ax_t.text(r.step_s, y, f" {r.step_s:.1f} s = {r.compute_s:.1f} + {exposed:.1f} + {r.offload_s:.1f}",
+                  va="center", fontsize=8)
+        widest["t"] = max(widest["t"], r.step_s)
+    ax_mem.set_yticks(ys, labels, fontsize=8)
+    ax_mem.set_xlim(0, widest["mem"] * 1.25)
+    ax_t.set_xlim(0, widest["t"] * 1.7)
+    ax_mem.set_xlabel("GB per GPU (dashed: its memory)", fontsize=9)
+    ax_t.set_xlabel("seconds per step: compute + exposed comm + offload", fontsize=9)
+    for ax in (ax_mem, ax_t):
+        ax.spines[["top", "right"]].set_visible(False)
+    parts = ("states", "activations", "buffers", "compute", "comm", "offload")
+    fig.legend(handles=[Patch(color=_PART_COLORS[p], label="exposed comm" if p == "comm" else p) for p in parts],
+               fontsize=8, frameon=False, ncol=6, loc="lower center")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
