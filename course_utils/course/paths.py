@@ -22,11 +22,14 @@ NOTEBOOKS = [
      "you join ZeRO-1 and DDP's hooks into ZeRO-2, graded on 2-4 ranks."),
     ("06_zero3.ipynb", "ZeRO-3",
      "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit, graded on 2-4 ranks, then "
-     "run the whole course model on your units, measured and timed; 1.5x DDP in the ring model; prefetching."),
+     "run the whole course model on your units, measured and timed; 1.5x DDP in the ring model; "
+     "prefetching (the next unit gathered early)."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",
-     "fully_shard on the course model: wrapping, mixed precision, offload, checkpoints."),
+     "PyTorch's FSDP2 (fully_shard) on the course model: wrapping, mixed precision, CPU offload "
+     "(states kept in host memory), checkpoints."),
     ("08_beyond_one_box.ipynb", "Beyond one box",
-     "Hybrid sharding, and when it beats full sharding, in bytes and on the clock; choosing a strategy "
+     "Hybrid sharding (sharded inside a node, replicated across), and when it beats full sharding, "
+     "in bytes and on the clock; choosing a strategy "
      "for a cluster; torchrun on several nodes; finding where a job hangs."),
     ("09_appendix_forensics.ipynb", "Appendix: published runs",
      "Optional: what accumulation and more GPUs cost in a published gpt2-xl benchmark, the planner "

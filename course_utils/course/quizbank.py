@@ -57,11 +57,11 @@ def quiz_00() -> Quiz:
             "Four ranks each put rank + 1 in a tensor and all-reduce it, as in section 3. Rank 2 alone "
             "then all-reduces its tensor a second time, while ranks 0, 1 and 3 go on to a computation "
             "longer than the process group's timeout, with no collective. What happens?",
-            ["The first all-reduce fails on every rank, since rank 2 makes more calls than the others",
+            ["Ranks 0, 1 and 3 get 10 and go on; rank 2 waits in its second call until the timeout",
+             "The first all-reduce fails on every rank, since rank 2 makes more calls than the others",
              "Every rank gets 10; rank 2's second call returns at once, its tensor unchanged, since no peer joins",
-             "Ranks 0, 1 and 3 get 10 and go on; rank 2 waits in its second call until the timeout",
              "Rank 2 ends with 40, two sums of the four ranks, and the other three with 10"],
-            "c",
+            "a",
             "Collectives are matched by call order: the first call of every rank forms the first all-reduce, "
             "which completes with 1 + 2 + 3 + 4 = 10 everywhere. Rank 2's second call waits for three peers "
             "that never come, and a waiting rank cannot tell a slow peer from one that will never call: it "
@@ -355,10 +355,10 @@ QUIZZES["05"] = quiz_05
 
 
 def quiz_06() -> Quiz:
-    from ..theory.comm import collective_calls, comm_volume
+    from ..theory.comm import collective_calls
 
     deeper = collective_calls(3, num_layers=8 + 1, skip_last_regather=True)   # 8 blocks + the root
-    wide = {s: comm_volume(7e9, world_size=64, stage=s)["total"] for s in (0, 3)}
+    small = (2 * 2 + 1 + 3) / (2 * 3)           # 2 blocks gathered twice, the root once, 3 reduce-scatters
     return Quiz("06 ZeRO-3", [
         NumberChoice(f"ZeRO-3 on a model of 8 transformer blocks and a root unit, the root kept gathered "
                      f"as in section 3, prefetching on (section 8). Predict the all-gathers per step.",
@@ -371,14 +371,16 @@ def quiz_06() -> Quiz:
                                  f"gradient is produced once: {deeper['reduce_scatter']} reduce-scatters, one per "
                                  f"unit. ({deeper['all_gather'] + 8}: a prefetch counted as one more gather per "
                                  "block; 18: the root gathered twice like a block; 9: once per unit.)"),
-        NumberChoice("A model whose every unit is gathered twice per step (no root kept gathered) sends "
-                     "1.5x DDP's bytes under ZeRO-3 on 4 ranks, in the ring model. What is the ratio on 64 ranks?", wide[3] / wide[0], [1, 2, wide[0] / wide[3]], "{:.2f}", kind="predict",
-                     explanation=f"{wide[3] / wide[0]:g}: both volumes carry the same (N-1)/N x M factor, "
-                                 "3 of them (two all-gathers, one reduce-scatter) against 2 (the all-reduce), "
-                                 "so the ratio does not depend on N. (1: backward's second all-gather "
-                                 "forgotten; 2: the gradients all-reduced, not reduce-scattered; "
-                                 f"{wide[0] / wide[3]:.2f}: the ratio upside down.) The course GPT keeps its "
-                                 "root gathered, one all-gather fewer: section 7's 1.474."),
+        NumberChoice("Section 7 measured the course GPT at 1.474x DDP's bytes: its root, gathered once, holds "
+                     "5.2 % of the parameters. A model of 2 blocks and a root as large as a block, the root kept "
+                     "gathered as in section 3, on 4 ranks: predict ZeRO-3's bytes over DDP's, in the ring model.",
+                     small, [1.5, 1.474, (2 * 2 + 1) / (2 * 3)], "{:.2f}", kind="predict",
+                     explanation=f"Per unit of P elements each collective sends (N-1)/N x 4P. ZeRO-3: 2 all-gathers "
+                                 "per block, 1 for the root, 1 reduce-scatter per unit: 5 + 3 = 8 unit-sized "
+                                 f"collectives; DDP's all-reduce of all 3 units counts 2 x 3 = 6. {small:.2f}, "
+                                 "whatever N (the factor (N-1)/N cancels). The bigger the root's share, the further "
+                                 "below 1.5. (1.50: the root gathered twice like a block; 1.47: the course GPT's; "
+                                 "0.83: the reduce-scatters left out.)"),
         SingleChoice("Section 8's timeline held the root + 1 block gathered at the peak without prefetching. "
                      "A 32-block model whose blocks hold 0.5 GB of bf16 weights each (whole, before "
                      "sharding), on 8 GPUs: what does turning prefetching on do to the peak and to the step?",
@@ -453,9 +455,10 @@ QUIZZES["07"] = quiz_07
 
 
 def quiz_08() -> Quiz:
-    from ..theory.multinode import crossovers
+    from ..theory.multinode import crossovers, hsdp_vs_fsdp_time
 
     per_gpu = crossovers(7e9, 8, 4, 450e9, nics_per_node=8)[0] / 1e9                   # 08 §2
+    slow, fast = (hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, bw) for bw in (25e9, 200e9))
     assert crossovers(7e9, 8, 4, 450e9, nics_per_node=1) == ()                         # HSDP at any bandwidth
     hsdp13 = model_states(13e9, world_size=8, stage=3, recipe="mixed").total / GB     # sharded in a node
     full13 = model_states(13e9, world_size=32, stage=3, recipe="mixed").total / GB
@@ -470,18 +473,23 @@ def quiz_08() -> Quiz:
                           f"number of nodes. Full sharding over 32 GPUs holds {full13:g} GB, over 64 half that. "
                           "HSDP's price is memory that does not shrink as the job grows; what it buys is fewer "
                           "bytes across nodes.", kind="predict"),
-        SingleChoice("Section 2's model, 7B on 4 nodes of 8 GPUs, on two clusters: A has one 100 GB/s NIC "
-                     "per GPU, B a single 100 GB/s NIC per node. Which strategy is faster on each?",
-                     ["A: full sharding; B: HSDP",
-                      "HSDP on both, since it sends half the bytes across nodes",
-                      "Full sharding on both, since both cards are fast",
-                      "A: HSDP; B: full sharding"],
-                     "a", f"Section 2's plot marks where the two cross: with a NIC per GPU HSDP is faster below "
-                          f"{per_gpu:.0f} GB/s per NIC, with one NIC per node at every bandwidth. On A, "
-                          "full sharding's rings use NVLink and all 8 cards at once, and 100 GB/s is above "
-                          "the crossover. On B, every byte that leaves the node goes through one card, and "
-                          "full sharding sends about twice HSDP's.",
-                     kind="compare"),
+        SingleChoice("Section 2's model, 7B on 4 nodes of 8 GPUs (NVLink 450 GB/s), one NIC per GPU. The "
+                     f"NICs are upgraded from 25 to 200 GB/s. What happens to each strategy's communication "
+                     f"per step ({slow.fsdp_s:.2f} s full sharding, {slow.hsdp_s:.2f} s HSDP at 25 GB/s)?",
+                     [f"Full sharding's falls to about {fast.fsdp_s:.3f} s, HSDP's to {fast.hsdp_s:.3f}: both "
+                      "end up waiting on NVLink, a tie",
+                      f"Both fall 8x with the bandwidth, to {slow.fsdp_s / 8:.3f} and {slow.hsdp_s / 8:.3f} s: "
+                      "HSDP stays ahead by the same factor",
+                      f"Full sharding's falls 8x, to {slow.fsdp_s / 8:.3f} s, far below HSDP's, whose passes "
+                      "inside the node cannot speed up",
+                      f"Only HSDP's falls, to {fast.hsdp_s:.3f} s: full sharding is limited by its 32-GPU "
+                      "ring's latency, not by bandwidth"],
+                     "a", f"A faster card shortens only the hops that cross it. Full sharding's ring also runs "
+                          f"7 of its 8 hops per node over NVLink, so once the NICs are fast its time stops at "
+                          f"what NVLink allows, {fast.fsdp_s:.3f} s; HSDP's stops at its three passes inside "
+                          f"the node, {fast.hsdp_s:.3f} s. Above about {per_gpu:.0f} GB/s per NIC the two are "
+                          "within a few percent; with slow NICs, or one NIC per node, HSDP is clearly faster.",
+                     kind="predict"),
         SingleChoice("Rank 1's data loader has one batch fewer than rank 0's (section 4's uneven data), on "
                      "gloo ranks; the model is wrapped with fully_shard (notebook 07), not torch DDP. Rank 1 "
                      "leaves the loop. Where does rank 0 wait?",
