@@ -184,7 +184,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert 14e-3 < one_by_one < 14.1e-3 and 100 * 14 * 10e-6 / one_by_one > 0.99   # 14 alphas per tensor dominate
     assert round(predict_time("all_reduce", 4e6, 8, 10e-6, 300e9) * 1e3, 2) == 0.16        # the bucket, as said
     assert quiz.check("03", 1, "d").correct                                   # 4 -> 8 GPUs: ZeRO-3 drops most
-    assert quiz.check("03", 2, "b").correct                                   # ZeRO-2's floor: the weights, 14 GB
+    assert quiz.check("03", 2, "a").correct                                   # ZeRO-2's floor: fp32 weights, 28 GB
     assert quiz.check("03", 3, "c").correct and "3.40x" in quiz.get("03").questions[2].options[2]
     from course_utils.theory.memory import activation_bytes, block_terms
     blocks = [sum(block_terms("gpt2-xl", micro_batch=1, seq=s).values()) for s in (1024, 2048)]
@@ -197,11 +197,11 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("08", 1, "a").correct                                      # 16 x 13e9 / 8 on any number of nodes
     assert quiz.check("02", 3, "c").correct                                      # only N changes the bytes
     assert quiz.check("01", 1, "a").correct                                      # 2 ranks: rank 1's half
-    assert quiz.check("01", 2, "b").correct                                      # 1.75 -> 1.97 GB: under 2M
+    assert quiz.check("01", 2, "d").correct                                      # more steps, not more bytes
     assert quiz.check("06", 1, "17").correct and quiz.check("06", 2, "1.33").correct    # 2L + 1; a big root
     assert quiz.check("06", 3, "c").correct                                      # prefetch: peak up
     assert quiz.check("07", 2, "d").correct                                      # False: every block gathered
-    assert quiz.check("07", 3, "b").correct                                      # accumulation: 5, not 20
+    assert quiz.check("07", 3, "32 GB").correct                                  # unsharded between micro-batches
 
 
 def test_at_most_one_typed_in_number_per_quiz():
@@ -269,7 +269,7 @@ def test_quiz_05_peak_is_the_measured_one():
     zero1 = run("zero1", 2, steps=1, quiet=True)[0].extra["peak_grad_bytes"]
     assert peaks == {2: 1_293_500, 4: 1_164_160}      # 4·Ψ + 4·P + 4·P/N: gradients, message, shard
     assert peaks[2] > zero1 == 517_400                # above ZeRO-1's 4·P, as the question says
-    assert quiz.check("05", 3, "1,164,160 B").correct
+    assert quiz.check("05", 3, "b").correct                # small buckets, not more ranks
 
 
 def test_quiz_07_clipping_factor_is_torchs():

@@ -21,7 +21,8 @@ NOTEBOOKS = [
      "Gradient sharding during backward; peak gradient memory measured; accumulation; optionally, "
      "you join ZeRO-1 and DDP's hooks into ZeRO-2, graded on 2-4 ranks."),
     ("06_zero3.ipynb", "ZeRO-3",
-     "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit, graded on 2-4 ranks, then "
+     "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit (a block gathered and freed "
+     "as a whole), graded on 2-4 ranks, then "
      "run the whole course model on your units, measured and timed; 1.5x DDP in the ring model; "
      "prefetching (the next unit gathered early)."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",

@@ -85,10 +85,8 @@ def quiz_03() -> Quiz:
     eight = {st: model_states(7e9, world_size=8, stage=st, recipe="mixed").total / GB for st in range(4)}
     drop = {st: four[st] - eight[st] for st in range(4)}
     most = max(drop, key=drop.get)
-    small = 24                                 # GB per GPU, model states only
-    z2_gpus = next(n for n in range(1, 1000)
-                   if model_states(7e9, world_size=n, stage=2, recipe="mixed").total / GB <= small)
     whole7 = model_states(7e9, recipe="mixed")
+    amp = model_states(7e9, recipe="torch-amp")
     xl_cfg = PRESETS["gpt2-xl"].config
     per_token = ((34 + 5 * xl_cfg.heads * 2048 / xl_cfg.hidden)           # (34 + 5·a·s/h) alone
                  / (34 + 5 * xl_cfg.heads * 1024 / xl_cfg.hidden))
@@ -102,21 +100,20 @@ def quiz_03() -> Quiz:
             + ". Only the sharded parts shrink, and ZeRO-3 shards all 16 bytes; DDP gains nothing.",
             kind="compare"),
         SingleChoice(
-            "The same 7B model with ZeRO-2 on ever more GPUs: what do its model states per GPU "
-            "approach, and why?",
-            [f"{(whole7.params + whole7.grads) / GB:g} GB: weights and gradients stay whole on every GPU, only "
-             "the optimizer states are split",
-             f"{whole7.params / GB:g} GB: the 2-byte weights stay whole on every GPU, the other 14 bytes are "
-             "split ever finer",
-             "0 GB: all 16 bytes of each parameter are split, so each GPU's share shrinks without a floor",
-             f"{whole7.optimizer / GB:g} GB: Adam's 12 bytes must stay together on one GPU to be updated, "
-             "the rest is split"],
-            "b",
-            f"ZeRO-2 shards gradients and optimizer states and keeps the parameters whole: "
-            f"{whole7.params / GB:g} + {(whole7.total - whole7.params) / GB:g} / N GB, which falls towards "
-            f"{whole7.params / GB:g} GB (with {small} GB per GPU, N = {z2_gpus} GPUs are enough). ZeRO-1's floor is "
-            f"{(whole7.params + whole7.grads) / GB:g} GB, weights and gradients; only ZeRO-3 has none.",
-            kind="explain"),
+            "The same 7B model trains with ZeRO-2, but in PyTorch's recipe (torch-amp: fp32 parameters, "
+            "gradients and Adam moments, 4 + 4 + 8 bytes). On ever more GPUs, what do its model states per "
+            "GPU approach, and why?",
+            [f"{amp.params / GB:g} GB: the 4-byte fp32 parameters stay whole; the other 12 bytes split ever finer",
+             f"{whole7.params / GB:g} GB: the 2-byte weights stay whole, as in section 3's mixed recipe",
+             f"{(amp.params + amp.grads) / GB:g} GB: parameters and gradients stay whole, only Adam's "
+             "moments are split",
+             "0 GB: with no 16-bit copy left, every byte of every parameter is split over the GPUs, with no floor"],
+            "a",
+            f"ZeRO-2 keeps the parameters whole and shards the rest: {amp.params / GB:g} + "
+            f"{(amp.total - amp.params) / GB:g} / N GB, which falls towards {amp.params / GB:g} GB. The floor is "
+            f"whatever the parameters weigh: {whole7.params / GB:g} GB in mixed precision's 2 bytes, twice that "
+            f"in torch's fp32. ({(amp.params + amp.grads) / GB:g}: ZeRO-1's floor; 0: only ZeRO-3 has none.)",
+            kind="predict"),
         SingleChoice(f"gpt2-xl's blocks (h = {xl_cfg.hidden}, a = {xl_cfg.heads} heads), micro-batch 1, "
                      "standard (not fused) attention: the sequence doubles from 1024 to 2048 tokens. How "
                      "do a block's activations grow (section 5's formula), and why?",
@@ -163,6 +160,7 @@ def quiz_01() -> Quiz:
     one_by_one = 100 * predict_time("all_reduce", small, 8, alpha, beta)
     bucket = predict_time("all_reduce", 100 * small, 8, alpha, beta)
     bytes_part = one_by_one / 100 - alpha * ring_steps("all_reduce", 8)
+    t8, t64 = (predict_time("all_reduce", m, n, alpha, beta) for n in (8, 64))
     return Quiz("01 collectives", [
         SingleChoice("Section 1.3's reduce-scatter on 2 ranks (rank r holds [10r, ..., 10r+7]): "
                      "what does rank 1 keep?",
@@ -170,20 +168,22 @@ def quiz_01() -> Quiz:
                      "a", f"The sum is {summed}; each rank keeps its 1/N piece of it, rank 1 the "
                           "second half. An all-gather would then give everyone all 8: the all-reduce.",
                      kind="predict"),
-        SingleChoice("A ring all-reduce of 1 GB runs on 8 ranks, then on 64 ranks over the same links. "
-                     "What happens to the bytes each rank sends?",
-                     [f"They fall from {m / 8 / 1e9 * 2:.2f} to {m / 64 / 1e9 * 2:.2f} GB: each rank is responsible "
-                      "for only its 1/N of the message",
-                      f"They grow from {collective_bytes('all_reduce', m, 8) / 1e9:.2f} to "
-                      f"{collective_bytes('all_reduce', m, 64) / 1e9:.2f} GB: 2(N-1) chunks of M/N each, just under 2M",
-                      f"They grow eightfold, from {collective_bytes('all_reduce', m, 8) / 1e9:.2f} to "
-                      f"{8 * collective_bytes('all_reduce', m, 8) / 1e9:.0f} GB: each rank exchanges data with eight times as many peers",
-                      "They stay at 1 GB on both: every rank sends its whole message once to its right neighbour"],
-                     "b", f"Each of the 2(N-1) steps moves one chunk of M/N: 2(N-1)/N x M, "
+        SingleChoice("A ring all-reduce of 1 GB on 8 ranks, then on 64 ranks, over links like section 4's "
+                     "(alpha = 10 us per step, 300 GB/s per rank). What happens to its time?",
+                     [f"It falls about 8x, to {t8 / 8 * 1e3:.2f} ms: each rank is responsible for only its 1/N "
+                      "of the message",
+                      f"It grows about 8x, to {8 * t8 * 1e3:.0f} ms: each rank exchanges data with eight times "
+                      "as many peers",
+                      f"It stays at {t8 * 1e3:.2f} ms: every rank sends just under 2M bytes whatever N, and "
+                      "bytes set the time",
+                      f"It grows from {t8 * 1e3:.2f} to {t64 * 1e3:.2f} ms: the bytes per rank grow by an "
+                      "eighth, and 126 latency steps replace 14"],
+                     "d", f"Each of the 2(N-1) steps moves one chunk of M/N: 2(N-1)/N x M, "
                           f"{collective_bytes('all_reduce', m, 8) / 1e9:.2f} GB on 8 ranks and "
-                          f"{collective_bytes('all_reduce', m, 64) / 1e9:.2f} on 64. A rank's bytes hardly grow with "
-                          "N: the ring is bandwidth-optimal. What grows is the number of steps, 2(N-1), each "
-                          "paying the latency alpha.", kind="predict"),
+                          f"{collective_bytes('all_reduce', m, 64) / 1e9:.2f} on 64, so the bandwidth part hardly "
+                          f"grows (the ring is bandwidth-optimal). What grows is the number of steps, 2(N-1): "
+                          f"from 14 to 126, each paying alpha, {14 * alpha * 1e3:.2f} -> {126 * alpha * 1e3:.2f} ms. "
+                          "On many ranks the ring's latency grows, not its bytes.", kind="predict"),
         SingleChoice("Section 4's NVLink-class link (alpha = 10 us per step, 300 GB/s): 8 GPUs all-reduce "
                      "100 gradient tensors of 40 kB each, one collective per tensor. Which change cuts "
                      "that time the most?",
@@ -338,15 +338,19 @@ def quiz_05() -> Quiz:
             "division the update is N times too large; without the wait two messages can be in flight and "
             "the shard reads an unfinished sum; assigning instead of adding loses the other micro-batches.",
             kind="explain"),
-        NumberChoice(
-            f"Section 4: with one 25 MiB bucket, ZeRO-2's peak on 2 ranks was 4·Ψ + 4·P + 4·P/N = {peak_one:,} B, "
-            f"above ZeRO-1's 4·P. Predict it on 4 ranks (P = {p4:,}, Ψ = {psi:,}).",
-            peak_four, [peak_one, peak_one // 2, 4 * psi], "{:,} B", kind="predict",
-            explanation=f"{peak_four:,} B = {4 * psi:,} + {4 * p4:,} + {4 * p4 // 4:,}. With one bucket nothing "
-                        f"is sent before backward ends, so the whole gradient (4·Ψ) is still there when it is copied "
-                        f"into the padded message (4·P); only the shard's gradient (4·P/N) shrinks with N. "
-                        f"({peak_one:,}: the 2-rank figure, N left out; {peak_one // 2:,}: everything taken to "
-                        f"shrink with N; {4 * psi:,}: ZeRO-1's, as if the copy into the message cost nothing.)"),
+        SingleChoice(
+            f"Section 4: with one 25 MiB bucket, ZeRO-2's peak of gradient bytes on 2 ranks was {peak_one:,} B, "
+            "above ZeRO-1's. Which change brings it down the most?",
+            ["Running on 4 ranks instead of 2, so that each rank's shard of the gradient halves",
+             "64 KiB buckets instead of one, so that each bucket is sent as soon as it is complete",
+             "Dividing each gradient by N before the reduce-scatter rather than the shard's after it",
+             "Moving the reduce-scatter into step(), as ZeRO-1 does, keeping the one bucket"],
+            "b",
+            f"With one bucket nothing leaves before backward ends, so the whole gradient (4·Ψ) is still there "
+            f"when it is copied into the message (4·P), beside the shard's gradient (4·P/N). 64 KiB buckets leave "
+            f"as they fill: about 442 kB at the peak, near the shard's {4 * p2 // 2:,} plus a bucket in flight "
+            f"(section 4's plot). 4 ranks shrink only the shard's term: {peak_four:,} B. ZeRO-1's step keeps all "
+            f"the gradients, {4 * psi:,} B. Dividing earlier moves no byte.", kind="compare"),
     ])
 
 
@@ -360,8 +364,8 @@ def quiz_06() -> Quiz:
     deeper = collective_calls(3, num_layers=8 + 1, skip_last_regather=True)   # 8 blocks + the root
     small = (2 * 2 + 1 + 3) / (2 * 3)           # 2 blocks gathered twice, the root once, 3 reduce-scatters
     return Quiz("06 ZeRO-3", [
-        NumberChoice(f"ZeRO-3 on a model of 8 transformer blocks and a root unit, the root kept gathered "
-                     f"as in section 3, prefetching on (section 8). Predict the all-gathers per step.",
+        NumberChoice("ZeRO-3 on a model of 8 transformer blocks and a root unit, the root kept gathered "
+                     "as in section 3, prefetching on (section 8). Predict the all-gathers per step.",
                      deeper["all_gather"], [deeper["all_gather"] + 8, 2 * (8 + 1), 8 + 1], "{:g}",
                      kind="predict",
                      explanation=f"2L + 1 = {deeper['all_gather']}: each block is needed in forward and again in "
@@ -404,9 +408,6 @@ QUIZZES["06"] = quiz_06
 
 
 def quiz_07() -> Quiz:
-    from ..theory.sharding import calls_per_step
-
-    course = calls_per_step(4)
     return Quiz("07 FSDP in PyTorch", [
         NumberChoice("FSDP2 on 2 ranks: the squared norms of rank 0's gradient shards add up to 9 (its "
                      "shards' norm is 3), rank 1's to 16 (norm 4). Both call torch.nn.utils.clip_grad_norm_("
@@ -435,19 +436,17 @@ def quiz_07() -> Quiz:
                           "all-gather, 48 fewer per step; on a link the prefetch already hides, little "
                           "waiting (section 3's clock). ZeRO-2's trade: bytes for all-gathers.",
                      kind="compare", printed="07"),
-        SingleChoice("The course GPT (5 units) under FSDP2, gradient accumulation over 4 micro-batches, "
-                     "set_requires_gradient_sync(False) on all but the last. What does each rank hold between "
-                     "micro-batches, and what does it buy?",
-                     ["Only its shards' gradients, as usual; the all-gathers of the next forward are skipped",
-                      f"Full, unsharded gradients of every unit; {course['reduce_scatter']} reduce-scatters per "
-                      f"step instead of {4 * course['reduce_scatter']}",
-                      "Nothing: each micro-batch's gradients are recomputed from saved activations at the end",
-                      "Full gradients of the root only; the blocks still reduce-scatter after every micro-batch"],
-                     "b", f"Without the reduce-scatter each backward adds into full-size gradients, which stay "
-                          f"allocated until the last micro-batch reduce-scatters their sum: one per unit, "
-                          f"{course['reduce_scatter']}, instead of 4 x {course['reduce_scatter']}. Fewer "
-                          "collectives, more memory in between (section 5.5 measured 517,400 B held).",
-                     kind="compare", printed="07"),
+        NumberChoice("An 8-billion-parameter model under FSDP2 on 8 GPUs, fp32 gradients, 4 micro-batches per "
+                     "step with set_requires_gradient_sync(False) on all but the last (section 5.5). Predict the "
+                     "gradient GB a GPU holds between micro-batches (syncing every micro-batch: 4 GB, its shards).",
+                     32, [4, 16, 128], "{:g} GB", kind="predict",
+                     explanation="32 GB: without the reduce-scatter each backward adds into full-size, unsharded "
+                                 "gradients, 4 bytes x 8e9 on every GPU, until the last micro-batch reduce-scatters "
+                                 "their sum. What it buys: one reduce-scatter per unit per step instead of four. "
+                                 "Section 5.5 measured the same on the course GPT: 517,400 B held, twice the "
+                                 "2-rank shard. (4: the shards, as with sync every time; 16: the shards kept per "
+                                 "micro-batch; 128: a full copy per micro-batch, but they add into one.)",
+                     printed="07"),
     ])
 
 
@@ -458,7 +457,9 @@ def quiz_08() -> Quiz:
     from ..theory.multinode import crossovers, hsdp_vs_fsdp_time
 
     per_gpu = crossovers(7e9, 8, 4, 450e9, nics_per_node=8)[0] / 1e9                   # 08 §2
-    slow, fast = (hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, bw) for bw in (25e9, 200e9))
+    fast = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 200e9)                                 # a NIC per GPU
+    two = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 100e9, nics_per_node=2)                  # 2 NICs per node
+    assert abs(two.fsdp_s - hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9).fsdp_s) < 1e-9   # = 8 x 25 GB/s
     assert crossovers(7e9, 8, 4, 450e9, nics_per_node=1) == ()                         # HSDP at any bandwidth
     hsdp13 = model_states(13e9, world_size=8, stage=3, recipe="mixed").total / GB     # sharded in a node
     full13 = model_states(13e9, world_size=32, stage=3, recipe="mixed").total / GB
@@ -473,22 +474,22 @@ def quiz_08() -> Quiz:
                           f"number of nodes. Full sharding over 32 GPUs holds {full13:g} GB, over 64 half that. "
                           "HSDP's price is memory that does not shrink as the job grows; what it buys is fewer "
                           "bytes across nodes.", kind="predict"),
-        SingleChoice("Section 2's model, 7B on 4 nodes of 8 GPUs (NVLink 450 GB/s), one NIC per GPU. The "
-                     f"NICs are upgraded from 25 to 200 GB/s. What happens to each strategy's communication "
-                     f"per step ({slow.fsdp_s:.2f} s full sharding, {slow.hsdp_s:.2f} s HSDP at 25 GB/s)?",
-                     [f"Full sharding's falls to about {fast.fsdp_s:.3f} s, HSDP's to {fast.hsdp_s:.3f}: both "
-                      "end up waiting on NVLink, a tie",
-                      f"Both fall 8x with the bandwidth, to {slow.fsdp_s / 8:.3f} and {slow.hsdp_s / 8:.3f} s: "
-                      "HSDP stays ahead by the same factor",
-                      f"Full sharding's falls 8x, to {slow.fsdp_s / 8:.3f} s, far below HSDP's, whose passes "
-                      "inside the node cannot speed up",
-                      f"Only HSDP's falls, to {fast.hsdp_s:.3f} s: full sharding is limited by its 32-GPU "
-                      "ring's latency, not by bandwidth"],
-                     "a", f"A faster card shortens only the hops that cross it. Full sharding's ring also runs "
-                          f"7 of its 8 hops per node over NVLink, so once the NICs are fast its time stops at "
-                          f"what NVLink allows, {fast.fsdp_s:.3f} s; HSDP's stops at its three passes inside "
-                          f"the node, {fast.hsdp_s:.3f} s. Above about {per_gpu:.0f} GB/s per NIC the two are "
-                          "within a few percent; with slow NICs, or one NIC per node, HSDP is clearly faster.",
+        SingleChoice("Section 2's model, 7B on 4 nodes of 8 GPUs (NVLink 450 GB/s). Cluster A has 8 NICs of "
+                     "25 GB/s per node, cluster B 2 NICs of 100 GB/s per node. Which strategy is faster on B, "
+                     "and by how much?",
+                     [f"Full sharding: 100 GB/s per NIC is above the {per_gpu:.0f} GB/s crossover, where the two "
+                      "tie or full sharding leads",
+                      f"HSDP, by the same margin as on A, {two.hsdp_s:.2f} s against {two.fsdp_s:.2f}: each NIC "
+                      "carries 1/R of the bytes, and 2 x 100 moves what 8 x 25 moves",
+                      f"A tie at about {fast.fsdp_s:.2f} s: with 100 GB/s cards both strategies end up waiting "
+                      "on NVLink inside the node",
+                      "HSDP, by far more than on A: fewer NICs slow full sharding's ring but leave HSDP's "
+                      "all-reduce as fast as before"],
+                     "b", f"Each NIC carries S/R of what a rank sends, so the time across nodes is S / (R x B): "
+                          f"on A 8 x 25 GB/s, on B 2 x 100 GB/s, the same 200 GB/s per node. Both strategies take "
+                          f"what they took on A: full sharding {two.fsdp_s:.3f} s, HSDP {two.hsdp_s:.3f} s. The "
+                          f"{per_gpu:.0f} GB/s crossover holds for one NIC per GPU; with one 200 GB/s NIC per "
+                          f"GPU both would wait on NVLink, {fast.fsdp_s:.3f} and {fast.hsdp_s:.3f} s.",
                      kind="predict"),
         SingleChoice("Rank 1's data loader has one batch fewer than rank 0's (section 4's uneven data), on "
                      "gloo ranks; the model is wrapped with fully_shard (notebook 07), not torch DDP. Rank 1 "

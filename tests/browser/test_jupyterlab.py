@@ -496,16 +496,16 @@ def quiz_03(b: Browser, model: dict, check: Checks):
     rows = _rows(quiz)
     check("03: quiz is a live form", len(rows) == len(questions), f"{len(rows)} question rows")
     # The number to pick (question 4): the typical mistake (activations sharded like the states), then the right one.
-    k = next(i for i, q in enumerate(questions) if isinstance(q, quizmod.SingleChoice) and "switch to ZeRO-3" in q.prompt)
+    k = next(i for i, q in enumerate(questions) if isinstance(q, quizmod.SingleChoice) and "move to ZeRO-3" in q.prompt)
     q, row = questions[k], rows[k]
     right = sorted(q.answer)[0]
-    wrong = q.letters[q.options.index("3.75 GB")]
+    wrong = q.letters[q.options.index("1.875 GB")]
     labels = {lab.text[1]: lab for lab in row.find_elements(By.CSS_SELECTOR, ".widget-radio-box label")}
     button = row.find_element(By.CSS_SELECTOR, "button")
     _click(b, labels[wrong])
     _click(b, button)
     text = _expect(row, "Not quite.")
-    check(f"03: question {k + 1}, ({wrong}) 3.75 GB -> 'Not quite.'", True, text[:90])
+    check(f"03: question {k + 1}, ({wrong}) 1.875 GB -> 'Not quite.'", True, text[:90])
     _click(b, labels[right])
     _click(b, button)
     text = _expect(row, "Correct.")
