@@ -158,3 +158,33 @@ def test_once_predicted_prints_the_table_only_after_every_prediction(capsys):
     once_predicted("row 1\nrow 2", 250, 200, what="the table")
     hidden, *shown = capsys.readouterr().out.splitlines()
     assert hidden == "the table: shown once you have predicted" and shown == ["row 1", "row 2"]
+
+
+def _closure_on_rank(kind):
+    import torch
+    from course_utils.harness.model import SyntheticData, build_model
+    import torch.distributed as dist
+    cls = answer(kind)[0]["MyZero1" if kind == "zero1" else "MyMixedZero1"]
+    model = build_model(seed=0)          # fp32; MyMixedZero1 makes its parameters bf16 views itself
+    opt = cls(model.parameters(), torch.optim.AdamW, lr=1e-3)
+    x, y = SyntheticData(global_batch=12, seed=0).shard(0, dist.get_rank(), dist.get_world_size())
+    calls = []
+
+    def closure():
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        calls.append(loss.item())
+        return loss
+
+    loss = opt.step(closure)
+    return calls, loss.item()
+
+
+@pytest.mark.parametrize("kind", ["zero1", "mixed"])
+def test_the_zero1_answers_take_a_closure_as_torch_optimizers_do(kind):
+    """step(closure) calls it once under autograd and returns its loss, as torch.optim's do: the
+    answers learners copy must not drop it silently."""
+    from course_utils.runtime.launch import launch
+    for calls, loss in launch(_closure_on_rank, 2, kind, quiet=True):
+        assert len(calls) == 1 and calls[0] == loss

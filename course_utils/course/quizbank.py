@@ -100,9 +100,9 @@ def quiz_03() -> Quiz:
             + ". Only the sharded parts shrink, and ZeRO-3 shards all 16 bytes; DDP gains nothing.",
             kind="compare"),
         SingleChoice(
-            "The same 7B model trains with ZeRO-2, but in PyTorch's recipe (torch-amp: fp32 parameters, "
-            "gradients and Adam moments, 4 + 4 + 8 bytes). On ever more GPUs, what do its model states per "
-            "GPU approach, and why?",
+            "The same 7B model with ZeRO-2 as section 3 defines it (gradients and optimizer states "
+            "sharded, parameters whole), but in the torch-amp recipe: fp32 parameters, gradients and Adam "
+            "moments, 4 + 4 + 8 bytes. On ever more GPUs, what do its model states per GPU approach, and why?",
             [f"{amp.params / GB:g} GB: the 4-byte fp32 parameters stay whole; the other 12 bytes split ever finer",
              f"{whole7.params / GB:g} GB: the 2-byte weights stay whole, as in section 3's mixed recipe",
              f"{(amp.params + amp.grads) / GB:g} GB: parameters and gradients stay whole, only Adam's "
@@ -493,7 +493,8 @@ def quiz_08() -> Quiz:
                      kind="predict"),
         SingleChoice("Rank 1's data loader has one batch fewer than rank 0's (section 4's uneven data), on "
                      "gloo ranks; the model is wrapped with fully_shard (notebook 07), not torch DDP. Rank 1 "
-                     "leaves the loop. Where does rank 0 wait?",
+                     "leaves the loop and then computes for a long time, calling no collective. Where does "
+                     "rank 0 wait?",
                      ["In backward, in the gradient all-reduce, as with DDP, since the gradients still need "
                       "averaging",
                       "Nowhere: fully_shard notices that rank 1 has left and skips the step on the others",

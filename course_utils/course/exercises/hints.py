@@ -41,8 +41,9 @@ HINTS = {
               """MyZero1, how step goes, per flat buffer: the .grads flattened and padded the same way (zeros for a
   None); reduce_scatter_tensor(shard's .grad, that flat gradient): a SUM, so divide by N; copy
   hyper(group) into the matching inner group (a scheduler changes yours); then one
-  self.inner.step(); then all_gather_into_tensor(flat, flat[lo:hi]): in place, the input is this
-  rank's own slice of the output, no copy needed; the views now read every rank's update."""),
+  self.inner.step(); then one all-gather per flat buffer, in place: its input is this rank's own
+  slice of the buffer, its output the whole buffer, no copy needed; the views now read every
+  rank's update."""),
     "mixed": ("""MyMixedZero1, where to start: your MyZero1, copied. Two things change:
   - which dtype each buffer has (the model's parameters, the optimizer's masters, the gradients);
   - where the fp32 master comes from, and when: a master taken after rounding to bf16 has already

@@ -46,6 +46,8 @@ class MyMixedZero1(torch.optim.Optimizer):
         """MyZero1's step, with two changes: the master's gradient is fp32 (this rank's slice of
         the reduce-scattered bf16 gradient, converted, averaged); after the inner step, the
         master, rounded to bf16, is what this rank's slice of the flat buffer sends."""
+        with torch.enable_grad():                    # given: a closure, as torch's optimizers take it
+            loss = closure() if closure is not None else None  # given
         for f, inner in zip(self.flats, self.inner.param_groups):
             grads = flatten_and_pad([p.grad if p.grad is not None else torch.zeros_like(p)
                                      for p in f["params"]], self.n)
@@ -57,6 +59,7 @@ class MyMixedZero1(torch.optim.Optimizer):
         for f in self.flats:
             f["flat"][f["lo"]:f["hi"]] = f["master"]
             all_gather_into_tensor(f["flat"], f["flat"][f["lo"]:f["hi"]])
+        return loss                                  # given
 
 
 check_mixed(MyMixedZero1)

@@ -45,6 +45,8 @@ class MyZero1(torch.optim.Optimizer):
         """Each shard's gradient becomes the ranks' average of its slice; the inner optimizer
         steps the shards with your groups' current hyperparameters (a scheduler changes them);
         then every rank holds every updated slice again."""
+        with torch.enable_grad():                    # given: a closure, as torch's optimizers take it
+            loss = closure() if closure is not None else None  # given
         for f, inner in zip(self.flats, self.inner.param_groups):
             grads = flatten_and_pad([p.grad if p.grad is not None else torch.zeros_like(p)
                                      for p in f["params"]], self.n)
@@ -54,6 +56,7 @@ class MyZero1(torch.optim.Optimizer):
         self.inner.step()
         for f in self.flats:
             all_gather_into_tensor(f["flat"], f["flat"][f["lo"]:f["hi"]])
+        return loss                                  # given
 
 
 check_zero1(MyZero1)
