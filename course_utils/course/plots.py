@@ -138,7 +138,7 @@ def plot_choices(plans: Sequence[Plan]):
             for part, value in parts:
                 ax.barh(y, value, left=left, color=_PART_COLORS[part], height=0.6)
                 left += value
-        ax_mem.text(r.total / GB, y, f" {r.total / GB:.0f} GB", va="center", fontsize=8)
+        ax_mem.text(max(r.total / GB, a.gpu_mem_gb), y, f" {r.total / GB:.0f} GB", va="center", fontsize=8)
         ax_t.text(r.step_s, y, f" {r.step_s:.1f} s = {r.compute_s:.1f} + {exposed:.1f} + {r.offload_s:.1f}",
                   va="center", fontsize=8)
         widest["t"] = max(widest["t"], r.step_s)
