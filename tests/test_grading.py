@@ -58,6 +58,25 @@ def test_the_learners_frame_and_the_collective_it_waits_in():
         "answers/ddp.py:42 in _launch: bucket = self.buckets[self.next + 1]"
 
 
+def test_the_learners_frame_is_named_by_its_function_not_a_comprehension_or_generated_code(tmp_path):
+    """A rank caught in a list comprehension (a frame of its own on Python 3.11) is said to be in
+    the function around it; one caught in a dataclass's generated ``__init__`` (``<string>``, no
+    source) in the learner's frame that called it (an endless loop's two ranks, seen in CI)."""
+    from course_utils.labs.frames import describe, frames_of, learner_frame
+    mine = tmp_path / "ddp.py"
+    mine.write_text("\n" * 42 + "        flat = torch.cat([p.grad.reshape(-1) for p in bucket])\n")
+    stack = "\n".join([f'File "{mine}", line 43 in <listcomp>',
+                       f'  File "{mine}", line 43 in _launch',
+                       f'  File "{mine}", line 60 in _finish'])
+    assert describe(learner_frame(frames_of(stack, innermost_first=True))) == \
+        f"{tmp_path.name}/ddp.py:43 in _launch: flat = torch.cat([p.grad.reshape(-1) for p in bucket])"
+    generated = frames_of("\n".join(['File "<string>", line 8 in __init__', f'  File "{mine}", line 43 in _launch']),
+                          innermost_first=True)
+    assert learner_frame(generated).func == "_launch"
+    alone = frames_of('File "<string>", line 3 in main', innermost_first=True)      # python -c: still the learner's
+    assert learner_frame(alone).func == "main"
+
+
 def test_a_rank_aborted_by_gloo_is_explained_and_the_next_world_sizes_are_not_tried(capsys, monkeypatch):
     from course_utils.labs import grading
     from course_utils.runtime.launch import LaunchError

@@ -93,9 +93,25 @@ def frames_of(text: str, *, innermost_first: bool) -> list[Frame]:
     return frames if innermost_first else frames[::-1]
 
 
+#: Frames Python makes for a comprehension inside a function (3.11; 3.12 inlines them): named
+#: by the function around them, where the learner looks.
+_COMPREHENSIONS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
+
+
 def learner_frame(frames: list[Frame]) -> Frame | None:
-    """The innermost frame of ``frames`` (innermost first) in the learner's code, or None."""
-    return next((f for f in frames if is_learners(f.file)), None)
+    """The innermost frame of ``frames`` (innermost first) in the learner's code, or None.
+    Code made at run time (a dataclass's ``__init__``: ``<string>`` with no source) counts only
+    when no frame of a real file does; a comprehension's frame is named by its function's."""
+    mine = [f for f in frames if is_learners(f.file)]
+    mine = [f for f in mine if not (f.file.startswith("<") and not f.code)] or mine
+    if not mine:
+        return None
+    inner = mine[0]
+    if inner.func in _COMPREHENSIONS:
+        around = next((f for f in mine[1:] if f.file == inner.file and f.func not in _COMPREHENSIONS), None)
+        if around is not None:
+            return dataclasses.replace(inner, func=around.func)
+    return inner
 
 
 #: torch.distributed's functions that wait for other ranks, by name (``reduce_scatter_single``
