@@ -348,6 +348,10 @@ def test_plot_has_one_bar_per_option():
     assert len(ax_mem.patches) == len(ax_t.patches) == 3 * len(rows)      # three stacked parts each
     assert [line.get_xdata()[0] for line in ax_mem.get_lines()] == [80]     # the GPU's memory
     assert f"recommended {planner.recommend(rows).choice.label()}" in fig.texts[0].get_text()
+    torch_rows = plan("llama-2-7b", framework="torch", global_batch=64, **H100)    # bf16 copies counted too
+    assert any(r.copies for r in torch_rows)
+    ends = [p.get_x() + p.get_width() for p in plot_plan(torch_rows).axes[0].patches[2::3]]
+    assert ends == pytest.approx([r.total / GB for r in torch_rows])        # each memory bar ends at the total
 
 
 DGX = dict(gpu_mem_gb=80, gpus_per_node=8, nodes=1, intra_bw_gbps=450, inter_bw_gbps=25, seq_len=4096)

@@ -70,6 +70,21 @@ _PART_COLORS = {"states": "#4C72B0", "activations": "#C44E52", "buffers": "#8C8C
                 "compute": "#55A868", "comm": "#DD8452", "offload": "#8172B2"}
 
 
+def _stacked_bars(ax_mem, ax_t, y: float, r, **bar) -> float:
+    """One option's two bars at height ``y``: memory per GPU (states, activations, buffers with
+    torch's bf16 parameter copies: the row's total) and its step (compute, exposed communication,
+    offload). Returns the exposed communication's seconds."""
+    exposed = r.step_s - r.compute_s - r.offload_s
+    for ax, parts in ((ax_mem, (("states", r.states / GB), ("activations", r.activations / GB),
+                                ("buffers", (r.buffers + r.copies) / GB))),
+                      (ax_t, (("compute", r.compute_s), ("comm", exposed), ("offload", r.offload_s)))):
+        left = 0.0
+        for part, value in parts:
+            ax.barh(y, value, left=left, color=_PART_COLORS[part], **bar)
+            left += value
+    return exposed
+
+
 def plot_plan(rows: Plan, *, highlight: Choice | None = None):
     """A :func:`~course_utils.theory.planner.plan`: memory per GPU and seconds per step, one bar per option; the recommended one outlined."""
     from matplotlib.figure import Figure
@@ -83,16 +98,8 @@ def plot_plan(rows: Plan, *, highlight: Choice | None = None):
     ax_mem, ax_t = fig.subplots(1, 2, sharey=True)
     ys = list(range(len(rows)))[::-1]
     for y, r in zip(ys, rows):
-        alpha = 1.0 if r.fits else 0.35
         edge = dict(edgecolor="black", linewidth=1.5) if r.choice == rec else dict(linewidth=0)
-        exposed = r.step_s - r.compute_s - r.offload_s
-        for ax, parts in ((ax_mem, (("states", r.states / GB), ("activations", r.activations / GB),
-                                    ("buffers", r.buffers / GB))),
-                          (ax_t, (("compute", r.compute_s), ("comm", exposed), ("offload", r.offload_s)))):
-            left = 0.0
-            for part, value in parts:
-                ax.barh(y, value, left=left, color=_PART_COLORS[part], alpha=alpha, **edge)
-                left += value
+        _stacked_bars(ax_mem, ax_t, y, r, alpha=1.0 if r.fits else 0.35, **edge)
     ax_mem.axvline(a.gpu_mem_gb, color="black", linestyle="--", linewidth=1)
     ax_mem.set_yticks(ys, [r.short() + ("" if r.fits else " (no fit)") for r in rows], fontsize=7)
     ax_mem.set_xlim(0, max(a.gpu_mem_gb * 1.6, 1.0))     # a bar that does not fit may run off the edge
@@ -130,14 +137,7 @@ def plot_choices(plans: Sequence[Plan]):
         widest["mem"] = max(widest["mem"], a.gpu_mem_gb)
         if r is None:
             continue
-        exposed = r.step_s - r.compute_s - r.offload_s
-        for ax, parts in ((ax_mem, (("states", r.states / GB), ("activations", r.activations / GB),
-                                    ("buffers", (r.buffers + r.copies) / GB))),
-                          (ax_t, (("compute", r.compute_s), ("comm", exposed), ("offload", r.offload_s)))):
-            left = 0.0
-            for part, value in parts:
-                ax.barh(y, value, left=left, color=_PART_COLORS[part], height=0.6)
-                left += value
+        exposed = _stacked_bars(ax_mem, ax_t, y, r, height=0.6)
         ax_mem.text(max(r.total / GB, a.gpu_mem_gb), y, f" {r.total / GB:.0f} GB", va="center", fontsize=8)
         ax_t.text(r.step_s, y, f" {r.step_s:.1f} s = {r.compute_s:.1f} + {exposed:.1f} + {r.offload_s:.1f}",
                   va="center", fontsize=8)
