@@ -193,7 +193,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert flash[1] == 2 * flash[0]                                 # "with flash attention exactly 2x"
     assert quiz.check("04", 3, "c").correct                                      # a new AdamW each step: step 2 wrong
     assert quiz.check("04", 2, "1.50").correct
-    assert quiz.check("05", 2, "d").correct                                      # the full .grads not freed
+    assert quiz.check("05", 2, "4.5x").correct                                   # k reduce-scatters + 1 all-gather
     assert quiz.check("08", 1, "a").correct                                      # 16 x 13e9 / 8 on any number of nodes
     assert quiz.check("02", 3, "c").correct                                      # only N changes the bytes
     assert quiz.check("01", 1, "a").correct                                      # 2 ranks: rank 1's half

@@ -325,19 +325,17 @@ def quiz_05() -> Quiz:
                         f"memory is freeing each bucket's gradients once its message holds them. ({4 * p2 // 2:,}: "
                         f"ZeRO-2's, the full gradients freed; {peak_one:,}: the one-bucket peak, a message "
                         "still alive.)"),
-        SingleChoice(
-            "A learner's MyZero2 trains exactly like one process, but after every backward each rank still "
-            "holds 4·Ψ bytes of full gradients besides its shard gradients. Which line did it leave out?",
-            ["Dividing every shard's gradient by N before the inner optimizer steps the shard",
-             "Waiting for the message in flight before the next bucket's message is launched",
-             "Adding the received slice into the shard's gradient rather than assigning it",
-             "Setting each parameter's .grad to None once its bucket's message is built"],
-            "d",
-            "Only the missing free leaves the numbers right: the message already holds a copy of the bucket's "
-            "gradients, so the full .grad tensors are dead weight, 4·Ψ bytes, ZeRO-1's memory. Without the "
-            "division the update is N times too large; without the wait two messages can be in flight and "
-            "the shard reads an unfinished sum; assigning instead of adding loses the other micro-batches.",
-            kind="explain"),
+        NumberChoice(
+            "ZeRO-2 on 8 ranks accumulates over 8 micro-batches per optimizer step, as section 5 runs it "
+            "(fp32 gradients and parameters: one size M). In the ring model, predict the bytes a rank sends per "
+            "step over those of DDP with no_sync(), which all-reduces once per step.",
+            (8 + 1) / 2, [1, 8 / 2, (2 * 8 + 1) / 2], "{:g}x", kind="predict",
+            explanation="ZeRO-2 freed the full gradients, so every micro-batch's backward reduce-scatters its own: "
+                        "8 x (N-1)/N·M, plus the step's all-gather of the parameters, (N-1)/N·M, against no_sync's "
+                        "one all-reduce, 2 x (N-1)/N·M: 9/2 = 4.5, whatever N. Section 5 printed 1,293,500 against "
+                        "517,400 B for 4 micro-batches: 5/2. (1: as if ZeRO-2 could wait for the last micro-batch, "
+                        "which needs the full gradients it freed; 4: the all-gather left out; 8.5: the "
+                        "reduce-scatters counted as all-reduces.)", printed="05"),
         SingleChoice(
             f"Section 4: with one 25 MiB bucket, ZeRO-2's peak of gradient bytes on 2 ranks was {peak_one:,} B, "
             "above ZeRO-1's. Which change brings it down the most?",
