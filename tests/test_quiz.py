@@ -168,7 +168,7 @@ def test_quiz_00_numbers_come_from_the_calculator():
     from course_utils.theory.memory import GB, model_states
 
     assert model_states(7e9, world_size=8, stage=0).total / GB == 112
-    assert quiz.check("00", 1, "112 GB").correct and not quiz.check("00", 1, "14 GB").correct
+    assert quiz.check("00", 1, "208 GB").correct and not quiz.check("00", 1, "26 GB").correct
     assert quiz.check("00", 2, "36").correct and not quiz.check("00", 2, "12").correct   # the sum, summed again
     assert quiz.check("00", 3, "a").correct                      # a call no peer joins: it waits
 
@@ -198,7 +198,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("02", 3, "c").correct                                      # only N changes the bytes
     assert quiz.check("01", 1, "a").correct                                      # 2 ranks: rank 1's half
     assert quiz.check("01", 2, "d").correct                                      # more steps, not more bytes
-    assert quiz.check("06", 1, "17").correct and quiz.check("06", 2, "1.33").correct    # 2L + 1; a big root
+    assert quiz.check("06", 1, "68").correct and quiz.check("06", 2, "1.33").correct    # 2L + 1; a big root
     assert quiz.check("06", 3, "c").correct                                      # prefetch: peak up
     assert quiz.check("07", 2, "d").correct                                      # False: every block gathered
     assert quiz.check("07", 3, "32 GB").correct                                  # unsharded between micro-batches

@@ -27,20 +27,20 @@ class NumberChoice(SingleChoice):
 
 
 def quiz_00() -> Quiz:
-    ddp8 = model_states(7e9, world_size=8, stage=0, recipe="mixed")
-    everything8 = model_states(7e9, world_size=8, stage=3, recipe="mixed")
-    grads_too = 4 * 7e9 / GB                   # 2 + 2: weights and gradients only
+    ddp8 = model_states(13e9, world_size=8, stage=0, recipe="mixed")
+    everything8 = model_states(13e9, world_size=8, stage=3, recipe="mixed")
+    grads_too = 4 * 13e9 / GB                  # 2 + 2: weights and gradients only
     return Quiz("00 orientation", [
         NumberChoice(
             "The course map drew a 7B-parameter model with mixed-precision Adam (2 + 2 + 12 bytes "
-            "per parameter) on 4 GPUs. Predict plain data parallelism (DDP) on 8 GPUs instead: GB of "
-            "model states per GPU?",
+            "per parameter) on 4 GPUs. Predict a 13B model with plain data parallelism (DDP) on 8 GPUs: "
+            "GB of model states per GPU?",
             ddp8.total / GB, [everything8.total / GB, ddp8.total / GB / 2, grads_too], "{:g} GB",
             kind="predict",
-            explanation=f"DDP keeps a full copy on every GPU: 16 bytes x 7e9 = {ddp8.total / GB:g} GB, "
+            explanation=f"DDP keeps a full copy on every GPU: 16 bytes x 13e9 = {ddp8.total / GB:g} GB, "
                         f"whatever the number of GPUs: more GPUs buy speed, not memory. Only splitting "
                         f"the 16 bytes (the map's last column) profits from 8 GPUs: {everything8.total / GB:g} GB. "
-                        f"({ddp8.total / GB / 2:g}: the 4-GPU figure halved; {grads_too:g}: the 2 + 2 "
+                        f"({ddp8.total / GB / 2:g}: as if 8 GPUs halved 4 GPUs' copy; {grads_too:g}: the 2 + 2 "
                         "bytes of weights and gradients only.)",
         ),
         Numeric(
@@ -316,7 +316,8 @@ def quiz_05() -> Quiz:
     return Quiz("05 ZeRO-2", [
         NumberChoice(
             f"A variant of ZeRO-2 reduce-scatters each bucket during backward, as ZeRO-2 does, but frees the "
-            f"full .grad tensors only in step(). Predict the gradient bytes a rank holds when backward ends: "
+            f"full .grad tensors only in step(). Predict the gradient bytes a rank holds once backward has "
+            f"ended, every message waited for and its buffer freed: "
             f"the course GPT on 2 ranks, fp32, Ψ = P = {psi:,}.",
             4 * psi + 4 * p2 // 2, [4 * p2 // 2, 4 * psi, peak_one], "{:,} B", kind="predict",
             explanation=f"{4 * psi + 4 * p2 // 2:,} B: the full gradients, 4·Ψ = {4 * psi:,}, which nothing freed, "
@@ -363,16 +364,19 @@ def quiz_06() -> Quiz:
     small = (2 * 2 + 1 + 3) / (2 * 3)           # 2 blocks gathered twice, the root once, 3 reduce-scatters
     return Quiz("06 ZeRO-3", [
         NumberChoice("ZeRO-3 on a model of 8 transformer blocks and a root unit, the root kept gathered "
-                     "as in section 3, prefetching on (section 8). Predict the all-gathers per step.",
-                     deeper["all_gather"], [deeper["all_gather"] + 8, 2 * (8 + 1), 8 + 1], "{:g}",
+                     "as in section 3, prefetching on (section 8), trains with 4 micro-batches per optimizer "
+                     "step (a forward and a backward each, gradients added into the shards, as ZeRO-2 does in "
+                     "notebook 05 §5). Predict the all-gathers per optimizer step.",
+                     4 * deeper["all_gather"], [deeper["all_gather"], 4 * 2 * (8 + 1), 4 * (8 + 1)], "{:g}",
                      kind="predict",
-                     explanation=f"2L + 1 = {deeper['all_gather']}: each block is needed in forward and again in "
-                                 "backward (for its input's gradient), and freed in between, so it is gathered "
-                                 "twice; the root, used first and last in forward and first in backward, stays "
-                                 "gathered, once. Prefetching starts each all-gather earlier; it adds none. Its "
-                                 f"gradient is produced once: {deeper['reduce_scatter']} reduce-scatters, one per "
-                                 f"unit. ({deeper['all_gather'] + 8}: a prefetch counted as one more gather per "
-                                 "block; 18: the root gathered twice like a block; 9: once per unit.)"),
+                     explanation=f"4 x (2L + 1) = {4 * deeper['all_gather']}: the parameters are freed after each "
+                                 "use, so every micro-batch gathers them again: each block in its forward and "
+                                 "again in its backward (for its input's gradient), the root once, as it stays "
+                                 "gathered from the start of forward to the end of backward. Prefetching starts "
+                                 "each all-gather earlier; it adds none. Likewise 4 x "
+                                 f"{deeper['reduce_scatter']} reduce-scatters. ({deeper['all_gather']}: gathered "
+                                 "once per optimizer step, as if the parameters stayed whole between micro-batches; "
+                                 "72: the root gathered twice like a block; 36: once per unit.)"),
         NumberChoice("Section 7 measured the course GPT at 1.474x DDP's bytes: its root, gathered once, holds "
                      "5.2 % of the parameters. A model of 2 blocks and a root as large as a block, the root kept "
                      "gathered as in section 3, on 4 ranks: predict ZeRO-3's bytes over DDP's, in the ring model.",
