@@ -81,7 +81,7 @@ class KeepsFullGrads(Solution):
             q.grad = g
 
 
-PLANTED = {NoPadding: "no padding: pad the flat buffer with zeros",
+PLANTED = {NoPadding: "the chunk was sized from the 35 unpadded elements",
            KeepsChunk0: "rank 1 keeps chunk 0 of the flat buffer, not chunk 1",
            AllReduces: "all-reduce(s) in backward: ZeRO-3 reduce-scatters each unit's gradient",
            NoDivide: "SUM over the 2 ranks: divide by the world size",

@@ -221,6 +221,90 @@ VARIANTS = {
     },
 }
 
+#: The second set, from a fresh reviewer (50 variants thrown at the graders as a learner would
+#: write them): two wrong classes passed then (parameters broadcast without buffers; an all-frozen
+#: group ending the loop) and six messages pointed the wrong way; the graders now name each.
+SECOND = {
+    "ddp": {
+        "no broadcast": W(("            dist.broadcast(t.data, src=0)\n", "            pass\n"),
+                          "after construction the ranks' weights differ from rank 0's: broadcast every parameter"),
+        "broadcasts the parameters only (not buffers)": W(("for t in list(module.parameters()) + list(module.buffers()):",
+                                                           "for t in module.parameters():"),
+                                                          "broadcast module.buffers() from rank 0 as well"),
+        "bucket_bytes not passed on": W(("make_buckets(params, bucket_bytes)", "make_buckets(params)"),
+                                        "1 all-reduces in one backward with bucket_bytes=0, expected 66"),
+        "buckets in forward order": W(("make_buckets(params, bucket_bytes)", "make_buckets(params[::-1], bucket_bytes)"),
+                                      ("every all-reduce started after the last gradient arrived",
+                                       "give it the parameters in module order")),
+        "queued never set": W(("            self.queued = True\n", ""), "_finish ran once per gradient"),
+        "average written into .data": W(("p.grad = avg.view_as(p).clone()", "p.data = avg.view_as(p).clone()"),
+                                        "the gradients are still this rank's own: wait for the all-reduces"),
+        "work not waited": W(("            work.wait()\n", ""), "tok_emb.weight.grad differs from the global batch's",
+                             names=False),
+        "right: no clone (grads view the flat buffer)": R(("p.grad = avg.view_as(p).clone()", "p.grad = avg.view_as(p)")),
+        "right: broadcast t.detach()": R(("dist.broadcast(t.data, src=0)", "dist.broadcast(t.detach(), src=0)")),
+        "right: copied into the existing .grad": R(("p.grad = avg.view_as(p).clone()", "p.grad.copy_(avg.view_as(p))")),
+    },
+    "zero1": {
+        "break for continue (an all-frozen group ends the loop)": W(("                continue\n", "                break\n"),
+                                                                     "which has nothing to train: skip such a group"),
+        "shard is a clone": W(("shard = nn.Parameter(flat[lo:hi])", "shard = nn.Parameter(flat[lo:hi].clone())"),
+                              "the inner optimizer's parameters are not views of a flat buffer"),
+        "parameters copied into flat, not made views": W(("p.data = flat[off:off + p.numel()].view_as(p)",
+                                                          "flat[off:off + p.numel()].copy_(p.detach().reshape(-1))"),
+                                                         "make each parameter a view of its flat buffer"),
+        "shard one element too long": W(("shard = nn.Parameter(flat[lo:hi])", "shard = nn.Parameter(flat[lo:hi + 1])"),
+                                        "expected P/N = 63,325"),
+        "hyperparameters copied the wrong way": W(('inner.update(hyper(f["group"]))', 'f["group"].update(hyper(inner))'),
+                                                  "copy each group's hyperparameters into its inner group in step()"),
+        "inner optimizer over the full parameters": W(("self.inner = optimizer_class(inner_groups, **defaults)",
+                                                       "self.inner = optimizer_class(self.param_groups, **defaults)"),
+                                                      "the inner optimizer must see only this rank's shard"),
+        "right: bounds from the padded size": R(("lo, hi = shard_bounds(off, self.n, self.rank)",
+                                                 "lo, hi = shard_bounds(flat.numel(), self.n, self.rank)")),
+        "right: divides with div_": R(('f["shard"].grad /= self.n', 'f["shard"].grad.div_(self.n)')),
+    },
+    "zero2": {
+        "shard gradient a slice of a full-size buffer": W(("bucket.shard_grad = bucket.shard.grad = torch.zeros_like(bucket.shard)",
+                                                           "bucket.shard_grad = bucket.shard.grad = "
+                                                           "torch.zeros_like(bucket.flat)[bucket.lo:bucket.hi]"),
+                                                          "keep one P/N-element gradient buffer per bucket, not a full-size one"),
+        "in_flight not cleared in _wait": W(("b, self.in_flight = self.in_flight, None", "b = self.in_flight"),
+                                            "a Work already waited for and cleared is waited for again"),
+        "reduce-scatter into a fresh tensor": W(("reduce_scatter_tensor(b.message[b.lo:b.hi], b.message, async_op=True)",
+                                                 "reduce_scatter_tensor(torch.empty_like(b.shard_grad), b.message, async_op=True)"),
+                                                "the shard gradient is this rank's own"),
+        "right: waits in _launch only when something is in flight": R(
+            ("        self._wait()\n        b = self.buckets[self.next]",
+             "        if self.in_flight is not None: self._wait()\n        b = self.buckets[self.next]")),
+    },
+    "zero3": {
+        "hooks registered twice": W(("            p.register_post_accumulate_grad_hook(self._grad_ready)\n",
+                                     "            p.register_post_accumulate_grad_hook(self._grad_ready)\n"
+                                     "            p.register_post_accumulate_grad_hook(self._grad_ready)\n"),
+                                    "6 reduce-scatters in backward for 3 units, expected 3"),
+        "shard without clone (a view of the buffer)": W(("self.full[self.rank * size:(self.rank + 1) * size].clone()",
+                                                         "self.full[self.rank * size:(self.rank + 1) * size]"),
+                                                        "it views self.full, which free() emptied"),
+        "shard one element too long (hung before)": W(("self.full[self.rank * size:(self.rank + 1) * size].clone()",
+                                                       "self.full[self.rank * size:(self.rank + 1) * size + 1].clone()"),
+                                                      "the shard has 19 elements, expected 36/2 = 18"),
+        "chunk size from the unpadded count": W(("size = self.padded // self.world",
+                                                 "size = sum(p.numel() for p in self.params) // self.world"),
+                                                "the chunk was sized from the 35 unpadded elements"),
+        "shard not an nn.Parameter": W(("self.shard = nn.Parameter(self.full[", "self.shard = (self.full["),
+                                       "not an nn.Parameter"),
+        "no alloc_storage before the gather": W(("        alloc_storage(self.full)\n", ""),
+                                                "forward used a freed parameter (0 bytes of storage)"),
+        "right: _grad_ready without no_grad": R(("    @torch.no_grad()\n    def _grad_ready", "    def _grad_ready")),
+        "right: shard from view(world, -1)": R(("self.full[self.rank * size:(self.rank + 1) * size].clone()",
+                                                "self.full.view(self.world, -1)[self.rank].clone()")),
+    },
+}
+for _build, _more in SECOND.items():
+    assert not set(_more) & set(VARIANTS[_build]), set(_more) & set(VARIANTS[_build])
+    VARIANTS[_build].update(_more)
+
 CASES = [pytest.param(build, key, id=f"{build}: {key}") for build, variants in VARIANTS.items() for key in variants]
 
 

@@ -113,7 +113,8 @@ _HINTS = (("process group has not been initialized",
           ("Connection closed by peer", _MISMATCH),
           ("Connection reset by peer", _MISMATCH),
           ("'NoneType' object has no attribute 'wait'",
-           "a collective called without async_op=True waits at once and returns None, no Work to wait for"))
+           "a Work that is None: a collective called without async_op=True waits at once and returns None, "
+           "or a Work already waited for and cleared is waited for again"))
 
 
 def error_hint(message: str) -> str:

@@ -54,10 +54,12 @@ DDP_BUCKETS = (0, 25 * 2**20)
 
 
 def _frozen_model(seed: int):
-    """The course GPT (tied embedding, Ψ = 129,350) with the first block's first norm frozen."""
+    """The course GPT (tied embedding, Ψ = 129,350) with the first block's first norm frozen, and
+    a buffer (as a BatchNorm's running statistics would be) that differs with the seed."""
     from ...harness.model import build_model
     model = build_model(seed=seed)
     model.blocks[0].norm1.requires_grad_(False)
+    model.register_buffer("step_count", torch.full((3,), float(seed)))
     return model
 
 
@@ -108,7 +110,7 @@ def _overlap_problem(calls: list, grads: int, per_parameter: bool) -> str:
     if calls and not early:
         return ("every all-reduce started after the last gradient arrived: nothing overlapped "
                 "backward; launch each bucket from _on_grad as soon as it is complete, in "
-                "backward's order (buckets from params[::-1])")
+                "backward's order (make_buckets orders them so itself: give it the parameters in module order)")
     if per_parameter and early and all(c["waited"] == c["at"] for _, c in early):   # none in flight
         k, c = early[0]
         how = (f"bucket {k}'s all-reduce was synchronous (no async_op=True) inside the hook"
@@ -144,6 +146,9 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
         if not all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters())):
             problem = ("after construction the ranks' weights differ from rank 0's: broadcast every "
                        "parameter and buffer from rank 0 in __init__")
+        elif not all(torch.equal(b, c) for b, c in zip(model.buffers(), ref.buffers())):
+            problem = ("after construction the ranks' buffers differ from rank 0's (a model's buffers, such as "
+                       "running statistics, are state too): broadcast module.buffers() from rank 0 as well")
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
         ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.5)
         watch = CollectiveWatch()
@@ -177,6 +182,9 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                            f"expected {expected_calls}: " + ("one per trainable parameter"
                                                              if bucket_bytes == 0 else
                                                              "one bucket holds the whole model"))
+                if calls > expected_calls and calls % expected_calls == 0 and calls // expected_calls == trained:
+                    problem += (f" ({calls} = {trained} x {expected_calls}: _finish ran once per gradient; "
+                                "queue the callback once per backward, on its first hook (self.queued))")
             if not problem:
                 problem = _overlap_problem(watch.calls, trained, bucket_bytes == 0)
             if step == 0 and not problem:

@@ -18,10 +18,10 @@ __all__ = ["check_zero1", "SpyAdamW", "zero_on_rank",
 
 # ------------------------------------------------------------ exercise 04.1: build ZeRO-1
 #: AdamW of the build graders (ZeRO-1 and ZeRO-2); weight decay on the matrices (group 0:
-#: 126,650 elements; group 1: 2,600). A small lr and eps 1e-6 keep AdamW's first steps
+#: 126,650 elements); group 1: a frozen norm weight alone (50); group 2: the other vectors (2,550). A small lr and eps 1e-6 keep AdamW's first steps
 #: (about lr·sign(g), however small g) from amplifying the rounding of near-zero gradients
 #: summed in another order: the parameters then agree with one process to 1e-6.
-LR, BETAS, EPS, DECAY = 1e-4, (0.9, 0.95), 1e-6, (0.1, 0.0)
+LR, BETAS, EPS, DECAY = 1e-4, (0.9, 0.95), 1e-6, (0.1, 0.05, 0.0)
 
 
 class SpyAdamW(torch.optim.AdamW):
@@ -53,10 +53,14 @@ def _state_of(opt: torch.optim.Optimizer) -> int:
 
 
 def _groups(model) -> list[dict]:
-    """Matrices, then vectors (with the frozen norm: the optimizer must leave it alone)."""
+    """Matrices; the frozen norm's weight alone (a group with nothing to shard or step, as a
+    fine-tuning script's frozen layers make); the other vectors, the frozen norm's bias among
+    them (the optimizer must leave both alone)."""
     named = list(model.named_parameters())
+    alone = model.blocks[0].norm1.weight
     return [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": DECAY[0]},
-            {"params": [p for _, p in named if p.dim() < 2], "weight_decay": DECAY[1]}]
+            {"params": [alone], "weight_decay": DECAY[1]},
+            {"params": [p for _, p in named if p.dim() < 2 and p is not alone], "weight_decay": DECAY[2]}]
 
 
 @dataclasses.dataclass
@@ -133,7 +137,11 @@ def _layout(model, groups: list, n: int, rank: int, expected_buckets: int, how: 
         covered.update(name for _, name in members)
     missing = [name for name in trained if name not in covered]
     if missing:
-        return f"{missing[0]} is in no flat buffer: flatten every trainable parameter of every group", []
+        after = [i for i, g in enumerate(groups[:group_of[id(named[missing[0]])]])
+                 if not any(p.requires_grad for p in g["params"])]
+        return (f"{missing[0]} is in no flat buffer: flatten every trainable parameter of every group"
+                + (f" (it is in a group after group {after[-1]}, which has nothing to train: skip such a group "
+                   "and go on to the next, continue, not break)" if after else "")), []
     if len(flats) != expected_buckets:
         return f"{len(flats)} flat buffers (shards), expected {expected_buckets}: {how}", []
     return "", flats
@@ -333,7 +341,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
         problem, flats = _layout(model, groups, n, rank, buckets, how)
     problem = problem or _hyper_problem(flats, [(g["lr"], g["weight_decay"])
                                                 for g in SpyAdamW.made[0].param_groups
-                                                for _ in g["params"]], [LR, LR], "after __init__, ")
+                                                for _ in g["params"]], [LR] * len(groups), "after __init__, ")
     anyone = torch.tensor([float(bool(problem))])
     dist.all_reduce(anyone)
     if anyone.item() > 0:               # every rank stops here, none waits in a collective
@@ -438,7 +446,7 @@ def _zero1_right(values) -> str:
 
 def check_zero1(cls, *, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
     """Exercise 04.1: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1, checked on 2, 3
-    and 4 ranks (course GPT, two groups, AdamW, two steps, lr halved between) against one
+    and 4 ranks (course GPT, three groups, one of them all frozen, AdamW, two steps, lr halved between) against one
     process: inner optimizer over shards, gradients, hyperparameters, collectives, parameters."""
     return grade_build("zero1", "MyZero1", cls, zero_on_rank, (None,), 1, right=_zero1_right,
                        timeout_s=timeout_s, world_sizes=world_sizes)
@@ -456,7 +464,8 @@ def _mixed_run(cls, steps: int) -> tuple[str, dict]:
     rank, n = dist.get_rank(), dist.get_world_size()
     model, ref = _frozen_model(seed=100), _frozen_model(seed=100)
     groups, seen = _groups(model), {}
-    fp32 = [_flat_of(p.detach() for p in g["params"] if p.requires_grad) for g in groups]
+    trained = [g for g in groups if any(p.requires_grad for p in g["params"])]   # the all-frozen one has no shard
+    fp32 = [_flat_of(p.detach() for p in g["params"] if p.requires_grad) for g in trained]
     bounds = [shard_bounds(f.numel(), n, rank) for f in fp32]
     SpyAdamW.made.clear()
     try:
@@ -473,7 +482,7 @@ def _mixed_run(cls, steps: int) -> tuple[str, dict]:
     for step in range(steps):
         x, y = data.shard(step, rank, n)
         model(x, y).backward()
-        avg = [_flat_of(p.grad for p in g["params"] if p.requires_grad).float() for g in groups]
+        avg = [_flat_of(p.grad for p in g["params"] if p.requires_grad).float() for g in trained]
         for a in avg:                   # the ranks' average gradient, in fp32
             dist.all_reduce(a)
             a /= n
@@ -482,7 +491,7 @@ def _mixed_run(cls, steps: int) -> tuple[str, dict]:
         except Exception as exc:  # noqa: BLE001 - reported to the learner
             return f"step {step + 1}: step() raised {type(exc).__name__}: {exc}", seen
         opt.zero_grad()
-        problem = _mixed_step_problem(inner, step, avg, bounds, groups, masters, n)
+        problem = _mixed_step_problem(inner, step, avg, bounds, trained, masters, n)
         mine = torch.tensor([sum(float(f.double().sum()) for f in
                                  (_flat_of(p.detach() for p in g["params"]) for g in groups))], dtype=torch.float64)
         spread = [torch.zeros_like(mine) for _ in range(n)]

@@ -105,7 +105,7 @@ def _held_bytes(tensors) -> int:
     return storage_bytes([t for t in tensors if isinstance(t, torch.Tensor)], set())
 
 
-def _size_hint(unit: nn.Module, got: int, world: int) -> str:
+def _size_hint(unit: nn.Module, got: int, world: int, full=None) -> str:
     numel = sum(p.numel() for p in trainable(unit))
     padded = padded_numel(numel, world)
     every = sum(p.numel() for p in unit.parameters())
@@ -115,6 +115,9 @@ def _size_hint(unit: nn.Module, got: int, world: int) -> str:
                 "with requires_grad")
     if twice != numel and got == padded_numel(twice, world) // world:
         return "a tied weight is one Parameter: flatten it once (module.parameters() lists it once)"
+    if got == numel // world and isinstance(full, torch.Tensor) and full.numel() == padded:
+        return (f"self.full is padded to {padded}, but the chunk was sized from the {numel} unpadded "
+                f"elements: each rank's chunk is the padded size / N = {padded // world}")
     if got == numel // world:
         return (f"no padding: pad the flat buffer with zeros to a multiple of N ({padded}) so every "
                 "rank's chunk has the same size")
@@ -127,10 +130,18 @@ def _shard_problem(wrapped, units, rank: int, world: int, when: str) -> str:
         if not isinstance(shard, torch.Tensor):
             return (f"{when}, unit {i}: self.shard is {type(shard).__name__}: keep chunk r of the "
                     "unit's flat, zero-padded trainable parameters as an nn.Parameter")
+        if not isinstance(shard, nn.Parameter) and not any(      # (the course's FlatUnit: its Parameters view it)
+                q.numel() and q.untyped_storage().data_ptr() == shard.untyped_storage().data_ptr() for q in w.parameters()):
+            return (f"{when}, unit {i}: self.shard is a plain tensor, not an nn.Parameter: the optimizer "
+                    "updates only what model.parameters() lists, so wrap the chunk's copy in nn.Parameter")
+        if shard.numel() and shard.untyped_storage().nbytes() == 0:
+            return (f"{when}, unit {i}: self.shard has no memory of its own: it views self.full, which free() "
+                    "emptied. The shard must outlive the full buffer: keep a copy of chunk r (.clone())")
         want, flat = _shard_of(trainable(unit), rank, world)
         if shard.numel() != want.numel():
             return (f"{when}, unit {i}: the shard has {shard.numel()} elements, expected "
-                    f"{flat.numel()}/{world} = {want.numel()}: " + _size_hint(unit, shard.numel(), world))
+                    f"{flat.numel()}/{world} = {want.numel()}: "
+                    + _size_hint(unit, shard.numel(), world, getattr(w, "full", None)))
         got = shard.detach().reshape(-1)
         if _close(got, want):
             continue
@@ -271,6 +282,10 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS, accumulate: int | None = BUILD_
     problem = (_shard_problem(wrapped, ref_units, rank, world, "after construction") or
                _at_rest_problem(model, wrapped, rank, shard_bytes + frozen, "after construction",
                                 "free() gives the full buffer's memory back (free_storage); __init__ ends with self.free()"))
+    anyone = torch.tensor([float(bool(problem))])
+    dist.all_reduce(anyone)
+    if anyone.item() > 0:               # every rank stops here: a wrong shard would hang the first all-gather
+        return [(problem, seen)]
     lo, hi = rank * BUILD_BATCH // world, (rank + 1) * BUILD_BATCH // world
     phase = "optimizer construction"
     try:
