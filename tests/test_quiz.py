@@ -196,7 +196,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("05", 2, "4.5x").correct                                   # k reduce-scatters + 1 all-gather
     assert quiz.check("08", 1, "a").correct                                      # 16 x 13e9 / 8 on any number of nodes
     assert quiz.check("02", 3, "c").correct                                      # only N changes the bytes
-    assert quiz.check("01", 1, "a").correct                                      # 2 ranks: rank 1's half
+    assert quiz.check("01", 1, "c").correct                                      # 3 ranks: rank 1's third
     assert quiz.check("01", 2, "d").correct                                      # more steps, not more bytes
     assert quiz.check("06", 1, "68").correct and quiz.check("06", 2, "1.33").correct    # 2L + 1; a big root
     assert quiz.check("06", 3, "c").correct                                      # prefetch: peak up

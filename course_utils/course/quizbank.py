@@ -152,9 +152,9 @@ def quiz_01() -> Quiz:
     from ..theory.comm import collective_bytes
 
     m = 1e9  # a 1 GB message
-    start = [[10 * r + i for i in range(8)] for r in range(2)]       # section 1.3's tensors, 2 ranks
-    summed = [a + b for a, b in zip(*start)]
-    keeps = summed[4:]                                                # rank 1's half of the sum
+    start = [[10 * r + i for i in range(6)] for r in range(3)]       # section 1.3's pattern, 3 ranks
+    summed = [sum(col) for col in zip(*start)]
+    keeps = summed[2:4]                                               # rank 1's third of the sum
     from ..theory.alpha_beta import predict_time, ring_steps
     alpha, beta, small = 10e-6, 300e9, 40e3
     one_by_one = 100 * predict_time("all_reduce", small, 8, alpha, beta)
@@ -162,11 +162,13 @@ def quiz_01() -> Quiz:
     bytes_part = one_by_one / 100 - alpha * ring_steps("all_reduce", 8)
     t8, t64 = (predict_time("all_reduce", m, n, alpha, beta) for n in (8, 64))
     return Quiz("01 collectives", [
-        SingleChoice("Section 1.3's reduce-scatter on 2 ranks (rank r holds [10r, ..., 10r+7]): "
-                     "what does rank 1 keep?",
-                     [str(keeps), str(summed[:4]), str(start[1][4:]), "all 8 sums"],
-                     "a", f"The sum is {summed}; each rank keeps its 1/N piece of it, rank 1 the "
-                          "second half. An all-gather would then give everyone all 8: the all-reduce.",
+        SingleChoice("Section 1.3's reduce-scatter on 3 ranks, each holding 6 elements (rank r holds "
+                     "[10r, ..., 10r+5]): what does rank 1 keep?",
+                     [str(summed[:2]), str(start[1][2:4]), str(keeps), "all 6 sums"],
+                     "c", f"The sum is {summed}; each rank keeps its 1/N piece of it, rank 1 the middle "
+                          f"third, {keeps}. ({summed[:2]}: rank 0's piece; {start[1][2:4]}: rank 1's own "
+                          "elements there, not summed.) An all-gather would then give everyone all 6: the "
+                          "all-reduce.",
                      kind="predict"),
         SingleChoice("A ring all-reduce of 1 GB on 8 ranks, then on 64 ranks, over links like section 4's "
                      "(alpha = 10 us per step, 300 GB/s per rank). What happens to its time?",
