@@ -7,8 +7,8 @@ NOTEBOOKS = [
     ("00_orientation.ipynb", "Orientation",
      "Your environment, how a demo cell runs N real processes, quizzes and exercises."),
     ("01_collectives.ipynb", "Collectives",
-     "Broadcast, all-reduce, reduce-scatter, all-gather on live ranks; the ring cost model, and the "
-     "bytes on the wire measured."),
+     "Broadcast, all-reduce, reduce-scatter, all-gather on live ranks; the bytes each rank sends "
+     "(the ring algorithm), counted and measured, and the time they take."),
     ("02_data_parallelism.ipynb", "Data parallelism",
      "DDP from scratch and torch DDP give the single-process losses; accumulation, bucketing, "
      "overlap; you build DDP yourself, graded on 2-4 ranks."),
