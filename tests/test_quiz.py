@@ -300,3 +300,16 @@ def test_option_length_and_position_carry_no_hint():
             longest += lengths[i] == max(lengths) and lengths.count(max(lengths)) == 1
     assert n >= 10 and longest <= n / 3, (longest, n)
     assert max(letters.values()) <= 0.4 * n, letters
+
+
+def test_quiz_accumulation_answers_are_what_the_ranks_send():
+    """05 Q2 (ZeRO-2 over no_sync with k micro-batches: (k + 1)/2, 4.5 at k = 8) and 06 Q1 (ZeRO-3
+    gathers in every micro-batch: k x (2L + 1)) checked on real ranks: the ledger, not the formula."""
+    from course_utils.labs.accumulation import measure_accumulation
+    k = 3
+    acc = measure_accumulation(["ddp-no_sync", "zero2", "zero3"], world_size=2, micro_batches=k)["setups"]
+    sent = {name: sum(v["ring_bytes"].values()) for name, v in acc.items()}
+    assert sent["zero2"] / sent["ddp-no_sync"] == pytest.approx((k + 1) / 2, rel=1e-3)
+    assert quiz.check("05", 2, f"{(8 + 1) / 2:g}x").correct
+    assert acc["zero3"]["calls"]["all_gather"] == k * (2 * 4 + 1)          # 4 blocks + the root, every micro-batch
+    assert quiz.check("06", 1, f"{4 * (2 * 8 + 1)}").correct

@@ -18,7 +18,8 @@ __all__ = ["check_zero1", "SpyAdamW", "zero_on_rank",
 
 # ------------------------------------------------------------ exercise 04.1: build ZeRO-1
 #: AdamW of the build graders (ZeRO-1 and ZeRO-2); weight decay on the matrices (group 0:
-#: 126,650 elements); group 1: a frozen norm weight alone (50); group 2: the other vectors (2,550). A small lr and eps 1e-6 keep AdamW's first steps
+#: 126,650 elements); group 1: a frozen norm weight alone (50); group 2: the other vectors
+#: (2,550). A small lr and eps 1e-6 keep AdamW's first steps
 #: (about lr·sign(g), however small g) from amplifying the rounding of near-zero gradients
 #: summed in another order: the parameters then agree with one process to 1e-6.
 LR, BETAS, EPS, DECAY = 1e-4, (0.9, 0.95), 1e-6, (0.1, 0.05, 0.0)
