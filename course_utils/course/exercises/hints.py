@@ -1,6 +1,5 @@
-"""The builds' hints, three levels each. Read them one at a time with ``hint("ddp")``, which
-prints the next level on each call: this file shows every level at once, the answer's trace
-included."""
+"""SPOILERS: the builds' hints, all three levels of each, the answer's traces included. Close this
+file and call ``hint("ddp")`` instead, which prints one level per call, when you are stuck."""
 
 #: build exercise -> its hints, one per call of :func:`hint`: where to start (the questions to ask),
 #: what each piece is, then how, as a trace; said as a trace or a shape, never as the answer's code
