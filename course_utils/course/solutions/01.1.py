@@ -10,7 +10,7 @@ def my_all_reduce_solution(tensor):
     n = dist.get_world_size()
     flat = tensor.reshape(-1)
     padded = F.pad(flat, (0, (-flat.numel()) % n))
-    shard = torch.empty(padded.numel() // n, dtype=padded.dtype)
+    shard = torch.empty(padded.numel() // n, dtype=padded.dtype, device=padded.device)
     compat.reduce_scatter_tensor(shard, padded)
     full = torch.empty_like(padded)
     compat.all_gather_into_tensor(full, shard)
