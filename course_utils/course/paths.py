@@ -23,7 +23,7 @@ NOTEBOOKS = [
     ("06_zero3.ipynb", "ZeRO-3",
      "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit (a block gathered and freed "
      "as a whole), graded on 2-4 ranks, then "
-     "run the whole course model on your units, measured and timed; 1.5x DDP in the ring model; "
+     "run the whole course model on your units, measured and timed; sending 1.5x the bytes of DDP; "
      "prefetching (the next unit gathered early)."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",
      "PyTorch's FSDP2 (fully_shard) on the course model: wrapping, mixed precision, CPU offload "
