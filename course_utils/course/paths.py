@@ -24,7 +24,7 @@ NOTEBOOKS = [
      "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit (a block gathered and freed "
      "as a whole), graded on 2-4 ranks, then "
      "run the whole course model on your units, measured and timed; sending 1.5x the bytes of DDP; "
-     "prefetching (the next unit gathered early)."),
+     "prefetching (the next unit gathered early; optionally, you add it to your units)."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",
      "PyTorch's FSDP2 (fully_shard) on the course model: wrapping, mixed precision, CPU offload "
      "(states kept in host memory), checkpoints."),

@@ -49,11 +49,12 @@ def _check_options(spec, options: dict) -> None:
                         f"{', '.join(spec.options) or 'none'}")
     check_bucket_bytes(options.get("bucket_bytes"))
     impl = options.get("impl")
-    if impl is not None:                      # a learner's class runs as it is
+    if impl is not None:                      # a learner's class runs as it is (a unit with prefetch(): overlap too)
         if not isinstance(impl, type):
             raise TypeError(f"impl must be a class (e.g. your MyZero1), got {type(impl).__name__}")
         defaults = {n: p.default for n, p in inspect.signature(spec.wrap).parameters.items()}
-        changed = [k for k, v in options.items() if k not in ("impl", "bucket_bytes") and v != defaults[k]]
+        allowed = ("impl", "bucket_bytes") + (("overlap",) if callable(getattr(impl, "prefetch", None)) else ())
+        changed = [k for k, v in options.items() if k not in allowed and v != defaults[k]]
         if changed:
             raise ValueError(f"impl={impl.__name__} runs your class as it is: drop {', '.join(changed)}")
 

@@ -117,16 +117,17 @@ def wrap_zero3(model, make_optimizer, *, overlap: bool = True, group=None, unit_
     ``p.ndim`` are right), then the optimizer is rebuilt, same class, groups and
     hyperparameters, over the same Parameters, at rest their pieces of the shards.
     ``impl``: a unit class of ``MyFlatUnit``'s shape instead, the whole model made of its units
-    (:class:`~course_utils.harness.units.UnitModel`: no prefetch; one flat shard per unit, so one
-    set of hyperparameters)."""
+    (:class:`~course_utils.harness.units.UnitModel`; one flat shard per unit, so one set of
+    hyperparameters), prefetching when the class has a ``prefetch()`` (exercise 06.2) and
+    ``overlap``; ``impl=Zero3``: the course's own."""
     groups, cls, defaults = real_optimizer(model, make_optimizer)   # grouped while full-shaped
-    if impl is not None:
+    if impl is not None and impl is not Zero3:
         from .units import UnitModel
         if any({k: v for k, v in g.items() if k != "params"} != {k: v for k, v in groups[0].items() if k != "params"}
                for g in groups):
             raise ValueError(f"impl={impl.__name__} keeps one flat shard per unit, so one set of optimizer "
                              "hyperparameters: make_optimizer must build a single parameter group")
-        units = UnitModel(model, impl)
+        units = UnitModel(model, impl, prefetch=overlap and callable(getattr(impl, "prefetch", None)))
         return units, cls([{**groups[0], "params": units.shard_parameters()}], **defaults)
     z = Zero3(model, unit_types=unit_types, prefetch=overlap, reshard_root=reshard_root, param_dtype=param_dtype,
               reduce_dtype=reduce_dtype, ignored_params=ignored_params, group=group, async_reduce=async_reduce)

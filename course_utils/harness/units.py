@@ -9,6 +9,12 @@ So a step makes 2L + 1 all-gathers and L + 1 reduce-scatters, as the course's
 :class:`~course_utils.impl.zero3.Zero3` without prefetch. What a unit does (gather, free,
 reduce-scatter) is the unit's own: nothing here sends a byte but ``broadcast_from_rank0``.
 
+``prefetch=True`` (exercise 06.2: a unit class with ``prefetch()``, which starts the unit's
+all-gather and returns at once) schedules the prefetches as the course's ``Zero3`` does, the unit
+doing the rest: before block i computes, block i + 1's all-gather starts; when backward reaches
+the model's output, the last block's; when it reaches block i's output (after block i's own
+re-gather), block i - 1's. The same collectives, earlier.
+
 What a unit must have: ``Unit(module)``, ``.params`` (its trainable Parameters), ``.shard``
 (the Parameter the optimizer updates, its averaged gradient in ``.shard.grad``), ``gather()``
 and ``free()``. The strategy ``"zero3"`` runs it with ``impl=Unit``.
@@ -29,7 +35,7 @@ class UnitModel(nn.Module):
     """``module`` with each block a ``unit_cls(block)`` and its other trainable parameters a
     root ``unit_cls``; call it like ``module``. ``units``: the root first, then the blocks."""
 
-    def __init__(self, module: nn.Module, unit_cls: type):
+    def __init__(self, module: nn.Module, unit_cls: type, *, prefetch: bool = False):
         super().__init__()
         require_process_group("UnitModel")
         blocks = next((m for m in module.modules() if isinstance(m, nn.ModuleList)), None)
@@ -51,12 +57,35 @@ class UnitModel(nn.Module):
         holder.params = nn.ParameterList(root_params)
         self.root = unit_cls(holder) if root_params else None
         self.units = ([self.root] if self.root is not None else []) + list(blocks)
+        self.blocks, self.prefetch = list(blocks), bool(prefetch)
+        if self.prefetch and not callable(getattr(unit_cls, "prefetch", None)):
+            raise ValueError(f"prefetch=True needs a unit class with a prefetch() method; "
+                             f"{unit_cls.__name__} has none (exercise 06.2 adds it)")
+        if self.prefetch:
+            for i, block in enumerate(self.blocks):
+                block.register_forward_pre_hook(lambda m, args, i=i: self._before_block(i))
+                block.register_forward_hook(lambda m, args, out, i=i: self._after_block(i, out))
         register_grad_owner(self.shard_parameters(), self)
 
     def forward(self, *args, **kwargs):
         if self.root is not None:
             self.root.gather()                   # freed by the unit, once its gradients are in
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        if self.prefetch and self.blocks and isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(_then(self.blocks[-1].prefetch))   # backward starts at the last block
+        return out
+
+    def _before_block(self, i: int) -> None:
+        """Block i is about to gather and compute: its own all-gather first (if not on its way),
+        then block i + 1's, which travels while block i computes."""
+        for unit in self.blocks[i:i + 2]:
+            unit.prefetch()
+
+    def _after_block(self, i: int, out) -> None:
+        """Block i computed its output: when backward reaches it, after block i's own re-gather
+        (the unit's hook, registered first), block i - 1's all-gather starts."""
+        if i > 0 and isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(_then(self.blocks[i - 1].prefetch))
 
     def shard_parameters(self) -> list[nn.Parameter]:
         """What the optimizer updates: each unit's shard (the course's ``FlatUnit`` keeps its shard
@@ -82,3 +111,11 @@ class UnitModel(nn.Module):
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the shards' gradients to a global norm of ``max_norm``; the norm before clipping."""
         return clip_sharded_([u.shard.grad for u in self.units], max_norm, norm_type)
+
+
+def _then(fn):
+    """A tensor hook that calls ``fn()`` and leaves the gradient as it is."""
+    def hook(grad):
+        fn()
+        return grad
+    return hook

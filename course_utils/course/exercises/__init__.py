@@ -6,7 +6,7 @@ from .nb02 import check_ddp, check_grad_average_hook
 from .nb03 import check_bytes_per_gpu
 from .nb04 import check_mixed, check_zero1
 from .nb05 import check_zero2
-from .nb06 import check_zero3
+from .nb06 import check_prefetch, check_zero3
 from .nb07 import check_fsdp_step
 from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, check_skipped_collective, reference_choice
 from .nb09 import check_megatron_states_gb
@@ -20,7 +20,7 @@ __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_rank
            "check_grad_average_hook", "check_ddp",
            "check_bytes_per_gpu",
            "check_zero1", "check_mixed",
-           "check_zero2", "check_zero3",
+           "check_zero2", "check_zero3", "check_prefetch",
            "check_fsdp_step", "check_skipped_collective",
            "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone",
            "check_megatron_states_gb", "check_real_rows", "check_zero3_step_bytes", "BUILDS", "hint", "once_predicted", "skeleton", "solution", "yours", "versus"]

@@ -96,4 +96,23 @@ refilling it refills what autograd saved in forward (section 4's cell showed it)
 _grad_ready: count the calls; at len(self.params), reduce_scatter(): the .grads flattened into
 self.padded elements (zeros for a None), reduce_scatter_tensor into a shard-sized tensor, divide by
 N, ADD it to self.shard.grad if there is one; every p.grad = None, the count back to 0, free."""),
+    "prefetch": ("""MyPrefetchUnit, where to start: what changes between a gather that waits and one that does not?
+  - an all-gather started with async_op=True returns a handle at once; the data is there only once
+    that handle is waited for (notebook 02's DDP did the same with its all-reduces);
+  - the model around your units decides when to call prefetch(); your unit only has to remember
+    what is on its way, and gather() has to know about it.""",
+                 """MyPrefetchUnit, what each piece is:
+  - __init__: your MyFlatUnit's, then nothing on its way (None);
+  - prefetch(): if nothing is on its way and self.full has no memory (freed), give it its memory back
+    and start the all-gather of every rank's shard into it, keeping the handle;
+  - gather(): two cases: a handle is kept (wait on it, then forget it), or none is (your MyFlatUnit's
+    own gather, via super()).""",
+                 """MyPrefetchUnit, traced on two blocks, b0 then b1, in forward:
+  before b0 computes:  b0.prefetch() starts b0's all-gather; b1.prefetch() starts b1's
+  b0.forward:          gather() waits for b0's handle, forgets it; b0 computes (b1's travels); free()
+  before b1 computes:  b1.prefetch(): on its way already, nothing
+  b1.forward:          gather() waits for b1's handle (long arrived), forgets it; computes; free()
+In backward the model calls b1.prefetch() when the loss's gradient arrives, and b0.prefetch() right
+after b1's own hook re-gathered b1: the same two cases of gather(). A handle not forgotten would
+make the next gather() wait on the old one and gather nothing."""),
 }

@@ -14,7 +14,7 @@ from ...theory.layout import padded_numel
 from ...labs.grading import Verdict, carried_over, grade_build
 from ...runtime.fmt import bound
 
-__all__ = ["check_zero3", "build_units", "zero3_on_rank", "units_on_rank"]
+__all__ = ["check_zero3", "build_units", "zero3_on_rank", "units_on_rank", "check_prefetch", "prefetch_on_rank"]
 
 
 def _alive_after(refs) -> int:
@@ -50,15 +50,22 @@ def _spying_all_gathers(gathered: list):
                 t.copy_(m)
             return work
         return wrapper
-    names = [n for n in ("all_gather_single", "all_gather_into_tensor", "all_gather") if hasattr(dist, n)]
-    saved = {n: getattr(dist, n) for n in names}
-    try:
-        for n in names:
-            setattr(dist, n, spy(saved[n]))
+    with _wrapping(("all_gather_single", "all_gather_into_tensor", "all_gather"), spy):
         yield gathered
+
+
+@contextlib.contextmanager
+def _wrapping(names, wrap):
+    """While entered, each of ``torch.distributed``'s functions ``names`` (those this torch has) is
+    ``wrap(the original)``."""
+    saved = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
+    try:
+        for n, original in saved.items():
+            setattr(dist, n, wrap(original))
+        yield
     finally:
-        for n, f in saved.items():
-            setattr(dist, n, f)
+        for n, original in saved.items():
+            setattr(dist, n, original)
 
 
 # ------------------------------------------------------------------ exercise 06.1: build ZeRO-3
@@ -408,3 +415,191 @@ def units_on_rank(cls, steps: int = 2) -> dict:
     seen.update(calls=ledger.counts(), sent=ledger.totals(), peak_gathered=max(peaks),
                 after_step=_held_bytes([r() for r in gathered]), at_rest_after=at_rest())
     return seen
+
+
+# ------------------------------------------------------------ exercise 06.2 (optional): prefetch
+class _LateWork:
+    """An all-gather's Work whose data lands only when waited for: the gathered buffer reads NaN
+    until then, so code that reads it early fails every time, not once in a while."""
+
+    def __init__(self, land):
+        self._land, self.waited = land, False
+
+    def wait(self, *args, **kwargs) -> bool:
+        if not self.waited:
+            self.waited = True
+            self._land()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.waited
+
+
+@contextlib.contextmanager
+def _late_all_gathers(works: list):
+    """While entered, an ``async_op`` all-gather runs at once into a buffer of its own and returns
+    a :class:`_LateWork` (also put in ``works``) that copies it into the caller's output when
+    waited for; meanwhile the output holds NaN. Blocking all-gathers are left as they are."""
+    def late(original):
+        def wrapper(output, input, *args, async_op=False, **kwargs):
+            if not async_op or not isinstance(output, torch.Tensor) or not _ready(output):
+                return original(output, input, *args, async_op=async_op, **kwargs)
+            mine = torch.empty_like(output)
+            original(mine, input, *args, **kwargs)
+            output.fill_(float("nan"))
+            work = _LateWork(lambda: output.copy_(mine))
+            works.append(work)
+            return work
+        return wrapper
+    with _wrapping(("all_gather_single", "all_gather_into_tensor", "_all_gather_base"), late):
+        yield works
+
+
+def _gathered(unit) -> bool:
+    full = getattr(unit, "full", None)
+    return isinstance(full, torch.Tensor) and full.untyped_storage().nbytes() > 0
+
+
+def _one_unit_problem(cls) -> str:
+    """Exercise 06.2's unit alone: prefetch, a second prefetch, gather; free and the same again;
+    then a gather with nothing on its way, each against what it must send and hold. Judged by
+    behaviour, not by attribute names: the handle's name is the learner's."""
+    from ...runtime.ledger import CommLedger
+    world = dist.get_world_size()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        module = nn.Linear(4, 7)                           # 35 elements: divisible by none of 2, 3, 4
+    want = flatten_and_pad([p.detach().clone() for p in module.parameters()], world)
+    unit = cls(module)
+    works = []
+    with CommLedger() as ledger, _late_all_gathers(works):
+        def gathers() -> int:
+            return ledger.counts().get("all_gather", 0)
+
+        def holds(what: str) -> str:
+            if torch.isnan(unit.full).any():
+                return (f"{what} returned before the prefetch's data arrived (self.full still reads NaN "
+                        "here, where the data lands only when waited for): wait on the handle first")
+            if not torch.equal(unit.full.detach(), want):
+                return f"after {what}, self.full differs from every rank's shards, in order"
+            return ""
+
+        for rnd in (1, 2):
+            unit.prefetch()
+            if gathers() != rnd:
+                if rnd == 2:
+                    return ("after a gather() that used a prefetch, and free(), prefetch() started nothing: "
+                            "gather() must forget the handle it waited for, or this unit never gathers again")
+                return (f"prefetch() started {gathers()} all-gathers, expected 1: this unit's, into self.full"
+                        if gathers() else "prefetch() started no all-gather: start the unit's, into self.full")
+            if not works or works[-1].waited:
+                return ("prefetch() waited for its all-gather: it must return at once (async_op=True), keeping "
+                        "the handle, so that the all-gather travels while another unit computes")
+            unit.prefetch()
+            if gathers() != rnd:
+                return ("a second prefetch() of a unit already on its way started another all-gather: do "
+                        "nothing while its all-gather is on its way (or the unit is gathered)")
+            unit.gather()
+            if gathers() != rnd:
+                return ("gather() started an all-gather of its own while a prefetch was on its way: wait on "
+                        "that one's handle instead")
+            problem = holds("prefetch() and gather()")
+            if problem:
+                return problem
+            unit.free()
+            if _gathered(unit):
+                return "free() after a prefetched gather left self.full holding memory"
+        unit.gather()
+        if gathers() != 3:
+            return ("gather() with no prefetch on its way must gather as MyFlatUnit's does (one "
+                    f"all-gather); it made {gathers() - 2}")
+        problem = holds("a gather() with nothing on its way")
+        unit.free()
+    return problem
+
+
+def prefetch_on_rank(cls, steps: int = 2) -> list:
+    """Rank side of :func:`check_prefetch`: ``[(first problem or '', what was seen)]``. The unit
+    alone first (:func:`_one_unit_problem`), then the course GPT made of ``cls`` units with
+    :class:`~course_utils.harness.units.UnitModel`'s prefetching, ``steps`` SGD steps beside one
+    process, its all-gathers' data landing only when waited for."""
+    from ...harness.experiments import global_loss
+    from ...harness.model import SyntheticData, build_model
+    from ...harness.units import UnitModel
+    from ...labs.frames import raised_at
+    from ...runtime.ledger import CommLedger
+    rank, world = dist.get_rank(), dist.get_world_size()
+    seen = {"losses": [], "ref_losses": [], "most_gathered": 0, "early": 0}
+    phase = "the unit alone"
+    try:
+        problem = _one_unit_problem(cls)
+    except Exception as exc:  # noqa: BLE001 - reported to the learner
+        problem = _raised(phase, exc)
+    anyone = torch.tensor([float(bool(problem))])
+    dist.all_reduce(anyone)
+    if anyone.item() > 0:               # every rank stops here, together
+        return [(problem, seen)]
+    try:
+        phase = "UnitModel(model, cls, prefetch=True)"
+        ref, model = build_model(seed=0), UnitModel(build_model(seed=0), cls, prefetch=True)
+        blocks = model.units[1:]
+        def computing(i):
+            seen["most_gathered"] = max(seen["most_gathered"], sum(_gathered(u) for u in model.units))
+            if i + 1 < len(blocks) and _gathered(blocks[i + 1]):
+                seen["early"] += 1
+        for i, unit in enumerate(blocks):
+            unit.module.register_forward_pre_hook(lambda m, args, i=i: computing(i))
+        opt, ref_opt = (torch.optim.SGD(ps, lr=BUILD_LR) for ps in (model.shard_parameters(), ref.parameters()))
+        data = SyntheticData(global_batch=BUILD_BATCH, seed=0)
+        for step in range(steps):
+            ref_loss = ref(*data.batch(step))
+            ref_loss.backward()
+            works = []
+            with CommLedger() as ledger, _late_all_gathers(works):
+                phase = "forward"
+                loss = model(*data.shard(step, rank, world))
+                phase = "backward"
+                loss.backward()
+            phase = "optimizer.step()"
+            for o in (opt, ref_opt):
+                o.step()
+                o.zero_grad()
+            seen["losses"].append(global_loss(loss))
+            seen["ref_losses"].append(ref_loss.item())
+            seen["all_gathers"] = ledger.counts().get("all_gather", 0)
+            if not problem and seen["all_gathers"] != 2 * len(blocks) + 1:
+                problem = (f"step {step + 1}: {seen['all_gathers']} all-gathers, expected 2L + 1 = "
+                           f"{2 * len(blocks) + 1} as without prefetch: prefetch moves the all-gathers earlier, "
+                           "it adds none")
+            if not problem and any(_gathered(u) for u in model.units):
+                problem = f"after step {step + 1}'s backward a unit is still gathered: free it as before"
+        seen["units"] = len(model.units)
+    except Exception as exc:  # noqa: BLE001 - reported to the learner
+        return [(problem or _raised(phase, exc) if phase in ("forward", "backward")
+                 else problem or f"{phase} raised {type(exc).__name__}: {exc}{raised_at(exc)}", seen)]
+    worst = max(abs(a - b) for a, b in zip(seen["losses"], seen["ref_losses"]))
+    if not problem and worst > 1e-5:
+        problem = f"the losses differ from one process's by up to {worst:.3g}"
+    if not problem and seen["early"] < steps * (len(blocks) - 1):
+        problem = ("a block computed while the next block's all-gather had not started: prefetch() "
+                   "must start it")
+    seen["loss_diff"] = worst
+    return [(problem, seen)]
+
+
+def _prefetch_right(values) -> str:
+    seen = values[0][0][1]
+    return (f"prefetch() returns at once, gather() waits for it: {seen['all_gathers']} all-gathers per step, "
+            f"as without prefetch; the next block's on its way while each block computes, at most "
+            f"{seen['most_gathered']} of {seen['units']} units gathered; losses = one process "
+            f"(|diff| {bound(seen['loss_diff'], 1e-5)})")
+
+
+def check_prefetch(cls, *, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
+    """Exercise 06.2 (optional): ``cls``, a subclass of your ``MyFlatUnit``, adds ``prefetch()``."""
+    from ...labs.grading import PASSED
+    base = PASSED.get("zero3")
+    if isinstance(cls, type) and not (base is not None and issubclass(cls, base)):
+        print("(your MyFlatUnit has not passed check_zero3 in this kernel: 06.2 builds on it, so pass 06.1 first)")
+    return grade_build("prefetch", "MyPrefetchUnit", cls, prefetch_on_rank, right=_prefetch_right,
+                       timeout_s=timeout_s, world_sizes=world_sizes)

@@ -14,7 +14,7 @@ from pathlib import Path
 from ...checks import check_choice
 from ...impl.ddp import DataParallel
 from ...impl.zero import MixedZero1, Zero1, Zero2
-from ...impl.zero3 import FlatUnit
+from ...impl.zero3 import FlatUnit, Zero3
 from ...labs.grading import PASSED
 from .hints import HINTS
 
@@ -27,7 +27,7 @@ SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 
 #: build exercise -> (the learner's class name, the course's reference the cells after it fall back to)
 BUILDS = {"ddp": ("MyDDP", DataParallel), "zero1": ("MyZero1", Zero1), "mixed": ("MyMixedZero1", MixedZero1),
-          "zero2": ("MyZero2", Zero2), "zero3": ("MyFlatUnit", FlatUnit)}
+          "zero2": ("MyZero2", Zero2), "zero3": ("MyFlatUnit", FlatUnit), "prefetch": ("MyPrefetchUnit", Zero3)}
 
 
 #: how many times :func:`hint` was called for each build in this kernel
