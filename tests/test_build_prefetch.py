@@ -1,5 +1,6 @@
-"""Exercise 06.2 (optional, prefetch in the learner's units): the answer passes the grader; planted
-mistakes fail with the message that names them; the units prefetch as the course's ``Zero3`` does,
+"""Exercise 06.2 (optional, prefetch in the learner's units): the answer, and right ones written
+otherwise, pass the grader; planted mistakes (among them a reviewer's set of typical ones) fail with
+the message that names them; the units prefetch as the course's ``Zero3`` does,
 with the same collectives and losses, and on the modelled network the wait for all-gathers falls."""
 import pytest
 import torch
@@ -68,7 +69,94 @@ class NeverForgets(Solution):
             MyFlatUnit.gather(self)
 
 
-PLANTED = {NoStart: "the unit alone raised AttributeError",
+class NoGuardWhenGathered(Solution):
+    def prefetch(self):
+        if self.inflight is None:
+            alloc_storage(self.full)
+            self.inflight = all_gather_into_tensor(self.full, self.shard.detach(), async_op=True)
+
+
+class NoDetach(Solution):
+    def prefetch(self):
+        if self.inflight is None and self.full.untyped_storage().nbytes() == 0:
+            alloc_storage(self.full)
+            self.inflight = all_gather_into_tensor(self.full, self.shard, async_op=True)
+
+
+class NoAlloc(Solution):
+    def prefetch(self):
+        if self.inflight is None and self.full.untyped_storage().nbytes() == 0:
+            self.inflight = all_gather_into_tensor(self.full, self.shard.detach(), async_op=True)
+
+
+class KeepsIfCompleted(Solution):            # the handle forgotten only when it was not yet complete
+    def gather(self):
+        if self.inflight is not None:
+            if not self.inflight.is_completed():
+                self.inflight.wait()
+                self.inflight = None
+        else:
+            MyFlatUnit.gather(self)
+
+
+class SharedHandles(Solution):               # one list of handles for every unit
+    pending = []
+
+    def prefetch(self):
+        if self.full.untyped_storage().nbytes() == 0:
+            alloc_storage(self.full)
+            self.pending.append(all_gather_into_tensor(self.full, self.shard.detach(), async_op=True))
+
+    def gather(self):
+        if self.full.untyped_storage().nbytes() > 0 and self.pending:
+            self.pending.pop().wait()
+        else:
+            MyFlatUnit.gather(self)
+
+
+class RebindsFull(Solution):
+    def prefetch(self):
+        if self.inflight is None and self.full.untyped_storage().nbytes() == 0:
+            self.full = torch.empty(self.padded, dtype=self.shard.dtype)
+            self.inflight = all_gather_into_tensor(self.full, self.shard.detach(), async_op=True)
+
+
+# right, written otherwise: a future's wait, the list form of all-gather, polling until complete
+class WaitsOnFuture(Solution):
+    def gather(self):
+        if self.inflight is None:
+            return MyFlatUnit.gather(self)
+        self.inflight.get_future().wait()
+        self.inflight = None
+
+
+class GathersIntoChunks(Solution):
+    def prefetch(self):
+        if self.inflight is None and self.full.untyped_storage().nbytes() == 0:
+            alloc_storage(self.full)
+            self.inflight = torch.distributed.all_gather(list(self.full.chunk(self.world)), self.shard.detach(),
+                                                         async_op=True)
+
+
+class PollsUntilComplete(Solution):
+    def gather(self):
+        if self.inflight is not None:
+            while not self.inflight.is_completed():
+                pass
+            self.inflight = None
+        else:
+            MyFlatUnit.gather(self)
+
+
+RIGHT = (WaitsOnFuture, GathersIntoChunks, PollsUntilComplete)
+
+PLANTED = {NoGuardWhenGathered: "prefetch() on a unit already gathered started another all-gather",
+           NoDetach: "gather self.shard.detach()",
+           NoAlloc: "give it its memory back (alloc_storage) before the all-gather",
+           KeepsIfCompleted: "gather() must forget the handle it waited for",
+           SharedHandles: "keep each unit's handle on that unit",
+           RebindsFull: "self.full is a new tensor",
+NoStart: "the unit alone raised AttributeError",
            PrefetchDoesNothing: "prefetch() started no all-gather",
            BlockingPrefetch: "prefetch() waited for its all-gather: it must return at once",
            WaitsInPrefetch: "prefetch() waited for its all-gather: it must return at once",
@@ -79,7 +167,7 @@ PLANTED = {NoStart: "the unit alone raised AttributeError",
 
 
 def _planted():
-    return {cls.__name__: prefetch_on_rank(cls) for cls in (Solution, *PLANTED)}
+    return {cls.__name__: prefetch_on_rank(cls) for cls in (Solution, *RIGHT, *PLANTED)}
 
 
 def test_the_answer_passes_and_planted_mistakes_are_named(capsys):
@@ -90,7 +178,8 @@ def test_the_answer_passes_and_planted_mistakes_are_named(capsys):
                 "per step, as without prefetch; the next block's on its way while each block computes, at most "
                 "3 of 5 units gathered") in out
     found = launch(_planted, 2, quiet=True)
-    assert first_problem([per[Solution.__name__] for per in found]) is None
+    for cls in (Solution, *RIGHT):
+        assert first_problem([per[cls.__name__] for per in found]) is None, cls.__name__
     for cls, message in PLANTED.items():
         first = first_problem([per[cls.__name__] for per in found])
         assert first and message in first[1], (cls.__name__, first)

@@ -106,7 +106,8 @@ N, ADD it to self.shard.grad if there is one; every p.grad = None, the count bac
   - prefetch(): if nothing is on its way and self.full has no memory (freed), give it its memory back
     and start the all-gather of every rank's shard into it, keeping the handle;
   - gather(): two cases: a handle is kept (wait on it, then forget it), or none is (your MyFlatUnit's
-    own gather, via super()).""",
+    own gather, via super());
+  - leave free() as it is: MyFlatUnit's __init__ calls it before your __init__ has set anything.""",
                  """MyPrefetchUnit, traced on two blocks, b0 then b1, in forward:
   before b0 computes:  b0.prefetch() starts b0's all-gather; b1.prefetch() starts b1's
   b0.forward:          gather() waits for b0's handle, forgets it; b0 computes (b1's travels); free()

@@ -359,7 +359,7 @@ def zero3_on_rank(cls, steps: int = BUILD_STEPS, accumulate: int | None = BUILD_
         return [(problem or _raised(phase, exc), seen)]
     problem = problem or _shard_problem(wrapped, ref_units, rank, world, f"after {steps} SGD steps")
     worst = max(abs(a - b) for a, b in zip(seen["losses"], seen["ref_losses"]))
-    if not problem and worst > 1e-5:
+    if not problem and not worst <= 1e-5:                 # NaN too
         problem = f"the losses differ from one process's by up to {worst:.3g}"
     seen["loss_diff"] = worst
     return [(problem, seen)]
@@ -419,39 +419,71 @@ def units_on_rank(cls, steps: int = 2) -> dict:
 
 # ------------------------------------------------------------ exercise 06.2 (optional): prefetch
 class _LateWork:
-    """An all-gather's Work whose data lands only when waited for: the gathered buffer reads NaN
-    until then, so code that reads it early fails every time, not once in a while."""
+    """An all-gather's handle whose data lands only when the caller waits for it or asks whether it
+    is done (``wait``, ``is_completed``, ``get_future``, ``synchronize``): until then the gathered
+    buffer reads NaN, so code that reads it early fails every time, not once in a while."""
 
     def __init__(self, land):
-        self._land, self.waited = land, False
+        self._land, self.landed = land, False
+
+    def _now(self) -> None:
+        if not self.landed:
+            self.landed = True
+            self._land()
 
     def wait(self, *args, **kwargs) -> bool:
-        if not self.waited:
-            self.waited = True
-            self._land()
+        self._now()
         return True
 
     def is_completed(self) -> bool:
-        return self.waited
+        self._now()                  # asked: it has arrived by now
+        return True
+
+    def synchronize(self) -> None:
+        self._now()
+
+    def get_future(self):
+        self._now()
+        future = torch.futures.Future()
+        future.set_result(None)
+        return future
+
+
+class _Mistake(RuntimeError):
+    """Raised on every rank alike, before any collective: its message names the learner's mistake."""
 
 
 @contextlib.contextmanager
 def _late_all_gathers(works: list):
-    """While entered, an ``async_op`` all-gather runs at once into a buffer of its own and returns
-    a :class:`_LateWork` (also put in ``works``) that copies it into the caller's output when
-    waited for; meanwhile the output holds NaN. Blocking all-gathers are left as they are."""
+    """While entered, an ``async_op`` all-gather (into one tensor or a list) runs at once into
+    buffers of its own and returns a :class:`_LateWork` (also put in ``works``) that copies them into
+    the caller's output when waited for; meanwhile the output holds NaN. Blocking all-gathers are
+    left as they are. Gathering a tensor autograd tracks (a shard not detached) raises
+    :class:`_Mistake` on every rank before anything is sent, instead of torch's error on some."""
     def late(original):
         def wrapper(output, input, *args, async_op=False, **kwargs):
-            if not async_op or not isinstance(output, torch.Tensor) or not _ready(output):
+            if isinstance(input, torch.Tensor) and input.requires_grad and torch.is_grad_enabled():
+                raise _Mistake("the all-gather's input is self.shard itself, a Parameter autograd tracks: "
+                               "gather self.shard.detach()")
+            outs = list(output) if isinstance(output, (list, tuple)) else [output]
+            if not async_op or not all(isinstance(t, torch.Tensor) and _ready(t) for t in outs):
                 return original(output, input, *args, async_op=async_op, **kwargs)
-            mine = torch.empty_like(output)
-            original(mine, input, *args, **kwargs)
-            output.fill_(float("nan"))
-            work = _LateWork(lambda: output.copy_(mine))
+            mine = [torch.empty_like(t) for t in outs]
+            original(mine if isinstance(output, (list, tuple)) else mine[0], input, *args, **kwargs)
+            for t in outs:
+                t.fill_(float("nan"))
+            def land():
+                if not all(_ready(t) for t in outs):         # writing would go through a null pointer
+                    raise _Mistake("an all-gather's data arrived after its self.full was freed: a handle "
+                                   "waited on belongs to another unit, or came after free() (keep each "
+                                   "unit's handle on that unit)")
+                for t, m in zip(outs, mine):
+                    t.copy_(m)
+            work = _LateWork(land)
             works.append(work)
             return work
         return wrapper
-    with _wrapping(("all_gather_single", "all_gather_into_tensor", "_all_gather_base"), late):
+    with _wrapping(("all_gather_single", "all_gather_into_tensor", "_all_gather_base", "all_gather"), late):
         yield works
 
 
@@ -471,12 +503,16 @@ def _one_unit_problem(cls) -> str:
         module = nn.Linear(4, 7)                           # 35 elements: divisible by none of 2, 3, 4
     want = flatten_and_pad([p.detach().clone() for p in module.parameters()], world)
     unit = cls(module)
+    full = getattr(unit, "full", None)
     works = []
     with CommLedger() as ledger, _late_all_gathers(works):
         def gathers() -> int:
             return ledger.counts().get("all_gather", 0)
 
         def holds(what: str) -> str:
+            if unit.full is not full:
+                return (f"after {what}, self.full is a new tensor: the parameters are views of the one "
+                        "__init__ made, so fill that same tensor (alloc_storage, then the all-gather into it)")
             if torch.isnan(unit.full).any():
                 return (f"{what} returned before the prefetch's data arrived (self.full still reads NaN "
                         "here, where the data lands only when waited for): wait on the handle first")
@@ -492,7 +528,7 @@ def _one_unit_problem(cls) -> str:
                             "gather() must forget the handle it waited for, or this unit never gathers again")
                 return (f"prefetch() started {gathers()} all-gathers, expected 1: this unit's, into self.full"
                         if gathers() else "prefetch() started no all-gather: start the unit's, into self.full")
-            if not works or works[-1].waited:
+            if not works or works[-1].landed:
                 return ("prefetch() waited for its all-gather: it must return at once (async_op=True), keeping "
                         "the handle, so that the all-gather travels while another unit computes")
             unit.prefetch()
@@ -514,6 +550,10 @@ def _one_unit_problem(cls) -> str:
             return ("gather() with no prefetch on its way must gather as MyFlatUnit's does (one "
                     f"all-gather); it made {gathers() - 2}")
         problem = holds("a gather() with nothing on its way")
+        unit.prefetch()
+        if not problem and gathers() != 3:
+            return ("prefetch() on a unit already gathered started another all-gather: do nothing while "
+                    "self.full holds its memory")
         unit.free()
     return problem
 
@@ -533,8 +573,13 @@ def prefetch_on_rank(cls, steps: int = 2) -> list:
     phase = "the unit alone"
     try:
         problem = _one_unit_problem(cls)
+    except _Mistake as exc:
+        problem = str(exc)
     except Exception as exc:  # noqa: BLE001 - reported to the learner
-        problem = _raised(phase, exc)
+        message = str(exc)
+        problem = (("an all-gather wrote into self.full while it had no memory: give it its memory back "
+                    "(alloc_storage) before the all-gather" + raised_at(exc))
+                   if "storage of size 0" in message or "not allocated" in message else _raised(phase, exc))
     anyone = torch.tensor([float(bool(problem))])
     dist.all_reduce(anyone)
     if anyone.item() > 0:               # every rank stops here, together
@@ -574,15 +619,17 @@ def prefetch_on_rank(cls, steps: int = 2) -> list:
             if not problem and any(_gathered(u) for u in model.units):
                 problem = f"after step {step + 1}'s backward a unit is still gathered: free it as before"
         seen["units"] = len(model.units)
+    except _Mistake as exc:
+        return [(problem or str(exc), seen)]
     except Exception as exc:  # noqa: BLE001 - reported to the learner
         return [(problem or _raised(phase, exc) if phase in ("forward", "backward")
                  else problem or f"{phase} raised {type(exc).__name__}: {exc}{raised_at(exc)}", seen)]
     worst = max(abs(a - b) for a, b in zip(seen["losses"], seen["ref_losses"]))
-    if not problem and worst > 1e-5:
+    if not problem and not worst <= 1e-5:                 # NaN too
         problem = f"the losses differ from one process's by up to {worst:.3g}"
     if not problem and seen["early"] < steps * (len(blocks) - 1):
-        problem = ("a block computed while the next block's all-gather had not started: prefetch() "
-                   "must start it")
+        problem = ("a block computed while the next block's self.full held no memory: prefetch() must "
+                   "start the all-gather into that unit's own self.full (is the handle kept per unit, on self?)")
     seen["loss_diff"] = worst
     return [(problem, seen)]
 
