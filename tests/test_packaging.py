@@ -95,6 +95,9 @@ def test_the_wheel_ships_the_solutions(tmp_path):
     wheel, = (tmp_path / "dist").glob("*.whl")
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("course_utils/course/solutions/")}
     assert shipped == {f"course_utils/course/solutions/{p.name}" for p in SOLUTIONS.glob("*.py")}
+    from course_utils.course.exercises.hints import TEXTS
+    hints = {n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("course_utils/course/hints/")}
+    assert hints == {f"course_utils/course/hints/{p.name}" for p in TEXTS.glob("*.txt")} and len(hints) == 6
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(tmp_path / "site"), str(wheel)], check=True, cwd=tmp_path)
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
@@ -104,3 +107,6 @@ def test_the_wheel_ships_the_solutions(tmp_path):
     where, printed = out.split("\n", 1)
     assert where.startswith(str(tmp_path / "site"))
     assert printed == (SOLUTIONS / "ddp.py").read_text(encoding="utf-8")
+    out = subprocess.run([sys.executable, "-c", "from course_utils.course.exercises import hint; hint('zero3')"],
+                         capture_output=True, text=True, check=True, cwd=tmp_path, env=env).stdout
+    assert out.startswith("MyFlatUnit, where to start:")

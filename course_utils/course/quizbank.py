@@ -438,7 +438,7 @@ def quiz_07() -> Quiz:
                           "all 48 are gathered at once (section 3 printed 517,600 B, root-only's peak); True keeps "
                           "about the root and one block (149,800 B; two blocks with prefetch). What it buys: backward needs no "
                           "all-gather, 48 fewer per step; on a link the prefetch already hides, little "
-                          "waiting (section 3's clock). ZeRO-2's trade: bytes for all-gathers.",
+                          "waiting (section 3's clock). ZeRO-2's trade: memory for all-gathers.",
                      kind="compare", printed="07"),
         NumberChoice("An 8-billion-parameter model under FSDP2 on 8 GPUs, fp32 gradients, 4 micro-batches per "
                      "step with set_requires_gradient_sync(False) on all but the last (section 5.5). Predict the "
