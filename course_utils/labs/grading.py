@@ -5,6 +5,7 @@ learner's tensor made without a device must be graded, not rejected by NCCL.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Callable, Sequence
 
@@ -219,6 +220,27 @@ class on_world_sizes:
                     print(f"  (not tried on {' and '.join(map(str, rest))} ranks after that)")
                 return
             yield n, values
+
+
+@contextlib.contextmanager
+def dist_replaced(replacements: dict):
+    """While entered, ``torch.distributed.<name>`` is ``replacements[name]``; on exit (an exception
+    included) each original is back. How a grader forbids, spies on or delays a learner's collectives."""
+    import torch.distributed as dist
+    saved = {name: getattr(dist, name) for name in replacements}
+    try:
+        for name, replacement in replacements.items():
+            setattr(dist, name, replacement)
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
+
+
+def dist_wrapped(names: Sequence[str], wrap: Callable):
+    """``dist_replaced`` with each of ``names`` (those this torch has) as ``wrap(the original)``."""
+    import torch.distributed as dist
+    return dist_replaced({name: wrap(getattr(dist, name)) for name in names if hasattr(dist, name)})
 
 
 def refuse_non_function(fn, name: str, signature: str = "") -> Verdict | None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ...labs.grading import Verdict, compare_brief, judge_on_ranks, refuse_non_function
+from ...labs.grading import Verdict, compare_brief, dist_replaced, judge_on_ranks, refuse_non_function
 
 __all__ = ["NotAllowed", "check_all_reduce_from_rs_ag", "check_ring_all_reduce"]
 
@@ -66,26 +66,19 @@ def _run_without(fn: Callable, numels: Sequence[int], forbidden: tuple, rule: st
         def blocked(*args, **kwargs):
             raise NotAllowed(f"dist.{name} is not allowed in this exercise: {rule}")
         return blocked
-    saved = {name: getattr(dist, name) for name in forbidden if hasattr(dist, name)}
-    patched = {name: refuse(name) for name in saved}
+    patched = {name: refuse(name) for name in forbidden if hasattr(dist, name)}
     if neighbours_only:                          # allowed, but only between neighbours
-        saved.update({name: getattr(dist, name) for name in _POINT_TO_POINT})
-        patched.update({name: _to_neighbours(saved[name], name, rule) for name in _POINT_TO_POINT})
+        patched.update({name: _to_neighbours(getattr(dist, name), name, rule) for name in _POINT_TO_POINT})
     results = []
     for numel in numels:
         tensor = _exercise_input(dist.get_rank(), numel, rank_device(), dtype)  # the CPU: graders run gloo
-        for name, replacement in patched.items():
-            setattr(dist, name, replacement)
         try:
-            with CommLedger() as ledger:
+            with dist_replaced(patched), CommLedger() as ledger:
                 result = fn(tensor)
         except Exception as exc:
             if exc.args and isinstance(exc.args[0], str):    # say which size failed, keep the type
                 exc.args = (f"with {numel} elements: {exc.args[0]}",) + exc.args[1:]
             raise
-        finally:
-            for name, original in saved.items():
-                setattr(dist, name, original)
         results.append((tensor if result is None else result, ledger.counts()))
     return results
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from ...impl.common import flatten_and_pad, storage_bytes, trainable
 from ...theory.layout import padded_numel
-from ...labs.grading import Verdict, carried_over, grade_build
+from ...labs.grading import Verdict, carried_over, dist_wrapped, grade_build
 from ...runtime.fmt import bound
 
 __all__ = ["check_zero3", "build_units", "zero3_on_rank", "units_on_rank", "check_prefetch", "prefetch_on_rank"]
@@ -50,22 +50,8 @@ def _spying_all_gathers(gathered: list):
                 t.copy_(m)
             return work
         return wrapper
-    with _wrapping(("all_gather_single", "all_gather_into_tensor", "all_gather"), spy):
+    with dist_wrapped(("all_gather_single", "all_gather_into_tensor", "all_gather"), spy):
         yield gathered
-
-
-@contextlib.contextmanager
-def _wrapping(names, wrap):
-    """While entered, each of ``torch.distributed``'s functions ``names`` (those this torch has) is
-    ``wrap(the original)``."""
-    saved = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
-    try:
-        for n, original in saved.items():
-            setattr(dist, n, wrap(original))
-        yield
-    finally:
-        for n, original in saved.items():
-            setattr(dist, n, original)
 
 
 # ------------------------------------------------------------------ exercise 06.1: build ZeRO-3
@@ -483,7 +469,7 @@ def _late_all_gathers(works: list):
             works.append(work)
             return work
         return wrapper
-    with _wrapping(("all_gather_single", "all_gather_into_tensor", "_all_gather_base", "all_gather"), late):
+    with dist_wrapped(("all_gather_single", "all_gather_into_tensor", "_all_gather_base", "all_gather"), late):
         yield works
 
 
