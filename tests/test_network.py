@@ -285,3 +285,11 @@ def test_a_profiled_step_adds_the_model_to_a_real_trace(tmp_path):
     for lane in lanes.values():                      # every span inside the step, in ms from its start
         assert all(0 <= s <= step["dur"] / 1e3 + 1 for _, s, _ in lane)
     assert len(clock.plot_trace(path).axes) == 1
+
+
+def test_describe_shows_the_prediction_unless_asked_not_to():
+    t = clock.StepTime("a", "ddp", 2, "network modelled", free_s=0.1, predicted_s=0.2, measured_s=0.3,
+                       free=[], clocked=[])
+    with_model, without = clock.describe({"one bucket": t}), clock.describe({"one bucket": t}, predicted=False)
+    assert "predicted" in with_model and with_model.splitlines()[1].split()[-3:] == ["100", "200", "300"]
+    assert "predicted" not in without and without.splitlines()[1].split()[-2:] == ["100", "300"]

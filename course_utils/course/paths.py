@@ -24,7 +24,7 @@ NOTEBOOKS = [
      "Parameter sharding: gather, compute, free; you build a ZeRO-3 unit (a block gathered and freed "
      "as a whole), graded on 2-4 ranks, then "
      "run the whole course model on your units, measured and timed; sending 1.5x the bytes of DDP; "
-     "prefetching (the next unit gathered early; optionally, you add it to your units)."),
+     "prefetching (the next unit gathered early), on the clock."),
     ("07_fsdp.ipynb", "FSDP in PyTorch",
      "PyTorch's FSDP2 (fully_shard) on the course model: wrapping, mixed precision, CPU offload "
      "(states kept in host memory), checkpoints."),
@@ -49,11 +49,14 @@ NOTEBOOKS = [
     ("13_appendix_claims.ipynb", "Appendix: claims you will meet, checked",
      "Optional: widely repeated figures about ZeRO and FSDP, each with the right figure and the cell "
      "that computes it."),
+    ("14_appendix_optional_builds.ipynb", "Appendix: more builds",
+     "Optional: two more builds, each extending one of yours: ZeRO-1 in mixed precision (K = 12) and "
+     "prefetch in your ZeRO-3 units (timed); each graded on 2-4 ranks."),
 ]
 
 #: Optional notebooks after the sequence: the full skeleton, but no quiz.
 APPENDICES = ("09_appendix_forensics.ipynb", "10_appendix_fsdp_in_depth.ipynb", "11_appendix_at_scale.ipynb",
-              "12_appendix_zero3_in_depth.ipynb", "13_appendix_claims.ipynb")
+              "12_appendix_zero3_in_depth.ipynb", "13_appendix_claims.ipynb", "14_appendix_optional_builds.ipynb")
 
 
 def colab_url(notebook: str) -> str:

@@ -158,11 +158,12 @@ def time_step(strategy: str, world_size: int = 2, *, network=NETWORK, steps: int
                     free=free_clocks, clocked=r0["clocked"])
 
 
-def describe(times: dict) -> str:
-    """One line per labelled :class:`StepTime`: free, predicted, measured (ms)."""
-    rows = [f"{'':<34}{'free link':>10}{'predicted':>11}{'clock':>9}   (ms per step, rank 0)"]
+def describe(times: dict, *, predicted: bool = True) -> str:
+    """One line per labelled :class:`StepTime`: free, predicted (unless ``predicted=False``), measured (ms)."""
+    head = f"{'predicted':>11}" if predicted else ""
+    rows = [f"{'':<34}{'free link':>10}{head}{'clock':>9}   (ms per step, rank 0)"]
     for label, t in times.items():
-        pred = f"{t.predicted_s * 1e3:>11.0f}" if t.predicted_s is not None else f"{'':>11}"
+        pred = "" if not predicted else (f"{t.predicted_s * 1e3:>11.0f}" if t.predicted_s is not None else f"{'':>11}")
         free = f"{t.free_s * 1e3:>10.0f}" if t.free_s is not None else f"{'':>10}"
         rows.append(f"{label:<34}{free}{pred}{t.measured_s * 1e3:>9.0f}")
     return "\n".join(rows)

@@ -12,7 +12,7 @@ from .nb08 import CAPSTONE_SCENARIOS, Scenario, check_capstone, check_skipped_co
 from .nb09 import check_megatron_states_gb
 from .nb10 import check_real_rows
 from .nb12 import check_zero3_step_bytes
-from .solutions import BUILDS, hint, once_predicted, skeleton, solution, versus, yours
+from .solutions import BUILDS, answer, course_answer, hint, once_predicted, skeleton, solution, versus, yours
 
 __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_ranks",
            "check_rank_sum",
@@ -23,4 +23,4 @@ __all__ = ["GRADER_BACKEND", "Verdict", "compare", "grade_cases", "grade_on_rank
            "check_zero2", "check_zero3", "check_prefetch",
            "check_fsdp_step", "check_skipped_collective",
            "CAPSTONE_SCENARIOS", "Scenario", "reference_choice", "check_capstone",
-           "check_megatron_states_gb", "check_real_rows", "check_zero3_step_bytes", "BUILDS", "hint", "once_predicted", "skeleton", "solution", "yours", "versus"]
+           "check_megatron_states_gb", "check_real_rows", "check_zero3_step_bytes", "BUILDS", "answer", "course_answer", "hint", "once_predicted", "skeleton", "solution", "yours", "versus"]

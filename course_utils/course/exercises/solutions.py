@@ -18,7 +18,7 @@ from ...impl.zero3 import FlatUnit, Zero3
 from ...labs.grading import PASSED
 from .hints import HINTS
 
-__all__ = ["BUILDS", "HINTS", "hint", "solution", "skeleton", "yours", "versus"]
+__all__ = ["BUILDS", "HINTS", "answer", "course_answer", "hint", "solution", "skeleton", "yours", "versus"]
 
 #: the answers, one file each: ``solutions/02.1.py`` for exercise 02.1, ``solutions/zero1.py``
 #: for the ZeRO-1 build; package data (``course_utils/course/solutions/``), so that an
@@ -97,6 +97,24 @@ def solution(name: str) -> None:
             module, _, attr = line[len("# source: "):].rpartition(".")
             line = inspect.getsource(getattr(importlib.import_module(module), attr))
         print(line)
+
+
+def answer(name: str, namespace: dict | None = None):
+    """Exercise ``name``'s answer, the file :func:`solution` prints, with its definitions run and its
+    check call not: ``(namespace, the check call compiled)``. ``namespace``: what the notebook defined
+    before (06.2's answer subclasses the learner's ``MyFlatUnit``)."""
+    path = SOLUTIONS / f"{name}.py"
+    *body, last = ast.parse(path.read_text(encoding="utf-8")).body
+    namespace = dict(namespace or {})
+    exec(compile(ast.Module(body, []), str(path), "exec"), namespace)
+    return namespace, compile(ast.Expression(last.value), str(path), "eval")
+
+
+def course_answer(name: str):
+    """The class the course's answer to build ``name`` defines (``course_answer("zero3")``: a
+    ``MyFlatUnit``), for a later build that extends it when the learner's own is not at hand."""
+    check_choice("build", name, BUILDS, kind="build exercise", kinds="build exercises")
+    return answer(name)[0][BUILDS[name][0]]
 
 
 def yours(name: str, cls):
