@@ -1,11 +1,17 @@
 """Exercise 02.2 (build DDP): the course's DataParallel passes the grader; planted
 mistakes fail with the message that names them."""
 
+import torch
+import torch.distributed as dist
+
 from course_utils.course.exercises import check_ddp
 from course_utils.course.exercises.nb02 import _ddp_on_rank, first_problem
 from course_utils.impl.ddp import DataParallel
 from course_utils.runtime.compat import queue_backward_callback
 from course_utils.runtime.launch import launch
+from toys import answer
+
+Solution = answer("ddp")[0]["MyDDP"]
 
 
 class NoDivide(DataParallel):
@@ -52,12 +58,32 @@ class ForgetsToReset(DataParallel):
         self.next = len(self.buckets)
 
 
+class AnyOrder(Solution):
+    """Starts each bucket the moment it is complete, not strictly bucket self.next: the same sums
+    here, but the course GPT completes parameter 64 before 65, so one bucket per parameter goes
+    out of order (on another rank, in another order, a mismatch)."""
+    def _on_grad(self, p):
+        if not self.queued:
+            queue_backward_callback(self._finish)
+            self.queued = True
+        self.ready.add(p)
+        for bucket in self.buckets:
+            if any(q is p for q in bucket) and all(q in self.ready for q in bucket):
+                flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+                self.pending.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
+
+    def _finish(self):
+        self.next = len(self.buckets)          # every bucket was started by the hooks
+        super()._finish()
+
+
 PLANTED = {NoDivide: "SUM over the 2 ranks: divide by the world size",
            NoBroadcast: "weights differ from rank 0's: broadcast",
            AveragesInStep: "still this rank's own",
            IgnoresBuckets: "all-reduces in one backward with bucket_bytes=26214400, expected 1",
            SendsAfterBackward: "every all-reduce started after the last gradient arrived",
            ForwardOrder: "every all-reduce started after the last gradient arrived",
+           AnyOrder: "the buckets started out of order",
            ForgetsToReset: "backward 2 launched no all-reduces, backward 1 launched 66: the hooks' state "
                            "was not reset at the end of _finish"}
 

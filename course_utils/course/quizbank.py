@@ -65,7 +65,7 @@ def quiz_00() -> Quiz:
             "Collectives are matched by call order: the first call of every rank forms the first all-reduce, "
             "which completes with 1 + 2 + 3 + 4 = 10 everywhere. Rank 2's second call waits for three peers "
             "that never come, and a waiting rank cannot tell a slow peer from one that will never call: it "
-            "waits until the timeout given to init_process_group (section 3.3). No rank can know in advance "
+            "waits until the timeout given to init_process_group (section 3.2). No rank can know in advance "
             "that the counts will differ, so nothing fails early. (Had the others called their next "
             "all-reduce before the timeout, it would have been matched with rank 2's second call: a silent "
             "sum of the wrong tensors.)",

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ...labs.grading import (Verdict, carried_over, first_problem, grade_build, judge_on_ranks,
                              refuse_non_function)
+from ...impl.common import make_buckets
 from ...runtime.fmt import GRAD_ATOL, bound
 
 __all__ = ["check_grad_average_hook", "check_ddp", "first_problem", "DDP_BUCKETS"]
@@ -84,8 +85,19 @@ class CollectiveWatch:
     (``at``) and when it was waited for (``waited``; at once for a synchronous one). ``grads``
     counts the gradient hooks' spies (:meth:`spy_on`)."""
 
-    def __init__(self, names=("all_reduce",)):
-        self.names, self.grads, self.calls = names, 0, []
+    def __init__(self, names=("all_reduce",), buckets=None):
+        self.names, self.grads, self.calls, self.buckets = names, 0, [], buckets
+
+    def _which(self, message):
+        """The index of the bucket (of ``buckets``) whose gradients, joined, ``message`` holds when
+        sent (None: none, or no buckets to compare with)."""
+        for k, bucket in enumerate(self.buckets or []):
+            if (isinstance(message, torch.Tensor) and all(p.grad is not None for p in bucket)
+                    and message.numel() == sum(p.numel() for p in bucket)
+                    and torch.equal(message.detach().reshape(-1),
+                                    torch.cat([p.grad.reshape(-1) for p in bucket]).to(message.dtype))):
+                return k
+        return None
 
     def spy_on(self, params) -> list:
         """A gradient hook on each of ``params`` (after the learner's: registered later) that counts."""
@@ -97,7 +109,7 @@ class CollectiveWatch:
         if self.names is not None and call.name not in self.names:
             return out
         record = {"name": call.name, "at": self.grads, "waited": self.grads if out is None else None,
-                  "sync": out is None}
+                  "sync": out is None, "bucket": self._which(call.args[0] if call.args else call.kwargs.get("tensor"))}
         self.calls.append(record)
         return out if out is None else _WatchedWork(out, record, self)
 
@@ -117,6 +129,18 @@ def _overlap_problem(calls: list, grads: int, per_parameter: bool) -> str:
                if c["sync"] else f"you waited for bucket {k}'s all-reduce inside the hook")
         return how + ": backward could not go on meanwhile; launch it with async_op=True and wait in _finish"
     return ""
+
+
+def _order_problem(calls: list) -> str:
+    """'' unless the all-reduces sent the buckets in another order than the buckets' own (each
+    message matched to the bucket whose gradients it holds; one that matches none is judged elsewhere)."""
+    sent = [c["bucket"] for c in calls]
+    if None in sent or sent == list(range(len(sent))) or sorted(sent) != list(range(len(sent))):
+        return ""
+    k = next(i for i, b in enumerate(sent) if b != i)
+    return (f"all-reduce {k} sent bucket {sent[k]}, not bucket {k}: the buckets started out of order. "
+            "Gradients can complete in another order on another rank, and every rank must issue the same "
+            "collectives in the same order: start only bucket self.next, then move on")
 
 
 def _ddp_on_rank(cls, steps: int = 2) -> list:
@@ -151,7 +175,7 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                        "running statistics, are state too): broadcast module.buffers() from rank 0 as well")
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
         ref_opt = torch.optim.SGD([p for p in ref.parameters() if p.requires_grad], lr=0.5)
-        watch = CollectiveWatch()
+        watch = CollectiveWatch(buckets=make_buckets([p for p in model.parameters() if p.requires_grad], bucket_bytes))
         spies = watch.spy_on([p for p in model.parameters() if p.requires_grad])
         timings, first_right = [], None
         for step in range(steps):       # every rank runs every step (a rank that stopped early
@@ -187,6 +211,8 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                                 "queue the callback once per backward, on its first hook (self.queued))")
             if not problem:
                 problem = _overlap_problem(watch.calls, trained, bucket_bytes == 0)
+            if not problem:
+                problem = _order_problem(watch.calls)
             if step == 0 and not problem:
                 first_right = calls
             seen["losses"].append(global_loss(loss))
