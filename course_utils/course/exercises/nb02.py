@@ -86,14 +86,16 @@ class CollectiveWatch:
     counts the gradient hooks' spies (:meth:`spy_on`)."""
 
     def __init__(self, names=("all_reduce",), buckets=None):
-        self.names, self.grads, self.calls, self.buckets = names, 0, [], buckets
+        self.names, self.grads, self.calls, self.buckets = names, 0, [], buckets or []
+        self._numels = [sum(p.numel() for p in b) for b in self.buckets]
 
     def _which(self, message):
         """The index of the bucket (of ``buckets``) whose gradients, joined, ``message`` holds when
-        sent (None: none, or no buckets to compare with)."""
-        for k, bucket in enumerate(self.buckets or []):
-            if (isinstance(message, torch.Tensor) and all(p.grad is not None for p in bucket)
-                    and message.numel() == sum(p.numel() for p in bucket)
+        sent (None: none; past as many calls as buckets, not looked for: the count is wrong anyway)."""
+        if not isinstance(message, torch.Tensor) or len(self.calls) >= len(self.buckets):
+            return None
+        for k, (bucket, numel) in enumerate(zip(self.buckets, self._numels)):
+            if (message.numel() == numel and all(p.grad is not None for p in bucket)
                     and torch.equal(message.detach().reshape(-1),
                                     torch.cat([p.grad.reshape(-1) for p in bucket]).to(message.dtype))):
                 return k
@@ -220,6 +222,8 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
             for o in (opt, ref_opt):
                 o.step()
                 o.zero_grad()
+            if calls != expected_calls:   # every rank counted the same calls: all stop here together
+                break
         for spy in spies:
             spy.remove()
         if hasattr(ddp, "remove_hooks"):
