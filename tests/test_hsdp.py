@@ -266,3 +266,27 @@ def test_fsdp1_hybrid_shard_without_a_mesh_stops_synchronising():
     assert r["shard_group_size"] == 1 and r["all_reduce_group_sizes"] == [1]
     assert r["diverged"] is True
     assert any("NO_SHARD" in w for w in r["warnings"])
+
+
+def test_notebook_08s_worked_example_is_the_multinode_model():
+    """08 §2's table and tie (7B in bf16, 4 nodes of 8 GPUs, 25 GB/s NICs, NVLink 450 GB/s) are the
+    figures of multinode.hsdp_vs_fsdp_time, rounded as printed."""
+    import json
+
+    from course_utils.course.badges import ROOT
+    from course_utils.theory.alpha_beta import predict_time
+    from course_utils.theory.comm import collective_bytes
+    cells = json.loads((ROOT / "notebooks" / "08_beyond_one_box.ipynb").read_text(encoding="utf-8"))["cells"]
+    text = next("".join(c["source"]) for c in cells if "## 2. When does HSDP beat full sharding?" in "".join(c["source"]))
+    m, gb = 14e9, 1e9
+    c = multinode.hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9)
+    gather = predict_time("all_gather", m, 8, 5e-6, 450e9)
+    backward = gather + predict_time("reduce_scatter", m, 8, 5e-6, 450e9)
+    cross = c.hsdp_s - gather
+    tie = multinode.crossovers(7e9, 8, 4, 450e9, nics_per_node=8)[0]
+    assert c.hsdp_s == pytest.approx(gather + max(backward, cross))
+    for figure in (f"{3 * collective_bytes('all_gather', m, 32) / gb:.1f} GB", f"{c.fsdp_nic_bytes / gb:.2f} GB",
+                   f"{c.hsdp_nic_bytes / gb:.3f} GB", f"{gather * 1e3:.0f} ms each", f"({backward * 1e3:.0f} ms)", f"max({backward * 1e3:.0f}, {cross * 1e3:.0f})",
+                   f"{cross * 1e3:.0f} ms, sent", f"{c.fsdp_s:.2f} s", f"= {c.hsdp_s:.2f} s",
+                   f"three NVLink passes, {(gather + backward) * 1e3:.0f} ms", f"about {tie / gb:.0f} GB/s"):
+        assert figure in text, figure
