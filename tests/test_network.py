@@ -293,3 +293,16 @@ def test_describe_shows_the_prediction_unless_asked_not_to():
     with_model, without = clock.describe({"one bucket": t}), clock.describe({"one bucket": t}, predicted=False)
     assert "predicted" in with_model and with_model.splitlines()[1].split()[-3:] == ["100", "200", "300"]
     assert "predicted" not in without and without.splitlines()[1].split()[-2:] == ["100", "300"]
+
+
+def test_exposed_time_is_the_median_over_the_steps_not_one_step():
+    """One step slowed by the machine's load (a 90 ms wait) does not move ``exposed_s``: the
+    median over the clocked steps does not, where the median-time step's own wait would."""
+    def step(wait_s, step_s):
+        return experiments.StepClock("net", step_s, [_tr("all_reduce", 8, 0.0, 0.01, 0.01 + wait_s)])
+    steps = [step(0.010, 0.10), step(0.012, 0.105), step(0.090, 0.11), step(0.011, 0.12), step(0.010, 0.13)]
+    t = clock.StepTime("a", "ddp", 2, "net", free_s=None, predicted_s=None, measured_s=0.11, free=[],
+                       clocked=steps)
+    assert t.median_clock is steps[2]                 # the median step is the stalled one...
+    assert t.exposed_s() == pytest.approx(0.011)     # ...and the median wait is not
+    assert t.exposed_s("all_gather") == 0.0

@@ -70,9 +70,9 @@ class StepTime:
         return union_s([(t.start, t.arrival) for t in c.transfers if op in (None, t.op)], 0.0, c.step_s)
 
     def exposed_s(self, op: str | None = None) -> float:
-        """Seconds the median clocked step stood waiting for the network (measured), for ``op`` only."""
-        c = self.median_clock
-        return union_s(blocked_spans(c, op), 0.0, c.step_s)
+        """Seconds a clocked step stood waiting for the network (measured), for ``op`` only: the
+        median over the steps, which one step slowed by the machine's load does not move."""
+        return statistics.median(union_s(blocked_spans(c, op), 0.0, c.step_s) for c in self.clocked)
 
 
 def blocked_spans(clock: StepClock, op: str | None = None) -> list:
