@@ -50,8 +50,8 @@ NOTEBOOKS = [
      "Optional: widely repeated figures about ZeRO and FSDP, each with the right figure and the cell "
      "that computes it."),
     ("14_appendix_optional_builds.ipynb", "Appendix: more builds",
-     "Optional: two more builds, each extending one of yours: ZeRO-1 in mixed precision (K = 12) and "
-     "prefetch in your ZeRO-3 units (timed); each graded on 2-4 ranks."),
+     "Optional: three more builds: a ring all-reduce from sends and receives, ZeRO-1 in mixed precision "
+     "(K = 12), prefetch in your ZeRO-3 units (timed); each graded on 2-4 ranks."),
 ]
 
 #: Optional notebooks after the sequence: the full skeleton, but no quiz.
