@@ -12,8 +12,8 @@ class MyDDP(nn.Module):
 
     def __init__(self, module, bucket_bytes=25 * 2**20):
         """All ranks start from rank 0's weights and buffers. Gradients travel in buckets, cut in
-        the order backward produces them; autograd calls self._on_grad(param) once that
-        parameter's gradient is complete."""
+        the order backward produces them; __init__ has autograd call self._on_grad(param)
+        once that parameter's gradient is complete."""
         super().__init__()  # given
         self.module = module  # given
         for t in list(module.parameters()) + list(module.buffers()):

@@ -14,8 +14,8 @@ class MyFlatUnit(nn.Module):
     def __init__(self, module):
         """The trainable parameters become views of one flat buffer, self.full, padded to a
         multiple of N; self.shard, an nn.Parameter, keeps a copy of this rank's chunk; then
-        self.full is freed. Autograd calls self._grad_ready(param) once that parameter's
-        gradient is complete."""
+        self.full is freed. __init__ has autograd call self._grad_ready(param) once that
+        parameter's gradient is complete."""
         super().__init__()  # given
         self.module = module  # given
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
