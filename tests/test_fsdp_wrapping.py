@@ -230,3 +230,23 @@ def test_issue_inconsistent_init(seeding):
     brief = seeding.brief().splitlines()
     assert len(brief) == 3 and brief[0].endswith(" %)") and " % off " in brief[0]
     assert all(line.count("≤ 1e-6 ✓") == want for line, want in zip(brief[1:], (1, 2)))
+
+
+def test_notebook_07s_reshard_arithmetic_is_fsdp2s_ring_model():
+    """07 §3's 'each sends half a block, 61,300 B, 10 ms at 6 MB/s, so 41 of the 84 ms': the
+    all-gather bytes reshard_after_forward=False drops on 2 ranks, at the clock's default link."""
+    import json
+    from pathlib import Path
+
+    from course_utils.harness.model import build_model
+    from course_utils.labs.clock import NETWORK
+    from course_utils.theory import sharding
+    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "07_fsdp.ipynb").read_text(encoding="utf-8"))["cells"]
+    text = next("".join(c["source"]) for c in cells if "**Memory against time.**" in "".join(c["source"]))
+    m, bw = build_model(device="meta"), NETWORK["bandwidth"]
+    gathers = float(sharding.comm_bytes_per_step(m, 2)["all_gather"])
+    dropped = gathers - float(sharding.comm_bytes_per_step(m, 2, reshard_after_forward=False)["all_gather"])
+    blocks = len(m.blocks)
+    for figure in (f"backward's {blocks} block all-gathers", f"{dropped / blocks:,.0f} B, {dropped / blocks / bw * 1e3:.0f} ms at {bw / 1e6:g} MB/s",
+                   f"{dropped / bw * 1e3:.0f} of the {gathers / bw * 1e3:.0f} ms"):
+        assert figure in text, figure

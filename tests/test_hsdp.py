@@ -288,7 +288,8 @@ def test_notebook_08s_worked_example_is_the_multinode_model():
     for figure in (f"{3 * collective_bytes('all_gather', m, 32) / gb:.1f} GB", f"{c.fsdp_nic_bytes / gb:.2f} GB",
                    f"{c.hsdp_nic_bytes / gb:.3f} GB", f"{gather * 1e3:.0f} ms each", f"({backward * 1e3:.0f} ms)", f"max({backward * 1e3:.0f}, {cross * 1e3:.0f})",
                    f"sends its {cross * 1e3:.0f} ms", f"forward's pass, {gather * 1e3:.0f} ms", f"{c.fsdp_s:.2f} s", f"= {c.hsdp_s:.2f} s",
-                   f"three NVLink passes, {(gather + backward) * 1e3:.0f} ms", f"about {tie / gb:.0f} GB/s"):
+                   f"three NVLink passes, {(gather + backward) * 1e3:.0f} ms", f"about {tie / gb:.0f} GB/s",
+                   f"8 × {tie / gb:.0f} ≈ {round(8 * tie / gb, -2):.0f} GB/s"):
         assert figure in text, figure
 
 
