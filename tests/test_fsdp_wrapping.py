@@ -235,14 +235,11 @@ def test_issue_inconsistent_init(seeding):
 def test_notebook_07s_reshard_arithmetic_is_fsdp2s_ring_model():
     """07 §3's 'each sends half a block, 61,300 B, 10 ms at 6 MB/s, so 41 of the 84 ms': the
     all-gather bytes reshard_after_forward=False drops on 2 ranks, at the clock's default link."""
-    import json
-    from pathlib import Path
-
     from course_utils.harness.model import build_model
     from course_utils.labs.clock import NETWORK
     from course_utils.theory import sharding
-    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "07_fsdp.ipynb").read_text(encoding="utf-8"))["cells"]
-    text = next("".join(c["source"]) for c in cells if "**Memory against time.**" in "".join(c["source"]))
+    from notebook_text import cell_source
+    text = cell_source("07_fsdp.ipynb", "**Memory against time.**")
     m, bw = build_model(device="meta"), NETWORK["bandwidth"]
     gathers = float(sharding.comm_bytes_per_step(m, 2)["all_gather"])
     dropped = gathers - float(sharding.comm_bytes_per_step(m, 2, reshard_after_forward=False)["all_gather"])
