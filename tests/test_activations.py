@@ -258,3 +258,18 @@ def test_torchtitans_table_1_run_predicted():
     assert per_gpu("llama-3.1-8b", recompute="selective", **kw).total > 120 * 2 ** 30 > tt.total
     with pytest.raises(ValueError, match="policy must be one of"):
         op_selective_terms("llama-3.1-8b", micro_batch=1, policy="megatron")
+
+
+def test_notebook_03s_34h_per_token_is_block_terms_grouped():
+    """03 §5's '16h ... 10h ... 6h ... 2h. 16 + 10 + 6 + 2 = 34': block_terms of a GPT block for one
+    token (flash: no s x s scores), in units of h bytes, grouped as the sentence groups them."""
+    from course_utils.theory.memory import block_terms
+    from notebook_text import cell_source
+    h = PRESETS["gpt2-xl"].config.hidden
+    t = {k: v / h for k, v in block_terms("gpt2-xl", micro_batch=1, seq=1, attention="flash").items()}
+    groups = [t["MLP"], t["norm inputs"] + t["q/k/v input"] + t["out-proj input"] + t["MLP input"], t["q, k, v"],
+              t["dropout masks"]]
+    text = cell_source("03_memory_anatomy.ipynb", "**34h bytes per token**")
+    for g in groups:
+        assert f"({g:g}h" in text, g
+    assert f"{' + '.join(f'{g:g}' for g in groups)} = {sum(groups):g}" in text and sum(t.values()) == sum(groups) == 34
