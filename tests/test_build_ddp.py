@@ -107,6 +107,26 @@ def test_planted_mistakes_are_named():
         assert first and message in first[1], (cls.__name__, first)
 
 
+def test_the_watch_names_a_messages_bucket_even_when_the_all_reduce_has_already_summed_it():
+    """gloo may finish an async all-reduce before ``run()`` returns: the watch must read which
+    bucket a message holds before sending it (CI once passed AnyOrder when it read it after)."""
+    from course_utils.course.exercises.nb02 import CollectiveWatch
+    from course_utils.runtime.ledger import Call
+
+    params = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
+    for k, p in enumerate(params):
+        p.grad = torch.full((3,), float(k + 1))
+    watch = CollectiveWatch(buckets=[[p] for p in params])
+
+    def summed_at_once(tensor, async_op=False):    # a 2-rank all-reduce done before it returns
+        tensor.mul_(2)
+
+    for k in (1, 0):                               # out of order
+        message = params[k].grad.clone()
+        watch(Call("c10d", "all_reduce", None, summed_at_once, (message,), {}))
+    assert [c["bucket"] for c in watch.calls] == [1, 0]
+
+
 def test_a_non_class_is_refused(capsys):
     assert not check_ddp(lambda m: m)
     assert "check_ddp takes your class" in capsys.readouterr().out

@@ -107,11 +107,14 @@ class CollectiveWatch:
                 for p in params]
 
     def __call__(self, call):
-        out = call.run()
         if self.names is not None and call.name not in self.names:
-            return out
+            return call.run()
+        # which bucket the message holds, read before it is sent: an async all-reduce may sum
+        # into it on gloo's thread before run() returns
+        bucket = self._which(call.args[0] if call.args else call.kwargs.get("tensor"))
+        out = call.run()
         record = {"name": call.name, "at": self.grads, "waited": self.grads if out is None else None,
-                  "sync": out is None, "bucket": self._which(call.args[0] if call.args else call.kwargs.get("tensor"))}
+                  "sync": out is None, "bucket": bucket}
         self.calls.append(record)
         return out if out is None else _WatchedWork(out, record, self)
 
