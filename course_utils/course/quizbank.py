@@ -483,13 +483,13 @@ def quiz_08() -> Quiz:
                      "and by how much?",
                      [f"Full sharding: 100 GB/s per NIC is above the {per_gpu:.0f} GB/s crossover, where the two "
                       "tie or full sharding leads",
-                      f"HSDP, by the same margin as on A, {two.hsdp_s:.2f} s against {two.fsdp_s:.2f}: each NIC "
-                      "carries 1/R of the bytes, and 2 x 100 moves what 8 x 25 moves",
+                      f"HSDP, by the same margin as on A, {two.hsdp_s:.2f} s against {two.fsdp_s:.2f}: the NICs' "
+                      "node's total counts, and 2 x 100 moves what 8 x 25 moves",
                       f"A tie at about {fast.fsdp_s:.2f} s: with 100 GB/s cards both strategies end up waiting "
                       "on NVLink inside the node",
                       "HSDP, by far more than on A: fewer NICs slow full sharding's ring but leave HSDP's "
                       "all-reduce as fast as before"],
-                     "b", f"Each NIC carries S/R of what a rank sends, so the time across nodes is S / (R x B): "
+                     "b", f"A node's R NICs of B GB/s share what leaves it, so the time across nodes is S / (R x B): "
                           f"on A 8 x 25 GB/s, on B 2 x 100 GB/s, the same 200 GB/s per node. Both strategies take "
                           f"what they took on A: full sharding {two.fsdp_s:.3f} s, HSDP {two.hsdp_s:.3f} s. The "
                           f"{per_gpu:.0f} GB/s crossover holds for one NIC per GPU; with one 200 GB/s NIC per "
