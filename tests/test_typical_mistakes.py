@@ -81,6 +81,15 @@ VARIANTS = {
         "while for if on rank 1 (endless loop)": W(("        self.ready.add(p)\n",
                                                     "        while dist.get_rank() == 1: self.ready.add(p)\n"),
                                                    "rank 1 never stopped running your code: an endless loop?", EVERY),
+        "if for while: one bucket per hook": W(("        while self.next < len(self.buckets) and all(",
+                                                "        if self.next < len(self.buckets) and all("),
+                                               "a while, not an if"),
+        "right: a for loop over the buckets in the hook": R(("        while self.next < len(self.buckets) and all(q in self.ready for q in self.buckets[self.next]):\n"
+                                                              "            self._launch()\n",
+                                                              "        for b in self.buckets[self.next:]:\n"
+                                                              "            if not all(q in self.ready for q in b):\n"
+                                                              "                break\n"
+                                                              "            self._launch()\n")),
         "right: divides before the all-reduce": R(("for p in bucket])\n", "for p in bucket]) / dist.get_world_size()\n"),
                                                   ("            flat /= dist.get_world_size()\n", "")),
         "right: waits in reverse order": R(("for bucket, flat, work in self.pending:",

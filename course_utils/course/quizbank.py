@@ -483,8 +483,8 @@ def quiz_08() -> Quiz:
                      "and by how much?",
                      [f"Full sharding: 100 GB/s per NIC is above the {per_gpu:.0f} GB/s crossover, where the two "
                       "tie or full sharding leads",
-                      f"HSDP, by the same margin as on A, {two.hsdp_s:.2f} s against {two.fsdp_s:.2f}: the NICs' "
-                      "node's total counts, and 2 x 100 moves what 8 x 25 moves",
+                      f"HSDP, by the same margin as on A, {two.hsdp_s:.2f} s against {two.fsdp_s:.2f}: a node's "
+                      "NIC total counts, and 2 x 100 moves what 8 x 25 moves",
                       f"A tie at about {fast.fsdp_s:.2f} s: with 100 GB/s cards both strategies end up waiting "
                       "on NVLink inside the node",
                       "HSDP, by far more than on A: fewer NICs slow full sharding's ring but leave HSDP's "

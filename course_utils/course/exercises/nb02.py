@@ -87,7 +87,16 @@ class CollectiveWatch:
 
     def __init__(self, names=("all_reduce",), buckets=None):
         self.names, self.grads, self.calls, self.buckets = names, 0, [], buckets or []
+        self.arrived = []                       # the spied parameters, in the order their gradients came
         self._numels = [sum(p.numel() for p in b) for b in self.buckets]
+
+    def reset(self) -> None:
+        """Forget the last backward's gradients and calls."""
+        self.grads, self.calls, self.arrived = 0, [], []
+
+    def _arrive(self, p) -> None:
+        self.grads += 1
+        self.arrived.append(p)
 
     def _which(self, message):
         """The index of the bucket (of ``buckets``) whose gradients, joined, ``message`` holds when
@@ -103,8 +112,7 @@ class CollectiveWatch:
 
     def spy_on(self, params) -> list:
         """A gradient hook on each of ``params`` (after the learner's: registered later) that counts."""
-        return [p.register_post_accumulate_grad_hook(lambda _: setattr(self, "grads", self.grads + 1))
-                for p in params]
+        return [p.register_post_accumulate_grad_hook(self._arrive) for p in params]
 
     def __call__(self, call):
         if self.names is not None and call.name not in self.names:
@@ -133,6 +141,31 @@ def _overlap_problem(calls: list, grads: int, per_parameter: bool) -> str:
         how = (f"bucket {k}'s all-reduce was synchronous (no async_op=True) inside the hook"
                if c["sync"] else f"you waited for bucket {k}'s all-reduce inside the hook")
         return how + ": backward could not go on meanwhile; launch it with async_op=True and wait in _finish"
+    return ""
+
+
+def _lag_problem(calls: list, buckets: list, arrived: list) -> str:
+    """'' unless a bucket's all-reduce started hooks after the hook that completed it (with every
+    bucket before it started): one gradient can complete several buckets, and an ``if`` where a
+    ``while`` belongs starts one per hook, each later than it could. Checked when every call sent
+    its own bucket in order; calls made once backward has ended (``_finish``) are not judged."""
+    total = len(arrived)
+    if not calls or len(calls) != len(buckets) or [c["bucket"] for c in calls] != list(range(len(calls))):
+        return ""
+    where = {id(p): k for k, p in enumerate(arrived)}        # a call from the hook of gradient k has at == k
+    ideal, earliest = [], 0
+    for bucket in buckets:
+        earliest = max(earliest, max(where.get(id(p), total) for p in bucket))
+        ideal.append(earliest)
+    shift = calls[0]["at"] - ideal[0]       # 1 when the learner's hooks run after the spies
+    if shift not in (0, 1):
+        return ""
+    for k, (c, want) in enumerate(zip(calls, ideal)):
+        if want + shift < c["at"] < total:
+            return (f"bucket {k} was complete, and every bucket before it started, when gradient {want + 1} of "
+                    f"{total} arrived, but its all-reduce started only when gradient {c['at'] + 1 - shift} did: "
+                    "one gradient can complete several buckets, so a hook must start every bucket that is "
+                    "complete, in order, before it returns (a while, not an if)")
     return ""
 
 
@@ -187,7 +220,7 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
             x, y = data.shard(step, rank, world)    # would leave the others in a collective)
             local = copy.deepcopy(ref)                  # this rank's own gradients, for diagnosis
             local(x, y).backward()
-            watch.grads, watch.calls = 0, []
+            watch.reset()
             with CommLedger() as ledger:
                 ledgers.push_transport(watch)
                 try:
@@ -218,6 +251,8 @@ def _ddp_on_rank(cls, steps: int = 2) -> list:
                 problem = _overlap_problem(watch.calls, trained, bucket_bytes == 0)
             if not problem:
                 problem = _order_problem(watch.calls)
+            if not problem:
+                problem = _lag_problem(watch.calls, watch.buckets, watch.arrived)
             if step == 0 and not problem:
                 first_right = calls
             seen["losses"].append(global_loss(loss))

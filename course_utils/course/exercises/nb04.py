@@ -360,7 +360,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
         second = _second_only(ref, data, step, n) if micro == 2 else None
         in_backward = {}
         for i, (xs, ys) in enumerate(((x[:cut], y[:cut]), (x[cut:], y[cut:]))[:micro]):
-            watch.grads, watch.calls = 0, []
+            watch.reset()
             with CommLedger() as bw:        # each micro-batch's loss weighted by its share of the rows
                 ledgers.push_transport(watch)
                 try:
