@@ -77,18 +77,6 @@ class AnyOrder(Solution):
         super()._finish()
 
 
-class IfNotWhile(Solution):
-    """Starts at most one bucket per hook: right sums, but when one gradient completes two buckets
-    (the course GPT completes parameter 64 before 65) every later bucket starts a hook late."""
-    def _on_grad(self, p):
-        if not self.queued:
-            queue_backward_callback(self._finish)
-            self.queued = True
-        self.ready.add(p)
-        if self.next < len(self.buckets) and all(q in self.ready for q in self.buckets[self.next]):
-            self._launch()
-
-
 PLANTED = {NoDivide: "SUM over the 2 ranks: divide by the world size",
            NoBroadcast: "weights differ from rank 0's: broadcast",
            AveragesInStep: "still this rank's own",
@@ -96,7 +84,6 @@ PLANTED = {NoDivide: "SUM over the 2 ranks: divide by the world size",
            SendsAfterBackward: "every all-reduce started after the last gradient arrived",
            ForwardOrder: "every all-reduce started after the last gradient arrived",
            AnyOrder: "the buckets started out of order",
-           IfNotWhile: "a while, not an if",
            ForgetsToReset: "backward 2 launched no all-reduces, backward 1 launched 66: the hooks' state "
                            "was not reset at the end of _finish"}
 
