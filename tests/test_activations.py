@@ -260,16 +260,14 @@ def test_torchtitans_table_1_run_predicted():
         op_selective_terms("llama-3.1-8b", micro_batch=1, policy="megatron")
 
 
-def test_notebook_03s_34h_per_token_is_block_terms_grouped():
-    """03 §5's '16h ... 10h ... 6h ... 2h. 16 + 10 + 6 + 2 = 34': block_terms of a GPT block for one
-    token (flash: no s x s scores), in units of h bytes, grouped as the sentence groups them."""
+def test_the_34h_per_token_is_block_terms_term_by_term():
+    """03 §5 states 34h bytes per token and 5·a·s² for the scores; appendix 09 §7's '4 + 2 + 6 + 2 + 2 + 16 + 2
+    = 34' derives it: block_terms of a GPT block for one token (flash: no s x s scores), in units of h bytes,
+    in the appendix's order."""
     from course_utils.theory.memory import block_terms
     from notebook_text import cell_source
     h = PRESETS["gpt2-xl"].config.hidden
     t = {k: v / h for k, v in block_terms("gpt2-xl", micro_batch=1, seq=1, attention="flash").items()}
-    groups = [t["MLP"], t["norm inputs"] + t["q/k/v input"] + t["out-proj input"] + t["MLP input"], t["q, k, v"],
-              t["dropout masks"]]
-    text = cell_source("03_memory_anatomy.ipynb", "**34h bytes per token**")
-    for g in groups:
-        assert f"({g:g}h" in text, g
-    assert f"{' + '.join(f'{g:g}' for g in groups)} = {sum(groups):g}" in text and sum(t.values()) == sum(groups) == 34
+    assert "**34h bytes per token**" in cell_source("03_memory_anatomy.ipynb", "## 5. Activations")
+    text = cell_source("09_appendix_forensics.ipynb", "= 34: a GPT block keeps")
+    assert f"{' + '.join(f'{v:g}' for v in t.values() if v)} = {sum(t.values()):g}" in text and sum(t.values()) == 34

@@ -233,7 +233,7 @@ def test_issue_inconsistent_init(seeding):
 
 
 def test_notebook_07s_reshard_arithmetic_is_fsdp2s_ring_model():
-    """07 §3's '(N-1)/N of a block, half on 2 ranks: 61,300 B, 10 ms at 6 MB/s, so 41 of the 84 ms': the
+    """07 §3's "a rank's half of a block, 61,300 B, 10 ms at 6 MB/s: 41 of the 84 ms": the
     all-gather bytes reshard_after_forward=False drops on 2 ranks, at the clock's default link."""
     from course_utils.harness.model import build_model
     from course_utils.labs.clock import NETWORK
