@@ -261,13 +261,13 @@ def test_torchtitans_table_1_run_predicted():
 
 
 def test_the_34h_per_token_is_block_terms_term_by_term():
-    """03 §5 states 34h bytes per token and 5·a·s² for the scores; appendix 09 §7's '4 + 2 + 6 + 2 + 2 + 16 + 2
+    """03 §4 states 34h bytes per token and 5·a·s² for the scores; appendix 09 §7's '4 + 2 + 6 + 2 + 2 + 16 + 2
     = 34' derives it: block_terms of a GPT block for one token (flash: no s x s scores), in units of h bytes,
     in the appendix's order."""
     from course_utils.theory.memory import block_terms
     from notebook_text import cell_source
     h = PRESETS["gpt2-xl"].config.hidden
     t = {k: v / h for k, v in block_terms("gpt2-xl", micro_batch=1, seq=1, attention="flash").items()}
-    assert "**34h bytes per token**" in cell_source("03_memory_anatomy.ipynb", "## 5. Activations")
+    assert "**34h bytes per token**" in cell_source("03_memory_anatomy.ipynb", "## 4. Activations")
     text = cell_source("09_appendix_forensics.ipynb", "= 34: a GPT block keeps")
     assert f"{' + '.join(f'{v:g}' for v in t.values() if v)} = {sum(t.values()):g}" in text and sum(t.values()) == 34

@@ -233,17 +233,22 @@ def test_issue_inconsistent_init(seeding):
 
 
 def test_notebook_07s_reshard_arithmetic_is_fsdp2s_ring_model():
-    """07 §3's "a rank's half of a block, 61,300 B, 10 ms at 6 MB/s: 41 of the 84 ms": the
-    all-gather bytes reshard_after_forward=False drops on 2 ranks, at the clock's default link."""
+    """07 §3's table (9 -> 5 all-gathers, 84 -> 43 ms of link time) and "a rank's half of a block, 61,300 B:
+    10 ms at 6 MB/s, 41 ms for the 4": the all-gather bytes reshard_after_forward=False drops on 2 ranks,
+    at the clock's default link."""
     from course_utils.harness.model import build_model
     from course_utils.labs.clock import NETWORK
     from course_utils.theory import sharding
+    from course_utils.theory.comm import collective_calls
     from notebook_text import cell_source
     text = cell_source("07_fsdp.ipynb", "**Memory against time.**")
     m, bw = build_model(device="meta"), NETWORK["bandwidth"]
     gathers = float(sharding.comm_bytes_per_step(m, 2)["all_gather"])
-    dropped = gathers - float(sharding.comm_bytes_per_step(m, 2, reshard_after_forward=False)["all_gather"])
-    blocks = len(m.blocks)
-    for figure in (f"backward's {blocks} block all-gathers", f"{dropped / blocks:,.0f} B, {dropped / blocks / bw * 1e3:.0f} ms at {bw / 1e6:g} MB/s",
-                   f"{dropped / bw * 1e3:.0f} of the {gathers / bw * 1e3:.0f} ms"):
+    kept = float(sharding.comm_bytes_per_step(m, 2, reshard_after_forward=False)["all_gather"])
+    blocks, dropped = len(m.blocks), gathers - kept
+    calls = collective_calls(3, num_blocks=blocks)["all_gather"]
+    for figure in (f"backward's {blocks} block all-gathers", f"| all-gathers | {calls} | {calls - blocks} |",
+                   f"| link time on all-gathers | {gathers / bw * 1e3:.0f} ms | {kept / bw * 1e3:.0f} ms |",
+                   f"{dropped / blocks:,.0f} B: {dropped / blocks / bw * 1e3:.0f} ms at {bw / 1e6:g} MB/s, "
+                   f"{dropped / bw * 1e3:.0f} ms for the {blocks}"):
         assert figure in text, figure

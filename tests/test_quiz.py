@@ -313,3 +313,19 @@ def test_quiz_accumulation_answers_are_what_the_ranks_send():
     assert quiz.check("05", 2, f"{(8 + 1) / 2:g}x").correct
     assert acc["zero3"]["calls"]["all_gather"] == k * (2 * 4 + 1)          # 4 blocks + the root, every micro-batch
     assert quiz.check("06", 1, f"{4 * (2 * 8 + 1)}").correct
+
+
+def test_notebook_05s_one_bucket_per_parameter_peak_is_the_shard_plus_the_largest_gradient_twice():
+    """05 §4: with a bucket per parameter the peak is the shard (4Ψ/N) plus the largest parameter's
+    gradient and its message, measured on 2 ranks, and the sentence's figures are those."""
+    from course_utils.harness.experiments import run
+    from course_utils.harness.model import build_model
+    from notebook_text import cell_source
+
+    params = list(build_model(device="meta").parameters())
+    shard, largest = 4 * sum(p.numel() for p in params) // 2, 4 * max(p.numel() for p in params)
+    peak = run("zero2", 2, steps=1, bucket_bytes=0, quiet=True)[0].extra["peak_grad_bytes"]
+    assert peak == shard + 2 * largest
+    text = cell_source("05_zero2.ipynb", "Small buckets bring the peak near the shard")
+    assert f"{shard:,} B plus the largest parameter's gradient (a 200 × 50 MLP weight, {largest:,} B) and its " \
+           f"message ({largest:,} B) = {peak:,} B" in text

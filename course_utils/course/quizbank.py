@@ -116,7 +116,7 @@ def quiz_03() -> Quiz:
             kind="predict"),
         SingleChoice(f"gpt2-xl's blocks (h = {xl_cfg.hidden}, a = {xl_cfg.heads} heads), micro-batch 1, "
                      "standard (not fused) attention: the sequence doubles from 1024 to 2048 tokens. How "
-                     "do a block's activations grow (section 5's formula), and why?",
+                     "do a block's activations grow (section 4's formula), and why?",
                      ["4x: attention compares every token with every other, so every saved tensor "
                       "grows with the square of the sequence",
                       "2x exactly: each token's activations are the same size whatever the sequence, "
@@ -135,12 +135,12 @@ def quiz_03() -> Quiz:
                      "and 30 GB of activations per GPU. You move to ZeRO-3 on 16 GPUs, with the same global "
                      "batch, so each GPU now runs micro-batch 2. Predict the activations' GB per GPU.",
                      15, [30, 30 / 16, 7.5], "{:g} GB", kind="predict",
-                     explanation="15 GB: activations are linear in the micro-batch (section 5), which halves, "
+                     explanation="15 GB: activations are linear in the micro-batch (section 4), which halves, "
                                  "and ZeRO shards model states, not activations: each GPU's activations come "
                                  "from its own micro-batch and are not redundant, so there is nothing to "
                                  "shard. (30: the smaller micro-batch forgotten; 1.875: sharded over 16 GPUs "
                                  "like the states; 7.5: halved twice, once more for ZeRO-3.) What does shrink "
-                                 "them: recomputation (section 5), a fused attention (no s x s scores), a "
+                                 "them: recomputation (section 4), a fused attention (no s x s scores), a "
                                  "smaller micro-batch.")
     ])
 
