@@ -248,7 +248,7 @@ def test_each_correction_is_argued_once_not_in_later_quizzes():
     assert len([k for k, t in texts.items() if "84 GB" in t]) <= 1          # appendix 13 argues it
     assert len([k for k, t in texts.items() if "79 -> 65" in t]) <= 1
     assert not [k for k, t in texts.items() if "21 GB" in t or "75%" in t or "75 %" in t]
-    assert "NIC" in quiz.get("08").question(2).prompt
+    assert "multi-node model" in quiz.get("08").question(2).prompt
 
 
 def test_quiz_05_asks_only_what_05_teaches():
@@ -329,3 +329,15 @@ def test_notebook_05s_one_bucket_per_parameter_peak_is_the_shard_plus_the_larges
     text = cell_source("05_zero2.ipynb", "Small buckets bring the peak near the shard")
     assert f"{shard:,} B plus the largest parameter's gradient (a 200 × 50 MLP weight, {largest:,} B) and its " \
            f"message ({largest:,} B) = {peak:,} B" in text
+
+
+def test_quiz_08_hsdps_lead_shrinks_about_tenfold_on_a_tenfold_faster_link():
+    """Quiz 08 Q2: on 08 §2.1's two links, a link across nodes ten times faster cuts HSDP's lead in the
+    multi-node model to about a tenth, and HSDP stays ahead."""
+    from course_utils.theory.config import COURSE_CONFIG
+    from course_utils.theory.multinode import hsdp_vs_fsdp_time
+    links = dict(alpha_intra_s=20e-6, alpha_inter_s=50e-6, bytes_per_elem=4)
+    slow, fast = (hsdp_vs_fsdp_time(COURSE_CONFIG.num_params(), 2, 2, 60e6, inter, **links) for inter in (1e6, 10e6))
+    lead = lambda m: m.fsdp_s - m.hsdp_s
+    assert 0 < lead(fast) and 0.05 < lead(fast) / lead(slow) < 0.15
+    assert quiz.check("08", 2, "b").correct and f"{slow.fsdp_s * 1e3:.0f} ms" in quiz.get("08").question(2).prompt

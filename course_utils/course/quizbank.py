@@ -458,13 +458,11 @@ QUIZZES["07"] = quiz_07
 
 
 def quiz_08() -> Quiz:
-    from ..theory.multinode import crossovers, hsdp_vs_fsdp_time
+    from ..theory.multinode import hsdp_vs_fsdp_time
 
-    per_gpu = crossovers(7e9, 8, 4, 450e9, nics_per_node=8)[0] / 1e9                   # 08 §2
-    fast = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 200e9)                                 # a NIC per GPU
-    two = hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 100e9, nics_per_node=2)                  # 2 NICs per node
-    assert abs(two.fsdp_s - hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 25e9).fsdp_s) < 1e-9   # = 8 x 25 GB/s
-    assert crossovers(7e9, 8, 4, 450e9, nics_per_node=1) == ()                         # HSDP at any bandwidth
+    from ..theory.config import COURSE_CONFIG
+    two_by_two = dict(alpha_intra_s=20e-6, alpha_inter_s=50e-6, bytes_per_elem=4)       # 08 §2.1's links
+    slow, fast10 = (hsdp_vs_fsdp_time(COURSE_CONFIG.num_params(), 2, 2, 60e6, inter, **two_by_two) for inter in (1e6, 10e6))
     hsdp13 = model_states(13e9, world_size=8, stage=3, recipe="mixed").total / GB     # sharded in a node
     full13 = model_states(13e9, world_size=32, stage=3, recipe="mixed").total / GB
     return Quiz("08 Beyond one box", [
@@ -478,23 +476,20 @@ def quiz_08() -> Quiz:
                           f"number of nodes. Full sharding over 32 GPUs holds {full13:g} GB, over 64 half that. "
                           "HSDP's price is memory that does not shrink as the job grows; what it buys is fewer "
                           "bytes across nodes.", kind="predict"),
-        SingleChoice("Section 2's model, 7B on 4 nodes of 8 GPUs (NVLink 450 GB/s). Cluster A has 8 NICs of "
-                     "25 GB/s per node, cluster B 2 NICs of 100 GB/s per node. Which strategy is faster on B, "
-                     "and by how much?",
-                     [f"Full sharding: 100 GB/s per NIC is above the {per_gpu:.0f} GB/s crossover, where the two "
-                      "tie or full sharding leads",
-                      f"HSDP, by the same margin as on A, {two.hsdp_s:.2f} s against {two.fsdp_s:.2f}: a node's "
-                      "NIC total counts, and 2 x 100 moves what 8 x 25 moves",
-                      f"A tie at about {fast.fsdp_s:.2f} s: with 100 GB/s cards both strategies end up waiting "
-                      "on NVLink inside the node",
-                      "HSDP, by far more than on A: fewer NICs slow full sharding's ring but leave HSDP's "
-                      "all-reduce as fast as before"],
-                     "b", f"A node's R NICs of B GB/s share what leaves it, so the time across nodes is S / (R x B): "
-                          f"on A 8 x 25 GB/s, on B 2 x 100 GB/s, the same 200 GB/s per node. Both strategies take "
-                          f"what they took on A: full sharding {two.fsdp_s:.3f} s, HSDP {two.hsdp_s:.3f} s. The "
-                          f"{per_gpu:.0f} GB/s crossover holds for one NIC per GPU; with one 200 GB/s NIC per "
-                          f"GPU both would wait on NVLink, {fast.fsdp_s:.3f} and {fast.hsdp_s:.3f} s.",
-                     kind="predict"),
+        SingleChoice(f"Section 2.1's two nodes of two: the multi-node model gave full sharding {slow.fsdp_s * 1e3:.0f} ms "
+                     f"of communication per step and HSDP {slow.hsdp_s * 1e3:.0f} ms, with 60 MB/s inside a node and "
+                     "1 MB/s across. The link across nodes becomes ten times faster, 10 MB/s; nothing else changes. "
+                     "What happens to HSDP's lead in the model?",
+                     ["It stays about the same: the link inside a node, unchanged, sets the pace of both strategies",
+                      "It shrinks to about a tenth: both times are mostly bytes crossing the slow link",
+                      "It grows: full sharding's time falls tenfold while HSDP's all-reduce stays inside a node",
+                      "It reverses: full sharding's ring now runs mostly on the fast link and overtakes HSDP"],
+                     "b", f"Nearly all of both times is bytes crossing the 1 MB/s link (full sharding's 3 passes, "
+                          f"HSDP's all-reduce of half the gradient), so a tenfold faster link cuts both about "
+                          f"tenfold: {slow.fsdp_s * 1e3:.0f} -> {fast10.fsdp_s * 1e3:.0f} ms and {slow.hsdp_s * 1e3:.0f} "
+                          f"-> {fast10.hsdp_s * 1e3:.0f} ms. HSDP still wins, since it sends fewer bytes across; "
+                          "inside a node both use the same fast link. (HSDP's all-reduce is what crosses the nodes: "
+                          "the faster link speeds it up too.)", kind="predict"),
         SingleChoice("Rank 1's data loader has one batch fewer than rank 0's (section 4's uneven data), on "
                      "gloo ranks; the model is wrapped with fully_shard (notebook 07), not torch DDP. Rank 1 "
                      "leaves the loop and then computes for a long time, calling no collective. Where does "
