@@ -479,7 +479,7 @@ def quiz_08() -> Quiz:
         SingleChoice(f"Section 2.1's two nodes of two: the multi-node model gave full sharding {slow.fsdp_s * 1e3:.0f} ms "
                      f"of communication per step and HSDP {slow.hsdp_s * 1e3:.0f} ms, with 60 MB/s inside a node and "
                      "1 MB/s across. The link across nodes becomes ten times faster, 10 MB/s; nothing else changes. "
-                     "What happens to HSDP's lead in the model?",
+                     "What happens to HSDP's lead, in ms, in the model?",
                      ["It stays about the same: the link inside a node, unchanged, sets the pace of both strategies",
                       "It shrinks to about a tenth: both times are mostly bytes crossing the slow link",
                       "It grows: full sharding's time falls tenfold while HSDP's all-reduce stays inside a node",
