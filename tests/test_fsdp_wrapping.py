@@ -233,22 +233,24 @@ def test_issue_inconsistent_init(seeding):
 
 
 def test_notebook_07s_reshard_arithmetic_is_fsdp2s_ring_model():
-    """07 §3's table (9 -> 5 all-gathers, 84 -> 43 ms of link time) and "a rank's half of a block, 61,300 B:
-    10 ms at 6 MB/s, 41 ms for the 4": the all-gather bytes reshard_after_forward=False drops on 2 ranks,
-    at the clock's default link."""
+    """07 §3's "the peak rises from 149,800 to 517,600 B ... backward's 4 block all-gathers disappear, 9 → 5
+    per step ... those 4 took 41 ms of link time": the granularity table's peaks, and the all-gather bytes
+    reshard_after_forward=False drops on 2 ranks, at the clock's default link."""
     from course_utils.harness.model import build_model
     from course_utils.labs.clock import NETWORK
     from course_utils.theory import sharding
     from course_utils.theory.comm import collective_calls
-    from notebook_text import cell_source
+    from notebook_text import cell_output, cell_source
     text = cell_source("07_fsdp.ipynb", "**Memory against time.**")
     m, bw = build_model(device="meta"), NETWORK["bandwidth"]
     gathers = float(sharding.comm_bytes_per_step(m, 2)["all_gather"])
     kept = float(sharding.comm_bytes_per_step(m, 2, reshard_after_forward=False)["all_gather"])
     blocks, dropped = len(m.blocks), gathers - kept
     calls = collective_calls(3, num_blocks=blocks)["all_gather"]
-    for figure in (f"backward's {blocks} block all-gathers", f"| all-gathers | {calls} | {calls - blocks} |",
-                   f"| link time on all-gathers | {gathers / bw * 1e3:.0f} ms | {kept / bw * 1e3:.0f} ms |",
-                   f"{dropped / blocks:,.0f} B: {dropped / blocks / bw * 1e3:.0f} ms at {bw / 1e6:g} MB/s, "
-                   f"{dropped / bw * 1e3:.0f} ms for the {blocks}"):
+    table = cell_output("07_fsdp.ipynb", "granularity = fsdp_wrapping.measure_granularity(2)")
+    peaks = {line.split()[0]: line.split()[2] for line in table.split("peak B")[1].splitlines() if line[:1].isalpha()}
+    for figure in (f"the peak rises from {peaks['per-block']} to {peaks['per-block-zero2']} B",
+                   f"backward's {blocks} block all-gathers disappear, {calls} → {calls - blocks} per step",
+                   f"({bw / 1e6:g} MB/s per rank, 2 ranks) those {blocks} took {dropped / bw * 1e3:.0f} ms of link time",
+                   f"fall by more or by less than those {dropped / bw * 1e3:.0f} ms"):
         assert figure in text, figure

@@ -303,16 +303,17 @@ def test_notebook_08s_two_links_are_the_ratio_it_names():
         assert figure in text, figure
 
 
-def test_notebook_08s_per_nic_bytes_are_half_of_full_shardings_passes():
-    """08 §2.1's 'half of 3 passes of 3/4 × 517,400 B' is the multi-node model's bytes per NIC (582,075 B
-    printed), with 2 rings crossing through different ranks' NICs; HSDP's is its all-reduce of half the
-    gradient."""
+def test_per_nic_bytes_on_two_nodes_of_two_are_half_of_full_shardings_passes():
+    """Appendix 11 §1 on 08 §2.1's two nodes of two: the multi-node model's bytes per NIC, half of 3 passes
+    of 3/4 × 517,400 B (2 rings crossing through different ranks' NICs); HSDP's, half of its all-reduce of
+    half the gradient."""
     from course_utils.theory.config import COURSE_CONFIG
     from notebook_text import cell_source
-    text = cell_source("08_beyond_one_box.ipynb", "### 2.1 On the clock, two nodes of two")
+    text = cell_source("11_appendix_at_scale.ipynb", "## 1. The multi-node time model")
     m = 4 * COURSE_CONFIG.num_params()
     model = multinode.hsdp_vs_fsdp_time(COURSE_CONFIG.num_params(), 2, 2, 60e6, 1e6, bytes_per_elem=4)
-    assert f"half of 3 passes of 3/4 × {m:,} B" in text and "runs 2 rings side by side" in text
+    assert f"half of 3 passes of 3/4 × {m:,} B, {model.fsdp_nic_bytes:,.0f} B per step" in text
+    assert f"half of its all-reduce of half the gradient, {model.hsdp_nic_bytes:,.0f} B" in text
     assert model.fsdp_nic_bytes == pytest.approx(3 * 3 / 4 * m / 2)
     assert model.hsdp_nic_bytes == pytest.approx(2 * 1 / 2 * m / 2)
 

@@ -27,22 +27,7 @@ class NumberChoice(SingleChoice):
 
 
 def quiz_00() -> Quiz:
-    ddp8 = model_states(13e9, world_size=8, stage=0, recipe="mixed")
-    everything8 = model_states(13e9, world_size=8, stage=3, recipe="mixed")
-    grads_too = 4 * 13e9 / GB                  # 2 + 2: weights and gradients only
     return Quiz("00 orientation", [
-        NumberChoice(
-            "The course map drew a 7B-parameter model with mixed-precision Adam (2 + 2 + 12 bytes "
-            "per parameter) on 4 GPUs. Predict a 13B model with plain data parallelism (DDP) on 8 GPUs: "
-            "GB of model states per GPU?",
-            ddp8.total / GB, [everything8.total / GB, ddp8.total / GB / 2, grads_too], "{:g} GB",
-            kind="predict",
-            explanation=f"DDP keeps a full copy on every GPU: 16 bytes x 13e9 = {ddp8.total / GB:g} GB, "
-                        f"whatever the number of GPUs: more GPUs buy speed, not memory. Only splitting "
-                        f"the 16 bytes (the map's last column) profits from 8 GPUs: {everything8.total / GB:g} GB. "
-                        f"({ddp8.total / GB / 2:g}: as if 8 GPUs halved 4 GPUs' copy; {grads_too:g}: the 2 + 2 "
-                        "bytes of weights and gradients only.)",
-        ),
         Numeric(
             "Section 3's hello() on 3 ranks instead of 4: each rank puts rank + 1 in a tensor and "
             "all-reduces it. Then every rank doubles its tensor and all-reduces it once more. What "
@@ -268,11 +253,11 @@ def quiz_04() -> Quiz:
             f"{ms['mixed', 0]:g} to {ms['mixed', 1]:g} GB, fp32 only from {ms['fp32', 0]:g} to "
             f"{ms['fp32', 1]:g} GB, although both hold 16 bytes per parameter. Why does ZeRO-1 save "
             "less in fp32?",
-            ["fp32 gradients get sharded too, and their shard buffers cost more than they save",
+            ["In fp32 m and v are 8 of the 16 bytes; in mixed precision the master copy makes 12",
+             "fp32 gradients get sharded too, and their shard buffers cost more than they save",
              "ZeRO-1 cannot shard fp32 tensors, so it keeps part of them whole on every GPU",
-             "In fp32 m and v are 8 of the 16 bytes; in mixed precision the master copy makes 12",
              "The fp32 parameters need twice the padding, which eats most of the saving"],
-            "c",
+            "a",
             f"ZeRO-1 shards the optimizer state only, 12 of the 16 bytes in mixed precision, 8 in fp32: "
             f"on 4 GPUs it saves 3/4 x 12 x 7 = {ms['mixed', 0] - ms['mixed', 1]:g} GB against "
             f"3/4 x 8 x 7 = {ms['fp32', 0] - ms['fp32', 1]:g} GB: {ms['mixed', 1]:g} and {ms['fp32', 1]:g} GB "
@@ -463,28 +448,16 @@ def quiz_08() -> Quiz:
     from ..theory.config import COURSE_CONFIG
     two_by_two = dict(alpha_intra_s=20e-6, alpha_inter_s=50e-6, bytes_per_elem=4)       # 08 §2.1's links
     slow, fast10 = (hsdp_vs_fsdp_time(COURSE_CONFIG.num_params(), 2, 2, 60e6, inter, **two_by_two) for inter in (1e6, 10e6))
-    hsdp13 = model_states(13e9, world_size=8, stage=3, recipe="mixed").total / GB     # sharded in a node
-    full13 = model_states(13e9, world_size=32, stage=3, recipe="mixed").total / GB
     return Quiz("08 Beyond one box", [
-        SingleChoice("A 13B model (mixed-precision Adam, 16 bytes per parameter) trains with HSDP, sharded "
-                     "inside each node of 8 GPUs, on 4 nodes; then on 8 nodes. Its model states per GPU?",
-                     [f"Unchanged at {hsdp13:g} GB: HSDP shards over a node's 8 GPUs, and more nodes only add replicas",
-                      f"Halved, from {hsdp13:g} to {hsdp13 / 2:g} GB: twice the GPUs share the same states, as in full sharding",
-                      f"Doubled, from {hsdp13:g} to {2 * hsdp13:g} GB: each node also keeps the replicas of the new nodes",
-                      f"Unchanged at {full13:g} GB: HSDP shards over every GPU once a job spans more than one node"],
-                     "a", f"HSDP shards over the g GPUs of a node only: 16 x 13e9 / 8 = {hsdp13:g} GB per GPU on any "
-                          f"number of nodes. Full sharding over 32 GPUs holds {full13:g} GB, over 64 half that. "
-                          "HSDP's price is memory that does not shrink as the job grows; what it buys is fewer "
-                          "bytes across nodes.", kind="predict"),
-        SingleChoice(f"Section 2.1's two nodes of two: the multi-node model gave full sharding {slow.fsdp_s * 1e3:.0f} ms "
-                     f"of communication per step and HSDP {slow.hsdp_s * 1e3:.0f} ms, with 60 MB/s inside a node and "
-                     "1 MB/s across. The link across nodes becomes ten times faster, 10 MB/s; nothing else changes. "
-                     "What happens to HSDP's lead, in ms, in the model?",
+        SingleChoice("Section 2.1's two nodes of two, 60 MB/s inside a node and 1 MB/s across: HSDP's step was the "
+                     "shorter. The link across nodes becomes ten times faster, 10 MB/s; nothing else changes. What "
+                     "happens to HSDP's lead over full sharding, in ms of communication per step?",
                      ["It stays about the same: the link inside a node, unchanged, sets the pace of both strategies",
                       "It shrinks to about a tenth: both times are mostly bytes crossing the slow link",
                       "It grows: full sharding's time falls tenfold while HSDP's all-reduce stays inside a node",
                       "It reverses: full sharding's ring now runs mostly on the fast link and overtakes HSDP"],
-                     "b", f"Nearly all of both times is bytes crossing the 1 MB/s link (full sharding's 3 passes, "
+                     "b", f"The multi-node model (appendix 11 §1) gives full sharding {slow.fsdp_s * 1e3:.0f} ms of "
+                          f"communication per step and HSDP {slow.hsdp_s * 1e3:.0f} ms. Nearly all of both is bytes crossing the 1 MB/s link (full sharding's 3 passes, "
                           f"HSDP's all-reduce of half the gradient), so a tenfold faster link cuts both about "
                           f"tenfold: {slow.fsdp_s * 1e3:.0f} -> {fast10.fsdp_s * 1e3:.0f} ms and {slow.hsdp_s * 1e3:.0f} "
                           f"-> {fast10.hsdp_s * 1e3:.0f} ms. HSDP still wins, since it sends fewer bytes across; "
