@@ -199,8 +199,7 @@ def test_reasoning_questions_follow_the_formulas():
     assert quiz.check("01", 2, "d").correct                                      # more steps, not more bytes
     assert quiz.check("06", 1, "68").correct and quiz.check("06", 2, "1.33").correct    # 2L + 1; a big root
     assert quiz.check("06", 3, "c").correct                                      # prefetch: peak up
-    assert quiz.check("07", 2, "d").correct                                      # False: every block gathered
-    assert quiz.check("07", 3, "32 GB").correct                                  # unsharded between micro-batches
+    assert quiz.check("07", 2, "32 GB").correct                                  # unsharded between micro-batches
 
 
 def test_at_most_one_typed_in_number_per_quiz():

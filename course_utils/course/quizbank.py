@@ -407,24 +407,6 @@ def quiz_07() -> Quiz:
                                  "(times max_norm 1.0), exactly as one process would. (1/3: each rank clips by its "
                                  "own shard's norm, and the two halves of the model get different factors; 1/7: "
                                  "the norms added instead of their squares; 1/4: the other rank's.)"),
-        SingleChoice("Section 3 measured the peak of gathered parameters per block: 149,800 B with "
-                     "reshard_after_forward=True, 517,600 B (the whole model) with False. A 48-block model "
-                     "whose blocks hold 1 GB of bf16 weights each (whole, before sharding) and whose root is "
-                     "small, on 8 GPUs: what does False do to that peak, and what does it buy?",
-                     ["Raises it from about 6 to 12 GB: each block is now gathered twice at once, "
-                      "once for forward and once for backward; it saves nothing on the link",
-                      "Leaves it at about 1-2 GB: the blocks are freed after backward either way; "
-                      "it saves the reduce-scatters of backward",
-                      "Lowers it to 1/8 of 48 GB, 6 GB: the gathered weights stay sharded over the 8 "
-                      "GPUs in between; it saves forward's 48 all-gathers",
-                      "Raises it from about 1-2 GB to about 48 GB: every block stays gathered from its "
-                      "forward to its backward; it saves backward's 48 all-gathers"],
-                     "d", "With False a block is not resharded after its forward, so by the end of forward "
-                          "all 48 are gathered at once (section 3 printed 517,600 B, root-only's peak); True keeps "
-                          "about the root and one block (149,800 B; two blocks with prefetch). What it buys: backward needs no "
-                          "all-gather, 48 fewer per step; on a link the prefetch already hides, little "
-                          "waiting (section 3's clock). ZeRO-2's trade: memory for all-gathers.",
-                     kind="compare", printed="07"),
         NumberChoice("An 8-billion-parameter model under FSDP2 on 8 GPUs, fp32 gradients, 4 micro-batches per "
                      "step with set_requires_gradient_sync(False) on all but the last (section 5.5). Predict the "
                      "gradient GB a GPU holds between micro-batches (syncing every micro-batch: 4 GB, its shards).",
@@ -432,10 +414,9 @@ def quiz_07() -> Quiz:
                      explanation="32 GB: without the reduce-scatter each backward adds into full-size, unsharded "
                                  "gradients, 4 bytes x 8e9 on every GPU, until the last micro-batch reduce-scatters "
                                  "their sum. What it buys: one reduce-scatter per unit per step instead of four. "
-                                 "Section 5.5 measured the same on the course GPT: 517,400 B held, twice the "
+                                 "Section 5.5 gave the same for the course GPT: 517,400 B held, twice the "
                                  "2-rank shard. (4: the shards, as with sync every time; 16: the shards kept per "
-                                 "micro-batch; 128: a full copy per micro-batch, but they add into one.)",
-                     printed="07"),
+                                 "micro-batch; 128: a full copy per micro-batch, but they add into one.)"),
     ])
 
 
@@ -451,7 +432,7 @@ def quiz_08() -> Quiz:
     return Quiz("08 Beyond one box", [
         SingleChoice("Section 2.1's two nodes of two, 60 MB/s inside a node and 1 MB/s across: HSDP's step was the "
                      "shorter. The link across nodes becomes ten times faster, 10 MB/s; nothing else changes. What "
-                     "happens to HSDP's lead over full sharding, in ms of communication per step?",
+                     "happens to HSDP's lead over full sharding in link time, the ms per step the links are busy?",
                      ["It stays about the same: the link inside a node, unchanged, sets the pace of both strategies",
                       "It shrinks to about a tenth: both times are mostly bytes crossing the slow link",
                       "It grows: full sharding's time falls tenfold while HSDP's all-reduce stays inside a node",
