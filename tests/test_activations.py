@@ -269,6 +269,10 @@ def test_the_34h_per_token_is_block_terms_term_by_term():
     t = {k: v / h for k, v in block_terms("gpt2-xl", micro_batch=1, seq=1, attention="flash").items()}
     text03 = cell_source("03_memory_anatomy.ipynb", "## 4. Activations")
     assert f"**{sum(t.values()):g}h bytes per token**" in text03 and "[Appendix 09 §7]" in text03
-    assert t["dropout masks"] == 2 and "2 dropout masks" in text03
+    line = (f"{t['norm inputs']:g}h (the two norms' inputs) + {t['q/k/v input']:g}h (the input the q, k and v projections share) "
+            f"+ {t['q, k, v']:g}h (q, k, v) + {t['out-proj input']:g}h + {t['MLP input']:g}h (the inputs of the output "
+            f"projection and of the MLP) + {t['MLP']:g}h (the GELU's input and output, 4h values each) + "
+            f"{t['dropout masks']:g}h (two 1-byte dropout masks;")
+    assert line in text03, line
     text = cell_source("09_appendix_forensics.ipynb", "= 34: a GPT block keeps")
     assert f"{' + '.join(f'{v:g}' for v in t.values() if v)} = {sum(t.values()):g}" in text and sum(t.values()) == 34
