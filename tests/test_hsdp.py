@@ -269,20 +269,14 @@ def test_fsdp1_hybrid_shard_without_a_mesh_stops_synchronising():
 
 
 def test_notebook_08s_at_scale_paragraph_is_the_multinode_model():
-    """08 §2.1's closing paragraph (7B on 4 nodes of 8 GPUs, NVLink 450 GB/s): 5.1 GB per NIC per step
-    against HSDP's 0.08 s of NVLink passes, so HSDP is ahead unless every GPU has its own NIC faster than
-    about 63 GB/s, and its states are 14 GB per GPU against 3.5: multinode's crossovers and model_states,
-    rounded as printed."""
+    """08 §2.1's closing paragraph (7B on 4 nodes of 8 GPUs, NVLink 450 GB/s): HSDP ahead unless every GPU
+    has its own very fast NIC, the tie at about 63 GB/s, and its states 14 GB per GPU against 3.5:
+    multinode's crossovers and model_states, rounded as printed."""
     from course_utils.theory.memory import model_states
     from notebook_text import cell_source
     text = cell_source("08_beyond_one_box.ipynb", "**At scale** the answer depends on the network cards.")
     tie = multinode.crossovers(7e9, 8, 4, 450e9, nics_per_node=8)
-    assert len(tie) == 1 and f"its own NIC faster than about {tie[0] / 1e9:.0f} GB/s" in text
-    m, n = 2 * 7e9, 32                                                     # bf16 bytes; GPUs
-    per_nic, nvlink_s = 3 * (n - 1) / n * m / 8, 3 * 7 / 8 * m / 450e9      # 8 NICs per node; HSDP's 3 passes
-    assert f"{per_nic / 1e9:.1f} GB per NIC per step" in text and f"about {nvlink_s:.2f} s" in text
-    assert f"3(N-1)/N·M = {3 * (n - 1) / n * m / 1e9:.1f} GB per rank per step (M = {m / 1e9:g} GB in bf16)" in text
-    assert abs(per_nic / nvlink_s / tie[0] - 1) < 0.05                     # 5.1 GB in 0.08 s: the tie
+    assert len(tie) == 1 and f"finds the tie at about {tie[0] / 1e9:.0f} GB/s per NIC" in text
     above = multinode.hsdp_vs_fsdp_time(7e9, 8, 4, 450e9, 200e9)
     assert abs(above.fsdp_s / above.hsdp_s - 1) < 0.05                     # "the two tie above it"
     assert all(multinode.crossovers(7e9, 8, 4, 450e9, nics_per_node=k) == () for k in (1, 2, 4))   # "unless every GPU"
