@@ -254,3 +254,15 @@ def test_notebook_07s_reshard_arithmetic_is_fsdp2s_ring_model():
                    f"({bw / 1e6:g} MB/s per rank, 2 ranks) those {blocks} took {dropped / bw * 1e3:.0f} ms of link time",
                    f"fall by more or by less than those {dropped / bw * 1e3:.0f} ms"):
         assert figure in text, figure
+
+
+def test_notebook_07s_accumulation_paragraph_is_fsdp2s_bytes():
+    """07 §5.5: with set_requires_gradient_sync(False) a rank holds the whole model's gradient, 4 B × Ψ,
+    where its FSDP2 shard (rows padded to a multiple of 2) is fsdp_state_bytes' 258,800 B on 2 ranks."""
+    from course_utils.harness.model import build_model
+    from course_utils.theory import sharding
+    from course_utils.theory.config import COURSE_CONFIG
+    from notebook_text import cell_source
+    text = cell_source("07_fsdp.ipynb", "### 5.5 Gradient accumulation")
+    psi, shard = COURSE_CONFIG.num_params(), sharding.fsdp_state_bytes(build_model(device="meta"), 2, 0)["grads"]
+    assert f"the whole model's {4 * psi:,} B (4 B × {psi:,}) where its shard is {shard:,} B" in text
