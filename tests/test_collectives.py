@@ -358,3 +358,15 @@ def test_rs_ag_grader_checks_the_dtype(capsys):
     out = capsys.readouterr().out
     assert "rank r gets a float64 tensor of 10 elements" in out
     assert "the right sum, but as float32 for a float64 input" in out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_the_ring_caption_is_what_the_simulated_ring_does(n):
+    """01 §3's caption: rank r first sends chunk r-1; after N-1 steps rank r holds the whole sum of
+    chunk r (the reduce-scatter), and the next N-1 steps pass the sums on (the all-gather)."""
+    from course_utils.impl.ring import describe_ring, ring_all_reduce_steps
+    steps = ring_all_reduce_steps(n)
+    assert [s["chunk"] for s in steps[0]["sends"]] == [(r - 1) % n for r in range(n)]
+    assert all(steps[n - 2]["state"][r][r] == list(range(n)) for r in range(n))
+    assert all(c == list(range(n)) for rank in steps[-1]["state"] for c in rank)
+    assert f"after {n - 1} steps it holds the whole sum of chunk r" in describe_ring(steps)

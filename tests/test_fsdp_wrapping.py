@@ -252,8 +252,28 @@ def test_notebook_07s_reshard_arithmetic_is_fsdp2s_ring_model():
     for figure in (f"the peak rises from {peaks['per-block']} to {peaks['per-block-zero2']} B",
                    f"backward's {blocks} block all-gathers disappear, {calls} → {calls - blocks} per step",
                    f"({bw / 1e6:g} MB/s per rank, 2 ranks) those {blocks} took {dropped / bw * 1e3:.0f} ms of link time",
-                   f"fall by more or by less than those {dropped / bw * 1e3:.0f} ms"):
+                   f"fall by more or by less than those {dropped / bw * 1e3:.0f} ms",
+                   f"each sends half a block, {dropped / blocks:,.0f} B, in {dropped / blocks / bw * 1e3:.1f} ms"):
         assert figure in text, figure
+    assert dropped / blocks == 4 * sum(p.numel() for p in m.blocks[0].parameters()) / 2
+
+
+def test_notebook_07s_per_leaf_counts_are_the_tables():
+    """07 §3's per-leaf line: 33 leaves plus the root, 2·33 + 1 all-gathers and 34 reduce-scatters, as
+    the granularity table printed them and as 06's 2L + 1 counts them."""
+    from torch import nn
+    from course_utils.harness.model import build_model
+    from course_utils.theory.comm import collective_calls
+    from notebook_text import cell_output, cell_source
+    leaves = sum(isinstance(x, (nn.Linear, nn.LayerNorm)) for x in build_model(device="meta").modules())
+    row = next(l for l in cell_output("07_fsdp.ipynb", "granularity = fsdp_wrapping.measure_granularity(2)").splitlines()
+               if l.startswith("per-leaf")).split()
+    ag, rs = 2 * leaves + 1, leaves + 1
+    assert row[1] == str(leaves + 1) and row[3:] == [str(ag), "+", str(rs)]
+    assert collective_calls(3, num_blocks=leaves) == {"all_reduce": 0, "reduce_scatter": rs, "all_gather": ag}
+    text = cell_source("07_fsdp.ipynb", "- **per-leaf**")
+    assert (f"{leaves} leaves, plus the root): lower still, but 2·{leaves} + 1 = {ag} all-gathers (notebook 06's 2L + 1) "
+            f"and {rs} reduce-scatters, {ag + rs} calls per step") in text
 
 
 def test_notebook_07s_accumulation_paragraph_is_fsdp2s_bytes():

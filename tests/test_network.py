@@ -295,6 +295,17 @@ def test_describe_shows_the_prediction_unless_asked_not_to():
     assert "predicted" not in without and without.splitlines()[1].split()[-2:] == ["100", "300"]
 
 
+def test_describe_adds_the_measured_wait_when_asked():
+    """The ``waited`` column is the clocked run's own wait, not clock minus free link: two runs
+    timed apart can put a clock step a few ms under its free-link one; a wait is never negative."""
+    t = clock.StepTime("a", "ddp", 2, "network modelled", free_s=0.179, predicted_s=None, measured_s=0.173,
+                       free=[], clocked=[])
+    t.exposed_s = lambda op=None: 0.004
+    table = clock.describe({"a bucket per parameter": t}, predicted=False, waited=True)
+    assert table.splitlines()[0].split()[:3] == ["free", "link", "clock"] and "waited" in table.splitlines()[0]
+    assert table.splitlines()[1].split()[-3:] == ["179", "173", "4"]
+
+
 def test_exposed_time_is_the_median_over_the_steps_not_one_step():
     """One step slowed by the machine's load (a 90 ms wait) does not move ``exposed_s``: the
     median over the clocked steps does not, where the median-time step's own wait would."""

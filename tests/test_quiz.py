@@ -324,9 +324,14 @@ def test_notebook_05s_one_bucket_per_parameter_peak_is_the_shard_plus_the_larges
     shard, largest = 4 * sum(p.numel() for p in params) // 2, 4 * max(p.numel() for p in params)
     peak = run("zero2", 2, steps=1, bucket_bytes=0, quiet=True)[0].extra["peak_grad_bytes"]
     assert peak == shard + 2 * largest
-    text = cell_source("05_zero2.ipynb", "Small buckets bring the peak near the shard")
-    assert f"{shard:,} B plus the largest parameter's gradient (a 200 × 50 MLP weight, {largest:,} B) and its " \
-           f"message ({largest:,} B) = {peak:,} B" in text
+    text = cell_source("05_zero2.ipynb", "Every peak is the shard's gradient")
+    assert f"4Ψ/N = {shard:,} B, plus the largest bucket twice" in text
+    assert f"the largest is a 200 × 50 MLP weight: {shard:,} + 2 × {largest:,} = {peak:,} B" in text
+    assert 200 * 50 * 4 == largest
+    one = run("zero2", 2, steps=1, bucket_bytes=25 * 2**20, quiet=True)[0].extra["peak_grad_bytes"]
+    whole = 4 * sum(p.numel() for p in params)
+    assert f"it is the whole model: {shard:,} + 2 × {whole:,} = {one:,} B, 2.5 times ZeRO-1's 4·P" in text
+    assert one == shard + 2 * whole == 2.5 * whole
 
 
 def test_quiz_08_hsdps_lead_shrinks_about_tenfold_on_a_tenfold_faster_link():

@@ -328,3 +328,14 @@ def test_expected_comm_bytes_with_micro_batches():
         expected_comm_bytes([PSI], 2, micro_batches=0)
     with pytest.raises(ValueError, match="leave micro_batches=1"):
         expected_comm_bytes([PSI], 2, variant="allreduce", micro_batches=2)
+
+
+@pytest.mark.parametrize("bucket_bytes", [0, 64 * 1024, 25 * 2**20])
+def test_zero2s_peak_is_the_shard_plus_its_largest_bucket_twice(bucket_bytes):
+    """05 §4's rule, exactly: the gradient bytes a rank holds at its peak are its shard's gradient
+    plus the largest bucket's ``.grad``s and that bucket's padded message, both alive when it is sent."""
+    r = run("zero2", 2, steps=2, bucket_bytes=bucket_bytes, quiet=True)[0]
+    numels = r.extra["bucket_numels"]
+    shard = sum(4 * padded_numel(k, 2) // 2 for k in numels)
+    m = max(numels)
+    assert r.extra["peak_grad_bytes"] == shard + 4 * m + 4 * padded_numel(m, 2)

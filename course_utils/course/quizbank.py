@@ -332,10 +332,10 @@ def quiz_05() -> Quiz:
              "Dividing each gradient by N before the reduce-scatter rather than the shard's after it",
              "Moving the reduce-scatter into step(), as ZeRO-1 does, keeping the one bucket"],
             "b",
-            f"With one bucket nothing leaves before backward ends, so the whole gradient (4·Ψ) is still there "
-            f"when it is copied into the message (4·P), beside the shard's gradient (4·P/N). 64 KiB buckets leave "
-            f"as they fill: about 442 kB at the peak, near the shard's {4 * p2 // 2:,} plus a bucket in flight "
-            f"(section 4's plot). 4 ranks shrink only the shard's term: {peak_four:,} B. ZeRO-1's step keeps all "
+            f"Section 4's rule: the peak is the shard's gradient (4·P/N) plus the largest bucket twice (its .grads "
+            f"and its message). With one bucket, the largest bucket is the whole model. 64 KiB buckets leave "
+            f"as they fill: about 442 kB at the peak, the shard's {4 * p2 // 2:,} plus twice its largest "
+            f"bucket (section 4's plot). 4 ranks shrink only the shard's term: {peak_four:,} B. ZeRO-1's step keeps all "
             f"the gradients, {4 * psi:,} B. Dividing earlier moves no byte.", kind="compare"),
     ])
 

@@ -103,7 +103,9 @@ def describe_ring(steps: list[dict]) -> str:
     n = len(steps[0]["state"])
     names = ", ".join(string.ascii_lowercase[:n])
     head = [f"ring all-reduce on {n} ranks: each rank cuts its vector into {n} chunks ({names});",
-            f"rank r sends only to rank r+1 mod {n}. 'a0+a1' is the sum of chunk a of ranks 0 and 1."]
+            f"rank r sends only to rank r+1 mod {n}. 'a0+a1' is the sum of chunk a of ranks 0 and 1.",
+            f"Rank r starts with the chunk before its own, so after {n - 1} steps it holds the whole sum of "
+            f"chunk r (the reduce-scatter); {n - 1} more pass the sums on (the all-gather)."]
     tail = [f"each rank sent {len(steps)} chunks of M/{n}: {len(steps)}/{n}·M = 2(N-1)/N·M bytes."]
     return "\n".join(head + [describe_step(s) for s in steps] + tail)
 
