@@ -611,3 +611,16 @@ def test_plot_choices_has_one_row_per_cluster_with_its_recommendation():
     assert any(t.startswith(f" {best.step_s:.1f} s = {best.compute_s:.1f}") for t in texts)
     with pytest.raises(TypeError):
         plot_choices([])
+
+
+def test_notebook_08s_offload_takeaway_is_the_planners_split():
+    """08 §2.2's takeaway, "36.6 s on top of 45.7 s of compute": the planner's step for 70B on one node
+    of 8 80 GB GPUs (the fourth cluster of the cell it follows), offload and compute seconds."""
+    from notebook_text import cell_source
+    src = cell_source("08_beyond_one_box.ipynb", "clusters = [")
+    assert '("llama-2-70b", 1, 80, 25)]' in src and "r = plans[3].recommend().row" in src
+    r = planner.plan("llama-2-70b", gpu_mem_gb=80, gpus_per_node=8, nodes=1, intra_bw_gbps=450, inter_bw_gbps=25,
+             seq_len=4096, global_batch=64).recommend().row
+    assert r.choice.offload != "none" and r.offload_s > 0.5 * r.compute_s
+    text = cell_source("08_beyond_one_box.ipynb", "**Takeaway:** on one roomy node")
+    assert f"spends {r.offload_s:.1f} s on top of {r.compute_s:.1f} s of compute (printed above)" in text
