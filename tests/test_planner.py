@@ -624,3 +624,19 @@ def test_notebook_08s_offload_takeaway_is_the_planners_split():
     assert r.choice.offload != "none" and r.offload_s > 0.5 * r.compute_s
     text = cell_source("08_beyond_one_box.ipynb", "**Takeaway:** on one roomy node")
     assert f"spends {r.offload_s:.1f} s on top of {r.compute_s:.1f} s of compute (printed above)" in text
+
+
+def test_notebook_08s_clusters_under_torch_all_pick_fsdp2():
+    """08 §2.2: "framework="torch" picks FSDP2 for all four clusters", where DeepSpeed's layouts pick ZeRO-1
+    on one roomy node; the clusters are the cell's."""
+    import ast
+    from notebook_text import cell_source
+    src = cell_source("08_beyond_one_box.ipynb", "clusters = [")
+    clusters = ast.literal_eval(next(l for l in src.splitlines() if l.startswith("clusters = ")).split("=", 1)[1].strip())
+    picks = {fw: [planner.plan(name, gpu_mem_gb=mem, gpus_per_node=8, nodes=nodes, intra_bw_gbps=450, inter_bw_gbps=nic,
+                               seq_len=4096, global_batch=64, framework=fw).recommend().row.label()
+                  for name, nodes, mem, nic in clusters] for fw in ("deepspeed", "torch")}
+    assert len(clusters) == 4 and all(label.startswith("FSDP2") for label in picks["torch"]), picks
+    assert picks["deepspeed"][0] == "ZeRO-1"
+    text = cell_source("08_beyond_one_box.ipynb", "These are DeepSpeed's layouts")
+    assert 'framework="torch")` picks FSDP2 for all four clusters' in text

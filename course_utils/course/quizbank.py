@@ -432,7 +432,8 @@ def quiz_08() -> Quiz:
     return Quiz("08 Beyond one box", [
         SingleChoice("Section 2.1's two nodes of two, 60 MB/s inside a node and 1 MB/s across: HSDP's step was the "
                      "shorter. The link across nodes becomes ten times faster, 10 MB/s; nothing else changes. What "
-                     "happens to HSDP's lead over full sharding in link time, the ms per step the links are busy?",
+                     "happens to HSDP's lead over full sharding: by how many ms per step its links are busy less than "
+                     "full sharding's?",
                      ["It stays about the same: the link inside a node, unchanged, sets the pace of both strategies",
                       "It shrinks to about a tenth: both times are mostly bytes crossing the slow link",
                       "It grows: full sharding's time falls tenfold while HSDP's all-reduce stays inside a node",

@@ -158,19 +158,19 @@ def time_step(strategy: str, world_size: int = 2, *, network=NETWORK, steps: int
                     free=free_clocks, clocked=r0["clocked"])
 
 
-def describe(times: dict, *, predicted: bool = True, waited: bool = False) -> str:
-    """One line per labelled :class:`StepTime`: free, predicted (unless ``predicted=False``), measured
-    (ms), and with ``waited=True`` the time the clocked step stood waiting for the network
-    (:meth:`StepTime.exposed_s`), which, unlike the difference of two separately timed steps, is
-    measured inside one run and never negative."""
+def describe(times: dict, *, predicted: bool = True, waited: bool = False, free: bool = True) -> str:
+    """One line per labelled :class:`StepTime`: free (unless ``free=False``), predicted (unless
+    ``predicted=False``), measured (ms), and with ``waited=True`` the time the clocked step stood
+    waiting for the network (:meth:`StepTime.exposed_s`), which, unlike the difference of two
+    separately timed steps, is measured inside one run and never negative."""
     head = f"{'predicted':>11}" if predicted else ""
-    rows = [f"{'':<34}{'free link':>10}{head}{'clock':>9}" + (f"{'waited':>9}" if waited else "")
-            + "   (ms per step, rank 0)"]
+    rows = [f"{'':<34}" + (f"{'free link':>10}" if free else "") + f"{head}{'clock':>9}"
+            + (f"{'waited':>9}" if waited else "") + "   (ms per step, rank 0)"]
     for label, t in times.items():
         pred = "" if not predicted else (f"{t.predicted_s * 1e3:>11.0f}" if t.predicted_s is not None else f"{'':>11}")
-        free = f"{t.free_s * 1e3:>10.0f}" if t.free_s is not None else f"{'':>10}"
+        free_ms = "" if not free else (f"{t.free_s * 1e3:>10.0f}" if t.free_s is not None else f"{'':>10}")
         wait = f"{t.exposed_s() * 1e3:>9.0f}" if waited else ""
-        rows.append(f"{label:<34}{free}{pred}{t.measured_s * 1e3:>9.0f}{wait}")
+        rows.append(f"{label:<34}{free_ms}{pred}{t.measured_s * 1e3:>9.0f}{wait}")
     return "\n".join(rows)
 
 
