@@ -422,3 +422,20 @@ def test_async_reduce_gives_the_same_gradients_one_in_flight(world_size):
         assert all(torch.equal(a, b) for a, b in zip(g_sync, g_async))
         assert n_sync == n_async and has_sync == has_async and all(has_async)
         assert most == 1 and left == 0
+
+
+def test_notebook_06s_ratio_is_the_roots_share_skipping_a_pass():
+    """06 §7: "(3 − 0.052)/2 ≈ 1.474": the root's 5.2 % of the parameters is gathered once, not twice,
+    and the ratio is what the ledger printed on 2 and 4 ranks (padding moves it in the fourth decimal)."""
+    from course_utils.theory.config import COURSE_CONFIG
+    from notebook_text import cell_output, cell_source
+    from course_utils.harness.model import build_model
+    m = build_model(device="meta")
+    root = COURSE_CONFIG.num_params() - sum(p.numel() for b in m.blocks for p in b.parameters())
+    share = root / COURSE_CONFIG.num_params()
+    assert f"{share:.3f}" == "0.052"                      # the figure the text uses
+    text = cell_source("06_zero3.ipynb", "In bytes (ring model), each collective")
+    assert f"(3 − {share:.3f})/2 ≈ {(3 - share) / 2:.3f}" in text
+    printed = [float(line.split("= ")[1].split()[0]) for line in
+               cell_output("06_zero3.ipynb", "ring = (z.comm_bytes").splitlines() if "ZeRO-3 / DDP" in line]
+    assert len(printed) == 2 and all(abs(r - (3 - share) / 2) < 5e-4 for r in printed)
