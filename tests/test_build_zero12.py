@@ -166,3 +166,32 @@ def test_a_non_class_is_refused(capsys):
     assert "launch:" not in out                       # refused before any rank starts
     assert "check_zero1 takes your class (e.g. check_zero1(MyZero1))" in out
     assert "check_zero2 takes your class (e.g. check_zero2(MyZero2))" in out
+
+
+def _solution_zero1(only_first_group: bool):
+    """The answer file's MyZero1, or the same with ``self.param_groups[:1]``: a learner's first stage,
+    which shards and steps only the first group."""
+    from course_utils.course.exercises.solutions import SOLUTIONS
+    src = (SOLUTIONS / "zero1.py").read_text().replace("\ncheck_zero1(MyZero1)\n", "\n")
+    if only_first_group:
+        assert "for group in self.param_groups:" in src
+        src = src.replace("for group in self.param_groups:", "for group in self.param_groups[:1]:")
+    space: dict = {}
+    exec(compile(src, "zero1.py", "exec"), space)
+    return space["MyZero1"]
+
+
+def test_the_one_group_stage_passes_a_first_group_class_and_the_exercise_does_not(capsys):
+    """04's stepping stone: ``check_zero1(cls, one_group=True)`` grades ZeRO alone on one group; a class
+    that handles only ``param_groups[0]`` passes it, fails the exercise, and is not taken by ``yours``."""
+    from course_utils.course.exercises import yours
+    from course_utils.course.exercises.nb04 import ONE_GROUP
+    from course_utils.labs.grading import PASSED
+    first = _solution_zero1(only_first_group=True)
+    PASSED.pop("zero1", None)
+    assert check_zero1(first, one_group=True) and ONE_GROUP in PASSED and "zero1" not in PASSED
+    out = capsys.readouterr().out
+    assert "2 gloo ranks on CPU: right: AdamW state 1/N" in out
+    assert not check_zero1(first)                              # three groups: groups 1 and 2 never step
+    assert "zero1" not in PASSED and yours("zero1", first) is not first
+    assert check_zero1(_solution_zero1(only_first_group=False), one_group=True)   # the answer passes both

@@ -399,7 +399,8 @@ def grade_build(name: str, example: str, cls, rank_fn: Callable, *args, right: C
     passes (on every world size) is noted in :data:`PASSED`. A world size that raised or hung
     (``timeout_s``) is the last tried; ``world_sizes``: fewer, for tests."""
     if not isinstance(cls, type):
-        print(f"check_{name} takes your class (e.g. check_{name}({example})), got {type(cls).__name__}")
+        check = f"check_{name.split(',')[0]}"
+        print(f"{check} takes your class (e.g. {check}({example})), got {type(cls).__name__}")
         return Verdict(name, False)
     from ..runtime.launch import where
     from ..harness.model import warm_up

@@ -53,11 +53,14 @@ def _state_of(opt: torch.optim.Optimizer) -> int:
                           if isinstance(v, torch.Tensor)], set())
 
 
-def _groups(model) -> list[dict]:
+def _groups(model, one_group: bool = False) -> list[dict]:
     """Matrices; the frozen norm's weight alone (a group with nothing to shard or step, as a
     fine-tuning script's frozen layers make); the other vectors, the frozen norm's bias among
-    them (the optimizer must leave both alone)."""
+    them (the optimizer must leave both alone). ``one_group``: every parameter in one group, the
+    frozen ones included (the first stage of the build: ZeRO alone, without torch's groups)."""
     named = list(model.named_parameters())
+    if one_group:
+        return [{"params": [p for _, p in named], "weight_decay": DECAY[0]}]
     alone = model.blocks[0].norm1.weight
     return [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": DECAY[0]},
             {"params": [alone], "weight_decay": DECAY[1]},
@@ -307,7 +310,7 @@ def _order_problem(records, calls: list) -> str:
     return ""
 
 
-def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
+def _zero_run(cls, bucket_bytes, stage: int, steps: int, one_group: bool = False) -> tuple[str, dict]:
     from ...harness.model import SyntheticData
     from ...theory.zero import expected_state_bytes
     from ...labs.frames import raised_at
@@ -318,8 +321,8 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int) -> tuple[str, dict]:
     rank, n = dist.get_rank(), dist.get_world_size()
     data = SyntheticData(global_batch=12, seed=0)
     ref, model = _frozen_model(seed=100), _frozen_model(seed=100)
-    ref_opt = torch.optim.AdamW(_groups(ref), lr=LR, betas=BETAS, eps=EPS)
-    groups = _groups(model)
+    ref_opt = torch.optim.AdamW(_groups(ref, one_group), lr=LR, betas=BETAS, eps=EPS)
+    groups = _groups(model, one_group)
     options = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
     buckets = sum(len(make_buckets([p for p in g["params"] if p.requires_grad], bucket_bytes))
                   for g in groups)
@@ -428,9 +431,10 @@ def _state_problem(got: int, want: int, n: int) -> str:
             f"shard = {want:,} B")
 
 
-def zero_on_rank(cls, bucket_sizes: tuple, stage: int, steps: int = 2) -> list:
-    """Rank side of ZeRO-1 (``bucket_sizes=(None,)``) and ZeRO-2: [(problem or '', seen)]."""
-    return [_zero_run(cls, b, stage, steps) for b in bucket_sizes]
+def zero_on_rank(cls, bucket_sizes: tuple, stage: int, steps: int = 2, one_group: bool = False) -> list:
+    """Rank side of ZeRO-1 (``bucket_sizes=(None,)``) and ZeRO-2: [(problem or '', seen)];
+    ``one_group``: the parameters in one group, not three."""
+    return [_zero_run(cls, b, stage, steps, one_group) for b in bucket_sizes]
 
 
 def params_right(values) -> str:
@@ -445,12 +449,18 @@ def _zero1_right(values) -> str:
             f"{seen['counts']['all_gather']} all-gathers, {params_right(values)}")
 
 
-def check_zero1(cls, *, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
+#: the verdict's name for the first stage: passing it is not passing ``zero1`` (``yours`` wants the whole build)
+ONE_GROUP = "zero1, one group"
+
+
+def check_zero1(cls, *, one_group: bool = False, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
     """Exercise 04.1: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1, checked on 2, 3
     and 4 ranks (course GPT, three groups, one of them all frozen, AdamW, two steps, lr halved between) against one
-    process: inner optimizer over shards, gradients, hyperparameters, collectives, parameters."""
-    return grade_build("zero1", "MyZero1", cls, zero_on_rank, (None,), 1, right=_zero1_right,
-                       timeout_s=timeout_s, world_sizes=world_sizes)
+    process: inner optimizer over shards, gradients, hyperparameters, collectives, parameters.
+    ``one_group=True``: the first stage, every parameter in one group (frozen ones included); the
+    exercise is passed only by the default check, which gives three groups."""
+    return grade_build(ONE_GROUP if one_group else "zero1", "MyZero1", cls, zero_on_rank, (None,), 1, 2, one_group,
+                       right=_zero1_right, timeout_s=timeout_s, world_sizes=world_sizes)
 
 
 # --------------------------------------------- exercise 04.2 (optional): ZeRO-1 in mixed precision
