@@ -638,5 +638,5 @@ def test_notebook_08s_clusters_under_torch_all_pick_fsdp2():
                   for name, nodes, mem, nic in clusters] for fw in ("deepspeed", "torch")}
     assert len(clusters) == 4 and all(label.startswith("FSDP2") for label in picks["torch"]), picks
     assert picks["deepspeed"][0] == "ZeRO-1"
-    text = cell_source("08_beyond_one_box.ipynb", "These are DeepSpeed's layouts")
+    text = cell_source("08_beyond_one_box.ipynb", "The planner sizes ZeRO-1 and ZeRO-2 as DeepSpeed builds them")
     assert 'framework="torch")` picks FSDP2 for all four clusters' in text
