@@ -430,10 +430,11 @@ def quiz_08() -> Quiz:
     two_by_two = dict(alpha_intra_s=20e-6, alpha_inter_s=50e-6, bytes_per_elem=4)       # 08 §2.1's links
     slow, fast10 = (hsdp_vs_fsdp_time(COURSE_CONFIG.num_params(), 2, 2, 60e6, inter, **two_by_two) for inter in (1e6, 10e6))
     return Quiz("08 Beyond one box", [
-        SingleChoice("Section 2.1's two nodes of two, 60 MB/s inside a node and 1 MB/s across: HSDP's step was the "
-                     "shorter. The link across nodes becomes ten times faster, 10 MB/s; nothing else changes. What "
-                     "happens to HSDP's lead over full sharding: by how many ms per step its links are busy less than "
-                     "full sharding's?",
+        SingleChoice(f"Section 2.1's two nodes of two, 60 MB/s inside a node and 1 MB/s across: per step each NIC "
+                     f"carries {slow.fsdp_nic_bytes:,.0f} B of full sharding's passes and {slow.hsdp_nic_bytes:,.0f} B "
+                     "of HSDP's all-reduce. The link across nodes becomes ten times faster, 10 MB/s; nothing else "
+                     "changes. What happens to HSDP's lead in link time (how many fewer ms per step its links are "
+                     "busy than full sharding's)?",
                      ["It stays about the same: the link inside a node, unchanged, sets the pace of both strategies",
                       "It shrinks to about a tenth: both times are mostly bytes crossing the slow link",
                       "It grows: full sharding's time falls tenfold while HSDP's all-reduce stays inside a node",

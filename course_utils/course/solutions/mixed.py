@@ -46,7 +46,7 @@ class MyMixedZero1(torch.optim.Optimizer):
         """MyZero1's step, with two changes: the master's gradient is fp32 (this rank's slice of
         the reduce-scattered bf16 gradient, converted, averaged); after the inner step, the
         master, rounded to bf16, is what this rank's slice of the flat buffer sends."""
-        with torch.enable_grad():                    # given: closure, a function re-running the loss (L-BFGS needs one)
+        with torch.enable_grad():                    # given: torch optimizers' step(closure) signature: nothing to do
             loss = closure() if closure is not None else None  # given
         for f, inner in zip(self.flats, self.inner.param_groups):
             grads = flatten_and_pad([p.grad if p.grad is not None else torch.zeros_like(p)

@@ -45,7 +45,7 @@ class MyZero1(torch.optim.Optimizer):
         """Each shard's gradient becomes the ranks' average of its slice; the inner optimizer
         steps the shards with your groups' current hyperparameters (a scheduler changes them);
         then every rank holds every updated slice again."""
-        with torch.enable_grad():                    # given: closure, a function re-running the loss (L-BFGS needs one)
+        with torch.enable_grad():                    # given: torch optimizers' step(closure) signature: nothing to do
             loss = closure() if closure is not None else None  # given
         for f, inner in zip(self.flats, self.inner.param_groups):
             grads = flatten_and_pad([p.grad if p.grad is not None else torch.zeros_like(p)
