@@ -334,8 +334,11 @@ def test_expected_comm_bytes_with_micro_batches():
 def test_zero2s_peak_is_the_shard_plus_its_largest_bucket_twice(bucket_bytes):
     """05 §4's rule, exactly: the gradient bytes a rank holds at its peak are its shard's gradient
     plus the largest bucket's ``.grad``s and that bucket's padded message, both alive when it is sent."""
+    from course_utils.theory.zero import expected_peak_grad_bytes
     r = run("zero2", 2, steps=2, bucket_bytes=bucket_bytes, quiet=True)[0]
     numels = r.extra["bucket_numels"]
     shard = sum(4 * padded_numel(k, 2) // 2 for k in numels)
     m = max(numels)
-    assert r.extra["peak_grad_bytes"] == shard + 4 * m + 4 * padded_numel(m, 2)
+    assert r.extra["peak_grad_bytes"] == expected_peak_grad_bytes(numels, 2) == shard + 4 * m + 4 * padded_numel(m, 2)
+    with pytest.raises(ValueError, match="bucket_numels is empty"):
+        expected_peak_grad_bytes([], 2)

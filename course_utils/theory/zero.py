@@ -11,7 +11,7 @@ from .comm import collective_bytes
 from .layout import padded_numel
 from .memory import model_states
 
-__all__ = ["STEP_COUNTER_BYTES", "expected_state_bytes", "expected_comm_bytes"]
+__all__ = ["STEP_COUNTER_BYTES", "expected_state_bytes", "expected_comm_bytes", "expected_peak_grad_bytes"]
 
 #: Bytes of AdamW's ``state["step"]``: a 0-dim float32 tensor per parameter it updates.
 STEP_COUNTER_BYTES = 4
@@ -24,6 +24,16 @@ def expected_state_bytes(bucket_numels, world_size: int, stage: int, *, mixed: b
     ms = model_states(padded, world_size=world_size, stage=stage, recipe="mixed" if mixed else "fp32")
     return {"params": int(ms.params) + frozen_bytes, "grads": int(ms.grads),
             "optimizer": int(ms.optimizer) + STEP_COUNTER_BYTES * len(bucket_numels)}
+
+
+def expected_peak_grad_bytes(bucket_numels, world_size: int, *, bytes_per_elem: int = 4) -> int:
+    """ZeRO-2's gradient peak on a rank (05 §4): the shard's gradient, Σ P_b/N, plus the largest
+    bucket twice, its ``.grad``s (Ψ_b) and its padded message (P_b), both alive when it is sent."""
+    if not bucket_numels:
+        raise ValueError("bucket_numels is empty: give each bucket's trainable element count")
+    largest = max(bucket_numels)
+    shard = sum(padded_numel(k, world_size) // world_size for k in bucket_numels)
+    return bytes_per_elem * (shard + largest + padded_numel(largest, world_size))
 
 
 def expected_comm_bytes(bucket_numels, world_size: int, steps: int = 1, *,
