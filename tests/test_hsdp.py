@@ -317,9 +317,10 @@ def test_per_nic_bytes_on_two_nodes_of_two_are_half_of_full_shardings_passes():
     assert model.fsdp_nic_bytes == pytest.approx(3 * 3 / 4 * m / 2)
     assert model.hsdp_nic_bytes == pytest.approx(2 * 1 / 2 * m / 2)
     text08 = cell_source("08_beyond_one_box.ipynb", "Full sharding waits in forward")
+    assert f"M = {m:,} B of fp32 parameters and a NIC per rank: full sharding's 3 passes each send 3/4 × M per rank, and half" in text08
     assert (f"each NIC carries {model.fsdp_nic_bytes:,.0f} B of full sharding's passes, {model.fsdp_nic_bytes / 1e6:.2f} s "
             f"at 1 MB/s, part of it hidden behind compute by prefetch, and {model.hsdp_nic_bytes:,.0f} B of HSDP's "
-            "all-reduce") in text08
+            "all-reduce (2 × 1/2 × M/2 per rank, all of it across)") in text08
 
 
 def test_hsdp_waits_less_for_the_network_than_full_sharding_on_08s_two_links():

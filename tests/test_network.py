@@ -302,10 +302,10 @@ def test_describe_adds_the_measured_wait_when_asked():
                        free=[], clocked=[])
     t.exposed_s = lambda op=None: 0.004
     table = clock.describe({"a bucket per parameter": t}, predicted=False, waited=True)
-    assert table.splitlines()[0].split()[:3] == ["free", "link", "clock"] and "waited" in table.splitlines()[0]
+    assert table.splitlines()[0].split()[:3] == ["no", "delay", "step"] and "waited" in table.splitlines()[0]
     assert table.splitlines()[1].split()[-3:] == ["179", "173", "4"]
     steps_only = clock.describe({"a bucket per parameter": t}, predicted=False, waited=True, free=False)
-    assert "free" not in steps_only and steps_only.splitlines()[1].split()[-2:] == ["173", "4"]
+    assert "delay" not in steps_only and steps_only.splitlines()[1].split()[-2:] == ["173", "4"]
 
 
 def test_exposed_time_is_the_median_over_the_steps_not_one_step():

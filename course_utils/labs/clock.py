@@ -164,7 +164,7 @@ def describe(times: dict, *, predicted: bool = True, waited: bool = False, free:
     waiting for the network (:meth:`StepTime.exposed_s`), which, unlike the difference of two
     separately timed steps, is measured inside one run and never negative."""
     head = f"{'predicted':>11}" if predicted else ""
-    rows = [f"{'':<34}" + (f"{'free link':>10}" if free else "") + f"{head}{'clock':>9}"
+    rows = [f"{'':<34}" + (f"{'no delay':>10}" if free else "") + f"{head}{'step':>9}"
             + (f"{'waited':>9}" if waited else "") + "   (ms per step, rank 0)"]
     for label, t in times.items():
         pred = "" if not predicted else (f"{t.predicted_s * 1e3:>11.0f}" if t.predicted_s is not None else f"{'':>11}")
