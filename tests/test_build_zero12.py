@@ -182,8 +182,9 @@ def _solution_zero1(only_first_group: bool):
 
 
 def test_the_one_group_stage_passes_a_first_group_class_and_the_exercise_does_not(capsys):
-    """04's stepping stone: ``check_zero1(cls, one_group=True)`` grades ZeRO alone on one group; a class
-    that handles only ``param_groups[0]`` passes it, fails the exercise, and is not taken by ``yours``."""
+    """04's exercise: one group right, then three groups right or refused at construction. A class
+    that handles only ``param_groups[0]`` silently passes the one-group run and fails the exercise; the
+    same class raising for more than one group passes it (it fails loudly), and ``yours`` takes it."""
     from course_utils.course.exercises import yours
     from course_utils.course.exercises.nb04 import ONE_GROUP
     from course_utils.labs.grading import PASSED
@@ -195,7 +196,22 @@ def test_the_one_group_stage_passes_a_first_group_class_and_the_exercise_does_no
         out = capsys.readouterr().out
         assert "2 gloo ranks on CPU: right: AdamW state 1/N" in out
         assert not check_zero1(first)                          # three groups: groups 1 and 2 never step
+        out = capsys.readouterr().out
+        assert "right on one parameter group; with three (one of them all frozen)" in out
+        assert "is in no flat buffer" in out and "raise an error in __init__" in out
         assert "zero1" not in PASSED and yours("zero1", first) is not first
+
+        class OneGroup(first):
+            def __init__(self, params, optimizer_class, **defaults):
+                params = list(params)
+                if len(params) > 1 and isinstance(params[0], dict):
+                    raise ValueError("MyZero1 takes one parameter group")
+                super().__init__(params, optimizer_class, **defaults)
+
+        assert check_zero1(OneGroup)                           # refuses three groups loudly: allowed
+        out = capsys.readouterr().out
+        assert "several parameter groups refused at construction (ValueError: MyZero1 takes one parameter group)" in out
+        assert yours("zero1", OneGroup) is OneGroup
         assert check_zero1(_solution_zero1(only_first_group=False), one_group=True)   # the answer passes both
     finally:
         PASSED.clear()

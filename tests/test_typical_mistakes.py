@@ -263,7 +263,7 @@ SECOND = {
                                                           "flat[off:off + p.numel()].copy_(p.detach().reshape(-1))"),
                                                          "make each parameter a view of its flat buffer"),
         "shard one element too long": W(("shard = nn.Parameter(flat[lo:hi])", "shard = nn.Parameter(flat[lo:hi + 1])"),
-                                        "expected P/N = 63,325"),
+                                        "expected P/N = 64,625"),
         "hyperparameters copied the wrong way": W(('inner.update(hyper(f["group"]))', 'f["group"].update(hyper(inner))'),
                                                   "copy each group's hyperparameters into its inner group in step()"),
         "inner optimizer over the full parameters": W(("self.inner = optimizer_class(inner_groups, **defaults)",

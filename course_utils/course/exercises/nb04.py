@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 
 import torch
 import torch.distributed as dist
 
-from ...labs.grading import (Verdict, carried_over, grade_build)
+from ...labs.grading import (GROUP_GONE, Verdict, carried_over, grade_build)
 from ...impl.common import make_buckets, storage_bytes
 from ...theory.layout import padded_numel, shard_bounds
 from ...runtime.fmt import bound
@@ -381,6 +382,7 @@ def _zero_run(cls, bucket_bytes, stage: int, steps: int, one_group: bool = False
             with CommLedger() as st:
                 opt.step()
         except Exception as exc:  # noqa: BLE001 - reported to the learner
+            seen["left"] = True         # the other ranks may wait in step()'s collectives
             return problem or f"step() raised {type(exc).__name__}: {exc}{error_hint(str(exc))}{raised_at(exc)}", seen
         ref_opt.step()
         counts = {op: in_backward.get(op, 0) + st.counts().get(op, 0)
@@ -433,8 +435,58 @@ def _state_problem(got: int, want: int, n: int) -> str:
 
 def zero_on_rank(cls, bucket_sizes: tuple, stage: int, steps: int = 2, one_group: bool = False) -> list:
     """Rank side of ZeRO-1 (``bucket_sizes=(None,)``) and ZeRO-2: [(problem or '', seen)];
-    ``one_group``: the parameters in one group, not three."""
+    ``one_group``: the parameters in one group, not three. ZeRO-1's exercise (stage 1, not
+    ``one_group``): :func:`_zero1_either`."""
+    if stage == 1 and not one_group:
+        return [_zero1_either(cls, steps)]
     return [_zero_run(cls, b, stage, steps, one_group) for b in bucket_sizes]
+
+
+def _zero1_either(cls, steps: int) -> tuple[str, dict]:
+    """Exercise 04.1: right on one group; given three, either right on them too or refusing them
+    with an exception at construction (a class that handles one group fails loudly, never
+    silently: parameter groups are the build's optional part)."""
+    def ranks_with(flag) -> int:         # every rank takes the same branch: none waits in a collective alone
+        count = torch.tensor([float(bool(flag))])
+        dist.all_reduce(count)
+        return int(count.item())
+
+    def group_gone() -> bool:           # the learner's objects are gone: did a __del__ take the group along?
+        gc.collect()
+        return not dist.is_initialized()
+
+    problem, seen = _zero_run(cls, None, 1, steps, one_group=True)
+    if seen.get("left"):                # this rank left mid-step; the others wait in its collective
+        return problem, seen
+    if group_gone():
+        return problem or GROUP_GONE, seen
+    if ranks_with(problem):
+        return problem, seen
+    refusal = _refuses_groups(cls)
+    if group_gone():
+        return GROUP_GONE, seen
+    refused = ranks_with(refusal)
+    if refused == dist.get_world_size():
+        seen["groups"] = refusal
+        return "", seen
+    if refused:
+        return (f"built over three parameter groups, __init__ raised {refusal} on this rank, not on every rank: "
+                "every rank must build the same" if refusal else ""), seen
+    problem, seen = _zero_run(cls, None, 1, steps)
+    if problem:
+        problem = (f"right on one parameter group; with three (one of them all frozen): {problem} (or, to "
+                   "leave groups for later, raise an error in __init__ when given more than one)")
+    return problem, seen
+
+
+def _refuses_groups(cls) -> str:
+    """What ``cls`` raised when built over the grader's three groups; '' if it took them."""
+    from .nb02 import _frozen_model
+    try:
+        cls(_groups(_frozen_model(seed=100)), SpyAdamW, lr=LR, betas=BETAS, eps=EPS)
+    except Exception as exc:  # noqa: BLE001 - a refusal is what the spec allows
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 def params_right(values) -> str:
@@ -444,9 +496,12 @@ def params_right(values) -> str:
 
 def _zero1_right(values) -> str:
     seen = values[0][0][1]
+    groups = ("" if "groups" not in seen else
+              f"; several parameter groups refused at construction ({seen['groups'][:80]}), as allowed: "
+              "handling them is the optional part")
     return (f"AdamW state 1/N (rank 0: 8·P/N + {4 * seen['buckets']} = {seen['state']:,} B, one process "
             f"{seen['full_state']:,} B), per step {seen['counts']['reduce_scatter']} reduce-scatters + "
-            f"{seen['counts']['all_gather']} all-gathers, {params_right(values)}")
+            f"{seen['counts']['all_gather']} all-gathers, {params_right(values)}{groups}")
 
 
 #: the verdict's name for the first stage: passing it is not passing ``zero1`` (``yours`` wants the whole build)
@@ -455,10 +510,11 @@ ONE_GROUP = "zero1, one group"
 
 def check_zero1(cls, *, one_group: bool = False, timeout_s: float = 30, world_sizes=(2, 3, 4)) -> Verdict:
     """Exercise 04.1: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1, checked on 2, 3
-    and 4 ranks (course GPT, three groups, one of them all frozen, AdamW, two steps, lr halved between) against one
-    process: inner optimizer over shards, gradients, hyperparameters, collectives, parameters.
-    ``one_group=True``: the first stage, every parameter in one group (frozen ones included); the
-    exercise is passed only by the default check, which gives three groups."""
+    and 4 ranks (course GPT, AdamW, two steps, lr halved between) against one process: inner
+    optimizer over shards, gradients, hyperparameters, collectives, parameters. The exercise: every
+    parameter in one group (frozen ones included); then three groups (one of them all frozen), which
+    the class must either handle as well or refuse with an exception at construction.
+    ``one_group=True``: the one-group run alone (its own verdict, not the exercise's)."""
     return grade_build(ONE_GROUP if one_group else "zero1", "MyZero1", cls, zero_on_rank, (None,), 1, 2, one_group,
                        right=_zero1_right, timeout_s=timeout_s, world_sizes=world_sizes)
 
