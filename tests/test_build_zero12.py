@@ -6,6 +6,7 @@ from unittest import mock
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from course_utils.course.exercises import check_zero1, check_zero2
@@ -212,6 +213,17 @@ def test_the_one_group_stage_passes_a_first_group_class_and_the_exercise_does_no
         out = capsys.readouterr().out
         assert "several parameter groups refused at construction (ValueError: MyZero1 takes one parameter group)" in out
         assert yours("zero1", OneGroup) is OneGroup
+
+        class RefusesOnRankOne(first):                         # a refusal must be every rank's, or none's
+            def __init__(self, params, optimizer_class, **defaults):
+                params = list(params)
+                if len(params) > 1 and isinstance(params[0], dict) and dist.get_rank() == 1:
+                    raise ValueError("rank 1 takes one parameter group")
+                super().__init__(params, optimizer_class, **defaults)
+
+        assert not check_zero1(RefusesOnRankOne, world_sizes=(2,))
+        out = capsys.readouterr().out
+        assert "raised ValueError: rank 1 takes one parameter group on this rank, not on every rank" in out
         assert check_zero1(_solution_zero1(only_first_group=False), one_group=True)   # the answer passes both
     finally:
         PASSED.clear()
