@@ -169,11 +169,15 @@ def test_a_non_class_is_refused(capsys):
     assert "check_zero2 takes your class (e.g. check_zero2(MyZero2))" in out
 
 
+def _solution_source() -> str:
+    from course_utils.course.exercises.solutions import SOLUTIONS
+    return (SOLUTIONS / "zero1.py").read_text().replace("\ncheck_zero1(MyZero1)\n", "\n")
+
+
 def _solution_zero1(only_first_group: bool):
     """The answer file's MyZero1, or the same with ``self.param_groups[:1]``: a learner's first stage,
     which shards and steps only the first group."""
-    from course_utils.course.exercises.solutions import SOLUTIONS
-    src = (SOLUTIONS / "zero1.py").read_text().replace("\ncheck_zero1(MyZero1)\n", "\n")
+    src = _solution_source()
     if only_first_group:
         assert "for group in self.param_groups:" in src
         src = src.replace("for group in self.param_groups:", "for group in self.param_groups[:1]:")
@@ -224,6 +228,16 @@ def test_the_one_group_stage_passes_a_first_group_class_and_the_exercise_does_no
         assert not check_zero1(RefusesOnRankOne, world_sizes=(2,))
         out = capsys.readouterr().out
         assert "raised ValueError: rank 1 takes one parameter group on this rank, not on every rank" in out
+
+        src = (_solution_source().replace('{**hyper(group), "params": [shard]}', '{**hyper(self.param_groups[0]), "params": [shard]}')
+               .replace("            if not params:                           # a group of frozen parameters: nothing to shard\n"
+                        "                continue\n", ""))
+        assert "if not params" not in src and "hyper(self.param_groups[0])" in src
+        space: dict = {}
+        exec(compile(src, "zero1.py", "exec"), space)             # group 0's weight decay for every group, and
+        assert not check_zero1(space["MyZero1"], world_sizes=(2,))  # a crash on the all-frozen group: not a refusal
+        out = capsys.readouterr().out
+        assert "right on one parameter group; with three (one of them all frozen)" in out
         assert check_zero1(_solution_zero1(only_first_group=False), one_group=True)   # the answer passes both
     finally:
         PASSED.clear()

@@ -443,9 +443,9 @@ def zero_on_rank(cls, bucket_sizes: tuple, stage: int, steps: int = 2, one_group
 
 
 def _zero1_either(cls, steps: int) -> tuple[str, dict]:
-    """Exercise 04.1: right on one group; given three, either right on them too or refusing them
-    with an exception at construction (a class that handles one group fails loudly, never
-    silently: parameter groups are the build's optional part)."""
+    """Exercise 04.1: right on one group; given two, either refusing them with an exception at
+    construction (a class that handles one group fails loudly, never silently: parameter groups are
+    the build's optional part) or taking them, and then right on three (one of them all frozen)."""
     def ranks_with(flag) -> int:         # every rank takes the same branch: none waits in a collective alone
         count = torch.tensor([float(bool(flag))])
         dist.all_reduce(count)
@@ -480,10 +480,14 @@ def _zero1_either(cls, steps: int) -> tuple[str, dict]:
 
 
 def _refuses_groups(cls) -> str:
-    """What ``cls`` raised when built over the grader's three groups; '' if it took them."""
+    """What ``cls`` raised when built over two plain groups (matrices, vectors: nothing a groups-handling
+    class could trip on); '' if it took them, and must then train the three groups right."""
     from .nb02 import _frozen_model
+    named = list(_frozen_model(seed=100).named_parameters())
+    two = [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": DECAY[0]},
+           {"params": [p for _, p in named if p.dim() < 2], "weight_decay": DECAY[2]}]
     try:
-        cls(_groups(_frozen_model(seed=100)), SpyAdamW, lr=LR, betas=BETAS, eps=EPS)
+        cls(two, SpyAdamW, lr=LR, betas=BETAS, eps=EPS)
     except Exception as exc:  # noqa: BLE001 - a refusal is what the spec allows
         return f"{type(exc).__name__}: {exc}"
     return ""
@@ -512,8 +516,8 @@ def check_zero1(cls, *, one_group: bool = False, timeout_s: float = 30, world_si
     """Exercise 04.1: ``cls(params, optimizer_class, **defaults)`` is ZeRO-1, checked on 2, 3
     and 4 ranks (course GPT, AdamW, two steps, lr halved between) against one process: inner
     optimizer over shards, gradients, hyperparameters, collectives, parameters. The exercise: every
-    parameter in one group (frozen ones included); then three groups (one of them all frozen), which
-    the class must either handle as well or refuse with an exception at construction.
+    parameter in one group (frozen ones included); then several groups, which the class must either
+    refuse with an exception at construction or handle, three of them (one all frozen) right.
     ``one_group=True``: the one-group run alone (its own verdict, not the exercise's)."""
     return grade_build(ONE_GROUP if one_group else "zero1", "MyZero1", cls, zero_on_rank, (None,), 1, 2, one_group,
                        right=_zero1_right, timeout_s=timeout_s, world_sizes=world_sizes)
