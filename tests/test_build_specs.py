@@ -118,7 +118,7 @@ def test_zero1s_picture_is_shard_bounds():
     """04.1's picture: a group of 6 + 3 elements on 2 ranks pads to 10 and splits at shard_bounds."""
     from course_utils.theory.layout import padded_numel, shard_bounds
     from notebook_text import cell_source
-    text = cell_source("04_zero1.ipynb", "<b>A picture</b>: one group of two parameters")
+    text = cell_source("04_zero1.ipynb", "**The plan**, for one parameter group of two parameters")
     assert f"Ψ = 9, padded to {padded_numel(9, 2)}" in text
     for r in range(2):
         assert f"shard_bounds(9, 2, {r}) = {shard_bounds(9, 2, r)}" in text

@@ -252,7 +252,7 @@ def test_notebook_07s_reshard_arithmetic_is_fsdp2s_ring_model():
     for figure in (f"the peak rises from {peaks['per-block']} to {peaks['per-block-zero2']} B",
                    f"backward's {blocks} block all-gathers disappear, {calls} → {calls - blocks} per step",
                    f"({bw / 1e6:g} MB/s per rank, 2 ranks) those {blocks} took {dropped / bw * 1e3:.0f} ms of link time",
-                   f"fall by more or by less than those {dropped / bw * 1e3:.0f} ms",
+                   f"about {dropped / bw * 1e3:.0f} ms less, or about as long as before",
                    f"each sends half a block, {dropped / blocks:,.0f} B, in {dropped / blocks / bw * 1e3:.1f} ms"):
         assert figure in text, figure
     assert dropped / blocks == 4 * sum(p.numel() for p in m.blocks[0].parameters()) / 2

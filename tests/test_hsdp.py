@@ -308,7 +308,7 @@ def test_per_nic_bytes_on_two_nodes_of_two_are_half_of_full_shardings_passes():
     of 3/4 × 517,400 B (2 rings crossing through different ranks' NICs); HSDP's, half of its all-reduce of
     half the gradient."""
     from course_utils.theory.config import COURSE_CONFIG
-    from notebook_text import cell_source
+    from notebook_text import cell_output, cell_source
     text = cell_source("11_appendix_at_scale.ipynb", "## 1. The multi-node time model")
     m = 4 * COURSE_CONFIG.num_params()
     model = multinode.hsdp_vs_fsdp_time(COURSE_CONFIG.num_params(), 2, 2, 60e6, 1e6, bytes_per_elem=4)
@@ -316,11 +316,11 @@ def test_per_nic_bytes_on_two_nodes_of_two_are_half_of_full_shardings_passes():
     assert f"half of its all-reduce of half the gradient, {model.hsdp_nic_bytes:,.0f} B" in text
     assert model.fsdp_nic_bytes == pytest.approx(3 * 3 / 4 * m / 2)
     assert model.hsdp_nic_bytes == pytest.approx(2 * 1 / 2 * m / 2)
-    text08 = cell_source("08_beyond_one_box.ipynb", "Full sharding waits in forward")
-    assert f"M = {m:,} B of fp32 parameters and a NIC per rank: full sharding's 3 passes each send 3/4 × M per rank, and half" in text08
-    assert (f"each NIC carries {model.fsdp_nic_bytes:,.0f} B of full sharding's passes, {model.fsdp_nic_bytes / 1e6:.2f} s "
-            f"at 1 MB/s, part of it hidden behind compute by prefetch, and {model.hsdp_nic_bytes:,.0f} B of HSDP's "
-            "all-reduce (2 × 1/2 × M/2 per rank, all of it across)") in text08
+    code08 = cell_source("08_beyond_one_box.ipynb", "full = 3 * (3 / 4 * M) / 2")
+    assert f"M = 4 * {COURSE_CONFIG.num_params():_}" in code08
+    assert (f"per NIC per step: full sharding {model.fsdp_nic_bytes:,.0f} B, {model.fsdp_nic_bytes / 1e6:.2f} s at 1 MB/s "
+            f"(part of it hidden by prefetch); HSDP {model.hsdp_nic_bytes:,.0f} B") in \
+        cell_output("08_beyond_one_box.ipynb", "full = 3 * (3 / 4 * M) / 2")
 
 
 def test_hsdp_waits_less_for_the_network_than_full_sharding_on_08s_two_links():
