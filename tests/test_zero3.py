@@ -439,3 +439,15 @@ def test_notebook_06s_ratio_is_the_roots_share_skipping_a_pass():
     printed = [float(line.split("= ")[1].split()[0]) for line in
                cell_output("06_zero3.ipynb", "ring = (z.comm_bytes").splitlines() if "ZeRO-3 / DDP" in line]
     assert len(printed) == 2 and all(abs(r - (3 - share) / 2) < 5e-4 for r in printed)
+
+
+def test_notebook_06s_two_rank_figures_are_the_units():
+    """06 §5's sentence under the units' run: the root plus one block gathered, and 9 all-gathers of
+    half a unit each on 2 ranks, as the model's sizes give them and as the run printed them."""
+    from notebook_text import cell_output, cell_source
+    text = cell_source("06_zero3.ipynb", "At rest: 1/N of the model plus padding")
+    out = cell_output("06_zero3.ipynb", "mine = {n: launch(units_on_rank")
+    peak, ag = 4 * (ROOT + BLOCK), 4 * ROOT // 2 + 2 * LAYERS * 4 * BLOCK // 2
+    assert f"{4 * ROOT:,} + {4 * BLOCK:,} = {peak:,} B" in text and f"at most {peak:,} B gathered" in out
+    assert f"{4 * ROOT // 2:,} + {2 * LAYERS} × {4 * BLOCK // 2:,} = {ag:,} B" in text
+    assert f"9 all-gathers, {ag:,} B" in out

@@ -443,7 +443,8 @@ def quiz_08() -> Quiz:
                           f"communication per step and HSDP {slow.hsdp_s * 1e3:.0f} ms. Nearly all of both is bytes crossing the 1 MB/s link (full sharding's 3 passes, "
                           f"HSDP's all-reduce of half the gradient), so a tenfold faster link cuts both about "
                           f"tenfold: {slow.fsdp_s * 1e3:.0f} -> {fast10.fsdp_s * 1e3:.0f} ms and {slow.hsdp_s * 1e3:.0f} "
-                          f"-> {fast10.hsdp_s * 1e3:.0f} ms. HSDP still wins, since it sends fewer bytes across; "
+                          f"-> {fast10.hsdp_s * 1e3:.0f} ms, so HSDP's lead goes from {(slow.fsdp_s - slow.hsdp_s) * 1e3:.0f} to "
+                          f"{(fast10.fsdp_s - fast10.hsdp_s) * 1e3:.0f} ms. HSDP still wins, since it sends fewer bytes across; "
                           "inside a node both use the same fast link. (HSDP's all-reduce is what crosses the nodes: "
                           "the faster link speeds it up too.)", kind="predict"),
         SingleChoice("Rank 1's data loader has one batch fewer than rank 0's (section 4's uneven data), on "

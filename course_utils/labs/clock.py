@@ -174,10 +174,12 @@ def describe(times: dict, *, predicted: bool = True, waited: bool = False, free:
     return "\n".join(rows)
 
 
-def plot_steps(times: dict, *, title: str | None = None):
+def plot_steps(times: dict, *, title: str | None = None, predicted: bool = False):
     """One lane pair per labelled :class:`StepTime` (its median step under the network, rank 0):
     compute (measured: everything the rank does but wait, gloo's own CPU work on its transfers
-    included), waiting for the network (exposed), and the link busy (modelled), per collective."""
+    included), waiting for the network (exposed), and the link busy (modelled), per collective.
+    ``predicted=True`` adds a tick where the α-β model puts the step's end (from the no-delay run,
+    a separate run: it can differ by as much as a step varies from run to run)."""
     from matplotlib.figure import Figure
 
     if not isinstance(times, dict) or not times or not all(isinstance(t, StepTime) for t in times.values()):
@@ -209,7 +211,7 @@ def plot_steps(times: dict, *, title: str | None = None):
         if c.backward_at is not None:
             ax.plot([c.backward_at * 1e3] * 2, [y - 0.42, y - 0.02], color="#333333", linewidth=1, linestyle=":",
                     label="backward starts" if row == 0 else None)
-        if t.predicted_s is not None:
+        if predicted and t.predicted_s is not None:
             ax.plot([t.predicted_s * 1e3] * 2, [y - 0.42, y + 0.42], color="black", linewidth=1.2,
                     label="predicted step end" if row == 0 else None)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
