@@ -261,7 +261,7 @@ def test_torchtitans_table_1_run_predicted():
 
 
 def test_the_34h_per_token_is_block_terms_term_by_term():
-    """03 §4's 34h bytes per token and its largest term, and appendix 09 §7's '4 + 2 + 6 + 2 + 2 + 16 + 2 = 34', term by term:
+    """03 §4's 34h bytes per token, its terms in one line, and appendix 09 §7's '4 + 2 + 6 + 2 + 2 + 16 + 2 = 34', term by term:
     block_terms of a GPT block for one token (flash: no s x s scores), in units of h bytes."""
     from course_utils.theory.memory import block_terms
     from notebook_text import cell_source
@@ -269,8 +269,11 @@ def test_the_34h_per_token_is_block_terms_term_by_term():
     t = {k: v / h for k, v in block_terms("gpt2-xl", micro_batch=1, seq=1, attention="flash").items()}
     text03 = cell_source("03_memory_anatomy.ipynb", "## 4. Activations")
     assert f"**{sum(t.values()):g}h bytes per token**" in text03 and "[Appendix 09 §7]" in text03
-    assert f"its input and output, 4h values each: {t['MLP']:g}h" in text03      # the largest term, named in 03
-    assert t["MLP"] == max(t.values())
+    line = (f"  {t['norm inputs']:g}h (the two norms' inputs) + {t['q/k/v input']:g}h + {t['q, k, v']:g}h (the input q, k and v "
+            f"share; q, k, v) + {t['out-proj input']:g}h + {t['MLP input']:g}h (the inputs of the output projection and of the "
+            f"MLP) + {t['MLP']:g}h (the MLP's activation function, GELU: its input and output, 4h values each) + "
+            f"{t['dropout masks']:g}h (two 1-byte dropout masks) = {sum(t.values()):g}h.")
+    assert line in text03, line
     listed = ("norm inputs", "q/k/v input", "q, k, v", "out-proj input", "MLP input", "MLP", "dropout masks")
     assert sum(t[k] for k in listed) == sum(t.values()) == 34      # the table's rows are every nonzero term
     text = cell_source("09_appendix_forensics.ipynb", "= 34: a GPT block keeps")

@@ -33,9 +33,10 @@ def user_stacks(dumps: str) -> list[str]:
     return [user_stack(part) for part in parts if " in _rank_main" in part]
 
 
-def _await_stacks(paths: list, read: Callable[[str], str], timeout_s: float = 1.0, count: int = 1) -> None:
+def _await_stacks(paths: list, read: Callable[[str], str], timeout_s: float = 3.0, count: int = 1) -> None:
     """Until each stack file holds ``count`` dumps that reached the launcher's frame (whole then:
-    they are innermost first), or ``timeout_s`` (a rank whose dump never comes)."""
+    they are innermost first), or ``timeout_s`` (a rank whose dump never comes; a few seconds, as a
+    rank on a loaded 2-core machine may wait that long to be scheduled and write it)."""
     deadline = time.monotonic() + timeout_s
     while not all(read(p).count(" in _rank_main") >= count for p in paths) and time.monotonic() < deadline:
         time.sleep(0.01)
